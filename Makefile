@@ -1,0 +1,50 @@
+# module-manager development tasks. `make help` lists them.
+SHELL := /bin/bash
+CARGO ?= cargo
+BIN := target/debug/module-manager
+TESTENV := $(CARGO) run --quiet -p testenv --bin testenv --
+
+.DEFAULT_GOAL := help
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+setup: tools ## Everything the tests and the demo need: the pinned Rust toolchain and the tools
+	@hack/ensure-rust.sh >/dev/null
+
+tools: ## Build the pinned kube-apiserver, kube-controller-manager, etcd and helm (cached in ~/.cache/module-manager)
+	@hack/build-tools.sh >/dev/null
+
+build: ## Build the workspace
+	$(CARGO) build --workspace --all-targets
+
+crds: ## Regenerate crds/ from the Rust types
+	$(CARGO) run --quiet --bin module-manager -- crd > crds/manifest.yaml
+
+verify-crds: ## Fail when crds/ differs from what the Rust types generate
+	@$(CARGO) run --quiet --bin module-manager -- crd | diff -u crds/manifest.yaml - \
+		|| { echo "crds/manifest.yaml is stale: run 'make crds'"; exit 1; }
+
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+lint: ## Format check and clippy with warnings as errors
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+test: setup lint verify-crds ## Everything CI checks: format, clippy, CRD drift, unit and integration tests
+	$(CARGO) test --workspace --no-fail-fast
+
+cluster-up: setup ## Start a local control plane with the CRDs installed; prints the kubeconfig path
+	@$(TESTENV) up --crds crds/manifest.yaml
+
+cluster-down: ## Stop the local control plane
+	@$(TESTENV) down
+
+run: cluster-up ## The demo: a local control plane with the Manifest CRD and the sample Manifests
+	@KUBECONFIG=$$($(TESTENV) status) && export KUBECONFIG && \
+		$(CARGO) run --quiet --example demo && \
+		echo && echo "The control plane keeps running. Use it with:" && \
+		echo "  export KUBECONFIG=$$KUBECONFIG" && echo "Stop it with: make cluster-down"
+
+.PHONY: help setup tools build crds verify-crds fmt lint test cluster-up cluster-down run

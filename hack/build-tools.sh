@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Builds the pinned kube-apiserver, kube-controller-manager, etcd and helm from their Go modules
+# into a versioned cache outside the repository. Idempotent: a tool whose binary is present and
+# reports the pinned version is not rebuilt.
+#
+#   hack/build-tools.sh            build what is missing, print the tool directory
+#   MODULE_MANAGER_CACHE=/x ...    use another cache root (default $HOME/.cache/module-manager)
+#
+# Why wrapper modules: k8s.io/kubernetes and etcd's server module carry replace directives, so
+# `go install pkg@version` refuses them; a main module that requires them and replaces each
+# staging module with its published version builds them (docs/development.md).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+. "$here/versions.env"
+
+cache=${MODULE_MANAGER_CACHE:-$HOME/.cache/module-manager}
+tools="$cache/tools"
+work="$cache/build"
+mkdir -p "$tools" "$work"
+
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+export GOPROXY=${GOPROXY:-https://proxy.golang.org}
+
+log() { printf '[build-tools] %s\n' "$*" >&2; }
+
+# has_version BINARY EXPECTED ARGS...: the binary exists and prints EXPECTED in its version output.
+# (The output is captured first: `bin | grep -q` would fail under pipefail when grep exits early.)
+has_version() {
+  local bin=$1 want=$2 out; shift 2
+  [ -x "$bin" ] || return 1
+  out=$("$bin" "$@" 2>/dev/null) || return 1
+  grep -qF "$want" <<<"$out"
+}
+
+build_kubernetes() {
+  local v=$KUBERNETES_VERSION minor staging_v dir="$tools/kubernetes-v$KUBERNETES_VERSION"
+  if has_version "$dir/kube-apiserver" "v$v" --version &&
+     has_version "$dir/kube-controller-manager" "v$v" --version; then
+    log "kubernetes v$v: cached"; return
+  fi
+  log "kubernetes v$v: building kube-apiserver and kube-controller-manager"
+  minor=$(echo "$v" | cut -d. -f2)
+  staging_v="v0.${v#1.}"
+  local w="$work/kubernetes-v$v"
+  rm -rf "$w"; mkdir -p "$w"; cd "$w"
+  go mod init local/k8sbuild >/dev/null 2>&1
+  local gomod staging goline
+  gomod=$(go mod download -json "k8s.io/kubernetes@v$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  # Staging modules are the ones k8s.io/kubernetes replaces with ./staging/src/k8s.io/<x>.
+  staging=$(grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$gomod" | awk '{print $1}' | sort -u)
+  goline=$(grep -m1 '^go ' "$gomod")
+  {
+    echo "module local/k8sbuild"; echo; echo "$goline"; echo
+    echo "require k8s.io/kubernetes v$v"; echo; echo "replace ("
+    for m in $staging; do printf '\t%s => %s %s\n' "$m" "$m" "$staging_v"; done
+    echo ")"
+  } > go.mod
+  go get "k8s.io/kubernetes/cmd/kube-apiserver@v$v" "k8s.io/kubernetes/cmd/kube-controller-manager@v$v"
+  # The same -X flags as kubernetes' hack/lib/version.sh, so /version reports v$v (Helm's
+  # kubeVersion constraints and .Capabilities.KubeVersion read it).
+  local ldf="-s -w" p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldf="$ldf -X $p.gitVersion=v$v -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  mkdir -p "$w/bin"
+  go build -trimpath -tags selinux,notest -ldflags "$ldf" -o "$w/bin/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+  mkdir -p "$dir"
+  mv "$w/bin/kube-apiserver" "$w/bin/kube-controller-manager" "$dir/"
+  has_version "$dir/kube-apiserver" "v$v" --version || { log "kube-apiserver does not report v$v"; exit 1; }
+}
+
+build_etcd() {
+  local v=$ETCD_VERSION dir="$tools/etcd-v$ETCD_VERSION"
+  if has_version "$dir/etcd" "$v" --version; then log "etcd v$v: cached"; return; fi
+  log "etcd v$v: building"
+  local w="$work/etcd-v$v"
+  rm -rf "$w"; mkdir -p "$w"; cd "$w"
+  go mod init local/etcdbuild >/dev/null 2>&1
+  go get "go.etcd.io/etcd/server/v3@v$v"
+  mkdir -p "$dir"
+  go build -trimpath -ldflags "-s -w" -o "$w/etcd" go.etcd.io/etcd/server/v3
+  mv "$w/etcd" "$dir/etcd"
+  has_version "$dir/etcd" "$v" --version || { log "etcd does not report $v"; exit 1; }
+}
+
+build_helm() {
+  local v=$HELM_VERSION dir="$tools/helm-v$HELM_VERSION"
+  if has_version "$dir/helm" "v$v" version --short; then log "helm v$v: cached"; return; fi
+  log "helm v$v: building"
+  local major=${v%%.*}
+  mkdir -p "$dir"
+  GOBIN="$dir" go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v$major/internal/version.version=v$v" \
+    "helm.sh/helm/v$major/cmd/helm@v$v"
+  has_version "$dir/helm" "v$v" version --short || { log "helm does not report v$v"; exit 1; }
+}
+
+start=$(date +%s)
+build_etcd
+build_helm
+build_kubernetes
+log "done in $(( $(date +%s) - start ))s"
+echo "$tools"

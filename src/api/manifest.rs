@@ -1,0 +1,285 @@
+//! The `Manifest` custom resource: one module (a Helm chart plus its configuration) on one cluster.
+//!
+//! The doc comments on these types become the descriptions in the generated CRD schema
+//! (`module-manager crd`, checked in as `crds/manifest.yaml`).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+/// Desired state of a module on a target cluster.
+// clippy reads the repeated `type_ = "string"` of the print columns as duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "modulemanager.io",
+    version = "v1alpha1",
+    kind = "Manifest",
+    namespaced,
+    status = "ManifestStatus",
+    shortname = "mfst",
+    category = "modulemanager",
+    doc = "A module: one Helm chart and its configuration, installed, upgraded, repaired and deleted on a target cluster by module-manager.",
+    printcolumn(name = "Module", type_ = "string", json_path = ".spec.module"),
+    printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
+    printcolumn(name = "Owner", type_ = "string", json_path = ".status.owner"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestSpec {
+    /// Name of the module. One Manifest per module per target cluster.
+    #[schemars(length(min = 1, max = 253))]
+    pub module: String,
+
+    /// Where the chart comes from: exactly one of `path`, `repository` (with `name` and
+    /// `version`) or `oci`.
+    pub chart: ChartSource,
+
+    /// Helm release name. Defaults to the Manifest's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 53))]
+    pub release_name: Option<String>,
+
+    /// Namespace the chart is installed into, created when missing. Defaults to the Manifest's
+    /// namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub target_namespace: Option<String>,
+
+    /// Inline chart values. Merged last, over everything in `valuesFrom`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub values: Option<serde_json::Value>,
+
+    /// Values read from ConfigMaps and Secrets in the Manifest's namespace, merged in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub values_from: Vec<ValuesReference>,
+
+    /// The cluster to install onto. Omitted means the cluster module-manager runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<Target>,
+
+    /// What happens to the module's objects when the Manifest is deleted.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+
+    /// Stop reconciling this Manifest: nothing is applied, pruned or repaired while true.
+    #[serde(default)]
+    pub suspend: bool,
+
+    /// How often the module's objects are re-checked and drift repaired, e.g. `10m`, `1h30m`.
+    #[serde(default = "default_interval")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    pub interval: String,
+}
+
+fn default_interval() -> String {
+    "10m".to_owned()
+}
+
+/// The source of a chart. Exactly one of `path`, `repository` or `oci` is set.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("[has(self.path), has(self.repository), has(self.oci)].filter(x, x).size() == 1")
+        .message("exactly one chart source must be set: path, repository (with name and version), or oci"),
+    validation = Rule::new("has(self.repository) == has(self.name) && has(self.repository) == has(self.version)")
+        .message("name and version are required with repository, and only with repository")
+)]
+pub struct ChartSource {
+    /// A chart directory or `.tgz` archive on module-manager's filesystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub path: Option<String>,
+
+    /// URL of a Helm HTTP repository (the directory holding `index.yaml`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub repository: Option<String>,
+
+    /// Chart name in the repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub name: Option<String>,
+
+    /// Chart version in the repository: an exact version or a semver range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub version: Option<String>,
+
+    /// OCI reference, `oci://host/repository/chart:tag` or `oci://host/repository/chart@sha256:…`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^oci://"))]
+    pub oci: Option<String>,
+}
+
+/// A key of a ConfigMap or Secret whose content is a YAML map of chart values.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ValuesReference {
+    /// Kind of the object holding the values.
+    pub kind: ValuesSourceKind,
+    /// Name of the ConfigMap or Secret, in the Manifest's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key holding the values.
+    #[serde(default = "default_values_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+    /// When true, a missing object or key is skipped instead of being an error.
+    #[serde(default)]
+    pub optional: bool,
+}
+
+fn default_values_key() -> String {
+    "values.yaml".to_owned()
+}
+
+/// Kind of object a values reference points to.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ValuesSourceKind {
+    /// A ConfigMap.
+    ConfigMap,
+    /// A Secret.
+    Secret,
+}
+
+/// The cluster a module is installed onto.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Target {
+    /// A Secret in the Manifest's namespace holding a kubeconfig for the target cluster.
+    /// Kubeconfigs that use `exec`, `auth-provider` or file paths are refused.
+    pub kubeconfig_secret_ref: SecretKeyRef,
+}
+
+/// A key of a Secret in the Manifest's namespace.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key in the Secret.
+    #[serde(default = "default_kubeconfig_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+fn default_kubeconfig_key() -> String {
+    "kubeconfig".to_owned()
+}
+
+/// What happens to a module's objects when its Manifest is deleted.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Delete every object of the module (in reverse install order) before the Manifest goes.
+    #[default]
+    Delete,
+    /// Leave the module's objects on the cluster.
+    Orphan,
+}
+
+/// Observed state of a module, written by the replica that owns the Manifest's shard.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ManifestStatus {
+    /// Summary state of the module.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<State>,
+
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Conditions in the Kubernetes convention: `Ready`, `Rendered`, `Applied`, `Reconciling`,
+    /// `Stalled`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// `sha256:` digest of the chart archive that was rendered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chart_digest: Option<String>,
+
+    /// `sha256:` digest of the rendered objects that were applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendered_digest: Option<String>,
+
+    /// Every object applied for this module, in install order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inventory: Vec<InventoryEntry>,
+
+    /// The virtual shard this Manifest belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+
+    /// The replica that owns the Manifest's shard and wrote this status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+
+    /// The last operation module-manager performed on the module.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_operation: Option<LastOperation>,
+}
+
+/// Summary state of a module.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum State {
+    /// Being installed or upgraded, or waiting for its workloads to become ready.
+    Processing,
+    /// Installed, and every object is ready.
+    Ready,
+    /// Installed, but something needs attention (for example a refused prune).
+    Warning,
+    /// The last reconcile failed; the message says why.
+    Error,
+    /// The Manifest is being deleted and its objects removed.
+    Deleting,
+}
+
+/// One object applied for a module.
+#[derive(
+    Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryEntry {
+    /// API group, empty for the core group.
+    #[serde(default)]
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Kind.
+    pub kind: String,
+    /// Namespace, empty for cluster-scoped objects.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+/// The last operation performed on a module.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastOperation {
+    /// What was done, e.g. `Install`, `Upgrade`, `Repair`, `Delete`.
+    pub operation: String,
+    /// When it finished.
+    pub time: Time,
+    /// A human-readable outcome.
+    pub message: String,
+}
+
+/// Schema of a free-form object (chart values): any keys, kept as given.
+fn free_form_object(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}

@@ -1,0 +1,451 @@
+//! Starts and stops one control plane: etcd, kube-apiserver and optionally kube-controller-manager.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+use crate::pki::Pki;
+use crate::process::{Lifetime, Proc};
+use crate::tools::Tools;
+
+/// How long kube-apiserver may take to report ready (a cold start on 2 busy cores takes seconds).
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a stopping component may take before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// What to start.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Also run kube-controller-manager (garbage collection, namespace deletion, Deployments'
+    /// ReplicaSets, default ServiceAccounts).
+    pub controller_manager: bool,
+    /// YAML files of CustomResourceDefinitions to install and wait for.
+    pub crd_files: Vec<PathBuf>,
+    /// Directory for certificates, data and logs; a new temporary directory when `None`.
+    pub dir: Option<PathBuf>,
+    /// Whether the processes outlive this one.
+    pub detached: bool,
+}
+
+/// Where a running control plane is and what it runs; written as `state.json` for `testenv down`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Endpoints {
+    /// Admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// `https://127.0.0.1:<port>`.
+    pub server: String,
+    /// Working directory (certificates, etcd data, logs).
+    pub dir: PathBuf,
+    /// Processes by program name, in start order.
+    pub pids: Vec<(String, u32)>,
+    /// Time from starting etcd to kube-apiserver's `/readyz` answering `ok`.
+    pub apiserver_ready_after_ms: u128,
+}
+
+/// A running control plane. Dropping it stops its processes (unless detached) and removes its
+/// temporary directory.
+pub struct ControlPlane {
+    endpoints: Endpoints,
+    // Behind mutexes so that the shared control plane (a `static`) can be stopped at exit.
+    procs: Mutex<Vec<Proc>>,
+    tempdir: Mutex<Option<tempfile::TempDir>>,
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver (and kube-controller-manager if asked), waits for
+    /// `/readyz`, and installs the CRDs.
+    pub async fn start(options: Options) -> Result<Self, Error> {
+        let tools = Tools::locate()?;
+        // Ports are picked by binding :0 and releasing; another process may take one in between.
+        // That shows up as "address already in use" and is worth another attempt.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start_once(&tools, &options).await {
+                Err(e) if attempt < 3 && e.to_string().contains("address already in use") => {
+                    tracing::warn!(attempt, "control plane port taken, retrying: {e}");
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn start_once(tools: &Tools, options: &Options) -> Result<Self, Error> {
+        let (tempdir, dir) = match &options.dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+                (None, dir.clone())
+            }
+            None => {
+                let base = std::env::temp_dir().join("module-manager-testenv");
+                std::fs::create_dir_all(&base).map_err(|e| Error::io("create temp dir", e))?;
+                remove_stale_dirs(&base);
+                let t = tempfile::Builder::new()
+                    .prefix(&format!("{}-", std::process::id()))
+                    .tempdir_in(&base)
+                    .map_err(|e| Error::io("create temp dir", e))?;
+                let path = t.path().to_owned();
+                (Some(t), path)
+            }
+        };
+        let lifetime = if options.detached {
+            Lifetime::Detached
+        } else {
+            Lifetime::TiedToThisProcess
+        };
+        let pki = Pki::generate()?;
+        let files = write_pki(&dir, &pki)?;
+        let [etcd_client, etcd_peer, apiserver_port, kcm_port] = free_ports()?;
+
+        let started = Instant::now();
+        let mut procs = Vec::new();
+        let mut etcd = Command::new(&tools.etcd);
+        etcd.args([
+            "--name=testenv".to_owned(),
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            format!("--initial-cluster=testenv=http://127.0.0.1:{etcd_peer}"),
+            "--unsafe-no-fsync=true".to_owned(),
+            "--log-level=warn".to_owned(),
+        ]);
+        procs.push(Proc::spawn("etcd", etcd, &dir.join("etcd.log"), lifetime)?);
+
+        let mut apiserver = Command::new(&tools.kube_apiserver);
+        apiserver.args([
+            format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
+            format!("--cert-dir={}", dir.display()),
+            format!("--tls-cert-file={}", files.serving_cert.display()),
+            format!("--tls-private-key-file={}", files.serving_key.display()),
+            format!("--client-ca-file={}", files.client_ca.display()),
+            format!("--secure-port={apiserver_port}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            // No kubelet and (without the controller-manager) no default ServiceAccount.
+            "--disable-admission-plugins=ServiceAccount".to_owned(),
+            "--authorization-mode=RBAC".to_owned(),
+            format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}/"),
+            format!(
+                "--service-account-key-file={}",
+                files.service_account_pub.display()
+            ),
+            format!(
+                "--service-account-signing-key-file={}",
+                files.service_account_key.display()
+            ),
+        ]);
+        procs.push(Proc::spawn(
+            "kube-apiserver",
+            apiserver,
+            &dir.join("kube-apiserver.log"),
+            lifetime,
+        )?);
+
+        let kubeconfig = dir.join("admin.kubeconfig");
+        write(&kubeconfig, &pki.admin_kubeconfig(apiserver_port))?;
+        let client = client_for(&kubeconfig).await?;
+        wait_ready(&client, &mut procs).await?;
+        let apiserver_ready_after_ms = started.elapsed().as_millis();
+
+        if options.controller_manager {
+            let mut kcm = Command::new(&tools.kube_controller_manager);
+            kcm.args([
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--authentication-kubeconfig={}", kubeconfig.display()),
+                format!("--authorization-kubeconfig={}", kubeconfig.display()),
+                "--leader-elect=false".to_owned(),
+                "--controllers=*".to_owned(),
+                "--use-service-account-credentials=false".to_owned(),
+                format!("--root-ca-file={}", files.serving_ca.display()),
+                format!(
+                    "--service-account-private-key-file={}",
+                    files.service_account_key.display()
+                ),
+                "--bind-address=127.0.0.1".to_owned(),
+                format!("--secure-port={kcm_port}"),
+                format!("--cert-dir={}", dir.join("kcm").display()),
+            ]);
+            procs.push(Proc::spawn(
+                "kube-controller-manager",
+                kcm,
+                &dir.join("kube-controller-manager.log"),
+                lifetime,
+            )?);
+            wait_controller_manager(&client, &mut procs).await?;
+        }
+
+        for file in &options.crd_files {
+            install_crds(&client, file).await?;
+        }
+
+        let endpoints = Endpoints {
+            kubeconfig,
+            server: format!("https://127.0.0.1:{apiserver_port}"),
+            dir: dir.clone(),
+            pids: procs
+                .iter()
+                .map(|p| (p.name().to_owned(), p.pid()))
+                .collect(),
+            apiserver_ready_after_ms,
+        };
+        tracing::info!(server = %endpoints.server, ready_ms = apiserver_ready_after_ms, "control plane ready");
+        Ok(Self {
+            endpoints,
+            procs: Mutex::new(procs),
+            tempdir: Mutex::new(tempdir),
+        })
+    }
+
+    /// Where it runs.
+    pub fn endpoints(&self) -> &Endpoints {
+        &self.endpoints
+    }
+
+    /// Path of the admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.endpoints.kubeconfig
+    }
+
+    /// A new admin client. Each async runtime (each `#[tokio::test]`) needs its own.
+    pub async fn client(&self) -> Result<Client, Error> {
+        client_for(&self.endpoints.kubeconfig).await
+    }
+
+    /// Creates a namespace with a unique name starting with `prefix`, for one test.
+    pub async fn namespace(&self, client: &Client, prefix: &str) -> Result<String, Error> {
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{prefix}-")),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let created = Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        Ok(created
+            .metadata
+            .name
+            .expect("the API server names generated namespaces"))
+    }
+
+    /// Stops every process (last started first) and removes the temporary directory.
+    pub fn stop(&self) {
+        let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(mut p) = procs.pop() {
+            p.stop(STOP_GRACE);
+        }
+        drop(
+            self.tempdir
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
+    }
+
+    /// Lets the processes run on after this value is gone (`testenv up`).
+    pub fn detach(self) -> Endpoints {
+        for p in self
+            .procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            p.leak();
+        }
+        if let Some(t) = self
+            .tempdir
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = t.keep();
+        }
+        self.endpoints.clone()
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Removes the directories of test processes that died without cleaning up (`<pid>-…`).
+fn remove_stale_dirs(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_string_lossy()
+            .split('-')
+            .next()
+            .and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Builds a client from a kubeconfig file.
+pub async fn client_for(kubeconfig: &Path) -> Result<Client, Error> {
+    let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    Ok(Client::try_from(config)?)
+}
+
+struct PkiFiles {
+    serving_ca: PathBuf,
+    serving_cert: PathBuf,
+    serving_key: PathBuf,
+    client_ca: PathBuf,
+    service_account_key: PathBuf,
+    service_account_pub: PathBuf,
+}
+
+fn write_pki(dir: &Path, pki: &Pki) -> Result<PkiFiles, Error> {
+    let files = PkiFiles {
+        serving_ca: dir.join("serving-ca.crt"),
+        serving_cert: dir.join("apiserver.crt"),
+        serving_key: dir.join("apiserver.key"),
+        client_ca: dir.join("client-ca.crt"),
+        service_account_key: dir.join("sa-signer.key"),
+        service_account_pub: dir.join("sa-signer.pub"),
+    };
+    write(&files.serving_ca, &pki.serving_ca_pem)?;
+    write(&files.serving_cert, &pki.serving_cert_pem)?;
+    write(&files.serving_key, &pki.serving_key_pem)?;
+    write(&files.client_ca, &pki.client_ca_pem)?;
+    write(&files.service_account_key, &pki.service_account_key_pem)?;
+    write(&files.service_account_pub, &pki.service_account_pub_pem)?;
+    Ok(files)
+}
+
+fn write(path: &Path, content: &str) -> Result<(), Error> {
+    std::fs::write(path, content).map_err(|e| Error::io(format!("write {}", path.display()), e))
+}
+
+fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+    // Hold all listeners until every port is chosen so the N ports differ.
+    let listeners = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Error::io("pick a free port", e))?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener
+            .local_addr()
+            .map_err(|e| Error::io("pick a free port", e))?
+            .port();
+    }
+    Ok(ports)
+}
+
+/// Polls `/readyz` until it answers `ok`, failing early when a process exits.
+async fn wait_ready(client: &Client, procs: &mut [Proc]) -> Result<(), Error> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        for p in procs.iter_mut() {
+            p.check_running()?;
+        }
+        let request = http::Request::get("/readyz")
+            .body(Vec::new())
+            .expect("a static request is valid");
+        match client.request_text(request).await {
+            Ok(body) if body.trim() == "ok" => return Ok(()),
+            _ if Instant::now() > deadline => {
+                let log_tail = procs
+                    .iter()
+                    .map(|p| format!("--- {}\n{}", p.name(), p.log_tail()))
+                    .collect();
+                return Err(Error::NotReady {
+                    what: "kube-apiserver /readyz",
+                    log_tail,
+                });
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// kube-controller-manager is working once its service-account controller has created the
+/// `default` ServiceAccount in the `default` namespace.
+async fn wait_controller_manager(client: &Client, procs: &mut [Proc]) -> Result<(), Error> {
+    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), "default");
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        for p in procs.iter_mut() {
+            p.check_running()?;
+        }
+        if accounts.get_opt("default").await?.is_some() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let log_tail = procs.last().map(Proc::log_tail).unwrap_or_default();
+            return Err(Error::NotReady {
+                what: "kube-controller-manager",
+                log_tail,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Applies every CustomResourceDefinition in a YAML file and waits until each is `Established`.
+pub async fn install_crds(
+    client: &Client,
+    file: &Path,
+) -> Result<Vec<CustomResourceDefinition>, Error> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| Error::io(format!("read {}", file.display()), e))?;
+    let crds = parse_crds(&text).map_err(|e| Error::Crd(format!("{}: {e}", file.display())))?;
+    let api = Api::<CustomResourceDefinition>::all(client.clone());
+    let params = PatchParams::apply("testenv").force();
+    for crd in &crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &Patch::Apply(crd)).await?;
+    }
+    for crd in &crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let cond = kube::runtime::conditions::is_crd_established();
+        tokio::time::timeout(
+            READY_TIMEOUT,
+            kube::runtime::wait::await_condition(api.clone(), &name, cond),
+        )
+        .await
+        .map_err(|_| Error::Crd(format!("{name} not Established in time")))?
+        .map_err(|e| Error::Crd(format!("{name}: {e}")))?;
+    }
+    Ok(crds)
+}
+
+/// Parses a multi-document YAML file of CustomResourceDefinitions (empty documents skipped).
+pub fn parse_crds(text: &str) -> Result<Vec<CustomResourceDefinition>, serde_yaml_ng::Error> {
+    let mut crds = Vec::new();
+    for document in serde_yaml_ng::Deserializer::from_str(text) {
+        let value = serde_yaml_ng::Value::deserialize(document)?;
+        if !value.is_null() {
+            crds.push(serde_yaml_ng::from_value(value)?);
+        }
+    }
+    Ok(crds)
+}

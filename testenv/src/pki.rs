@@ -1,0 +1,110 @@
+//! Throwaway certificates and the admin kubeconfig of a test control plane.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use base64::{Engine, engine::general_purpose::STANDARD};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
+};
+
+use crate::Error;
+
+/// PEM-encoded material for one control plane.
+pub struct Pki {
+    /// CA that signed the serving certificate; clients trust it.
+    pub serving_ca_pem: String,
+    /// kube-apiserver's serving certificate (SANs `localhost`, `127.0.0.1`).
+    pub serving_cert_pem: String,
+    /// Key of the serving certificate.
+    pub serving_key_pem: String,
+    /// CA the API server trusts for client certificates.
+    pub client_ca_pem: String,
+    /// Client certificate of the admin user (`O=system:masters`).
+    pub admin_cert_pem: String,
+    /// Key of the admin client certificate.
+    pub admin_key_pem: String,
+    /// Private key that signs service-account tokens.
+    pub service_account_key_pem: String,
+    /// Public half of `service_account_key_pem`.
+    pub service_account_pub_pem: String,
+}
+
+fn ca(common_name: &str) -> Result<CertifiedIssuer<'static, KeyPair>, Error> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name = name(common_name, None);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(CertifiedIssuer::self_signed(params, KeyPair::generate()?)?)
+}
+
+fn name(common_name: &str, organization: Option<&str>) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    if let Some(org) = organization {
+        dn.push(DnType::OrganizationName, org);
+    }
+    dn
+}
+
+impl Pki {
+    /// Generates a fresh set (ECDSA P-256 keys).
+    pub fn generate() -> Result<Self, Error> {
+        let serving_ca = ca("module-manager-testenv-serving-ca")?;
+        let serving_key = KeyPair::generate()?;
+        let mut serving = CertificateParams::new(vec!["localhost".to_owned()])?;
+        serving
+            .subject_alt_names
+            .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        serving.distinguished_name = name("localhost", None);
+        serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let serving_cert = serving.signed_by(&serving_key, &serving_ca)?;
+
+        let client_ca = ca("module-manager-testenv-client-ca")?;
+        let admin_key = KeyPair::generate()?;
+        let mut admin = CertificateParams::new(Vec::<String>::new())?;
+        admin.distinguished_name = name("testenv-admin", Some("system:masters"));
+        admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let admin_cert = admin.signed_by(&admin_key, &client_ca)?;
+
+        let service_account_key = KeyPair::generate()?;
+        Ok(Self {
+            serving_ca_pem: serving_ca.pem(),
+            serving_cert_pem: serving_cert.pem(),
+            serving_key_pem: serving_key.serialize_pem(),
+            client_ca_pem: client_ca.pem(),
+            admin_cert_pem: admin_cert.pem(),
+            admin_key_pem: admin_key.serialize_pem(),
+            service_account_pub_pem: service_account_key.public_key_pem(),
+            service_account_key_pem: service_account_key.serialize_pem(),
+        })
+    }
+
+    /// An admin kubeconfig for `https://127.0.0.1:<port>` with the credentials embedded.
+    pub fn admin_kubeconfig(&self, port: u16) -> String {
+        let b64 = |pem: &str| STANDARD.encode(pem);
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: testenv\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority-data: {ca}\nusers:\n- name: testenv-admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: testenv\n  context:\n    cluster: testenv\n    user: testenv-admin\ncurrent-context: testenv\n",
+            ca = b64(&self.serving_ca_pem),
+            cert = b64(&self.admin_cert_pem),
+            key = b64(&self.admin_key_pem),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubeconfig_embeds_the_credentials() {
+        let pki = Pki::generate().unwrap();
+        let kubeconfig = pki.admin_kubeconfig(6443);
+        assert!(kubeconfig.contains("server: https://127.0.0.1:6443"));
+        assert!(kubeconfig.contains(&STANDARD.encode(&pki.admin_cert_pem)));
+    }
+}

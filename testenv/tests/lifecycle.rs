@@ -1,0 +1,122 @@
+//! The control plane starts for real, serves requests, and leaves no process behind: not when
+//! dropped, and not when the process that started it is killed with SIGKILL.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams};
+use testenv::{ControlPlane, Options, pid_runs};
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn start_serve_and_stop_leaves_no_process() {
+    let control_plane = ControlPlane::start(Options {
+        controller_manager: true,
+        ..Default::default()
+    })
+    .await
+    .expect("start");
+    let endpoints = control_plane.endpoints().clone();
+    let names: Vec<&str> = endpoints.pids.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["etcd", "kube-apiserver", "kube-controller-manager"]);
+    for (name, pid) in &endpoints.pids {
+        assert!(pid_runs(*pid, name), "{name} ({pid}) runs");
+    }
+    eprintln!(
+        "kube-apiserver ready after {} ms",
+        endpoints.apiserver_ready_after_ms
+    );
+
+    // The API server answers, and with the controller-manager a namespace deletion completes.
+    let client = control_plane.client().await.unwrap();
+    let version = client.apiserver_version().await.unwrap();
+    assert_eq!(
+        version.git_version,
+        format!("v{}", testenv::tools::pinned_version("KUBERNETES_VERSION"))
+    );
+    let ns = control_plane.namespace(&client, "lifecycle").await.unwrap();
+    let namespaces = Api::<Namespace>::all(client.clone());
+    namespaces
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while namespaces.get_opt(&ns).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "namespace {ns} was not finalized by kube-controller-manager"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    drop(control_plane);
+    for (name, pid) in &endpoints.pids {
+        assert!(
+            !pid_runs(*pid, name),
+            "{name} ({pid}) still runs after drop"
+        );
+    }
+    assert!(
+        !endpoints.dir.exists(),
+        "{} was not removed",
+        endpoints.dir.display()
+    );
+}
+
+/// Run as a child by `sigkill_of_the_test_process_leaves_no_orphans`: starts the shared control
+/// plane, reports its PIDs, then waits to be killed.
+#[tokio::test]
+async fn child_started_then_killed() {
+    let Some(report) = std::env::var_os("TESTENV_CHILD_REPORT") else {
+        return;
+    };
+    let control_plane = testenv::shared(Options::default()).await.expect("start");
+    let pids = serde_json::to_vec(&control_plane.endpoints().pids).unwrap();
+    std::fs::write(Path::new(&report).with_extension("tmp"), pids).unwrap();
+    std::fs::rename(Path::new(&report).with_extension("tmp"), &report).unwrap();
+    tokio::time::sleep(Duration::from_secs(300)).await;
+}
+
+#[test]
+fn sigkill_of_the_test_process_leaves_no_orphans() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("pids.json");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_started_then_killed", "--nocapture"])
+        .env("TESTENV_CHILD_REPORT", &report)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !report.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the child test exited before reporting"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the child did not start a control plane in time"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pids: Vec<(String, u32)> =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(pids.len(), 2);
+    for (name, pid) in &pids {
+        assert!(pid_runs(*pid, name), "{name} ({pid}) runs in the child");
+    }
+
+    child.kill().unwrap(); // SIGKILL: no destructor, no atexit handler runs.
+    child.wait().unwrap();
+    for (name, pid) in &pids {
+        wait_until(&format!("{name} ({pid}) is gone"), || !pid_runs(*pid, name));
+    }
+}

@@ -1,0 +1,251 @@
+//! The Manifest CRD on a real kube-apiserver: CRUD, CEL validation, the status subresource, and
+//! the CRD on the server equals `crds/manifest.yaml`.
+
+use std::path::PathBuf;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use module_manager::api::{ChartSource, Manifest, ManifestSpec, ManifestStatus, State};
+use serde_json::json;
+
+fn crd_file() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crds/manifest.yaml")
+}
+
+/// A client and a fresh namespace on the control plane shared by this test binary.
+async fn setup(prefix: &str) -> (Client, Api<Manifest>) {
+    let control_plane = testenv::shared(testenv::Options {
+        crd_files: vec![crd_file()],
+        ..Default::default()
+    })
+    .await
+    .expect("start the control plane");
+    let client = control_plane.client().await.expect("client");
+    let ns = control_plane
+        .namespace(&client, prefix)
+        .await
+        .expect("namespace");
+    (client.clone(), Api::namespaced(client, &ns))
+}
+
+fn manifest(name: &str, chart: ChartSource) -> Manifest {
+    Manifest::new(
+        name,
+        ManifestSpec {
+            module: "web".into(),
+            chart,
+            release_name: None,
+            target_namespace: None,
+            values: Some(json!({"replicaCount": 2})),
+            values_from: vec![],
+            target: None,
+            deletion_policy: Default::default(),
+            suspend: false,
+            interval: "10m".into(),
+        },
+    )
+}
+
+fn path_chart() -> ChartSource {
+    ChartSource {
+        path: Some("/charts/web".into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn manifest_create_get_list_delete() {
+    let (_, api) = setup("crud").await;
+    let created = api
+        .create(&PostParams::default(), &manifest("web", path_chart()))
+        .await
+        .unwrap();
+    assert!(created.uid().is_some());
+    // Defaults from the schema are applied by the server.
+    assert_eq!(created.spec.interval, "10m");
+
+    let got = api.get("web").await.unwrap();
+    assert_eq!(got.spec, created.spec);
+    assert_eq!(
+        got.spec.values,
+        Some(json!({"replicaCount": 2})),
+        "free-form values are preserved"
+    );
+
+    api.create(&PostParams::default(), &manifest("other", path_chart()))
+        .await
+        .unwrap();
+    let mut names: Vec<String> = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["other", "web"]);
+
+    api.delete("web", &DeleteParams::default()).await.unwrap();
+    assert!(api.get_opt("web").await.unwrap().is_none());
+}
+
+/// Creates a Manifest from raw JSON and returns the server's rejection message.
+async fn rejection(api: &Api<Manifest>, chart: serde_json::Value) -> String {
+    let raw = json!({
+        "apiVersion": "modulemanager.io/v1alpha1",
+        "kind": "Manifest",
+        "metadata": {"name": "bad"},
+        "spec": {"module": "web", "chart": chart},
+    });
+    let manifest: Manifest = serde_json::from_value(raw).unwrap();
+    match api.create(&PostParams::default(), &manifest).await {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            status.message
+        }
+        other => panic!("expected the server to reject the Manifest, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn cel_rule_requires_exactly_one_chart_source() {
+    let (_, api) = setup("cel").await;
+    let two = rejection(
+        &api,
+        json!({"path": "/charts/web", "oci": "oci://registry.example/web:1.0.0"}),
+    )
+    .await;
+    assert!(
+        two.contains("exactly one chart source must be set"),
+        "{two}"
+    );
+    let none = rejection(&api, json!({})).await;
+    assert!(
+        none.contains("exactly one chart source must be set"),
+        "{none}"
+    );
+    let half_repository = rejection(
+        &api,
+        json!({"repository": "https://charts.example", "name": "web"}),
+    )
+    .await;
+    assert!(
+        half_repository.contains("name and version are required with repository"),
+        "{half_repository}"
+    );
+
+    // Each single source is accepted.
+    for (name, chart) in [
+        ("by-path", json!({"path": "/charts/web"})),
+        (
+            "by-repo",
+            json!({"repository": "https://charts.example", "name": "web", "version": "1.x"}),
+        ),
+        (
+            "by-oci",
+            json!({"oci": "oci://registry.example/charts/web:1.0.0"}),
+        ),
+    ] {
+        let mut m = manifest(name, ChartSource::default());
+        m.spec.chart = serde_json::from_value(chart).unwrap();
+        api.create(&PostParams::default(), &m)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[tokio::test]
+async fn status_subresource_round_trips() {
+    let (_, api) = setup("status").await;
+    api.create(&PostParams::default(), &manifest("web", path_chart()))
+        .await
+        .unwrap();
+
+    let status = ManifestStatus {
+        state: Some(State::Ready),
+        observed_generation: Some(1),
+        shard: Some(17),
+        owner: Some("module-manager-0".into()),
+        chart_digest: Some(format!("sha256:{}", "a".repeat(64))),
+        ..Default::default()
+    };
+    let patch =
+        json!({"apiVersion": "modulemanager.io/v1alpha1", "kind": "Manifest", "status": status});
+    let params = PatchParams::apply("module-manager-test").force();
+    let patched = api
+        .patch_status("web", &params, &Patch::Apply(&patch))
+        .await
+        .unwrap();
+    assert_eq!(patched.status.as_ref(), Some(&status));
+    assert_eq!(api.get("web").await.unwrap().status, Some(status.clone()));
+
+    // Writes to the main resource do not touch the status (that is what the subresource is for).
+    let mut edited = api.get("web").await.unwrap();
+    edited.status = Some(ManifestStatus {
+        state: Some(State::Error),
+        ..Default::default()
+    });
+    edited.spec.suspend = true;
+    let replaced = api
+        .replace("web", &PostParams::default(), &edited)
+        .await
+        .unwrap();
+    assert!(replaced.spec.suspend);
+    assert_eq!(replaced.status, Some(status));
+}
+
+#[tokio::test]
+async fn crd_on_the_server_equals_the_checked_in_file() {
+    let (client, _) = setup("crd").await;
+    let file = testenv::parse_crds(&std::fs::read_to_string(crd_file()).unwrap()).unwrap();
+    assert_eq!(file.len(), 1);
+    // The file is what the Rust types generate ...
+    assert_eq!(file[0], module_manager::api::manifest_crd());
+
+    // ... and what the server stores, apart from the two fields the server defaults.
+    let on_server = Api::<CustomResourceDefinition>::all(client)
+        .get("manifests.modulemanager.io")
+        .await
+        .unwrap();
+    let mut server_spec = on_server.spec;
+    assert_eq!(
+        server_spec.conversion.take().map(|c| c.strategy).as_deref(),
+        Some("None")
+    );
+    assert_eq!(
+        server_spec.names.list_kind.take().as_deref(),
+        Some("ManifestList")
+    );
+    let (server, local) = (
+        serde_json::to_value(&server_spec).unwrap(),
+        serde_json::to_value(&file[0].spec).unwrap(),
+    );
+    assert!(
+        server == local,
+        "the CRD on the server differs from crds/manifest.yaml:\n{}",
+        json_diff(&server, &local, "")
+    );
+}
+
+/// The paths at which two JSON values differ, one per line (readable where `Debug` of a CRD is not).
+fn json_diff(server: &serde_json::Value, file: &serde_json::Value, path: &str) -> String {
+    use serde_json::Value::Object;
+    match (server, file) {
+        (Object(a), Object(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            keys.into_iter()
+                .map(|k| {
+                    let null = serde_json::Value::Null;
+                    json_diff(
+                        a.get(k).unwrap_or(&null),
+                        b.get(k).unwrap_or(&null),
+                        &format!("{path}.{k}"),
+                    )
+                })
+                .collect()
+        }
+        (a, b) if a == b => String::new(),
+        (a, b) => format!("{path}: server {a} file {b}\n"),
+    }
+}
