@@ -38,13 +38,12 @@ test: setup lint verify-crds ## Everything CI checks: format, clippy, CRD drift,
 cluster-up: setup ## Start a local control plane with the CRDs installed; prints the kubeconfig path
 	@$(TESTENV) up --crds crds/manifest.yaml
 
-cluster-down: ## Stop the local control plane
+cluster-down: ## Stop the operator started by `make run` and the local control plane
+	@pid=$${MODULE_MANAGER_CACHE:-$$HOME/.cache/module-manager}/cluster/operator.pid; \
+		if [ -f $$pid ]; then kill $$(cat $$pid) 2>/dev/null || true; rm -f $$pid; fi
 	@$(TESTENV) down
 
-run: cluster-up ## The demo: a local control plane with the Manifest CRD and the sample Manifests
-	@KUBECONFIG=$$($(TESTENV) status) && export KUBECONFIG && \
-		$(CARGO) run --quiet --example demo && \
-		echo && echo "The control plane keeps running. Use it with:" && \
-		echo "  export KUBECONFIG=$$KUBECONFIG" && echo "Stop it with: make cluster-down"
+run: cluster-up ## The demo: control plane, CRDs, the operator and the example Manifests
+	@hack/demo.sh
 
 .PHONY: help setup tools build crds verify-crds fmt lint test cluster-up cluster-down run

@@ -1,12 +1,12 @@
 //! The demo behind `make run`: applies `examples/manifests/*.yaml` to the cluster that
-//! `$KUBECONFIG` names and lists the Manifests.
-//!
-//! The operator that reconciles them is not part of the project yet; until it is, the Manifests
-//! are accepted by the API server (schema and CEL validation) and wait without a status.
+//! `$KUBECONFIG` names, then prints the Manifests' states until each is Ready or has settled
+//! (at most a minute).
+
+use std::time::{Duration, Instant};
 
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use module_manager::api::Manifest;
+use module_manager::api::{Manifest, State};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
@@ -26,25 +26,55 @@ async fn main() -> anyhow::Result<()> {
             .await?;
         println!("applied {}", file.path().display());
     }
-    println!();
-    println!("NAMESPACE    NAME                 MODULE     STATE        OWNER");
-    for m in Api::<Manifest>::all(client)
-        .list(&ListParams::default())
-        .await?
-    {
+
+    let all = Api::<Manifest>::all(client);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = String::new();
+    loop {
+        let manifests = all.list(&ListParams::default()).await?.items;
+        let table = table(&manifests);
+        if table != last {
+            println!("\n{table}");
+            last = table;
+        }
+        let settled = manifests.iter().all(|m| {
+            let status = m.status.clone().unwrap_or_default();
+            status.observed_generation == m.metadata.generation
+                && status.state.is_some_and(|s| s != State::Processing)
+        });
+        if settled || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Ok(())
+}
+
+fn table(manifests: &[Manifest]) -> String {
+    let mut out = format!(
+        "{:<10} {:<10} {:<10} {:<11} {:<17} {}\n",
+        "NAMESPACE", "NAME", "MODULE", "STATE", "OWNER", "MESSAGE"
+    );
+    for m in manifests {
         let status = m.status.clone().unwrap_or_default();
-        let state = status
-            .state
-            .map(|s| format!("{s:?}"))
-            .unwrap_or_else(|| "-".into());
-        println!(
-            "{:<12} {:<20} {:<10} {:<12} {}",
+        let message = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        out += &format!(
+            "{:<10} {:<10} {:<10} {:<11} {:<17} {}\n",
             m.namespace().unwrap_or_default(),
             m.name_any(),
             m.spec.module,
-            state,
-            status.owner.unwrap_or_else(|| "-".into())
+            status
+                .state
+                .map(|s| format!("{s:?}"))
+                .unwrap_or_else(|| "-".into()),
+            status.owner.unwrap_or_else(|| "-".into()),
+            message
         );
     }
-    Ok(())
+    out
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the pinned kube-apiserver, kube-controller-manager, etcd and helm from their Go modules
+# Builds the pinned kube-apiserver, kube-controller-manager, kube-scheduler, etcd, helm and kwok
+# from their Go modules
 # into a versioned cache outside the repository. Idempotent: a tool whose binary is present and
 # reports the pinned version is not rebuilt.
 #
@@ -37,10 +38,11 @@ has_version() {
 build_kubernetes() {
   local v=$KUBERNETES_VERSION minor staging_v dir="$tools/kubernetes-v$KUBERNETES_VERSION"
   if has_version "$dir/kube-apiserver" "v$v" --version &&
-     has_version "$dir/kube-controller-manager" "v$v" --version; then
+     has_version "$dir/kube-controller-manager" "v$v" --version &&
+     has_version "$dir/kube-scheduler" "v$v" --version; then
     log "kubernetes v$v: cached"; return
   fi
-  log "kubernetes v$v: building kube-apiserver and kube-controller-manager"
+  log "kubernetes v$v: building kube-apiserver, kube-controller-manager and kube-scheduler"
   minor=$(echo "$v" | cut -d. -f2)
   staging_v="v0.${v#1.}"
   local w="$work/kubernetes-v$v"
@@ -57,7 +59,8 @@ build_kubernetes() {
     for m in $staging; do printf '\t%s => %s %s\n' "$m" "$m" "$staging_v"; done
     echo ")"
   } > go.mod
-  go get "k8s.io/kubernetes/cmd/kube-apiserver@v$v" "k8s.io/kubernetes/cmd/kube-controller-manager@v$v"
+  go get "k8s.io/kubernetes/cmd/kube-apiserver@v$v" "k8s.io/kubernetes/cmd/kube-controller-manager@v$v" \
+    "k8s.io/kubernetes/cmd/kube-scheduler@v$v"
   # The same -X flags as kubernetes' hack/lib/version.sh, so /version reports v$v (Helm's
   # kubeVersion constraints and .Capabilities.KubeVersion read it).
   local ldf="-s -w" p
@@ -66,9 +69,10 @@ build_kubernetes() {
   done
   mkdir -p "$w/bin"
   go build -trimpath -tags selinux,notest -ldflags "$ldf" -o "$w/bin/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler
   mkdir -p "$dir"
-  mv "$w/bin/kube-apiserver" "$w/bin/kube-controller-manager" "$dir/"
+  mv "$w/bin/kube-apiserver" "$w/bin/kube-controller-manager" "$w/bin/kube-scheduler" "$dir/"
   has_version "$dir/kube-apiserver" "v$v" --version || { log "kube-apiserver does not report v$v"; exit 1; }
 }
 
@@ -98,9 +102,31 @@ build_helm() {
   has_version "$dir/helm" "v$v" version --short || { log "helm does not report v$v"; exit 1; }
 }
 
+# kwok simulates nodes and the kubelet, so that workloads roll out on a control plane without
+# machines (the demo and the load test). Its stage definitions (node ready + lease heartbeat,
+# pod ready/complete/delete: kwok's "fast" set) come from the same module and are written to
+# stages.yaml beside the binary.
+build_kwok() {
+  local v=$KWOK_VERSION dir="$tools/kwok-v$KWOK_VERSION"
+  if has_version "$dir/kwok" "v$v" --version && [ -s "$dir/stages.yaml" ]; then log "kwok v$v: cached"; return; fi
+  log "kwok v$v: building"
+  mkdir -p "$dir"
+  GOBIN="$dir" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@v$v"
+  has_version "$dir/kwok" "v$v" --version || { log "kwok does not report v$v"; exit 1; }
+  local stages f
+  stages="$(go env GOMODCACHE)/sigs.k8s.io/kwok@v$v/kustomize/stage"
+  : > "$dir/stages.yaml.tmp"
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+           pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    { echo '---'; cat "$stages/$f"; } >> "$dir/stages.yaml.tmp"
+  done
+  mv "$dir/stages.yaml.tmp" "$dir/stages.yaml"
+}
+
 start=$(date +%s)
 build_etcd
 build_helm
 build_kubernetes
+build_kwok
 log "done in $(( $(date +%s) - start ))s"
 echo "$tools"

@@ -3,3 +3,14 @@
 //! The binary (`src/main.rs`) is a thin command line over this library.
 
 pub mod api;
+pub mod apply;
+pub mod chart_source;
+pub mod controller;
+pub mod plan;
+pub mod queue;
+pub mod readiness;
+pub mod reconcile;
+pub mod render;
+pub mod status;
+pub mod telemetry;
+pub mod values;

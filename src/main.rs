@@ -1,6 +1,17 @@
 //! The `module-manager` command line.
 
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
 use clap::{Parser, Subcommand};
+use kube::runtime::events::Reporter;
+use module_manager::apply::Cluster;
+use module_manager::chart_source::Limits;
+use module_manager::controller::{self, ControllerConfig};
+use module_manager::reconcile::Context;
+use module_manager::render::{HelmRenderer, RenderLimits};
+use module_manager::telemetry::{self, LogFormat};
 
 #[derive(Parser)]
 #[command(name = "module-manager", version, about)]
@@ -13,11 +24,86 @@ struct Cli {
 enum Command {
     /// Print the Manifest CustomResourceDefinition as YAML.
     Crd,
+    /// Run the operator: reconcile every Manifest of the cluster in $KUBECONFIG (or in-cluster).
+    Run(RunArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+#[derive(clap::Args)]
+struct RunArgs {
+    /// This replica's name, written to `status.owner` and Events.
+    #[arg(long, env = "POD_NAME", default_value = "module-manager-0")]
+    replica: String,
+    /// Directory that local chart paths (`spec.chart.path`) resolve under; paths leaving it are refused.
+    #[arg(long, default_value = ".")]
+    chart_root: PathBuf,
+    /// The helm binary.
+    #[arg(long, env = "MODULE_MANAGER_HELM", default_value = "helm")]
+    helm: PathBuf,
+    /// Private helm home (cache, config, data); a temporary directory when omitted.
+    #[arg(long)]
+    helm_home: Option<PathBuf>,
+    /// Most reconciles at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// Limit on one helm render, in seconds.
+    #[arg(long, default_value_t = 30)]
+    render_timeout_seconds: u64,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "json")]
+    log_format: LogFormat,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crd => print!("{}", module_manager::api::manifest_crd_yaml()),
+        Command::Run(args) => run(args).await?,
     }
     Ok(())
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    telemetry::init(args.log_format);
+    let client = kube::Client::try_default().await?;
+    let helm_home = match args.helm_home {
+        Some(dir) => dir,
+        None => std::env::temp_dir().join(format!("module-manager-helm-{}", std::process::id())),
+    };
+    let limits = RenderLimits {
+        timeout: Duration::from_secs(args.render_timeout_seconds),
+        ..Default::default()
+    };
+    let renderer = HelmRenderer::new(args.helm.clone(), helm_home, limits).await?;
+    let chart_root = args.chart_root.canonicalize()?;
+    tracing::info!(replica = %args.replica, helm = renderer.version(), chart_root = %chart_root.display(), "starting");
+    let reporter = Reporter {
+        controller: "module-manager".into(),
+        instance: Some(args.replica.clone()),
+    };
+    let ctx = Arc::new(Context {
+        cluster: Cluster::connect(client.clone()).await?,
+        reporter,
+        client,
+        renderer,
+        chart_root,
+        chart_limits: Limits::default(),
+        replica: args.replica,
+    });
+    let config = ControllerConfig {
+        concurrency: args.concurrency,
+        ..Default::default()
+    };
+    controller::run(ctx, config, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("install SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }

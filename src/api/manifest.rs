@@ -212,6 +212,10 @@ pub struct ManifestStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rendered_digest: Option<String>,
 
+    /// `sha256:` digest of the merged values that were rendered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values_digest: Option<String>,
+
     /// Every object applied for this module, in install order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inventory: Vec<InventoryEntry>,

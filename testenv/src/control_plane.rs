@@ -6,7 +6,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -29,6 +29,13 @@ pub struct Options {
     /// Also run kube-controller-manager (garbage collection, namespace deletion, Deployments'
     /// ReplicaSets, default ServiceAccounts).
     pub controller_manager: bool,
+    /// kube-controller-manager's `--controllers` (default `*`). Tests that play the workload
+    /// controllers themselves (writing Deployment status) leave those out.
+    pub controllers: Option<String>,
+    /// Simulated nodes: with more than zero, kube-scheduler and kwok run too, and this many
+    /// fake Nodes are created, so that Pods are scheduled and reported Running and workloads
+    /// really roll out (implies `controller_manager`).
+    pub simulated_nodes: usize,
     /// YAML files of CustomResourceDefinitions to install and wait for.
     pub crd_files: Vec<PathBuf>,
     /// Directory for certificates, data and logs; a new temporary directory when `None`.
@@ -106,7 +113,14 @@ impl ControlPlane {
         };
         let pki = Pki::generate()?;
         let files = write_pki(&dir, &pki)?;
-        let [etcd_client, etcd_peer, apiserver_port, kcm_port] = free_ports()?;
+        let [
+            etcd_client,
+            etcd_peer,
+            apiserver_port,
+            kcm_port,
+            scheduler_port,
+            kwok_port,
+        ] = free_ports()?;
 
         let started = Instant::now();
         let mut procs = Vec::new();
@@ -162,14 +176,17 @@ impl ControlPlane {
         wait_ready(&client, &mut procs).await?;
         let apiserver_ready_after_ms = started.elapsed().as_millis();
 
-        if options.controller_manager {
+        if options.controller_manager || options.simulated_nodes > 0 {
             let mut kcm = Command::new(&tools.kube_controller_manager);
             kcm.args([
                 format!("--kubeconfig={}", kubeconfig.display()),
                 format!("--authentication-kubeconfig={}", kubeconfig.display()),
                 format!("--authorization-kubeconfig={}", kubeconfig.display()),
                 "--leader-elect=false".to_owned(),
-                "--controllers=*".to_owned(),
+                format!(
+                    "--controllers={}",
+                    options.controllers.as_deref().unwrap_or("*")
+                ),
                 "--use-service-account-credentials=false".to_owned(),
                 format!("--root-ca-file={}", files.serving_ca.display()),
                 format!(
@@ -187,6 +204,34 @@ impl ControlPlane {
                 lifetime,
             )?);
             wait_controller_manager(&client, &mut procs).await?;
+        }
+
+        if options.simulated_nodes > 0 {
+            let mut scheduler = Command::new(&tools.kube_scheduler);
+            scheduler.args([
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--authentication-kubeconfig={}", kubeconfig.display()),
+                format!("--authorization-kubeconfig={}", kubeconfig.display()),
+                "--leader-elect=false".to_owned(),
+                "--bind-address=127.0.0.1".to_owned(),
+                format!("--secure-port={scheduler_port}"),
+            ]);
+            procs.push(Proc::spawn(
+                "kube-scheduler",
+                scheduler,
+                &dir.join("kube-scheduler.log"),
+                lifetime,
+            )?);
+            let mut kwok = Command::new(&tools.kwok);
+            kwok.args([
+                format!("--kubeconfig={}", kubeconfig.display()),
+                "--manage-all-nodes=false".to_owned(),
+                format!("--manage-nodes-with-annotation-selector={SIMULATED_NODE_ANNOTATION}=fake"),
+                format!("--server-address=127.0.0.1:{kwok_port}"),
+                format!("--config={}", tools.kwok_stages.display()),
+            ]);
+            procs.push(Proc::spawn("kwok", kwok, &dir.join("kwok.log"), lifetime)?);
+            create_simulated_nodes(&client, options.simulated_nodes).await?;
         }
 
         for file in &options.crd_files {
@@ -284,6 +329,32 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The annotation kwok manages nodes by.
+const SIMULATED_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+
+/// Creates `count` Nodes for kwok to run (`kwok-node-0`, …), roomy enough for a load test.
+async fn create_simulated_nodes(client: &Client, count: usize) -> Result<(), Error> {
+    let nodes = Api::<Node>::all(client.clone());
+    for i in 0..count {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": format!("kwok-node-{i}"),
+                "annotations": {SIMULATED_NODE_ANNOTATION: "fake"},
+                "labels": {"kubernetes.io/hostname": format!("kwok-node-{i}"), "type": "kwok"},
+            },
+            "status": {
+                "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
+                "capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
+            },
+        }))
+        .expect("a static Node is valid");
+        nodes.create(&PostParams::default(), &node).await?;
+    }
+    Ok(())
 }
 
 /// Removes the directories of test processes that died without cleaning up (`<pid>-…`).

@@ -33,6 +33,12 @@ pub struct Tools {
     pub kube_apiserver: PathBuf,
     /// `kube-controller-manager`.
     pub kube_controller_manager: PathBuf,
+    /// `kube-scheduler`.
+    pub kube_scheduler: PathBuf,
+    /// `kwok`: simulated nodes and kubelets.
+    pub kwok: PathBuf,
+    /// kwok's stage definitions (written by `hack/build-tools.sh` from kwok's module).
+    pub kwok_stages: PathBuf,
     /// `etcd`.
     pub etcd: PathBuf,
     /// `helm`.
@@ -47,9 +53,13 @@ impl Tools {
             "kubernetes-v{}",
             pinned_version("KUBERNETES_VERSION")
         ));
+        let kwok = tools.join(format!("kwok-v{}", pinned_version("KWOK_VERSION")));
         let found = Self {
             kube_apiserver: k8s.join("kube-apiserver"),
             kube_controller_manager: k8s.join("kube-controller-manager"),
+            kube_scheduler: k8s.join("kube-scheduler"),
+            kwok: kwok.join("kwok"),
+            kwok_stages: kwok.join("stages.yaml"),
             etcd: tools
                 .join(format!("etcd-v{}", pinned_version("ETCD_VERSION")))
                 .join("etcd"),

@@ -26,9 +26,12 @@ enum Command {
         /// CRD YAML files to install.
         #[arg(long = "crds")]
         crd_files: Vec<PathBuf>,
-        /// Do not run kube-controller-manager.
+        /// Do not run kube-controller-manager (nor the simulated nodes).
         #[arg(long)]
         no_controller_manager: bool,
+        /// Simulated nodes (kube-scheduler + kwok), so that workloads roll out; 0 for none.
+        #[arg(long, default_value_t = 2)]
+        nodes: usize,
     },
     /// Stop the control plane and remove its state.
     Down,
@@ -44,6 +47,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Up {
             crd_files,
             no_controller_manager,
+            nodes,
         } => {
             if let Some(running) = running(&state_file) {
                 eprintln!("control plane already running at {}", running.server);
@@ -61,6 +65,8 @@ async fn main() -> anyhow::Result<()> {
                 crd_files,
                 dir: Some(cli.state_dir.join("run")),
                 detached: true,
+                controllers: None,
+                simulated_nodes: if no_controller_manager { 0 } else { nodes },
             };
             let endpoints = ControlPlane::start(options).await?.detach();
             std::fs::write(&state_file, serde_json::to_vec_pretty(&endpoints)?)?;

@@ -1,0 +1,245 @@
+//! Apply: a target cluster's discovery, server-side apply with one field manager, CRD
+//! establishment, and deletion.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
+use kube::discovery::{ApiResource, Discovery, Scope as DiscoveryScope};
+use kube::{Client, Error as KubeError};
+
+use crate::api::InventoryEntry;
+use crate::plan::{RenderedObject, Scope, describe};
+
+/// The field manager of every write module-manager makes to a module's objects.
+pub const FIELD_MANAGER: &str = "module-manager";
+
+/// Why applying, reading or deleting an object failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// discovery of the target's API failed.
+    #[error("discover the target's API: {0}")]
+    Discovery(#[source] KubeError),
+    /// the API server rejected the object as invalid (a chart bug: waits for a spec change).
+    #[error("{object} was rejected: {message}")]
+    Rejected {
+        /// The object.
+        object: String,
+        /// The server's message.
+        message: String,
+    },
+    /// a request failed for another reason (retried with backoff).
+    #[error("{object}: {source}")]
+    Api {
+        /// The object.
+        object: String,
+        /// The error.
+        #[source]
+        source: KubeError,
+    },
+    /// the target does not serve the object's kind.
+    #[error("{0}: the target does not serve this kind")]
+    UnknownKind(String),
+    /// CRDs did not become Established in time.
+    #[error("CustomResourceDefinition {0} is not Established")]
+    CrdNotEstablished(String),
+}
+
+impl ApplyError {
+    /// Whether retrying without a spec change cannot help.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Self::Rejected { .. })
+    }
+
+    fn from_kube(id: &InventoryEntry, source: KubeError) -> Self {
+        match source {
+            KubeError::Api(status) if matches!(status.code, 400 | 422) => Self::Rejected {
+                object: describe(id),
+                message: status.message,
+            },
+            source => Self::Api {
+                object: describe(id),
+                source,
+            },
+        }
+    }
+}
+
+/// What discovery says about a target: its version, the `--api-versions` helm gets, and the
+/// resource of every served kind.
+#[derive(Debug, Default)]
+pub struct ApiSurface {
+    /// `gitVersion`, e.g. `v1.36.3`.
+    pub kube_version: String,
+    /// Every `group/version` and `group/version/Kind` served, sorted (the core group without
+    /// its empty prefix: `v1`, `v1/ConfigMap`).
+    pub api_versions: Vec<String>,
+    kinds: HashMap<(String, String, String), (ApiResource, Scope)>,
+}
+
+impl ApiSurface {
+    /// The resource and scope of a kind, if served.
+    pub fn resolve(&self, id: &InventoryEntry) -> Option<&(ApiResource, Scope)> {
+        self.kinds
+            .get(&(id.group.clone(), id.version.clone(), id.kind.clone()))
+    }
+
+    fn from_discovery(kube_version: String, discovery: &Discovery) -> Self {
+        let mut api_versions = Vec::new();
+        let mut kinds = HashMap::new();
+        for group in discovery.groups() {
+            for version in group.versions() {
+                let group_version = if group.name().is_empty() {
+                    version.to_owned()
+                } else {
+                    format!("{}/{version}", group.name())
+                };
+                api_versions.push(group_version.clone());
+                for (resource, capabilities) in group.versioned_resources(version) {
+                    api_versions.push(format!("{group_version}/{}", resource.kind));
+                    let scope = match capabilities.scope {
+                        DiscoveryScope::Namespaced => Scope::Namespaced,
+                        DiscoveryScope::Cluster => Scope::Cluster,
+                    };
+                    kinds.insert(
+                        (
+                            resource.group.clone(),
+                            resource.version.clone(),
+                            resource.kind.clone(),
+                        ),
+                        (resource, scope),
+                    );
+                }
+            }
+        }
+        api_versions.sort();
+        api_versions.dedup();
+        Self {
+            kube_version,
+            api_versions,
+            kinds,
+        }
+    }
+}
+
+/// A cluster that modules are applied to, with its discovery cached.
+pub struct Cluster {
+    client: Client,
+    surface: RwLock<Arc<ApiSurface>>,
+}
+
+impl Cluster {
+    /// Connects and runs discovery.
+    pub async fn connect(client: Client) -> Result<Self, ApplyError> {
+        let cluster = Self {
+            client,
+            surface: RwLock::default(),
+        };
+        cluster.refresh_discovery().await?;
+        Ok(cluster)
+    }
+
+    /// The client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The discovery snapshot.
+    pub fn surface(&self) -> Arc<ApiSurface> {
+        self.surface
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Re-runs discovery (after CRDs changed, or when a kind is unknown).
+    pub async fn refresh_discovery(&self) -> Result<Arc<ApiSurface>, ApplyError> {
+        let version = self
+            .client
+            .apiserver_version()
+            .await
+            .map_err(ApplyError::Discovery)?;
+        let discovery = Discovery::new(self.client.clone())
+            .run_aggregated()
+            .await
+            .map_err(ApplyError::Discovery)?;
+        let surface = Arc::new(ApiSurface::from_discovery(version.git_version, &discovery));
+        *self.surface.write().unwrap_or_else(|e| e.into_inner()) = surface.clone();
+        Ok(surface)
+    }
+
+    fn api_for(&self, id: &InventoryEntry) -> Result<Api<DynamicObject>, ApplyError> {
+        let surface = self.surface();
+        let (resource, scope) = surface
+            .resolve(id)
+            .ok_or_else(|| ApplyError::UnknownKind(describe(id)))?;
+        Ok(match scope {
+            Scope::Namespaced => Api::namespaced_with(self.client.clone(), &id.namespace, resource),
+            Scope::Cluster => Api::all_with(self.client.clone(), resource),
+        })
+    }
+
+    /// Server-side applies one object (forcing ownership of its fields) and returns the
+    /// object as stored.
+    pub async fn apply(&self, object: &RenderedObject) -> Result<DynamicObject, ApplyError> {
+        let api = self.api_for(&object.id)?;
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        api.patch(&object.id.name, &params, &Patch::Apply(&object.body))
+            .await
+            .map_err(|e| ApplyError::from_kube(&object.id, e))
+    }
+
+    /// Reads an object; `None` when it or its kind is gone.
+    pub async fn get(&self, id: &InventoryEntry) -> Result<Option<DynamicObject>, ApplyError> {
+        match self.api_for(id) {
+            Ok(api) => api
+                .get_opt(&id.name)
+                .await
+                .map_err(|e| ApplyError::from_kube(id, e)),
+            Err(ApplyError::UnknownKind(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes an object in the background (dependents by the garbage collector). Returns
+    /// whether it still existed.
+    pub async fn delete(&self, id: &InventoryEntry) -> Result<bool, ApplyError> {
+        let api = match self.api_for(id) {
+            Ok(api) => api,
+            Err(ApplyError::UnknownKind(_)) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        };
+        match api.delete(&id.name, &params).await {
+            Ok(_) => Ok(true),
+            Err(KubeError::Api(status)) if status.code == 404 => Ok(false),
+            Err(e) => Err(ApplyError::from_kube(id, e)),
+        }
+    }
+
+    /// Waits until every named CRD is Established.
+    pub async fn wait_established(
+        &self,
+        names: &[String],
+        timeout: Duration,
+    ) -> Result<(), ApplyError> {
+        let api = Api::<CustomResourceDefinition>::all(self.client.clone());
+        for name in names {
+            let established = kube::runtime::wait::await_condition(
+                api.clone(),
+                name,
+                kube::runtime::conditions::is_crd_established(),
+            );
+            match tokio::time::timeout(timeout, established).await {
+                Ok(Ok(_)) => {}
+                _ => return Err(ApplyError::CrdNotEstablished(name.clone())),
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,429 @@
+//! Chart source: resolves `spec.chart` to a chart on disk with a content digest, within limits.
+//!
+//! Local charts (`spec.chart.path`) must lie under the configured chart root: a Manifest author
+//! must not be able to point the manager at arbitrary files on its filesystem.
+
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::api::ChartSource;
+
+/// Bounds on what a chart may contain.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Most files in a chart (directory or archive).
+    pub max_files: usize,
+    /// Most bytes: of the archive file, and of all files unpacked.
+    pub max_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_files: 5_000,
+            max_bytes: 20 * 1024 * 1024,
+        }
+    }
+}
+
+/// Why a chart could not be resolved. All of these are bad input: they wait for a spec change.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// the chart path does not exist.
+    #[error("chart path {0:?} does not exist")]
+    NotFound(String),
+    /// the chart path leaves the chart root.
+    #[error("chart path {path:?} is outside the chart root {root}")]
+    OutsideRoot {
+        /// The path from the spec.
+        path: String,
+        /// The configured root.
+        root: String,
+    },
+    /// a directory chart has no `Chart.yaml`.
+    #[error("{0:?} is not a chart: it has no Chart.yaml")]
+    NotAChart(String),
+    /// the chart holds a symbolic link, a device or another non-regular file.
+    #[error("chart entry {0:?} is not a regular file or directory")]
+    UnsupportedEntry(String),
+    /// an archive entry has an absolute path or `..`.
+    #[error("chart archive entry {0:?} escapes the chart")]
+    UnsafePath(String),
+    /// the chart exceeds a limit.
+    #[error("chart exceeds the limit of {limit} {what}")]
+    TooLarge {
+        /// `files` or `bytes`.
+        what: &'static str,
+        /// The limit.
+        limit: u64,
+    },
+    /// the archive could not be read.
+    #[error("chart archive {path:?} is not a valid .tgz: {source}")]
+    Archive {
+        /// The archive.
+        path: String,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// this source type is not supported yet.
+    #[error("chart source {0} is not supported yet; use chart.path")]
+    Unsupported(&'static str),
+    /// reading the chart failed.
+    #[error("read chart {path:?}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// A chart on local disk, identified by its content.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedChart {
+    /// `sha256:<hex>`: of the archive bytes, or of a directory's sorted paths and contents.
+    pub digest: String,
+    /// Where helm reads it.
+    pub path: PathBuf,
+}
+
+/// Resolves a chart source relative to `root` (an absolute, canonical directory).
+pub fn resolve(
+    source: &ChartSource,
+    root: &Path,
+    limits: Limits,
+) -> Result<ResolvedChart, SourceError> {
+    match (&source.path, &source.repository, &source.oci) {
+        (Some(path), None, None) => resolve_path(path, root, limits),
+        (None, Some(_), None) => Err(SourceError::Unsupported("repository")),
+        (None, None, Some(_)) => Err(SourceError::Unsupported("oci")),
+        // The CRD's CEL rule makes this unreachable through the API server.
+        _ => Err(SourceError::Unsupported(
+            "with more or less than one of path, repository, oci",
+        )),
+    }
+}
+
+fn resolve_path(
+    spec_path: &str,
+    root: &Path,
+    limits: Limits,
+) -> Result<ResolvedChart, SourceError> {
+    let joined = root.join(spec_path);
+    let path = joined
+        .canonicalize()
+        .map_err(|_| SourceError::NotFound(spec_path.to_owned()))?;
+    if !path.starts_with(root) {
+        return Err(SourceError::OutsideRoot {
+            path: spec_path.to_owned(),
+            root: root.display().to_string(),
+        });
+    }
+    let digest = if path.is_dir() {
+        if !path.join("Chart.yaml").is_file() {
+            return Err(SourceError::NotAChart(spec_path.to_owned()));
+        }
+        digest_directory(&path, limits)?
+    } else {
+        digest_archive(&path, limits)?
+    };
+    Ok(ResolvedChart { digest, path })
+}
+
+/// Hashes every file under `dir` in sorted path order (path, length, content), refusing links.
+fn digest_directory(dir: &Path, limits: Limits) -> Result<String, SourceError> {
+    let mut hasher = Sha256::new();
+    let (mut files, mut bytes) = (0usize, 0u64);
+    let mut stack = vec![PathBuf::new()];
+    while let Some(relative) = stack.pop() {
+        let io = |source| SourceError::Io {
+            path: relative.display().to_string(),
+            source,
+        };
+        let mut entries: Vec<_> = std::fs::read_dir(dir.join(&relative))
+            .map_err(io)?
+            .collect::<Result<_, _>>()
+            .map_err(io)?;
+        entries.sort_by_key(|e| e.file_name());
+        // Directories are pushed in reverse so they pop in sorted order.
+        for entry in entries.into_iter().rev() {
+            let name = relative.join(entry.file_name());
+            let kind = entry.file_type().map_err(|source| SourceError::Io {
+                path: name.display().to_string(),
+                source,
+            })?;
+            if kind.is_dir() {
+                hasher.update(format!("D\0{}\0", name.display()));
+                stack.push(name);
+            } else if kind.is_file() {
+                files += 1;
+                let content = std::fs::read(dir.join(&name)).map_err(|source| SourceError::Io {
+                    path: name.display().to_string(),
+                    source,
+                })?;
+                bytes += content.len() as u64;
+                check_limits(files, bytes, limits)?;
+                hasher.update(format!("F\0{}\0{}\0", name.display(), content.len()));
+                hasher.update(&content);
+            } else {
+                return Err(SourceError::UnsupportedEntry(name.display().to_string()));
+            }
+        }
+    }
+    Ok(format!("sha256:{:x}", hasher.finalize()))
+}
+
+fn check_limits(files: usize, bytes: u64, limits: Limits) -> Result<(), SourceError> {
+    if files > limits.max_files {
+        return Err(SourceError::TooLarge {
+            what: "files",
+            limit: limits.max_files as u64,
+        });
+    }
+    if bytes > limits.max_bytes {
+        return Err(SourceError::TooLarge {
+            what: "bytes",
+            limit: limits.max_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Hashes a `.tgz` and checks every entry: relative paths without `..`, regular files and
+/// directories only, file count and unpacked size within the limits.
+fn digest_archive(path: &Path, limits: Limits) -> Result<String, SourceError> {
+    let shown = path.display().to_string();
+    let size = std::fs::metadata(path)
+        .map_err(|source| SourceError::Io {
+            path: shown.clone(),
+            source,
+        })?
+        .len();
+    if size > limits.max_bytes {
+        return Err(SourceError::TooLarge {
+            what: "bytes",
+            limit: limits.max_bytes,
+        });
+    }
+    let bytes = std::fs::read(path).map_err(|source| SourceError::Io {
+        path: shown.clone(),
+        source,
+    })?;
+    let archive_error = |source| SourceError::Archive {
+        path: shown.clone(),
+        source,
+    };
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bytes.as_slice()));
+    let (mut files, mut unpacked) = (0usize, 0u64);
+    for entry in archive.entries().map_err(archive_error)? {
+        let mut entry = entry.map_err(archive_error)?;
+        let entry_path = entry.path().map_err(archive_error)?.into_owned();
+        let shown_entry = entry_path.display().to_string();
+        if entry_path
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(SourceError::UnsafePath(shown_entry));
+        }
+        let kind = entry.header().entry_type();
+        if !(kind.is_file()
+            || kind.is_dir()
+            || kind.is_pax_global_extensions()
+            || kind.is_pax_local_extensions())
+        {
+            return Err(SourceError::UnsupportedEntry(shown_entry));
+        }
+        files += 1;
+        // Count the bytes really decompressed, not the header's claim.
+        unpacked += std::io::copy(
+            &mut (&mut entry).take(limits.max_bytes + 1),
+            &mut std::io::sink(),
+        )
+        .map_err(archive_error)?;
+        check_limits(files, unpacked, limits)?;
+    }
+    Ok(format!("sha256:{:x}", Sha256::digest(&bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chart_dir(root: &Path, name: &str) -> PathBuf {
+        let dir = root.join(name);
+        std::fs::create_dir_all(dir.join("templates")).unwrap();
+        std::fs::write(
+            dir.join("Chart.yaml"),
+            "apiVersion: v2\nname: demo\nversion: 1.0.0\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("templates/cm.yaml"), "kind: ConfigMap\n").unwrap();
+        dir
+    }
+
+    fn source(path: &str) -> ChartSource {
+        ChartSource {
+            path: Some(path.into()),
+            ..Default::default()
+        }
+    }
+
+    fn root() -> (tempfile::TempDir, PathBuf) {
+        let t = tempfile::tempdir().unwrap();
+        let canonical = t.path().canonicalize().unwrap();
+        (t, canonical)
+    }
+
+    fn tgz(entries: &[(&str, tar::EntryType, &[u8])]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::fast(),
+        ));
+        for (path, kind, content) in entries {
+            let mut header = tar::Header::new_gnu();
+            // `set_path` refuses `..`; write the raw name so the test can build hostile archives.
+            header.as_gnu_mut().unwrap().name[..path.len()].copy_from_slice(path.as_bytes());
+            header.set_entry_type(*kind);
+            header.set_size(content.len() as u64);
+            if kind.is_symlink() {
+                header.set_link_name("/etc/passwd").unwrap();
+            }
+            header.set_cksum();
+            builder.append(&header, *content).unwrap();
+        }
+        builder.into_inner().unwrap().finish().unwrap()
+    }
+
+    #[test]
+    fn a_directory_digest_follows_content_not_timestamps() {
+        let (_t, root) = root();
+        let dir = chart_dir(&root, "demo");
+        let first = resolve(&source("demo"), &root, Limits::default()).unwrap();
+        assert_eq!(first.path, dir);
+        assert!(first.digest.starts_with("sha256:") && first.digest.len() == 71);
+        std::fs::write(dir.join("templates/cm.yaml"), "kind: ConfigMap\n").unwrap();
+        assert_eq!(
+            resolve(&source("demo"), &root, Limits::default())
+                .unwrap()
+                .digest,
+            first.digest
+        );
+        std::fs::write(dir.join("templates/cm.yaml"), "kind: Secret\n").unwrap();
+        assert_ne!(
+            resolve(&source("demo"), &root, Limits::default())
+                .unwrap()
+                .digest,
+            first.digest
+        );
+    }
+
+    #[test]
+    fn paths_outside_the_root_missing_paths_and_non_charts_are_refused() {
+        let (_t, root) = root();
+        chart_dir(&root, "demo");
+        std::fs::create_dir(root.join("empty")).unwrap();
+        let inner = root.join("inner");
+        std::fs::create_dir(&inner).unwrap();
+        assert!(matches!(
+            resolve(&source("../demo"), &inner, Limits::default()),
+            Err(SourceError::OutsideRoot { .. })
+        ));
+        assert!(matches!(
+            resolve(&source("/etc"), &root, Limits::default()),
+            Err(SourceError::OutsideRoot { .. })
+        ));
+        assert!(matches!(
+            resolve(&source("nope"), &root, Limits::default()),
+            Err(SourceError::NotFound(_))
+        ));
+        assert!(matches!(
+            resolve(&source("empty"), &root, Limits::default()),
+            Err(SourceError::NotAChart(_))
+        ));
+    }
+
+    #[test]
+    fn directory_limits_and_links_are_enforced() {
+        let (_t, root) = root();
+        let dir = chart_dir(&root, "demo");
+        let two_files = Limits {
+            max_files: 1,
+            max_bytes: 1 << 20,
+        };
+        assert!(matches!(
+            resolve(&source("demo"), &root, two_files),
+            Err(SourceError::TooLarge { what: "files", .. })
+        ));
+        let tiny = Limits {
+            max_files: 10,
+            max_bytes: 10,
+        };
+        assert!(matches!(
+            resolve(&source("demo"), &root, tiny),
+            Err(SourceError::TooLarge { what: "bytes", .. })
+        ));
+        std::os::unix::fs::symlink("/etc/passwd", dir.join("templates/passwd")).unwrap();
+        assert!(matches!(
+            resolve(&source("demo"), &root, Limits::default()),
+            Err(SourceError::UnsupportedEntry(_))
+        ));
+    }
+
+    #[test]
+    fn archives_are_hashed_and_hostile_entries_refused() {
+        let (_t, root) = root();
+        let file = tar::EntryType::Regular;
+        let good = tgz(&[
+            ("demo/Chart.yaml", file, b"name: demo\n"),
+            ("demo/templates/cm.yaml", file, b"kind: ConfigMap\n"),
+        ]);
+        std::fs::write(root.join("demo.tgz"), &good).unwrap();
+        let resolved = resolve(&source("demo.tgz"), &root, Limits::default()).unwrap();
+        assert_eq!(
+            resolved.digest,
+            format!("sha256:{:x}", Sha256::digest(&good))
+        );
+
+        for (name, entries, expect) in [
+            (
+                "dotdot.tgz",
+                vec![("demo/../../evil", file, &b"x"[..])],
+                "escapes",
+            ),
+            (
+                "absolute.tgz",
+                vec![("/etc/evil", file, &b"x"[..])],
+                "escapes",
+            ),
+            (
+                "link.tgz",
+                vec![("demo/link", tar::EntryType::Symlink, &b""[..])],
+                "not a regular file",
+            ),
+        ] {
+            std::fs::write(root.join(name), tgz(&entries)).unwrap();
+            let error = resolve(&source(name), &root, Limits::default())
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(expect), "{name}: {error}");
+        }
+
+        let big = vec![b'a'; 4096];
+        std::fs::write(root.join("bomb.tgz"), tgz(&[("demo/big", file, &big)])).unwrap();
+        let small = Limits {
+            max_files: 10,
+            max_bytes: 1024,
+        };
+        assert!(matches!(
+            resolve(&source("bomb.tgz"), &root, small),
+            Err(SourceError::TooLarge { what: "bytes", .. })
+        ));
+        std::fs::write(root.join("junk.tgz"), b"not gzip").unwrap();
+        assert!(matches!(
+            resolve(&source("junk.tgz"), &root, Limits::default()),
+            Err(SourceError::Archive { .. })
+        ));
+    }
+}

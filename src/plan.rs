@@ -1,0 +1,588 @@
+//! Plan (pure): split rendered documents into CRDs, hooks and objects, order them as Helm
+//! installs them, give namespaced objects their namespace, and decide what to prune.
+
+use std::collections::BTreeSet;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::api::InventoryEntry;
+
+/// Helm's install order by kind (`helm.sh/helm/v4/pkg/release/v1/util/kind_sorter.go`).
+/// Kinds not listed come after these, ordered by name. Deletion and pruning use the reverse.
+const INSTALL_ORDER: &[&str] = &[
+    "PriorityClass",
+    "Namespace",
+    "NetworkPolicy",
+    "ResourceQuota",
+    "LimitRange",
+    "PodSecurityPolicy",
+    "PodDisruptionBudget",
+    "ServiceAccount",
+    "Secret",
+    "SecretList",
+    "ConfigMap",
+    "StorageClass",
+    "PersistentVolume",
+    "PersistentVolumeClaim",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleList",
+    "ClusterRoleBinding",
+    "ClusterRoleBindingList",
+    "Role",
+    "RoleList",
+    "RoleBinding",
+    "RoleBindingList",
+    "Service",
+    "DaemonSet",
+    "Pod",
+    "ReplicationController",
+    "ReplicaSet",
+    "Deployment",
+    "HorizontalPodAutoscaler",
+    "StatefulSet",
+    "Job",
+    "CronJob",
+    "IngressClass",
+    "Ingress",
+    "APIService",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+];
+
+/// Errors in the rendered documents themselves (a chart bug, not a cluster problem).
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PlanError {
+    /// a document is not valid YAML.
+    #[error("rendered output is not valid YAML: {0}")]
+    Yaml(String),
+    /// a document is not a Kubernetes object.
+    #[error("rendered document {index} is not a Kubernetes object: {reason}")]
+    NotAnObject {
+        /// Position of the document in the output, from 0.
+        index: usize,
+        /// What is missing.
+        reason: &'static str,
+    },
+    /// two documents describe the same object.
+    #[error("{0} is rendered twice")]
+    Duplicate(String),
+    /// a hook annotation could not be read.
+    #[error("{object}: invalid helm.sh/hook-weight {weight:?}")]
+    HookWeight {
+        /// The hook object.
+        object: String,
+        /// The annotation's value.
+        weight: String,
+    },
+    /// the API server does not serve the object's kind.
+    #[error("{0}: the target cluster does not serve this kind")]
+    UnknownKind(String),
+}
+
+/// One object of a render.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RenderedObject {
+    /// Identity: group, version, kind, namespace (filled in by [`assign_namespaces`]), name.
+    pub id: InventoryEntry,
+    /// The object as JSON, as it is applied.
+    pub body: Value,
+}
+
+/// A Helm hook (a migration step) and when it runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hook {
+    /// The hook object.
+    pub object: RenderedObject,
+    /// Events it runs on (`pre-install`, `post-upgrade`, …).
+    pub events: Vec<String>,
+    /// `helm.sh/hook-weight`: lower runs first.
+    pub weight: i64,
+    /// `helm.sh/hook-delete-policy` entries.
+    pub delete_policies: Vec<String>,
+}
+
+/// A render split and ordered for applying.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// CustomResourceDefinitions: applied first, and waited for.
+    pub crds: Vec<RenderedObject>,
+    /// Every other non-hook object, in Helm's install order.
+    pub objects: Vec<RenderedObject>,
+    /// Hooks, ordered by weight, then kind order, then name. Not part of the inventory.
+    pub hooks: Vec<Hook>,
+}
+
+impl Plan {
+    /// CRDs and objects in install order: what the inventory records.
+    pub fn applied(&self) -> impl Iterator<Item = &RenderedObject> {
+        self.crds.iter().chain(&self.objects)
+    }
+
+    /// The inventory this plan produces once applied.
+    pub fn inventory(&self) -> Vec<InventoryEntry> {
+        self.applied().map(|o| o.id.clone()).collect()
+    }
+}
+
+/// Human-readable `kind/namespace/name` of an inventory entry.
+pub fn describe(id: &InventoryEntry) -> String {
+    if id.namespace.is_empty() {
+        format!("{}/{}", id.kind, id.name)
+    } else {
+        format!("{}/{}/{}", id.kind, id.namespace, id.name)
+    }
+}
+
+/// Parses `helm template` output (multi-document YAML) into objects, expanding `List` kinds and
+/// skipping empty documents.
+pub fn parse_documents(yaml: &str) -> Result<Vec<RenderedObject>, PlanError> {
+    let mut objects = Vec::new();
+    for (index, document) in serde_yaml_ng::Deserializer::from_str(yaml).enumerate() {
+        let value = Value::deserialize(document).map_err(|e| PlanError::Yaml(e.to_string()))?;
+        if value.is_null() {
+            continue;
+        }
+        if value
+            .get("kind")
+            .and_then(Value::as_str)
+            .is_some_and(|k| k.ends_with("List"))
+            && let Some(items) = value.get("items").and_then(Value::as_array)
+        {
+            for item in items {
+                objects.push(object(index, item.clone())?);
+            }
+            continue;
+        }
+        objects.push(object(index, value)?);
+    }
+    Ok(objects)
+}
+
+fn object(index: usize, body: Value) -> Result<RenderedObject, PlanError> {
+    let not = |reason| PlanError::NotAnObject { index, reason };
+    if !body.is_object() {
+        return Err(not("not a mapping"));
+    }
+    let api_version = body
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .ok_or_else(|| not("no apiVersion"))?;
+    let kind = body
+        .get("kind")
+        .and_then(Value::as_str)
+        .ok_or_else(|| not("no kind"))?;
+    let metadata = body.get("metadata").ok_or_else(|| not("no metadata"))?;
+    let name = metadata
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| not("no metadata.name"))?;
+    let (group, version) = match api_version.split_once('/') {
+        Some((group, version)) => (group, version),
+        None => ("", api_version),
+    };
+    let namespace = metadata
+        .get("namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let id = InventoryEntry {
+        group: group.to_owned(),
+        version: version.to_owned(),
+        kind: kind.to_owned(),
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    };
+    Ok(RenderedObject { id, body })
+}
+
+/// Position of a kind in Helm's install order; unknown kinds sort after all known ones.
+fn install_rank(kind: &str) -> (usize, &str) {
+    match INSTALL_ORDER.iter().position(|k| *k == kind) {
+        Some(i) => (i, ""),
+        None => (INSTALL_ORDER.len(), kind),
+    }
+}
+
+fn install_key(id: &InventoryEntry) -> ((usize, &str), &str, &str) {
+    (install_rank(&id.kind), &id.namespace, &id.name)
+}
+
+fn is_crd(id: &InventoryEntry) -> bool {
+    id.kind == "CustomResourceDefinition" && id.group == "apiextensions.k8s.io"
+}
+
+fn annotation<'a>(object: &'a RenderedObject, key: &str) -> Option<&'a str> {
+    object
+        .body
+        .pointer("/metadata/annotations")?
+        .get(key)?
+        .as_str()
+}
+
+/// Splits objects into CRDs, hooks and the rest, each in the order they are applied.
+/// Test hooks (`test`, `test-success`) are dropped, as `helm template --skip-tests` would.
+pub fn plan(objects: Vec<RenderedObject>) -> Result<Plan, PlanError> {
+    let mut seen = BTreeSet::new();
+    let mut plan = Plan::default();
+    for object in objects {
+        if !seen.insert(object.id.clone()) {
+            return Err(PlanError::Duplicate(describe(&object.id)));
+        }
+        if let Some(events) = annotation(&object, "helm.sh/hook") {
+            let events: Vec<String> = split_list(events)
+                .filter(|e| !e.starts_with("test"))
+                .collect();
+            if events.is_empty() {
+                continue;
+            }
+            let weight = match annotation(&object, "helm.sh/hook-weight") {
+                None => 0,
+                Some(w) => w.trim().parse().map_err(|_| PlanError::HookWeight {
+                    object: describe(&object.id),
+                    weight: w.to_owned(),
+                })?,
+            };
+            let delete_policies = annotation(&object, "helm.sh/hook-delete-policy")
+                .map(split_list)
+                .into_iter()
+                .flatten()
+                .collect();
+            plan.hooks.push(Hook {
+                object,
+                events,
+                weight,
+                delete_policies,
+            });
+        } else if is_crd(&object.id) {
+            plan.crds.push(object);
+        } else {
+            plan.objects.push(object);
+        }
+    }
+    plan.crds.sort_by(|a, b| a.id.name.cmp(&b.id.name));
+    plan.objects
+        .sort_by(|a, b| install_key(&a.id).cmp(&install_key(&b.id)));
+    plan.hooks.sort_by(|a, b| {
+        (a.weight, install_key(&a.object.id)).cmp(&(b.weight, install_key(&b.object.id)))
+    });
+    Ok(plan)
+}
+
+fn split_list(list: &str) -> impl Iterator<Item = String> + '_ {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+}
+
+/// Whether the API server serves a kind as namespaced or cluster-scoped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Lives in a namespace.
+    Namespaced,
+    /// Cluster-wide.
+    Cluster,
+}
+
+/// Gives namespaced objects without a namespace `default_namespace` (as `helm install -n` does)
+/// and removes the namespace from cluster-scoped ones. `scope` answers from discovery.
+pub fn assign_namespaces(
+    objects: &mut [RenderedObject],
+    default_namespace: &str,
+    scope: impl Fn(&InventoryEntry) -> Option<Scope>,
+) -> Result<(), PlanError> {
+    for object in objects {
+        let namespace =
+            match scope(&object.id).ok_or_else(|| PlanError::UnknownKind(describe(&object.id)))? {
+                Scope::Cluster => String::new(),
+                Scope::Namespaced if object.id.namespace.is_empty() => default_namespace.to_owned(),
+                Scope::Namespaced => object.id.namespace.clone(),
+            };
+        if let Some(metadata) = object
+            .body
+            .get_mut("metadata")
+            .and_then(Value::as_object_mut)
+        {
+            if namespace.is_empty() {
+                metadata.remove("namespace");
+            } else {
+                metadata.insert("namespace".into(), Value::String(namespace.clone()));
+            }
+        }
+        object.id.namespace = namespace;
+    }
+    Ok(())
+}
+
+/// Objects of the previous inventory that the new one lacks, in deletion (reverse install) order.
+pub fn to_prune(previous: &[InventoryEntry], current: &[InventoryEntry]) -> Vec<InventoryEntry> {
+    let keep: BTreeSet<&InventoryEntry> = current.iter().collect();
+    let mut gone: Vec<InventoryEntry> = previous
+        .iter()
+        .filter(|id| !keep.contains(id))
+        .cloned()
+        .collect();
+    sort_for_deletion(&mut gone);
+    gone
+}
+
+/// Orders objects for deletion: the reverse of the install order (workloads before the
+/// namespaces, CRDs and RBAC they depend on).
+pub fn sort_for_deletion(ids: &mut [InventoryEntry]) {
+    ids.sort_by(|a, b| install_key(b).cmp(&install_key(a)));
+}
+
+/// Whether pruning may go ahead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PruneDecision {
+    /// Delete these objects (possibly none).
+    Prune(Vec<InventoryEntry>),
+    /// Delete nothing: the render looks wrong. The reason goes into the status.
+    Refuse(String),
+}
+
+/// The mass-prune guard. A render that came out empty while objects exist, or objects that
+/// vanished although neither the chart nor the values changed, points at a broken render (or a
+/// changed cluster capability), not at a user's intent: refuse, and let a person look.
+pub fn guard_prune(
+    gone: Vec<InventoryEntry>,
+    rendered: usize,
+    inputs_changed: bool,
+) -> PruneDecision {
+    if gone.is_empty() {
+        PruneDecision::Prune(gone)
+    } else if rendered == 0 {
+        PruneDecision::Refuse(format!(
+            "the render is empty; refusing to delete all {} objects of the module",
+            gone.len()
+        ))
+    } else if !inputs_changed {
+        PruneDecision::Refuse(format!(
+            "{} objects vanished from the render although the chart and values did not change (first: {}); refusing to prune",
+            gone.len(),
+            describe(&gone[0])
+        ))
+    } else {
+        PruneDecision::Prune(gone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(kind: &str, namespace: &str, name: &str) -> InventoryEntry {
+        let (group, version) = match kind {
+            "Deployment" | "StatefulSet" => ("apps", "v1"),
+            "CustomResourceDefinition" => ("apiextensions.k8s.io", "v1"),
+            "ClusterRole" => ("rbac.authorization.k8s.io", "v1"),
+            "Widget" => ("example.com", "v1"),
+            _ => ("", "v1"),
+        };
+        InventoryEntry {
+            group: group.into(),
+            version: version.into(),
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    const RENDER: &str = r#"---
+# Source: demo/templates/deployment.yaml
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec: {replicas: 1}
+---
+# Source: demo/templates/widget.yaml
+apiVersion: example.com/v1
+kind: Widget
+metadata: {name: w1}
+---
+# Source: demo/crds/widgets.yaml
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.example.com}
+---
+# Source: demo/templates/empty.yaml
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, namespace: other}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: web}
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: migrate
+  annotations:
+    helm.sh/hook: pre-upgrade,pre-install
+    helm.sh/hook-weight: "5"
+    helm.sh/hook-delete-policy: before-hook-creation, hook-succeeded
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: seed
+  annotations: {"helm.sh/hook": pre-install, "helm.sh/hook-weight": "-3"}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: smoke
+  annotations: {"helm.sh/hook": test}
+"#;
+
+    #[test]
+    fn parse_and_plan_split_and_order_like_helm() {
+        let plan = plan(parse_documents(RENDER).unwrap()).unwrap();
+        assert_eq!(
+            plan.crds
+                .iter()
+                .map(|o| o.id.name.as_str())
+                .collect::<Vec<_>>(),
+            ["widgets.example.com"]
+        );
+        let kinds: Vec<&str> = plan.objects.iter().map(|o| o.id.kind.as_str()).collect();
+        assert_eq!(kinds, ["Namespace", "ConfigMap", "Deployment", "Widget"]);
+        let hooks: Vec<(&str, i64)> = plan
+            .hooks
+            .iter()
+            .map(|h| (h.object.id.name.as_str(), h.weight))
+            .collect();
+        assert_eq!(
+            hooks,
+            [("seed", -3), ("migrate", 5)],
+            "ordered by weight; the test hook is dropped"
+        );
+        assert_eq!(plan.hooks[1].events, ["pre-upgrade", "pre-install"]);
+        assert_eq!(
+            plan.hooks[1].delete_policies,
+            ["before-hook-creation", "hook-succeeded"]
+        );
+        assert_eq!(
+            plan.inventory().len(),
+            5,
+            "the inventory has CRDs and objects, not hooks"
+        );
+        assert_eq!(plan.objects[1].id, id("ConfigMap", "other", "settings"));
+    }
+
+    #[test]
+    fn bad_documents_are_named() {
+        assert_eq!(
+            parse_documents("apiVersion: v1\nkind: ConfigMap\nmetadata: {}\n"),
+            Err(PlanError::NotAnObject {
+                index: 0,
+                reason: "no metadata.name"
+            })
+        );
+        assert_eq!(
+            parse_documents("---\n- a\n- b\n"),
+            Err(PlanError::NotAnObject {
+                index: 0,
+                reason: "not a mapping"
+            })
+        );
+        assert!(matches!(
+            parse_documents("a: [b\n"),
+            Err(PlanError::Yaml(_))
+        ));
+        let twice = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: s}\n";
+        assert_eq!(
+            plan(parse_documents(twice).unwrap()),
+            Err(PlanError::Duplicate("Secret/s".into()))
+        );
+        let weight = "apiVersion: v1\nkind: Secret\nmetadata: {name: s, annotations: {helm.sh/hook: pre-install, helm.sh/hook-weight: high}}\n";
+        assert!(matches!(
+            plan(parse_documents(weight).unwrap()),
+            Err(PlanError::HookWeight { .. })
+        ));
+    }
+
+    #[test]
+    fn lists_are_expanded() {
+        let list = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Secret, metadata: {name: a}}\n- {apiVersion: v1, kind: Secret, metadata: {name: b}}\n";
+        let names: Vec<String> = parse_documents(list)
+            .unwrap()
+            .into_iter()
+            .map(|o| o.id.name)
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
+    fn namespaces_follow_the_kind_scope() {
+        let mut objects = parse_documents(RENDER).unwrap();
+        objects.retain(|o| o.id.kind != "Pod" && o.id.kind != "Job");
+        let scope = |id: &InventoryEntry| match id.kind.as_str() {
+            "Namespace" | "CustomResourceDefinition" => Some(Scope::Cluster),
+            "Widget" => None,
+            _ => Some(Scope::Namespaced),
+        };
+        assert_eq!(
+            assign_namespaces(&mut objects, "apps", scope),
+            Err(PlanError::UnknownKind("Widget/w1".into()))
+        );
+        objects.retain(|o| o.id.kind != "Widget");
+        assign_namespaces(&mut objects, "apps", scope).unwrap();
+        let by_name = |n: &str| objects.iter().find(|o| o.id.name == n).unwrap();
+        assert_eq!(by_name("web").id.namespace, "apps");
+        assert_eq!(by_name("web").body["metadata"]["namespace"], "apps");
+        assert_eq!(
+            by_name("settings").id.namespace,
+            "other",
+            "an explicit namespace is kept"
+        );
+        assert_eq!(by_name("widgets.example.com").id.namespace, "");
+        assert!(
+            by_name("widgets.example.com").body["metadata"]
+                .get("namespace")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn prune_is_the_difference_in_reverse_install_order() {
+        let previous = vec![
+            id("Namespace", "", "web"),
+            id("ClusterRole", "", "reader"),
+            id("ConfigMap", "web", "settings"),
+            id("Deployment", "web", "web"),
+            id("Widget", "web", "w1"),
+        ];
+        let current = vec![id("Namespace", "", "web"), id("Deployment", "web", "web")];
+        assert_eq!(
+            to_prune(&previous, &current),
+            [
+                id("Widget", "web", "w1"),
+                id("ClusterRole", "", "reader"),
+                id("ConfigMap", "web", "settings")
+            ]
+        );
+        assert!(to_prune(&current, &previous).is_empty());
+    }
+
+    #[test]
+    fn the_guard_refuses_empty_renders_and_unexplained_vanishing() {
+        let gone = vec![id("Deployment", "web", "web")];
+        assert_eq!(guard_prune(vec![], 0, false), PruneDecision::Prune(vec![]));
+        assert_eq!(
+            guard_prune(gone.clone(), 3, true),
+            PruneDecision::Prune(gone.clone())
+        );
+        assert!(
+            matches!(guard_prune(gone.clone(), 0, true), PruneDecision::Refuse(m) if m.contains("render is empty"))
+        );
+        assert!(
+            matches!(guard_prune(gone, 3, false), PruneDecision::Refuse(m) if m.contains("Deployment/web/web"))
+        );
+    }
+}

@@ -1,0 +1,229 @@
+//! Work queue: per-key de-duplication, delayed requeue, one worker per key at a time.
+//!
+//! kube-runtime's `Controller` does not expose its queue; this one is small enough to own, and
+//! the fleet needs its exact depth.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// A queue of keys, each due at an instant.
+pub struct WorkQueue<K> {
+    state: Mutex<QueueState<K>>,
+    wake: Notify,
+}
+
+/// A heap entry: due time, insertion sequence (FIFO among equal times), key.
+type Entry<K> = Reverse<(Instant, u64, K)>;
+
+struct QueueState<K> {
+    /// When each queued key is due (the earliest requested).
+    due: HashMap<K, Instant>,
+    /// Due times in order; entries that no longer match `due` are stale and skipped.
+    heap: BinaryHeap<Entry<K>>,
+    /// Keys being worked on now.
+    in_flight: HashSet<K>,
+    sequence: u64,
+    closed: bool,
+}
+
+impl<K: Clone + Eq + Hash + Ord> Default for WorkQueue<K> {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(QueueState {
+                due: HashMap::new(),
+                heap: BinaryHeap::new(),
+                in_flight: HashSet::new(),
+                sequence: 0,
+                closed: false,
+            }),
+            wake: Notify::new(),
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState<K>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `key` after `delay`. A key already queued keeps the earlier of the two times.
+    pub fn add(&self, key: K, delay: Duration) {
+        let at = Instant::now() + delay;
+        let mut state = self.lock();
+        if state.due.get(&key).is_some_and(|due| *due <= at) {
+            return;
+        }
+        state.due.insert(key.clone(), at);
+        state.sequence += 1;
+        let sequence = state.sequence;
+        state.heap.push(Reverse((at, sequence, key)));
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// Forgets a queued key.
+    pub fn remove(&self, key: &K) {
+        self.lock().due.remove(key);
+    }
+
+    /// Waits for the next due key that is not being worked on and marks it in flight; `None`
+    /// once the queue is closed.
+    pub async fn next(&self) -> Option<K> {
+        loop {
+            let wait_until = {
+                let mut state = self.lock();
+                if state.closed {
+                    return None;
+                }
+                match state.pop_due() {
+                    Ok(key) => return Some(key),
+                    Err(next) => next,
+                }
+            };
+            match wait_until {
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {}
+                        _ = self.wake.notified() => {}
+                    }
+                }
+                None => self.wake.notified().await,
+            }
+        }
+    }
+
+    /// Marks `key` finished; a requeue that arrived meanwhile becomes eligible.
+    pub fn done(&self, key: &K) {
+        self.lock().in_flight.remove(key);
+        self.wake.notify_one();
+    }
+
+    /// Number of queued keys (due or not), not counting those in flight.
+    pub fn len(&self) -> usize {
+        self.lock().due.len()
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stops handing out keys: `next` returns `None` from now on.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.wake.notify_waiters();
+    }
+}
+
+impl<K: Clone + Eq + Hash + Ord> QueueState<K> {
+    /// The first due key not in flight, or the instant to wait for (`None`: nothing queued).
+    fn pop_due(&mut self) -> Result<K, Option<Instant>> {
+        let now = Instant::now();
+        let mut deferred = Vec::new();
+        let result = loop {
+            let Some(Reverse((at, sequence, key))) = self.heap.pop() else {
+                break Err(None);
+            };
+            if self.due.get(&key) != Some(&at) {
+                continue; // stale: removed or moved earlier
+            }
+            if at > now {
+                self.heap.push(Reverse((at, sequence, key)));
+                break Err(Some(at));
+            }
+            if self.in_flight.contains(&key) {
+                deferred.push(Reverse((at, sequence, key)));
+                continue;
+            }
+            self.due.remove(&key);
+            self.in_flight.insert(key.clone());
+            break Ok(key);
+        };
+        // Keys whose worker is still busy wait for `done`, which wakes the queue.
+        self.heap.extend(deferred);
+        result
+    }
+}
+
+/// Exponential backoff for the `failures`-th consecutive failure: 1 s doubling to 5 min, with
+/// up to 10 % jitter (from `seed`) so that failures of many keys do not retry in lockstep.
+pub fn backoff(failures: u32, seed: u64) -> Duration {
+    let base = Duration::from_secs(1)
+        .saturating_mul(1 << failures.min(9))
+        .min(Duration::from_secs(300));
+    let jitter = (seed % 1000) as f64 / 10_000.0;
+    base.mul_f64(1.0 + jitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_are_deduplicated_and_come_due_in_order() {
+        let queue = WorkQueue::default();
+        queue.add("b", Duration::from_secs(2));
+        queue.add("a", Duration::from_secs(5));
+        queue.add("a", Duration::from_secs(1)); // earlier wins
+        queue.add("b", Duration::from_secs(9)); // later loses
+        assert_eq!(queue.len(), 2);
+        let start = Instant::now();
+        assert_eq!(queue.next().await, Some("a"));
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        assert_eq!(queue.next().await, Some("b"));
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        assert!(queue.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_in_flight_is_not_handed_out_twice() {
+        let queue = std::sync::Arc::new(WorkQueue::default());
+        queue.add("a", Duration::ZERO);
+        assert_eq!(queue.next().await, Some("a"));
+        queue.add("a", Duration::ZERO); // an event arrives while "a" is being worked on
+        queue.add("b", Duration::from_secs(1));
+        let start = Instant::now();
+        assert_eq!(queue.next().await, Some("b"), "a waits for its worker");
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        let waiter = tokio::spawn({
+            let queue = queue.clone();
+            async move { queue.next().await }
+        });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!waiter.is_finished());
+        queue.done(&"a");
+        assert_eq!(waiter.await.unwrap(), Some("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn removed_keys_are_skipped_and_close_ends_waiting() {
+        let queue = std::sync::Arc::new(WorkQueue::default());
+        queue.add("a", Duration::from_secs(1));
+        queue.remove(&"a");
+        let waiter = tokio::spawn({
+            let queue = queue.clone();
+            async move { queue.next().await }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!waiter.is_finished());
+        queue.close();
+        assert_eq!(waiter.await.unwrap(), None);
+    }
+
+    #[test]
+    fn backoff_doubles_to_a_cap_with_bounded_jitter() {
+        assert_eq!(backoff(0, 0), Duration::from_secs(1));
+        assert_eq!(backoff(3, 0), Duration::from_secs(8));
+        assert_eq!(backoff(30, 0), Duration::from_secs(300));
+        assert!(
+            backoff(3, 999) > Duration::from_secs(8)
+                && backoff(3, 999) < Duration::from_secs_f64(8.8)
+        );
+    }
+}

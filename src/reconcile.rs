@@ -1,0 +1,598 @@
+//! Reconcile: the pipeline for one Manifest.
+//!
+//! read → resolve chart → values → render (cached) → plan (pure) → apply (CRDs first) →
+//! prune (guarded) → readiness → status. Deletion: finalizer, delete the inventory in reverse
+//! order, wait until it is gone, release. Every step has its own error type; a failed pass
+//! writes an `Error` status and a Warning Event and deletes nothing.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::{Map, Value, json};
+
+use crate::api::{
+    DeletionPolicy, InventoryEntry, Manifest, State, ValuesReference, ValuesSourceKind,
+};
+use crate::apply::{ApplyError, Cluster};
+use crate::chart_source::{self, Limits, SourceError};
+use crate::plan::{self, PlanError, PruneDecision, RenderedObject, Scope};
+use crate::readiness::{Readiness, readiness};
+use crate::render::{HelmRenderer, RenderError, RenderRequest};
+use crate::status::{Facts, Outcome, next_status};
+use crate::values::{self, ValuesError};
+
+/// The finalizer that keeps a Manifest until its objects are gone.
+pub const FINALIZER: &str = "modulemanager.io/finalizer";
+
+/// How long to wait for CRDs of a chart to become Established within one pass.
+const CRD_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Requeue while workloads roll out or objects are being deleted.
+const PROGRESS_REQUEUE: Duration = Duration::from_secs(5);
+
+/// What a reconcile pass needs.
+pub struct Context {
+    /// The cluster holding the Manifests, their values sources and Events.
+    pub client: Client,
+    /// The cluster modules are applied to.
+    pub cluster: Cluster,
+    /// The helm renderer (with its cache).
+    pub renderer: HelmRenderer,
+    /// Local chart paths resolve under this directory (absolute, canonical).
+    pub chart_root: PathBuf,
+    /// Chart size limits.
+    pub chart_limits: Limits,
+    /// This replica's name (written to `status.owner`).
+    pub replica: String,
+    /// Who publishes Events (controller and replica).
+    pub reporter: Reporter,
+}
+
+/// Why a pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// the chart could not be resolved.
+    #[error(transparent)]
+    Chart(#[from] SourceError),
+    /// a values source is missing.
+    #[error("{0}")]
+    ValuesSource(String),
+    /// a values document is not a YAML map.
+    #[error(transparent)]
+    Values(#[from] ValuesError),
+    /// helm failed.
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    /// the rendered documents are unusable.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// applying, reading or deleting an object failed.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// a migration Job failed.
+    #[error("{0}")]
+    JobFailed(String),
+    /// a request about the Manifest itself (finalizer, status, values source) failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+impl ReconcileError {
+    /// The static category: the only thing used as a metric label or Event reason.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Chart(_) => "ChartError",
+            Self::ValuesSource(_) | Self::Values(_) => "ValuesError",
+            Self::Render(_) => "RenderError",
+            Self::Plan(_) => "PlanError",
+            Self::Apply(_) => "ApplyError",
+            Self::JobFailed(_) => "JobFailed",
+            Self::Kube(_) => "KubeError",
+        }
+    }
+
+    /// Permanent errors (bad input) wait for a spec change; the rest back off and retry.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Self::Chart(_) | Self::Values(_) | Self::Plan(_) | Self::JobFailed(_) => true,
+            Self::Render(e) => e.is_permanent(),
+            Self::Apply(e) => e.is_permanent(),
+            Self::ValuesSource(_) | Self::Kube(_) => false,
+        }
+    }
+}
+
+/// The result of a pass for the work queue.
+#[derive(Debug)]
+pub enum Next {
+    /// Reconcile again after this long.
+    After(Duration),
+    /// The pass failed transiently: back off.
+    Retry(ReconcileError),
+    /// Nothing to do until the Manifest changes.
+    Idle,
+}
+
+/// A successful pass: its outcome and the facts it learned.
+struct Pass {
+    outcome: Outcome,
+    facts: Facts,
+    requeue: Duration,
+}
+
+/// Reconciles one Manifest; writes its status and Events. Never panics on bad input.
+pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context) -> Next {
+    let interval =
+        crate::api::parse_interval(&manifest.spec.interval).unwrap_or(Duration::from_secs(600));
+    let result = if manifest.meta().deletion_timestamp.is_some() {
+        delete(&manifest, ctx).await
+    } else if manifest.spec.suspend {
+        return Next::Idle;
+    } else {
+        install(&manifest, ctx, interval).await
+    };
+    match result {
+        Ok(None) => Next::Idle,
+        Ok(Some(pass)) => match write_status(&manifest, ctx, &pass.outcome, pass.facts).await {
+            Ok(()) => Next::After(pass.requeue),
+            Err(e) => Next::Retry(e.into()),
+        },
+        Err(error) => {
+            let outcome = Outcome {
+                state: State::Error,
+                reason: error.category(),
+                message: error.to_string(),
+                rendered: matches!(error, ReconcileError::Render(_)).then_some(false),
+                applied: matches!(
+                    error,
+                    ReconcileError::Apply(_) | ReconcileError::JobFailed(_)
+                )
+                .then_some(false),
+                stalled: error.is_permanent(),
+                operation: Some(operation(&manifest)),
+            };
+            tracing::warn!(
+                category = error.category(),
+                permanent = error.is_permanent(),
+                "reconcile failed: {error}"
+            );
+            if let Err(e) = write_status(&manifest, ctx, &outcome, Facts::default()).await {
+                tracing::warn!("write the error status: {e}");
+            }
+            if error.is_permanent() {
+                Next::After(interval)
+            } else {
+                Next::Retry(error)
+            }
+        }
+    }
+}
+
+/// `Install` when nothing was applied yet, else `Upgrade`; `Delete` while deleting.
+fn operation(manifest: &Manifest) -> &'static str {
+    if manifest.meta().deletion_timestamp.is_some() {
+        "Delete"
+    } else if manifest
+        .status
+        .as_ref()
+        .is_none_or(|s| s.inventory.is_empty())
+    {
+        "Install"
+    } else {
+        "Upgrade"
+    }
+}
+
+async fn install(
+    manifest: &Manifest,
+    ctx: &Context,
+    interval: Duration,
+) -> Result<Option<Pass>, ReconcileError> {
+    if !manifest.finalizers().iter().any(|f| f == FINALIZER) {
+        add_finalizer(manifest, ctx).await?;
+    }
+    let previous = manifest.status.clone().unwrap_or_default();
+    let namespace = manifest
+        .spec
+        .target_namespace
+        .clone()
+        .unwrap_or_else(|| manifest.namespace().unwrap_or_default());
+
+    // Resolve and render.
+    let chart = chart_source::resolve(&manifest.spec.chart, &ctx.chart_root, ctx.chart_limits)?;
+    let values = gather_values(manifest, ctx).await?;
+    let surface = ctx.cluster.surface();
+    let request = RenderRequest {
+        chart,
+        release: manifest
+            .spec
+            .release_name
+            .clone()
+            .unwrap_or_else(|| manifest.name_any()),
+        namespace: namespace.clone(),
+        values,
+        kube_version: surface.kube_version.clone(),
+        api_versions: surface.api_versions.clone(),
+        is_upgrade: !previous.inventory.is_empty(),
+    };
+    let rendered = ctx.renderer.render(&request).await?;
+    let mut plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
+    let inputs_changed = previous.chart_digest.as_deref() != Some(request.chart.digest.as_str())
+        || previous.values_digest.as_deref() != Some(request.values_digest().as_str());
+
+    ensure_namespace(ctx, &namespace).await?;
+
+    // CRDs first: apply, wait for Established, refresh discovery so their kinds resolve.
+    plan::assign_namespaces(&mut plan.crds, &namespace, |_| Some(Scope::Cluster))?;
+    let mut recorded = previous.inventory.clone();
+    record_inventory(manifest, ctx, &mut recorded, &plan.crds).await?;
+    for crd in &plan.crds {
+        ctx.cluster.apply(crd).await?;
+    }
+    if !plan.crds.is_empty() {
+        let names: Vec<String> = plan.crds.iter().map(|c| c.id.name.clone()).collect();
+        ctx.cluster
+            .wait_established(&names, CRD_ESTABLISH_TIMEOUT)
+            .await?;
+        let unknown = plan
+            .objects
+            .iter()
+            .any(|o| ctx.cluster.surface().resolve(&o.id).is_none());
+        if unknown {
+            ctx.cluster.refresh_discovery().await?;
+        }
+    }
+    let surface = ctx.cluster.surface();
+    plan::assign_namespaces(&mut plan.objects, &namespace, |id| {
+        surface.resolve(id).map(|(_, scope)| *scope)
+    })?;
+
+    // Apply, recording the inventory first so that nothing applied can be forgotten.
+    let inventory = plan.inventory();
+    record_inventory(manifest, ctx, &mut recorded, &plan.objects).await?;
+    // Objects as the server returned them, for the readiness check (the CRDs are Established).
+    let mut applied = Vec::new();
+    for object in &plan.objects {
+        applied.push((object.id.clone(), ctx.cluster.apply(object).await?));
+    }
+
+    // Prune what the new render lacks, unless the guard refuses.
+    let gone = plan::to_prune(&previous.inventory, &inventory);
+    let mut final_inventory = inventory.clone();
+    let prune_refused = match plan::guard_prune(gone.clone(), inventory.len(), inputs_changed) {
+        PruneDecision::Prune(gone) => {
+            for id in &gone {
+                ctx.cluster.delete(id).await?;
+            }
+            None
+        }
+        PruneDecision::Refuse(reason) => {
+            // Refused objects stay on the cluster and in the inventory.
+            final_inventory.extend(gone);
+            Some(reason)
+        }
+    };
+
+    // Readiness, from the objects as the server returned them.
+    let mut waiting = Vec::new();
+    for (id, object) in &applied {
+        let body = serde_json::to_value(object).unwrap_or(Value::Null);
+        match readiness(id, &body) {
+            Readiness::Ready => {}
+            Readiness::Waiting(why) => waiting.push(why),
+            Readiness::Failed(why) => return Err(ReconcileError::JobFailed(why)),
+        }
+    }
+
+    let changed = previous.rendered_digest.as_deref() != Some(rendered.digest.as_str())
+        || previous.observed_generation != manifest.meta().generation;
+    let (state, reason, message, requeue) = if let Some(refusal) = prune_refused {
+        (State::Warning, "PruneRefused", refusal, interval)
+    } else if let Some(first) = waiting.first() {
+        (
+            State::Processing,
+            "Progressing",
+            format!("waiting for {} objects: {first}", waiting.len()),
+            PROGRESS_REQUEUE,
+        )
+    } else {
+        (
+            State::Ready,
+            "Ready",
+            format!("{} objects applied and ready", final_inventory.len()),
+            interval,
+        )
+    };
+    let outcome = Outcome {
+        state,
+        reason,
+        message,
+        rendered: Some(true),
+        applied: Some(true),
+        stalled: false,
+        operation: changed.then(|| operation(manifest)),
+    };
+    let facts = Facts {
+        chart_digest: Some(request.chart.digest.clone()),
+        rendered_digest: Some(rendered.digest.clone()),
+        values_digest: Some(request.values_digest()),
+        inventory: Some(final_inventory),
+    };
+    Ok(Some(Pass {
+        outcome,
+        facts,
+        requeue,
+    }))
+}
+
+/// Merges `valuesFrom` in order, then the inline values.
+async fn gather_values(
+    manifest: &Manifest,
+    ctx: &Context,
+) -> Result<Map<String, Value>, ReconcileError> {
+    let namespace = manifest.namespace().unwrap_or_default();
+    let mut merged = Map::new();
+    for reference in &manifest.spec.values_from {
+        if let Some(text) = read_values_source(ctx, &namespace, reference).await? {
+            let name = format!(
+                "{:?} {} key {}",
+                reference.kind, reference.name, reference.key
+            );
+            values::merge(&mut merged, values::parse(&name, &text)?);
+        }
+    }
+    if let Some(Value::Object(inline)) = &manifest.spec.values {
+        values::merge(&mut merged, inline.clone());
+    }
+    Ok(merged)
+}
+
+/// The text under a values reference's key; `None` when missing and optional.
+async fn read_values_source(
+    ctx: &Context,
+    namespace: &str,
+    reference: &ValuesReference,
+) -> Result<Option<String>, ReconcileError> {
+    let text = match reference.kind {
+        ValuesSourceKind::ConfigMap => Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace)
+            .get_opt(&reference.name)
+            .await?
+            .map(|cm| cm.data.unwrap_or_default().get(&reference.key).cloned()),
+        ValuesSourceKind::Secret => Api::<Secret>::namespaced(ctx.client.clone(), namespace)
+            .get_opt(&reference.name)
+            .await?
+            .map(|s| {
+                s.data
+                    .unwrap_or_default()
+                    .get(&reference.key)
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            }),
+    };
+    match text {
+        Some(Some(text)) => Ok(Some(text)),
+        _ if reference.optional => Ok(None),
+        None => Err(ReconcileError::ValuesSource(format!(
+            "{:?} {} does not exist",
+            reference.kind, reference.name
+        ))),
+        Some(None) => Err(ReconcileError::ValuesSource(format!(
+            "{:?} {} has no key {}",
+            reference.kind, reference.name, reference.key
+        ))),
+    }
+}
+
+/// Creates the target namespace when missing (it is not part of the module's inventory).
+async fn ensure_namespace(ctx: &Context, name: &str) -> Result<(), ReconcileError> {
+    let namespaces = Api::<Namespace>::all(ctx.cluster.client().clone());
+    if namespaces.get_opt(name).await?.is_none() {
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match namespaces.create(&PostParams::default(), &namespace).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Before applying `objects`, makes sure the status inventory lists them: an object that is
+/// applied but not recorded would never be pruned. `recorded` is what the status holds.
+async fn record_inventory(
+    manifest: &Manifest,
+    ctx: &Context,
+    recorded: &mut Vec<InventoryEntry>,
+    objects: &[RenderedObject],
+) -> Result<(), ReconcileError> {
+    let before = recorded.len();
+    for object in objects {
+        if !recorded.contains(&object.id) {
+            recorded.push(object.id.clone());
+        }
+    }
+    if recorded.len() > before {
+        patch_status(manifest, ctx, json!({ "inventory": recorded })).await?;
+    }
+    Ok(())
+}
+
+async fn add_finalizer(manifest: &Manifest, ctx: &Context) -> Result<(), ReconcileError> {
+    let mut finalizers = manifest.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_owned());
+    set_finalizers(manifest, ctx, finalizers).await
+}
+
+/// Replaces the finalizers, guarded by the resourceVersion the decision was made on.
+async fn set_finalizers(
+    manifest: &Manifest,
+    ctx: &Context,
+    finalizers: Vec<String>,
+) -> Result<(), ReconcileError> {
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": manifest.resource_version()}});
+    manifest_api(manifest, ctx)
+        .patch(
+            &manifest.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn delete(manifest: &Manifest, ctx: &Context) -> Result<Option<Pass>, ReconcileError> {
+    if !manifest.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(None);
+    }
+    let mut inventory = manifest
+        .status
+        .as_ref()
+        .map(|s| s.inventory.clone())
+        .unwrap_or_default();
+    if manifest.spec.deletion_policy == DeletionPolicy::Delete && !inventory.is_empty() {
+        plan::sort_for_deletion(&mut inventory);
+        let mut remaining = Vec::new();
+        for id in &inventory {
+            ctx.cluster.delete(id).await?;
+        }
+        for id in &inventory {
+            if ctx.cluster.get(id).await?.is_some() {
+                remaining.push(plan::describe(id));
+            }
+        }
+        if let Some(first) = remaining.first() {
+            let outcome = Outcome {
+                state: State::Deleting,
+                reason: "Deleting",
+                message: format!(
+                    "waiting for {} objects to be deleted: {first}",
+                    remaining.len()
+                ),
+                rendered: None,
+                applied: None,
+                stalled: false,
+                operation: None,
+            };
+            return Ok(Some(Pass {
+                outcome,
+                facts: Facts::default(),
+                requeue: PROGRESS_REQUEUE,
+            }));
+        }
+    }
+    let (reason, note) = match manifest.spec.deletion_policy {
+        DeletionPolicy::Delete => ("Deleted", format!("deleted {} objects", inventory.len())),
+        DeletionPolicy::Orphan => (
+            "Orphaned",
+            format!(
+                "left {} objects on the cluster (deletionPolicy: Orphan)",
+                inventory.len()
+            ),
+        ),
+    };
+    publish(manifest, ctx, EventType::Normal, reason, &note).await;
+    let finalizers = manifest
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    set_finalizers(manifest, ctx, finalizers).await?;
+    Ok(None)
+}
+
+/// Writes the status when it differs from the current one; publishes an Event when the state
+/// changed, or an error's message did.
+async fn write_status(
+    manifest: &Manifest,
+    ctx: &Context,
+    outcome: &Outcome,
+    facts: Facts,
+) -> Result<(), kube::Error> {
+    let previous = manifest.status.as_ref();
+    let next = next_status(
+        previous,
+        manifest.meta().generation,
+        outcome,
+        facts,
+        None,
+        &ctx.replica,
+        &Time(Timestamp::now()),
+    );
+    if previous == Some(&next) {
+        return Ok(());
+    }
+    let previous_message = previous
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.message.as_str());
+    let problem = matches!(outcome.state, State::Error | State::Warning);
+    let notable = previous.and_then(|s| s.state) != next.state
+        || (problem && previous_message != Some(&outcome.message));
+    patch_status(
+        manifest,
+        ctx,
+        serde_json::to_value(&next).unwrap_or(Value::Null),
+    )
+    .await?;
+    if notable {
+        tracing::info!(state = ?outcome.state, reason = outcome.reason, "{}", outcome.message);
+        let kind = if problem {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        publish(manifest, ctx, kind, outcome.reason, &outcome.message).await;
+    }
+    Ok(())
+}
+
+async fn patch_status(
+    manifest: &Manifest,
+    ctx: &Context,
+    status: Value,
+) -> Result<(), kube::Error> {
+    manifest_api(manifest, ctx)
+        .patch_status(
+            &manifest.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": status })),
+        )
+        .await?;
+    Ok(())
+}
+
+/// The API of the Manifest's own namespace.
+fn manifest_api(manifest: &Manifest, ctx: &Context) -> Api<Manifest> {
+    Api::namespaced(
+        ctx.client.clone(),
+        &manifest.namespace().unwrap_or_default(),
+    )
+}
+
+async fn publish(manifest: &Manifest, ctx: &Context, type_: EventType, reason: &str, note: &str) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".to_owned(),
+        secondary: None,
+    };
+    // A fresh Recorder each time: kube's Recorder folds events with the same reason into one
+    // series that keeps the *first* note, which would show an on-call engineer a stale message.
+    // Events are only published when the state or the error changes, so this cannot spam.
+    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+    if let Err(e) = recorder.publish(&event, &manifest.object_ref(&())).await {
+        tracing::warn!("publish event {reason}: {e}");
+    }
+}

@@ -1,0 +1,480 @@
+//! Render: runs the pinned `helm template` on a resolved chart, isolated and bounded, behind a
+//! cache keyed by everything that changes the output.
+//!
+//! Why a real helm binary: no Rust template engine renders every common chart as Helm does
+//! (Go template and sprig semantics, Helm's loader); Argo CD made the same choice. See
+//! `docs/reconcile.md`.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+use crate::chart_source::ResolvedChart;
+
+/// The flags every render passes besides its inputs; part of the cache key.
+const FIXED_FLAGS: &[&str] = &["--include-crds", "--skip-tests", "--values", "-"];
+
+/// Bounds on one helm run.
+#[derive(Clone, Copy, Debug)]
+pub struct RenderLimits {
+    /// Wall-clock limit; the process is killed after it.
+    pub timeout: Duration,
+    /// Most bytes of rendered output.
+    pub max_output: usize,
+    /// Most renders kept in the cache.
+    pub cache_entries: usize,
+}
+
+impl Default for RenderLimits {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(30),
+            max_output: 16 * 1024 * 1024,
+            cache_entries: 1024,
+        }
+    }
+}
+
+/// Why a render failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// helm could not be started.
+    #[error("start helm: {0}")]
+    Spawn(std::io::Error),
+    /// helm ran longer than the limit and was killed.
+    #[error("helm template did not finish within {0:?} and was stopped")]
+    Timeout(Duration),
+    /// the output exceeded the limit.
+    #[error("helm template output exceeds the limit of {0} bytes")]
+    OutputTooLarge(usize),
+    /// helm reported an error (a template error, a missing required value, a schema violation).
+    #[error("helm template failed: {0}")]
+    Helm(String),
+    /// `helm version` did not answer as expected.
+    #[error("helm version: {0}")]
+    Version(String),
+}
+
+impl RenderError {
+    /// Whether the error comes from the chart or its values (waits for a spec change) rather
+    /// than from the machine (retried with backoff).
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout(_) | Self::OutputTooLarge(_) | Self::Helm(_)
+        )
+    }
+}
+
+/// Everything that determines a render.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RenderRequest {
+    /// The chart.
+    pub chart: ResolvedChart,
+    /// Helm release name.
+    pub release: String,
+    /// Release namespace.
+    pub namespace: String,
+    /// Merged values.
+    pub values: Map<String, Value>,
+    /// The target's version, e.g. `v1.36.3`.
+    pub kube_version: String,
+    /// The target's API versions (`group/version` and `group/version/Kind`), sorted.
+    pub api_versions: Vec<String>,
+    /// Whether an inventory exists (`.Release.IsUpgrade`).
+    pub is_upgrade: bool,
+}
+
+impl RenderRequest {
+    /// `sha256:` over the chart digest, canonical values, release, namespace, kube version, sorted
+    /// API versions, upgrade flag, helm version and flags.
+    pub fn cache_key(&self, helm_version: &str) -> String {
+        let canonical = serde_json::json!({
+            "chart": self.chart.digest,
+            // serde_json's maps are ordered by key, so this serialization is canonical.
+            "values": self.values,
+            "release": self.release,
+            "namespace": self.namespace,
+            "kubeVersion": self.kube_version,
+            "apiVersions": self.api_versions,
+            "isUpgrade": self.is_upgrade,
+            "helm": helm_version,
+            "flags": FIXED_FLAGS,
+        });
+        sha256(canonical.to_string().as_bytes())
+    }
+
+    /// `sha256:` of the canonical values alone (recorded to tell a changed input from a vanished
+    /// object).
+    pub fn values_digest(&self) -> String {
+        sha256(Value::Object(self.values.clone()).to_string().as_bytes())
+    }
+}
+
+/// `sha256:<hex>` of bytes.
+pub fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{:x}", Sha256::digest(bytes))
+}
+
+/// The output of one render.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Rendered {
+    /// Multi-document YAML as helm printed it.
+    pub manifest: String,
+    /// `sha256:` of `manifest`.
+    pub digest: String,
+}
+
+/// Runs the pinned helm binary.
+pub struct HelmRenderer {
+    helm: PathBuf,
+    version: String,
+    home: PathBuf,
+    limits: RenderLimits,
+    cache: RenderCache,
+}
+
+impl HelmRenderer {
+    /// Checks the binary (`helm version --short`) and prepares an isolated helm home in `home`.
+    pub async fn new(
+        helm: PathBuf,
+        home: PathBuf,
+        limits: RenderLimits,
+    ) -> Result<Self, RenderError> {
+        for dir in ["cache", "config", "data"] {
+            std::fs::create_dir_all(home.join(dir)).map_err(RenderError::Spawn)?;
+        }
+        let output = isolated(Command::new(&helm), &home)
+            .args(["version", "--short"])
+            .output()
+            .await
+            .map_err(RenderError::Spawn)?;
+        let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        if !output.status.success() || !version.starts_with('v') {
+            return Err(RenderError::Version(format!(
+                "{version} {}",
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        Ok(Self {
+            helm,
+            version,
+            home,
+            cache: RenderCache::new(limits.cache_entries),
+            limits,
+        })
+    }
+
+    /// The helm version, e.g. `v4.3.2+g…`.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Render-cache hits and misses so far.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// Renders, from the cache when the same inputs were rendered before.
+    pub async fn render(&self, request: &RenderRequest) -> Result<Arc<Rendered>, RenderError> {
+        let key = request.cache_key(&self.version);
+        if let Some(hit) = self.cache.get(&key) {
+            return Ok(hit);
+        }
+        let rendered = Arc::new(self.run(request).await?);
+        self.cache.insert(key, rendered.clone());
+        Ok(rendered)
+    }
+
+    async fn run(&self, request: &RenderRequest) -> Result<Rendered, RenderError> {
+        let mut command = isolated(Command::new(&self.helm), &self.home);
+        command
+            .arg("template")
+            .arg(&request.release)
+            .arg(&request.chart.path)
+            .args([
+                "--namespace",
+                &request.namespace,
+                "--kube-version",
+                &request.kube_version,
+            ])
+            .args(FIXED_FLAGS);
+        for api_version in &request.api_versions {
+            command.args(["--api-versions", api_version]);
+        }
+        if request.is_upgrade {
+            command.arg("--is-upgrade");
+        }
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().map_err(RenderError::Spawn)?;
+        let values = Value::Object(request.values.clone()).to_string();
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        let mut stdout = child.stdout.take().expect("stdout is piped");
+        let mut stderr = child.stderr.take().expect("stderr is piped");
+        let max_output = self.limits.max_output;
+
+        let run = async {
+            let mut out = Vec::new();
+            let mut err = Vec::new();
+            // Values are JSON, which is YAML. Writing and both reads run together, so neither a
+            // large input nor a large output can deadlock on a full pipe; an oversized output
+            // ends the wait at once (the child is killed on drop).
+            let write = async move {
+                let _ = stdin.write_all(values.as_bytes()).await;
+                Ok(())
+            };
+            let read_out = async {
+                let mut limited = (&mut stdout).take(max_output as u64 + 1);
+                limited
+                    .read_to_end(&mut out)
+                    .await
+                    .map_err(RenderError::Spawn)?;
+                if out.len() > max_output {
+                    return Err(RenderError::OutputTooLarge(max_output));
+                }
+                Ok(())
+            };
+            let read_err = async {
+                let _ = (&mut stderr).take(64 * 1024).read_to_end(&mut err).await;
+                Ok(())
+            };
+            tokio::try_join!(write, read_out, read_err)?;
+            let status = child.wait().await.map_err(RenderError::Spawn)?;
+            Ok((status, out, err))
+        };
+        let (status, out, err) = match tokio::time::timeout(self.limits.timeout, run).await {
+            Err(_) => return Err(RenderError::Timeout(self.limits.timeout)),
+            Ok(result) => result?,
+        };
+        if !status.success() {
+            return Err(RenderError::Helm(helm_message(&err)));
+        }
+        let manifest =
+            String::from_utf8(out).map_err(|_| RenderError::Helm("output is not UTF-8".into()))?;
+        Ok(Rendered {
+            digest: sha256(manifest.as_bytes()),
+            manifest,
+        })
+    }
+}
+
+/// A helm command with a private home, no inherited environment, and no way out to the network
+/// (a chart that needs to fetch dependencies fails instead of reaching out).
+fn isolated(mut command: Command, home: &Path) -> Command {
+    command
+        .env_clear()
+        .env("HOME", home)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .env("HTTP_PROXY", "http://127.0.0.1:9")
+        .env("HTTPS_PROXY", "http://127.0.0.1:9")
+        .env("NO_PROXY", "");
+    command
+}
+
+/// The useful part of helm's stderr: from its first `Error` line on (warnings before it are
+/// dropped), lines joined with `; `; at most 1 KiB.
+fn helm_message(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let first_error = lines
+        .iter()
+        .position(|l| l.starts_with("Error"))
+        .unwrap_or(0);
+    let message = lines[first_error..].join("; ");
+    let message = message.strip_prefix("Error: ").unwrap_or(&message);
+    match message.char_indices().nth(1024) {
+        Some((cut, _)) => format!("{}…", &message[..cut]),
+        None => message.to_owned(),
+    }
+}
+
+/// Hit and miss counts of the render cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Renders served from the cache.
+    pub hits: u64,
+    /// Renders that ran helm.
+    pub misses: u64,
+}
+
+/// Renders by cache key, evicting the oldest entry beyond the capacity.
+struct RenderCache {
+    capacity: usize,
+    entries: Mutex<CacheEntries>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// Cached renders and their keys in insertion order.
+#[derive(Default)]
+struct CacheEntries {
+    by_key: HashMap<String, Arc<Rendered>>,
+    order: VecDeque<String>,
+}
+
+impl RenderCache {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            entries: Mutex::default(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<Arc<Rendered>> {
+        let found = self
+            .entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_key
+            .get(key)
+            .cloned();
+        let counter = if found.is_some() {
+            &self.hits
+        } else {
+            &self.misses
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        found
+    }
+
+    fn insert(&self, key: String, rendered: Arc<Rendered>) {
+        let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = &mut *guard;
+        if entries.by_key.insert(key.clone(), rendered).is_none() {
+            entries.order.push_back(key);
+        }
+        while entries.order.len() > self.capacity {
+            if let Some(oldest) = entries.order.pop_front() {
+                entries.by_key.remove(&oldest);
+            }
+        }
+    }
+
+    fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> RenderRequest {
+        RenderRequest {
+            chart: ResolvedChart {
+                digest: "sha256:aa".into(),
+                path: "/charts/web".into(),
+            },
+            release: "web".into(),
+            namespace: "apps".into(),
+            values: serde_json::from_str(r#"{"b": 1, "a": {"y": 2, "x": 1}}"#).unwrap(),
+            kube_version: "v1.36.3".into(),
+            api_versions: vec!["apps/v1".into(), "v1".into()],
+            is_upgrade: false,
+        }
+    }
+
+    #[test]
+    fn the_cache_key_covers_every_input_and_ignores_value_order() {
+        let base = request();
+        let key = base.cache_key("v4.3.2");
+        let reordered = RenderRequest {
+            values: serde_json::from_str(r#"{"a": {"x": 1, "y": 2}, "b": 1}"#).unwrap(),
+            ..request()
+        };
+        assert_eq!(reordered.cache_key("v4.3.2"), key);
+        let variants = [
+            RenderRequest {
+                chart: ResolvedChart {
+                    digest: "sha256:bb".into(),
+                    ..base.chart.clone()
+                },
+                ..request()
+            },
+            RenderRequest {
+                values: serde_json::from_str(r#"{"b": 2}"#).unwrap(),
+                ..request()
+            },
+            RenderRequest {
+                release: "web2".into(),
+                ..request()
+            },
+            RenderRequest {
+                namespace: "other".into(),
+                ..request()
+            },
+            RenderRequest {
+                kube_version: "v1.37.0".into(),
+                ..request()
+            },
+            RenderRequest {
+                api_versions: vec!["v1".into()],
+                ..request()
+            },
+            RenderRequest {
+                is_upgrade: true,
+                ..request()
+            },
+        ];
+        for variant in variants {
+            assert_ne!(variant.cache_key("v4.3.2"), key, "{variant:?}");
+        }
+        assert_ne!(base.cache_key("v4.3.3"), key);
+    }
+
+    #[test]
+    fn the_cache_evicts_the_oldest_and_counts() {
+        let cache = RenderCache::new(2);
+        let rendered = |s: &str| {
+            Arc::new(Rendered {
+                manifest: s.into(),
+                digest: sha256(s.as_bytes()),
+            })
+        };
+        cache.insert("a".into(), rendered("a"));
+        cache.insert("b".into(), rendered("b"));
+        cache.insert("c".into(), rendered("c"));
+        assert!(cache.get("a").is_none());
+        assert_eq!(cache.get("c").unwrap().manifest, "c");
+        assert_eq!(cache.stats(), CacheStats { hits: 1, misses: 1 });
+    }
+
+    #[test]
+    fn helm_messages_keep_the_error_lines() {
+        let stderr = b"walk.go:74: found symbolic link\nError: template: web/templates/x.yaml:3:4: executing \"x\": nil pointer\n";
+        assert_eq!(
+            helm_message(stderr),
+            "template: web/templates/x.yaml:3:4: executing \"x\": nil pointer"
+        );
+        let schema = b"Error: values don't meet the specifications of the schema(s):\ntyped:\n- at '/replicaCount': got string\n";
+        assert_eq!(
+            helm_message(schema),
+            "values don't meet the specifications of the schema(s):; typed:; - at '/replicaCount': got string"
+        );
+        assert_eq!(helm_message(b"  something odd \n"), "something odd");
+        assert_eq!(helm_message(&[b'x'; 2000]).chars().count(), 1025);
+    }
+}

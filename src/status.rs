@@ -1,0 +1,281 @@
+//! Status (pure): the next `ManifestStatus` from the previous one and a reconcile's outcome,
+//! with Kubernetes-convention conditions whose transition times move only on a change.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::api::{InventoryEntry, LastOperation, ManifestStatus, State};
+
+/// What one reconcile pass found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// The summary state.
+    pub state: State,
+    /// CamelCase reason for the conditions (and the Event, if any).
+    pub reason: &'static str,
+    /// Human-readable message.
+    pub message: String,
+    /// Whether the render succeeded; `None` when the pass did not get that far.
+    pub rendered: Option<bool>,
+    /// Whether the apply succeeded; `None` when the pass did not get that far.
+    pub applied: Option<bool>,
+    /// A permanent error: nothing changes until the spec does.
+    pub stalled: bool,
+    /// The operation to record in `lastOperation` (install, upgrade, delete …), if one finished
+    /// or failed in this pass.
+    pub operation: Option<&'static str>,
+}
+
+/// Facts a successful render/apply contributes to the status; `None` keeps the previous value.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Facts {
+    /// Chart digest.
+    pub chart_digest: Option<String>,
+    /// Rendered digest.
+    pub rendered_digest: Option<String>,
+    /// Values digest.
+    pub values_digest: Option<String>,
+    /// The inventory.
+    pub inventory: Option<Vec<InventoryEntry>>,
+}
+
+/// The status after a pass. Unchanged inputs give an equal status (so the caller can skip the
+/// write): times are carried over unless the thing they time changed.
+pub fn next_status(
+    previous: Option<&ManifestStatus>,
+    generation: Option<i64>,
+    outcome: &Outcome,
+    facts: Facts,
+    shard: Option<u32>,
+    owner: &str,
+    now: &Time,
+) -> ManifestStatus {
+    let previous = previous.cloned().unwrap_or_default();
+    let mut conditions = previous.conditions.clone();
+    let set = |conditions: &mut Vec<Condition>, kind: &str, value: bool| {
+        set_condition(
+            conditions,
+            kind,
+            value,
+            outcome.reason,
+            &outcome.message,
+            generation,
+            now,
+        );
+    };
+    set(&mut conditions, "Ready", outcome.state == State::Ready);
+    set(
+        &mut conditions,
+        "Reconciling",
+        matches!(outcome.state, State::Processing | State::Deleting),
+    );
+    set(&mut conditions, "Stalled", outcome.stalled);
+    if let Some(rendered) = outcome.rendered {
+        set(&mut conditions, "Rendered", rendered);
+    }
+    if let Some(applied) = outcome.applied {
+        set(&mut conditions, "Applied", applied);
+    }
+
+    let last_operation = match outcome.operation {
+        Some(operation) => {
+            let same = previous
+                .last_operation
+                .as_ref()
+                .is_some_and(|last| last.operation == operation && last.message == outcome.message);
+            if same {
+                previous.last_operation.clone()
+            } else {
+                Some(LastOperation {
+                    operation: operation.to_owned(),
+                    time: now.clone(),
+                    message: outcome.message.clone(),
+                })
+            }
+        }
+        None => previous.last_operation.clone(),
+    };
+
+    ManifestStatus {
+        state: Some(outcome.state),
+        observed_generation: generation,
+        conditions,
+        chart_digest: facts.chart_digest.or(previous.chart_digest),
+        rendered_digest: facts.rendered_digest.or(previous.rendered_digest),
+        values_digest: facts.values_digest.or(previous.values_digest),
+        inventory: facts.inventory.unwrap_or(previous.inventory),
+        shard: shard.or(previous.shard),
+        owner: Some(owner.to_owned()),
+        last_operation,
+    }
+}
+
+/// Sets a condition, keeping its `lastTransitionTime` unless its status flips.
+fn set_condition(
+    conditions: &mut Vec<Condition>,
+    kind: &str,
+    value: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let status = if value { "True" } else { "False" }.to_owned();
+    let transition = match conditions.iter().find(|c| c.type_ == kind) {
+        Some(existing) if existing.status == status => existing.last_transition_time.clone(),
+        _ => now.clone(),
+    };
+    let condition = Condition {
+        type_: kind.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time: transition,
+    };
+    match conditions.iter_mut().find(|c| c.type_ == kind) {
+        Some(existing) => *existing = condition,
+        None => conditions.push(condition),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(seconds: i64) -> Time {
+        Time(Timestamp::from_second(seconds).unwrap())
+    }
+
+    fn ready() -> Outcome {
+        Outcome {
+            state: State::Ready,
+            reason: "Ready",
+            message: "all 2 objects are ready".into(),
+            rendered: Some(true),
+            applied: Some(true),
+            stalled: false,
+            operation: Some("Install"),
+        }
+    }
+
+    #[test]
+    fn an_unchanged_outcome_gives_an_equal_status() {
+        let first = next_status(
+            None,
+            Some(1),
+            &ready(),
+            Facts::default(),
+            Some(3),
+            "r0",
+            &at(100),
+        );
+        let second = next_status(
+            Some(&first),
+            Some(1),
+            &ready(),
+            Facts::default(),
+            None,
+            "r0",
+            &at(200),
+        );
+        assert_eq!(first, second, "times do not move when nothing changed");
+        let ready_condition = first
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(ready_condition.status, "True");
+        assert_eq!(first.shard, Some(3));
+        assert_eq!(first.last_operation.as_ref().unwrap().time, at(100));
+    }
+
+    #[test]
+    fn transitions_move_only_the_flipped_conditions() {
+        let first = next_status(
+            None,
+            Some(1),
+            &ready(),
+            Facts::default(),
+            None,
+            "r0",
+            &at(100),
+        );
+        let failing = Outcome {
+            state: State::Error,
+            reason: "RenderError",
+            message: "template: boom".into(),
+            rendered: Some(false),
+            applied: None,
+            stalled: true,
+            operation: Some("Upgrade"),
+        };
+        let second = next_status(
+            Some(&first),
+            Some(2),
+            &failing,
+            Facts::default(),
+            None,
+            "r0",
+            &at(200),
+        );
+        let by_type = |kind: &str| {
+            second
+                .conditions
+                .iter()
+                .find(|c| c.type_ == kind)
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(
+            (
+                by_type("Ready").status.as_str(),
+                by_type("Ready").last_transition_time.clone()
+            ),
+            ("False", at(200))
+        );
+        assert_eq!(
+            by_type("Applied").status,
+            "True",
+            "not touched by a pass that did not apply"
+        );
+        assert_eq!(by_type("Applied").last_transition_time, at(100));
+        assert_eq!(
+            by_type("Reconciling").last_transition_time,
+            at(100),
+            "False before and after"
+        );
+        assert_eq!(by_type("Stalled").status, "True");
+        assert_eq!(second.observed_generation, Some(2));
+        assert_eq!(second.last_operation.unwrap().operation, "Upgrade");
+    }
+
+    #[test]
+    fn facts_replace_and_absent_facts_keep() {
+        let entry = InventoryEntry {
+            group: "".into(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: "a".into(),
+            name: "b".into(),
+        };
+        let facts = Facts {
+            chart_digest: Some("sha256:1".into()),
+            inventory: Some(vec![entry.clone()]),
+            ..Default::default()
+        };
+        let first = next_status(None, Some(1), &ready(), facts, None, "r0", &at(100));
+        let second = next_status(
+            Some(&first),
+            Some(1),
+            &ready(),
+            Facts::default(),
+            None,
+            "r1",
+            &at(100),
+        );
+        assert_eq!(second.chart_digest.as_deref(), Some("sha256:1"));
+        assert_eq!(second.inventory, [entry]);
+        assert_eq!(second.owner.as_deref(), Some("r1"));
+    }
+}

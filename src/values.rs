@@ -1,0 +1,81 @@
+//! Chart values: merging `valuesFrom` documents and inline values (pure).
+
+use serde_json::{Map, Value};
+
+/// Why a values document is unusable.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ValuesError {
+    /// the document is not YAML.
+    #[error("{source_name}: values are not valid YAML: {message}")]
+    Yaml {
+        /// Where the document came from, e.g. `ConfigMap/web-values key values.yaml`.
+        source_name: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// the document is YAML but not a map.
+    #[error("{0}: values must be a YAML map")]
+    NotAMap(String),
+}
+
+/// Parses one values document (a YAML map; an empty document is an empty map).
+pub fn parse(source_name: &str, text: &str) -> Result<Map<String, Value>, ValuesError> {
+    let value: Value = serde_yaml_ng::from_str(text).map_err(|e| ValuesError::Yaml {
+        source_name: source_name.to_owned(),
+        message: e.to_string(),
+    })?;
+    match value {
+        Value::Null => Ok(Map::new()),
+        Value::Object(map) => Ok(map),
+        _ => Err(ValuesError::NotAMap(source_name.to_owned())),
+    }
+}
+
+/// Merges `overlay` into `base` the way Helm coalesces values files: maps merge key by key,
+/// anything else (lists, scalars, `null`) replaces. A `null` is kept so that Helm removes the
+/// chart's default for that key.
+pub fn merge(base: &mut Map<String, Value>, overlay: Map<String, Value>) {
+    for (key, value) in overlay {
+        match (base.get_mut(&key), value) {
+            (Some(Value::Object(existing)), Value::Object(incoming)) => merge(existing, incoming),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn map(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn maps_merge_deeply_and_everything_else_replaces() {
+        let mut base =
+            map(json!({"image": {"repo": "nginx", "tag": "1"}, "ports": [80, 443], "debug": true}));
+        merge(
+            &mut base,
+            map(json!({"image": {"tag": "2"}, "ports": [8080], "debug": null, "extra": 1})),
+        );
+        assert_eq!(
+            Value::Object(base),
+            json!({"image": {"repo": "nginx", "tag": "2"}, "ports": [8080], "debug": null, "extra": 1})
+        );
+    }
+
+    #[test]
+    fn documents_must_be_maps() {
+        assert_eq!(parse("cm", "").unwrap(), Map::new());
+        assert_eq!(parse("cm", "a: 1").unwrap(), map(json!({"a": 1})));
+        assert_eq!(parse("cm", "- 1"), Err(ValuesError::NotAMap("cm".into())));
+        assert!(matches!(
+            parse("cm", "a: [1"),
+            Err(ValuesError::Yaml { .. })
+        ));
+    }
+}

@@ -1,0 +1,610 @@
+//! The reconcile pipeline on a real kube-apiserver (with the garbage-collector and namespace
+//! controllers of kube-controller-manager) and the real helm binary.
+//!
+//! There is no kubelet: where a workload must become ready, the test writes its status through
+//! the status subresource, as the Deployment controller would.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::discovery::ApiResource;
+use kube::runtime::events::Reporter;
+use kube::{Client, ResourceExt};
+use module_manager::api::{Manifest, State};
+use module_manager::apply::Cluster;
+use module_manager::controller::{self, ControllerConfig};
+use module_manager::reconcile::Context;
+use module_manager::render::{HelmRenderer, RenderLimits};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+const REPLICA: &str = "test-replica";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .canonicalize()
+        .unwrap()
+}
+
+/// An operator running in this test's namespace, stopped when dropped.
+struct Harness {
+    client: Client,
+    ns: String,
+    manifests: Api<Manifest>,
+    ctx: Arc<Context>,
+    stop: Option<oneshot::Sender<()>>,
+    _helm_home: tempfile::TempDir,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn start(prefix: &str, limits: RenderLimits) -> Harness {
+    let control_plane = testenv::shared(testenv::Options {
+        controller_manager: true,
+        // Garbage collection and namespace deletion, but no workload controllers: the tests
+        // write Deployment status themselves.
+        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
+        crd_files: vec![repo().join("crds/manifest.yaml")],
+        ..Default::default()
+    })
+    .await
+    .expect("control plane");
+    let client = control_plane.client().await.unwrap();
+    let ns = control_plane.namespace(&client, prefix).await.unwrap();
+    let helm_home = tempfile::tempdir().unwrap();
+    let helm = testenv::Tools::locate().unwrap().helm;
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        cluster: Cluster::connect(client.clone()).await.unwrap(),
+        renderer: HelmRenderer::new(helm, helm_home.path().to_owned(), limits)
+            .await
+            .unwrap(),
+        chart_root: repo(),
+        chart_limits: Default::default(),
+        replica: REPLICA.into(),
+        reporter: Reporter {
+            controller: "module-manager".into(),
+            instance: Some(REPLICA.into()),
+        },
+    });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let config = ControllerConfig {
+        concurrency: 2,
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    tokio::spawn(controller::run(ctx.clone(), config, async move {
+        let _ = stopped.await;
+    }));
+    Harness {
+        manifests: Api::namespaced(client.clone(), &ns),
+        client,
+        ns,
+        ctx,
+        stop: Some(stop),
+        _helm_home: helm_home,
+    }
+}
+
+impl Harness {
+    fn manifest(&self, name: &str, chart: &str, values: Value) -> Manifest {
+        serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {"module": name, "chart": {"path": chart}, "values": values, "interval": "2s"},
+        }))
+        .unwrap()
+    }
+
+    async fn create(&self, manifest: &Manifest) {
+        self.manifests
+            .create(&PostParams::default(), manifest)
+            .await
+            .unwrap();
+    }
+
+    async fn patch_spec(&self, name: &str, spec: Value) {
+        self.manifests
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": spec })),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Waits until the Manifest satisfies `done` (60 s), showing its status on failure.
+    async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let manifest = self.manifests.get(name).await.unwrap();
+            if done(&manifest) {
+                return manifest;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}: timed out waiting for {what}; status: {:#?}",
+                manifest.status
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits for the current generation to be reconciled into `state`.
+    async fn wait_state(&self, name: &str, state: State) -> Manifest {
+        self.wait_for(name, &format!("{state:?}"), |m| {
+            let status = m.status.clone().unwrap_or_default();
+            status.state == Some(state) && status.observed_generation == m.metadata.generation
+        })
+        .await
+    }
+
+    async fn wait_until(&self, what: &str, mut done: impl AsyncFnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done().await {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn config_maps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    async fn config_map_data(&self, name: &str, key: &str) -> Option<String> {
+        self.config_maps()
+            .get_opt(name)
+            .await
+            .unwrap()
+            .and_then(|cm| cm.data?.get(key).cloned())
+    }
+
+    /// Events about `manifest` as (type, reason, note).
+    async fn events(&self, manifest: &str) -> Vec<(String, String, String)> {
+        let events = Api::<Event>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        events
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(manifest))
+            .map(|e| {
+                (
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn inventory_names(manifest: &Manifest) -> Vec<String> {
+    let status = manifest.status.clone().unwrap_or_default();
+    status
+        .inventory
+        .iter()
+        .map(|e| format!("{}/{}", e.kind, e.name))
+        .collect()
+}
+
+#[tokio::test]
+async fn install_upgrade_repair_prune_and_delete() {
+    let h = start("lifecycle", RenderLimits::default()).await;
+    h.create(&h.manifest(
+        "catalog",
+        "examples/charts/catalog-v1",
+        json!({"greeting": "hi"}),
+    ))
+    .await;
+
+    // Install.
+    let installed = h.wait_state("catalog", State::Ready).await;
+    assert_eq!(
+        inventory_names(&installed),
+        [
+            "ConfigMap/catalog-legacy-settings",
+            "ConfigMap/catalog-settings"
+        ]
+    );
+    let status = installed.status.clone().unwrap();
+    assert!(status.chart_digest.unwrap().starts_with("sha256:"));
+    assert!(status.rendered_digest.unwrap().starts_with("sha256:"));
+    assert_eq!(status.owner.as_deref(), Some(REPLICA));
+    assert_eq!(status.last_operation.unwrap().operation, "Install");
+    assert!(
+        installed
+            .finalizers()
+            .contains(&module_manager::reconcile::FINALIZER.to_owned())
+    );
+    assert_eq!(
+        h.config_map_data("catalog-settings", "greeting")
+            .await
+            .as_deref(),
+        Some("hi")
+    );
+    assert!(
+        h.events("catalog")
+            .await
+            .iter()
+            .any(|(kind, reason, _)| kind == "Normal" && reason == "Ready")
+    );
+
+    // A values change updates the objects.
+    h.patch_spec("catalog", json!({"values": {"greeting": "hey"}}))
+        .await;
+    let upgraded = h.wait_state("catalog", State::Ready).await;
+    assert_eq!(
+        h.config_map_data("catalog-settings", "greeting")
+            .await
+            .as_deref(),
+        Some("hey")
+    );
+    assert_eq!(
+        upgraded.status.unwrap().last_operation.unwrap().operation,
+        "Upgrade"
+    );
+
+    // Drift: a deleted object comes back, an edited one is restored.
+    h.config_maps()
+        .delete("catalog-settings", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_until("the deleted ConfigMap is back", async || {
+        h.config_map_data("catalog-settings", "greeting")
+            .await
+            .is_some()
+    })
+    .await;
+    let tamper = json!({"data": {"greeting": "tampered"}});
+    h.config_maps()
+        .patch(
+            "catalog-settings",
+            &PatchParams::default(),
+            &Patch::Merge(&tamper),
+        )
+        .await
+        .unwrap();
+    h.wait_until("the edited ConfigMap is restored", async || {
+        h.config_map_data("catalog-settings", "greeting")
+            .await
+            .as_deref()
+            == Some("hey")
+    })
+    .await;
+
+    // A chart version that drops an object prunes it.
+    h.patch_spec(
+        "catalog",
+        json!({"chart": {"path": "examples/charts/catalog-v2"}}),
+    )
+    .await;
+    let pruned = h.wait_state("catalog", State::Ready).await;
+    assert_eq!(inventory_names(&pruned), ["ConfigMap/catalog-settings"]);
+    assert!(
+        h.config_maps()
+            .get_opt("catalog-legacy-settings")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        h.config_map_data("catalog-settings", "version")
+            .await
+            .as_deref(),
+        Some("2")
+    );
+
+    // Deleting the Manifest deletes its objects, then releases the finalizer.
+    h.manifests
+        .delete("catalog", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_until("the Manifest is gone", async || {
+        h.manifests.get_opt("catalog").await.unwrap().is_none()
+    })
+    .await;
+    assert!(
+        h.config_maps()
+            .get_opt("catalog-settings")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        h.events("catalog")
+            .await
+            .iter()
+            .any(|(_, reason, _)| reason == "Deleted")
+    );
+}
+
+#[tokio::test]
+async fn a_web_app_is_ready_once_its_deployment_has_rolled_out() {
+    let h = start("web", RenderLimits::default()).await;
+    h.create(&h.manifest("web", "examples/charts/web", json!({"replicaCount": 2})))
+        .await;
+    let processing = h.wait_state("web", State::Processing).await;
+    let status = processing.status.clone().unwrap();
+    let message = &status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap()
+        .message;
+    assert!(message.contains("Deployment web-web"), "{message}");
+    assert_eq!(
+        inventory_names(&processing),
+        ["Service/web-web", "Deployment/web-web"]
+    );
+
+    // Play the Deployment controller.
+    let deployments = Api::<Deployment>::namespaced(h.client.clone(), &h.ns);
+    let generation = deployments
+        .get("web-web")
+        .await
+        .unwrap()
+        .metadata
+        .generation;
+    let status = json!({"status": {"observedGeneration": generation, "replicas": 2, "updatedReplicas": 2,
+        "readyReplicas": 2, "availableReplicas": 2}});
+    deployments
+        .patch_status("web-web", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    h.wait_state("web", State::Ready).await;
+}
+
+#[tokio::test]
+async fn orphan_policy_keeps_the_objects() {
+    let h = start("orphan", RenderLimits::default()).await;
+    let mut manifest = h.manifest("catalog", "examples/charts/catalog-v1", json!({}));
+    manifest.spec.deletion_policy = module_manager::api::DeletionPolicy::Orphan;
+    h.create(&manifest).await;
+    h.wait_state("catalog", State::Ready).await;
+    h.manifests
+        .delete("catalog", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_until("the Manifest is gone", async || {
+        h.manifests.get_opt("catalog").await.unwrap().is_none()
+    })
+    .await;
+    assert!(
+        h.config_maps()
+            .get_opt("catalog-settings")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        h.config_maps()
+            .get_opt("catalog-legacy-settings")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        h.events("catalog")
+            .await
+            .iter()
+            .any(|(_, reason, _)| reason == "Orphaned")
+    );
+}
+
+#[tokio::test]
+async fn a_crd_and_its_custom_resource_install_in_one_pass() {
+    let h = start("widgets", RenderLimits::default()).await;
+    h.create(&h.manifest(
+        "widgets",
+        "examples/charts/widgets",
+        json!({"color": "green"}),
+    ))
+    .await;
+    let ready = h.wait_state("widgets", State::Ready).await;
+    assert_eq!(
+        inventory_names(&ready),
+        [
+            "CustomResourceDefinition/widgets.example.com",
+            "Widget/widgets-widget"
+        ]
+    );
+    let widgets = ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+        "example.com",
+        "v1",
+        "Widget",
+    ));
+    let widget = Api::<DynamicObject>::namespaced_with(h.client.clone(), &h.ns, &widgets)
+        .get("widgets-widget")
+        .await
+        .unwrap();
+    assert_eq!(widget.data["spec"]["color"], "green");
+    let events = h.events("widgets").await;
+    let reasons: Vec<&str> = events
+        .iter()
+        .map(|(_, reason, _)| reason.as_str())
+        .collect();
+    assert_eq!(
+        reasons,
+        ["Ready"],
+        "one pass, straight to Ready, no error on the way: {events:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_unchanged_manifest_runs_helm_zero_times_and_writes_nothing() {
+    let h = start("unchanged", RenderLimits::default()).await;
+    h.create(&h.manifest("catalog", "examples/charts/catalog-v1", json!({})))
+        .await;
+    h.wait_state("catalog", State::Ready).await;
+    // The first pass after the install renders once more, with --is-upgrade (a different
+    // input); wait until a pass has been served from the cache after that.
+    h.wait_until("a drift pass hit the render cache", async || {
+        h.ctx.renderer.cache_stats().hits >= 1
+    })
+    .await;
+
+    let versions = async || {
+        let manifest = h.manifests.get("catalog").await.unwrap().resource_version();
+        let settings = h
+            .config_maps()
+            .get("catalog-settings")
+            .await
+            .unwrap()
+            .resource_version();
+        let legacy = h
+            .config_maps()
+            .get("catalog-legacy-settings")
+            .await
+            .unwrap()
+            .resource_version();
+        (manifest, settings, legacy)
+    };
+    let before = versions().await;
+    let stats_before = h.ctx.renderer.cache_stats();
+    tokio::time::sleep(Duration::from_secs(7)).await; // interval 2s: at least two drift passes
+    let stats_after = h.ctx.renderer.cache_stats();
+    assert!(
+        stats_after.hits >= stats_before.hits + 3,
+        "drift passes ran: {stats_before:?} -> {stats_after:?}"
+    );
+    assert_eq!(stats_after.misses, stats_before.misses, "helm did not run");
+    assert_eq!(
+        versions().await,
+        before,
+        "no object and not the Manifest was written"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_reported_and_deletes_nothing() {
+    let limits = RenderLimits {
+        timeout: Duration::from_secs(3),
+        max_output: 512 * 1024,
+        ..Default::default()
+    };
+    let h = start("bad-input", limits).await;
+    h.create(&h.manifest(
+        "catalog",
+        "examples/charts/catalog-v1",
+        json!({"greeting": "hi"}),
+    ))
+    .await;
+    h.wait_state("catalog", State::Ready).await;
+
+    let fixture = |name: &str| json!({"chart": {"path": format!("tests/fixtures/charts/{name}")}, "values": null});
+    let cases = [
+        (
+            "missing chart path",
+            fixture("nope"),
+            "ChartError",
+            "does not exist",
+        ),
+        (
+            "chart outside the root",
+            json!({"chart": {"path": "/etc"}}),
+            "ChartError",
+            "outside the chart root",
+        ),
+        (
+            "broken chart",
+            fixture("broken"),
+            "RenderError",
+            "cannot load Chart.yaml",
+        ),
+        (
+            "template error",
+            fixture("template-error"),
+            "RenderError",
+            "nosuchfunction",
+        ),
+        (
+            "required value missing",
+            fixture("needs-value"),
+            "RenderError",
+            "dbHost is required",
+        ),
+        (
+            "values of the wrong type",
+            json!({"chart": {"path": "tests/fixtures/charts/typed"}, "values": {"replicaCount": "three"}}),
+            "RenderError",
+            "replicaCount",
+        ),
+        (
+            "render timeout",
+            fixture("loop"),
+            "RenderError",
+            "did not finish within 3s",
+        ),
+        (
+            "oversized output",
+            fixture("huge"),
+            "RenderError",
+            "exceeds the limit of 524288 bytes",
+        ),
+        (
+            "values Secret missing",
+            json!({"chart": {"path": "examples/charts/catalog-v1"}, "valuesFrom": [{"kind": "Secret", "name": "absent"}]}),
+            "ValuesError",
+            "Secret absent does not exist",
+        ),
+    ];
+    for (case, spec, category, expected) in cases {
+        h.patch_spec("catalog", spec).await;
+        let failed = h
+            .wait_for("catalog", case, |m| {
+                let status = m.status.clone().unwrap_or_default();
+                let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+                status.state == Some(State::Error)
+                    && status.observed_generation == m.metadata.generation
+                    && ready.is_some_and(|c| c.reason == category && c.message.contains(expected))
+            })
+            .await;
+        assert_eq!(
+            inventory_names(&failed).len(),
+            2,
+            "{case}: the inventory is kept"
+        );
+        assert_eq!(
+            h.config_map_data("catalog-settings", "greeting")
+                .await
+                .as_deref(),
+            Some("hi"),
+            "{case}: nothing deleted"
+        );
+        assert!(
+            h.config_maps()
+                .get_opt("catalog-legacy-settings")
+                .await
+                .unwrap()
+                .is_some(),
+            "{case}: nothing pruned"
+        );
+        let events = h.events("catalog").await;
+        assert!(
+            events.iter().any(|(kind, reason, note)| kind == "Warning"
+                && reason == category
+                && note.contains(expected)),
+            "{case}: a Warning Event {category} mentioning {expected:?}; got {events:?}"
+        );
+    }
+
+    // Fixing the input recovers.
+    h.patch_spec("catalog", json!({"chart": {"path": "examples/charts/catalog-v1"}, "valuesFrom": null, "values": {"greeting": "hi"}}))
+        .await;
+    h.wait_state("catalog", State::Ready).await;
+}
