@@ -35,6 +35,9 @@ lint: ## Format check and clippy with warnings as errors
 test: setup lint verify-crds ## Everything CI checks: format, clippy, CRD drift, unit and integration tests
 	$(CARGO) test --workspace --no-fail-fast
 
+bench: setup ## Benchmarks on the real control plane and helm (figures in docs/benchmarks.md)
+	$(CARGO) bench --bench reconcile
+
 cluster-up: setup ## Start a local control plane with the CRDs installed; prints the kubeconfig path
 	@$(TESTENV) up --crds crds/manifest.yaml
 
@@ -46,4 +49,4 @@ cluster-down: ## Stop the operator started by `make run` and the local control p
 run: cluster-up ## The demo: control plane, CRDs, the operator and the example Manifests
 	@hack/demo.sh
 
-.PHONY: help setup tools build crds verify-crds fmt lint test cluster-up cluster-down run
+.PHONY: help setup tools build crds verify-crds fmt lint test bench cluster-up cluster-down run

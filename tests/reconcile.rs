@@ -608,3 +608,56 @@ async fn bad_input_is_reported_and_deletes_nothing() {
         .await;
     h.wait_state("catalog", State::Ready).await;
 }
+
+#[tokio::test]
+async fn an_empty_render_does_not_prune_the_module() {
+    let h = start("prune-guard", RenderLimits::default()).await;
+    h.create(&h.manifest("catalog", "examples/charts/catalog-v1", json!({})))
+        .await;
+    h.wait_state("catalog", State::Ready).await;
+
+    h.patch_spec(
+        "catalog",
+        json!({"chart": {"path": "tests/fixtures/charts/empty"}}),
+    )
+    .await;
+    let refused = h.wait_state("catalog", State::Warning).await;
+    let status = refused.status.clone().unwrap();
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.reason, "PruneRefused");
+    assert!(
+        ready.message.contains("render is empty"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(
+        inventory_names(&refused).len(),
+        2,
+        "the refused objects stay in the inventory"
+    );
+    assert!(
+        h.config_maps()
+            .get_opt("catalog-settings")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        h.config_maps()
+            .get_opt("catalog-legacy-settings")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let events = h.events("catalog").await;
+    assert!(
+        events
+            .iter()
+            .any(|(kind, reason, _)| kind == "Warning" && reason == "PruneRefused"),
+        "{events:?}"
+    );
+}
