@@ -6,15 +6,35 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PropagationPolicy};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
 use kube::discovery::{ApiResource, Discovery, Scope as DiscoveryScope};
-use kube::{Client, Error as KubeError};
+use kube::{Client, Error as KubeError, ResourceExt};
 
 use crate::api::InventoryEntry;
 use crate::plan::{RenderedObject, Scope, describe};
 
 /// The field manager of every write module-manager makes to a module's objects.
 pub const FIELD_MANAGER: &str = "module-manager";
+
+/// The label on every applied object naming the Manifest (by UID) that manages it. Only objects
+/// carrying it are adopted on upgrade, pruned or deleted.
+pub const MANIFEST_UID_LABEL: &str = "modulemanager.io/manifest-uid";
+
+/// The Helm annotation that keeps an object when it leaves the chart or the release is deleted.
+const RESOURCE_POLICY: &str = "helm.sh/resource-policy";
+
+/// What a guarded delete did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Deletion {
+    /// The delete was accepted (the object may still be terminating).
+    Deleted,
+    /// The object (or its kind) was already gone.
+    Gone,
+    /// The object was left alone, for the reason given.
+    Kept(&'static str),
+}
 
 /// Why applying, reading or deleting an object failed.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +62,9 @@ pub enum ApplyError {
     /// the target does not serve the object's kind.
     #[error("{0}: the target does not serve this kind")]
     UnknownKind(String),
+    /// the object exists but is not managed by this Manifest.
+    #[error("{0} already exists and is not managed by this Manifest; refusing to take it over")]
+    NotOwned(String),
     /// CRDs did not become Established in time.
     #[error("CustomResourceDefinition {0} is not Established")]
     CrdNotEstablished(String),
@@ -50,7 +73,7 @@ pub enum ApplyError {
 impl ApplyError {
     /// Whether retrying without a spec change cannot help.
     pub fn is_permanent(&self) -> bool {
-        matches!(self, Self::Rejected { .. })
+        matches!(self, Self::Rejected { .. } | Self::NotOwned(_))
     }
 
     fn from_kube(id: &InventoryEntry, source: KubeError) -> Self {
@@ -181,12 +204,44 @@ impl Cluster {
         })
     }
 
-    /// Server-side applies one object (forcing ownership of its fields) and returns the
-    /// object as stored.
-    pub async fn apply(&self, object: &RenderedObject) -> Result<DynamicObject, ApplyError> {
+    /// Server-side applies one object (forcing ownership of its fields), labelled as managed by
+    /// the Manifest `owner_uid`, and returns it as stored. An object that is `new` to the
+    /// module's inventory and already exists unlabelled (or labelled for another Manifest) is
+    /// refused, as Helm refuses to install over objects it does not own.
+    pub async fn apply(
+        &self,
+        object: &RenderedObject,
+        owner_uid: &str,
+        new: bool,
+    ) -> Result<DynamicObject, ApplyError> {
         let api = self.api_for(&object.id)?;
+        if new
+            && let Some(existing) = api
+                .get_opt(&object.id.name)
+                .await
+                .map_err(|e| ApplyError::from_kube(&object.id, e))?
+            && existing
+                .labels()
+                .get(MANIFEST_UID_LABEL)
+                .map(String::as_str)
+                != Some(owner_uid)
+        {
+            return Err(ApplyError::NotOwned(describe(&object.id)));
+        }
+        let mut body = object.body.clone();
+        if let Some(metadata) = body
+            .get_mut("metadata")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            let labels = metadata
+                .entry("labels")
+                .or_insert_with(|| serde_json::json!({}));
+            if let Some(labels) = labels.as_object_mut() {
+                labels.insert(MANIFEST_UID_LABEL.into(), owner_uid.into());
+            }
+        }
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        api.patch(&object.id.name, &params, &Patch::Apply(&object.body))
+        api.patch(&object.id.name, &params, &Patch::Apply(&body))
             .await
             .map_err(|e| ApplyError::from_kube(&object.id, e))
     }
@@ -203,21 +258,54 @@ impl Cluster {
         }
     }
 
-    /// Deletes an object in the background (dependents by the garbage collector). Returns
-    /// whether it still existed.
-    pub async fn delete(&self, id: &InventoryEntry) -> Result<bool, ApplyError> {
+    /// Deletes an object managed by the Manifest `owner_uid`, in the background (dependents by
+    /// the garbage collector). Objects without the Manifest's label, or annotated
+    /// `helm.sh/resource-policy: keep`, are kept. The delete is conditional on the UID that was
+    /// read, so an object re-created meanwhile is not hit.
+    pub async fn delete(
+        &self,
+        id: &InventoryEntry,
+        owner_uid: &str,
+    ) -> Result<Deletion, ApplyError> {
         let api = match self.api_for(id) {
             Ok(api) => api,
-            Err(ApplyError::UnknownKind(_)) => return Ok(false),
+            Err(ApplyError::UnknownKind(_)) => return Ok(Deletion::Gone),
             Err(e) => return Err(e),
         };
+        let Some(existing) = api
+            .get_opt(&id.name)
+            .await
+            .map_err(|e| ApplyError::from_kube(id, e))?
+        else {
+            return Ok(Deletion::Gone);
+        };
+        if existing
+            .labels()
+            .get(MANIFEST_UID_LABEL)
+            .map(String::as_str)
+            != Some(owner_uid)
+        {
+            return Ok(Deletion::Kept("not managed by this Manifest"));
+        }
+        if existing
+            .annotations()
+            .get(RESOURCE_POLICY)
+            .map(String::as_str)
+            == Some("keep")
+        {
+            return Ok(Deletion::Kept("helm.sh/resource-policy: keep"));
+        }
         let params = DeleteParams {
             propagation_policy: Some(PropagationPolicy::Background),
+            preconditions: existing.metadata.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
             ..Default::default()
         };
         match api.delete(&id.name, &params).await {
-            Ok(_) => Ok(true),
-            Err(KubeError::Api(status)) if status.code == 404 => Ok(false),
+            Ok(_) => Ok(Deletion::Deleted),
+            Err(KubeError::Api(status)) if matches!(status.code, 404 | 409) => Ok(Deletion::Gone),
             Err(e) => Err(ApplyError::from_kube(id, e)),
         }
     }

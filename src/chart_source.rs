@@ -132,10 +132,49 @@ fn resolve_path(
     Ok(ResolvedChart { digest, path })
 }
 
-/// Hashes every file under `dir` in sorted path order (path, length, content), refusing links.
+/// Counts files and unpacked bytes of a chart, subcharts included, against the limits.
+struct Budget {
+    limits: Limits,
+    files: usize,
+    bytes: u64,
+}
+
+impl Budget {
+    fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            files: 0,
+            bytes: 0,
+        }
+    }
+
+    fn add(&mut self, files: usize, bytes: u64) -> Result<(), SourceError> {
+        self.files += files;
+        self.bytes += bytes;
+        if self.files > self.limits.max_files {
+            return Err(SourceError::TooLarge {
+                what: "files",
+                limit: self.limits.max_files as u64,
+            });
+        }
+        if self.bytes > self.limits.max_bytes {
+            return Err(SourceError::TooLarge {
+                what: "bytes",
+                limit: self.limits.max_bytes,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How deep archives may nest (a chart's `charts/*.tgz`, their `charts/*.tgz`, …).
+const MAX_NESTING: usize = 4;
+
+/// Hashes every file under `dir` in sorted path order (path, length, content), refusing links;
+/// `.tgz` files (packaged subcharts, which helm loads) are checked like an archive chart.
 fn digest_directory(dir: &Path, limits: Limits) -> Result<String, SourceError> {
     let mut hasher = Sha256::new();
-    let (mut files, mut bytes) = (0usize, 0u64);
+    let mut budget = Budget::new(limits);
     let mut stack = vec![PathBuf::new()];
     while let Some(relative) = stack.pop() {
         let io = |source| SourceError::Io {
@@ -150,21 +189,20 @@ fn digest_directory(dir: &Path, limits: Limits) -> Result<String, SourceError> {
         // Directories are pushed in reverse so they pop in sorted order.
         for entry in entries.into_iter().rev() {
             let name = relative.join(entry.file_name());
-            let kind = entry.file_type().map_err(|source| SourceError::Io {
+            let io = |source| SourceError::Io {
                 path: name.display().to_string(),
                 source,
-            })?;
+            };
+            let kind = entry.file_type().map_err(io)?;
             if kind.is_dir() {
                 hasher.update(format!("D\0{}\0", name.display()));
                 stack.push(name);
             } else if kind.is_file() {
-                files += 1;
-                let content = std::fs::read(dir.join(&name)).map_err(|source| SourceError::Io {
-                    path: name.display().to_string(),
-                    source,
-                })?;
-                bytes += content.len() as u64;
-                check_limits(files, bytes, limits)?;
+                let content = read_bounded(&dir.join(&name), limits.max_bytes)?;
+                budget.add(1, content.len() as u64)?;
+                if name.extension().is_some_and(|e| e == "tgz") {
+                    check_archive(&name.display().to_string(), &content, &mut budget, 1)?;
+                }
                 hasher.update(format!("F\0{}\0{}\0", name.display(), content.len()));
                 hasher.update(&content);
             } else {
@@ -175,48 +213,61 @@ fn digest_directory(dir: &Path, limits: Limits) -> Result<String, SourceError> {
     Ok(format!("sha256:{:x}", hasher.finalize()))
 }
 
-fn check_limits(files: usize, bytes: u64, limits: Limits) -> Result<(), SourceError> {
-    if files > limits.max_files {
-        return Err(SourceError::TooLarge {
-            what: "files",
-            limit: limits.max_files as u64,
-        });
-    }
-    if bytes > limits.max_bytes {
-        return Err(SourceError::TooLarge {
-            what: "bytes",
-            limit: limits.max_bytes,
-        });
-    }
-    Ok(())
-}
-
-/// Hashes a `.tgz` and checks every entry: relative paths without `..`, regular files and
-/// directories only, file count and unpacked size within the limits.
-fn digest_archive(path: &Path, limits: Limits) -> Result<String, SourceError> {
+/// Reads a regular file of at most `max` bytes (a device or FIFO is refused, not read).
+fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, SourceError> {
     let shown = path.display().to_string();
-    let size = std::fs::metadata(path)
-        .map_err(|source| SourceError::Io {
-            path: shown.clone(),
-            source,
-        })?
-        .len();
-    if size > limits.max_bytes {
-        return Err(SourceError::TooLarge {
-            what: "bytes",
-            limit: limits.max_bytes,
-        });
-    }
-    let bytes = std::fs::read(path).map_err(|source| SourceError::Io {
-        path: shown.clone(),
-        source,
-    })?;
-    let archive_error = |source| SourceError::Archive {
+    let io = |source| SourceError::Io {
         path: shown.clone(),
         source,
     };
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bytes.as_slice()));
-    let (mut files, mut unpacked) = (0usize, 0u64);
+    // stat before open: opening a FIFO for reading would block until a writer appears.
+    if !std::fs::metadata(path).map_err(io)?.is_file() {
+        return Err(SourceError::UnsupportedEntry(shown));
+    }
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut content = Vec::new();
+    file.take(max + 1).read_to_end(&mut content).map_err(io)?;
+    if content.len() as u64 > max {
+        return Err(SourceError::TooLarge {
+            what: "bytes",
+            limit: max,
+        });
+    }
+    Ok(content)
+}
+
+/// Hashes a `.tgz` chart after checking it (see [`check_archive`]).
+fn digest_archive(path: &Path, limits: Limits) -> Result<String, SourceError> {
+    let bytes = read_bounded(path, limits.max_bytes)?;
+    check_archive(
+        &path.display().to_string(),
+        &bytes,
+        &mut Budget::new(limits),
+        0,
+    )?;
+    Ok(format!("sha256:{:x}", Sha256::digest(&bytes)))
+}
+
+/// Checks an archive as helm will read it: every gzip member (helm reads them all), every entry
+/// a regular file or directory with a relative path without `..`, nested `.tgz` subcharts
+/// likewise, the bytes really decompressed (not the headers' claims) within the budget, and
+/// nothing but zero padding after the tar end marker.
+fn check_archive(
+    shown: &str,
+    bytes: &[u8],
+    budget: &mut Budget,
+    depth: usize,
+) -> Result<(), SourceError> {
+    let archive_error = |source| SourceError::Archive {
+        path: shown.to_owned(),
+        source,
+    };
+    if depth > MAX_NESTING {
+        return Err(archive_error(std::io::Error::other(
+            "archives nested too deep",
+        )));
+    }
+    let mut archive = tar::Archive::new(flate2::read::MultiGzDecoder::new(bytes));
     for entry in archive.entries().map_err(archive_error)? {
         let mut entry = entry.map_err(archive_error)?;
         let entry_path = entry.path().map_err(archive_error)?.into_owned();
@@ -228,23 +279,42 @@ fn digest_archive(path: &Path, limits: Limits) -> Result<String, SourceError> {
             return Err(SourceError::UnsafePath(shown_entry));
         }
         let kind = entry.header().entry_type();
-        if !(kind.is_file()
-            || kind.is_dir()
-            || kind.is_pax_global_extensions()
-            || kind.is_pax_local_extensions())
-        {
+        if kind.is_pax_global_extensions() || kind.is_pax_local_extensions() || kind.is_dir() {
+            continue;
+        }
+        if !kind.is_file() {
             return Err(SourceError::UnsupportedEntry(shown_entry));
         }
-        files += 1;
-        // Count the bytes really decompressed, not the header's claim.
-        unpacked += std::io::copy(
-            &mut (&mut entry).take(limits.max_bytes + 1),
-            &mut std::io::sink(),
-        )
-        .map_err(archive_error)?;
-        check_limits(files, unpacked, limits)?;
+        let remaining = budget.limits.max_bytes.saturating_sub(budget.bytes);
+        let mut content = Vec::new();
+        (&mut entry)
+            .take(remaining + 1)
+            .read_to_end(&mut content)
+            .map_err(archive_error)?;
+        budget.add(1, content.len() as u64)?;
+        if entry_path.extension().is_some_and(|e| e == "tgz") {
+            check_archive(
+                &format!("{shown}:{shown_entry}"),
+                &content,
+                budget,
+                depth + 1,
+            )?;
+        }
     }
-    Ok(format!("sha256:{:x}", Sha256::digest(&bytes)))
+    let mut rest = archive.into_inner();
+    let mut trailing = [0u8; 4096];
+    loop {
+        let read = rest.read(&mut trailing).map_err(archive_error)?;
+        if read == 0 {
+            return Ok(());
+        }
+        budget.add(0, read as u64)?; // zero padding is bounded too (a stream of zeros is a bomb)
+        if trailing[..read].iter().any(|b| *b != 0) {
+            return Err(archive_error(std::io::Error::other(
+                "data after the end of the archive",
+            )));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -424,6 +494,81 @@ mod tests {
         assert!(matches!(
             resolve(&source("junk.tgz"), &root, Limits::default()),
             Err(SourceError::Archive { .. })
+        ));
+    }
+
+    /// A tar stream without its end marker in a first gzip member, and more entries in a
+    /// second member: helm (Go) reads every member, so the check must too.
+    #[test]
+    fn every_gzip_member_is_checked() {
+        let (_t, root) = root();
+        let file = tar::EntryType::Regular;
+        let mut first = tgz(&[("demo/Chart.yaml", file, b"name: demo\n")]);
+        // Strip the end marker: re-encode the first member's tar without its two zero blocks.
+        let mut tar_bytes = Vec::new();
+        flate2::read::GzDecoder::new(first.as_slice())
+            .read_to_end(&mut tar_bytes)
+            .unwrap();
+        tar_bytes.truncate(1024); // header + one data block
+        first = {
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            std::io::Write::write_all(&mut gz, &tar_bytes).unwrap();
+            gz.finish().unwrap()
+        };
+        let second = tgz(&[("demo/templates/evil", tar::EntryType::Symlink, b"")]);
+        std::fs::write(root.join("multi.tgz"), [first, second].concat()).unwrap();
+        let error = resolve(&source("multi.tgz"), &root, Limits::default()).unwrap_err();
+        assert!(matches!(error, SourceError::UnsupportedEntry(_)), "{error}");
+    }
+
+    #[test]
+    fn packaged_subcharts_are_checked_too() {
+        let (_t, root) = root();
+        let file = tar::EntryType::Regular;
+        let hostile = tgz(&[("sub/../../../etc/evil", file, b"x")]);
+        let outer = tgz(&[
+            ("demo/Chart.yaml", file, b"name: demo\n"),
+            ("demo/charts/sub.tgz", file, &hostile),
+        ]);
+        std::fs::write(root.join("outer.tgz"), &outer).unwrap();
+        assert!(matches!(
+            resolve(&source("outer.tgz"), &root, Limits::default()),
+            Err(SourceError::UnsafePath(_))
+        ));
+
+        let dir = chart_dir(&root, "with-sub");
+        std::fs::create_dir(dir.join("charts")).unwrap();
+        std::fs::write(dir.join("charts/sub.tgz"), &hostile).unwrap();
+        assert!(matches!(
+            resolve(&source("with-sub"), &root, Limits::default()),
+            Err(SourceError::UnsafePath(_))
+        ));
+    }
+
+    #[test]
+    fn data_after_the_archive_and_special_files_are_refused() {
+        let (_t, root) = root();
+        let good = tgz(&[("demo/Chart.yaml", tar::EntryType::Regular, b"name: demo\n")]);
+        let mut tar_bytes = Vec::new();
+        flate2::read::GzDecoder::new(good.as_slice())
+            .read_to_end(&mut tar_bytes)
+            .unwrap();
+        tar_bytes.extend_from_slice(b"hidden");
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &tar_bytes).unwrap();
+        std::fs::write(root.join("trailing.tgz"), gz.finish().unwrap()).unwrap();
+        let error = resolve(&source("trailing.tgz"), &root, Limits::default())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("data after the end"), "{error}");
+
+        let fifo = root.join("fifo.tgz");
+        let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        assert!(matches!(
+            resolve(&source("fifo.tgz"), &root, Limits::default()),
+            Err(SourceError::UnsupportedEntry(_))
         ));
     }
 }

@@ -7,7 +7,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -75,9 +75,8 @@ pub async fn run(
         Some(namespace) => Api::<Manifest>::namespaced(ctx.client.clone(), namespace),
         None => Api::<Manifest>::all(ctx.client.clone()),
     };
-    let events = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects();
+    let events =
+        reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
     let watch = tokio::spawn(feed_queue(events, queue.clone()));
 
     let semaphore = Arc::new(Semaphore::new(config.concurrency.max(1)));
@@ -130,24 +129,26 @@ pub async fn run(
 /// Queues a Manifest when it is new, its spec changed (generation) or its deletion started.
 /// Status-only writes (ours) do not requeue: drift repair runs on the reconcile's own schedule.
 async fn feed_queue(
-    events: impl futures::Stream<Item = Result<Manifest, watcher::Error>>,
+    events: impl futures::Stream<Item = Result<watcher::Event<Manifest>, watcher::Error>>,
     queue: Arc<WorkQueue<Key>>,
 ) {
+    let key_of = |m: &Manifest| (m.namespace().unwrap_or_default(), m.name_any());
     let mut seen: HashMap<Key, Seen> = HashMap::new();
-    let mut events = std::pin::pin!(events.into_stream());
+    let mut events = std::pin::pin!(events);
     while let Some(event) = events.next().await {
         match event {
-            Ok(manifest) => {
-                let key = (
-                    manifest.namespace().unwrap_or_default(),
-                    manifest.name_any(),
-                );
+            Ok(watcher::Event::Apply(manifest) | watcher::Event::InitApply(manifest)) => {
+                let key = key_of(&manifest);
                 let now = Seen::of(&manifest);
                 if seen.get(&key) != Some(&now) {
                     seen.insert(key.clone(), now);
                     queue.add(key, Duration::ZERO);
                 }
             }
+            Ok(watcher::Event::Delete(manifest)) => {
+                seen.remove(&key_of(&manifest));
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
             Err(e) => tracing::warn!("watch Manifests: {e}"),
         }
     }
@@ -170,23 +171,34 @@ async fn work(
             module = %manifest.spec.module,
             replica = %ctx.replica,
         );
-        let next = reconcile(manifest, &ctx).instrument(span).await;
+        // A panic must not leave the key in flight forever (it would never be reconciled again).
+        let pass =
+            std::panic::AssertUnwindSafe(reconcile(manifest, &ctx).instrument(span)).catch_unwind();
+        let next = pass.await.ok();
+        if next.is_none() {
+            tracing::error!(namespace = %key.0, name = %key.1, "reconcile panicked; retrying with backoff");
+        }
         let mut failures = failures.lock().unwrap_or_else(|e| e.into_inner());
         match next {
-            Next::After(delay) => {
+            Some(Next::After(delay)) => {
                 failures.remove(&key);
                 queue.add(key.clone(), delay);
             }
-            Next::Retry(_) => {
+            Some(Next::Retry(_)) | None => {
                 let count = failures.entry(key.clone()).or_insert(0);
                 let delay = backoff(*count, RandomState::new().hash_one(&key));
                 *count += 1;
                 queue.add(key.clone(), delay);
             }
-            Next::Idle => {
+            Some(Next::Idle) => {
                 failures.remove(&key);
             }
         }
+    } else {
+        failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key); // deleted
     }
     queue.done(&key);
 }

@@ -33,8 +33,9 @@ struct RunArgs {
     /// This replica's name, written to `status.owner` and Events.
     #[arg(long, env = "POD_NAME", default_value = "module-manager-0")]
     replica: String,
-    /// Directory that local chart paths (`spec.chart.path`) resolve under; paths leaving it are refused.
-    #[arg(long, default_value = ".")]
+    /// Directory that local chart paths (`spec.chart.path`) resolve under; paths leaving it are
+    /// refused. Required: a default such as the working directory could be `/`.
+    #[arg(long)]
     chart_root: PathBuf,
     /// The helm binary.
     #[arg(long, env = "MODULE_MANAGER_HELM", default_value = "helm")]

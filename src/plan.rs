@@ -316,12 +316,19 @@ pub fn assign_namespaces(
     Ok(())
 }
 
+/// What makes an object the same object: group, kind, namespace and name — not the version, so
+/// that a chart moving a kind to another served version (`autoscaling/v1` → `v2`) does not
+/// prune the object it just applied.
+fn identity(id: &InventoryEntry) -> (&str, &str, &str, &str) {
+    (&id.group, &id.kind, &id.namespace, &id.name)
+}
+
 /// Objects of the previous inventory that the new one lacks, in deletion (reverse install) order.
 pub fn to_prune(previous: &[InventoryEntry], current: &[InventoryEntry]) -> Vec<InventoryEntry> {
-    let keep: BTreeSet<&InventoryEntry> = current.iter().collect();
+    let keep: BTreeSet<_> = current.iter().map(identity).collect();
     let mut gone: Vec<InventoryEntry> = previous
         .iter()
-        .filter(|id| !keep.contains(id))
+        .filter(|id| !keep.contains(&identity(id)))
         .cloned()
         .collect();
     sort_for_deletion(&mut gone);
@@ -332,6 +339,20 @@ pub fn to_prune(previous: &[InventoryEntry], current: &[InventoryEntry]) -> Vec<
 /// namespaces, CRDs and RBAC they depend on).
 pub fn sort_for_deletion(ids: &mut [InventoryEntry]) {
     ids.sort_by(|a, b| install_key(b).cmp(&install_key(a)));
+}
+
+/// Why an object of the inventory is never deleted by module-manager, if it is one of those:
+/// CRDs (deleting one deletes every custom resource of its kind in the cluster; Helm never
+/// deletes CRDs either), and the namespace that holds the Manifest itself (its deletion would
+/// wait for the Manifest's finalizer, which waits for the namespace).
+pub fn protected(id: &InventoryEntry, manifest_namespace: &str) -> Option<&'static str> {
+    if is_crd(id) {
+        Some("CustomResourceDefinitions are never deleted")
+    } else if id.kind == "Namespace" && id.group.is_empty() && id.name == manifest_namespace {
+        Some("it holds the Manifest itself")
+    } else {
+        None
+    }
 }
 
 /// Whether pruning may go ahead.
@@ -568,6 +589,36 @@ metadata:
             ]
         );
         assert!(to_prune(&current, &previous).is_empty());
+    }
+
+    #[test]
+    fn crds_and_the_manifests_namespace_are_protected() {
+        assert!(
+            protected(
+                &id("CustomResourceDefinition", "", "widgets.example.com"),
+                "default"
+            )
+            .is_some()
+        );
+        assert!(protected(&id("Namespace", "", "default"), "default").is_some());
+        assert!(protected(&id("Namespace", "", "web"), "default").is_none());
+        assert!(protected(&id("ConfigMap", "default", "default"), "default").is_none());
+    }
+
+    #[test]
+    fn a_new_api_version_of_the_same_object_is_not_pruned() {
+        let v1 = InventoryEntry {
+            group: "autoscaling".into(),
+            version: "v1".into(),
+            kind: "HorizontalPodAutoscaler".into(),
+            namespace: "web".into(),
+            name: "web".into(),
+        };
+        let v2 = InventoryEntry {
+            version: "v2".into(),
+            ..v1.clone()
+        };
+        assert!(to_prune(std::slice::from_ref(&v1), std::slice::from_ref(&v2)).is_empty());
     }
 
     #[test]

@@ -20,7 +20,7 @@ use serde_json::{Map, Value, json};
 use crate::api::{
     DeletionPolicy, InventoryEntry, Manifest, State, ValuesReference, ValuesSourceKind,
 };
-use crate::apply::{ApplyError, Cluster};
+use crate::apply::{ApplyError, Cluster, Deletion};
 use crate::chart_source::{self, Limits, SourceError};
 use crate::plan::{self, PlanError, PruneDecision, RenderedObject, Scope};
 use crate::readiness::{Readiness, readiness};
@@ -100,6 +100,8 @@ impl ReconcileError {
     /// Permanent errors (bad input) wait for a spec change; the rest back off and retry.
     pub fn is_permanent(&self) -> bool {
         match self {
+            // A kind the target does not serve (yet) may appear: its CRD may be installed later.
+            Self::Plan(PlanError::UnknownKind(_)) => false,
             Self::Chart(_) | Self::Values(_) | Self::Plan(_) | Self::JobFailed(_) => true,
             Self::Render(e) => e.is_permanent(),
             Self::Apply(e) => e.is_permanent(),
@@ -128,14 +130,16 @@ struct Pass {
 
 /// Reconciles one Manifest; writes its status and Events. Never panics on bad input.
 pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context) -> Next {
-    let interval =
-        crate::api::parse_interval(&manifest.spec.interval).unwrap_or(Duration::from_secs(600));
+    let interval = crate::api::interval(&manifest.spec).unwrap_or(Duration::from_secs(600));
+    // The inventory as this pass wrote it (before applying), so that an error status written
+    // from the Manifest as read at the start does not drop entries recorded since.
+    let mut recorded = None;
     let result = if manifest.meta().deletion_timestamp.is_some() {
         delete(&manifest, ctx).await
     } else if manifest.spec.suspend {
         return Next::Idle;
     } else {
-        install(&manifest, ctx, interval).await
+        install(&manifest, ctx, interval, &mut recorded).await
     };
     match result {
         Ok(None) => Next::Idle,
@@ -162,7 +166,11 @@ pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context) -> Next {
                 permanent = error.is_permanent(),
                 "reconcile failed: {error}"
             );
-            if let Err(e) = write_status(&manifest, ctx, &outcome, Facts::default()).await {
+            let facts = Facts {
+                inventory: recorded,
+                ..Default::default()
+            };
+            if let Err(e) = write_status(&manifest, ctx, &outcome, facts).await {
                 tracing::warn!("write the error status: {e}");
             }
             if error.is_permanent() {
@@ -193,10 +201,12 @@ async fn install(
     manifest: &Manifest,
     ctx: &Context,
     interval: Duration,
+    recorded: &mut Option<Vec<InventoryEntry>>,
 ) -> Result<Option<Pass>, ReconcileError> {
     if !manifest.finalizers().iter().any(|f| f == FINALIZER) {
         add_finalizer(manifest, ctx).await?;
     }
+    let uid = manifest.uid().unwrap_or_default();
     let previous = manifest.status.clone().unwrap_or_default();
     let namespace = manifest
         .spec
@@ -204,8 +214,20 @@ async fn install(
         .clone()
         .unwrap_or_else(|| manifest.namespace().unwrap_or_default());
 
-    // Resolve and render.
-    let chart = chart_source::resolve(&manifest.spec.chart, &ctx.chart_root, ctx.chart_limits)?;
+    // Resolve (blocking file I/O, off the async workers) and render.
+    let (source, root, limits) = (
+        manifest.spec.chart.clone(),
+        ctx.chart_root.clone(),
+        ctx.chart_limits,
+    );
+    let chart = tokio::task::spawn_blocking(move || chart_source::resolve(&source, &root, limits))
+        .await
+        .map_err(|e| {
+            ReconcileError::Chart(chart_source::SourceError::Io {
+                path: "chart".into(),
+                source: std::io::Error::other(e),
+            })
+        })??;
     let values = gather_values(manifest, ctx).await?;
     let surface = ctx.cluster.surface();
     let request = RenderRequest {
@@ -223,30 +245,43 @@ async fn install(
     };
     let rendered = ctx.renderer.render(&request).await?;
     let mut plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
+    let values_digest = request.values_digest();
+    // A spec change (release name, target namespace …) counts as a changed input too.
     let inputs_changed = previous.chart_digest.as_deref() != Some(request.chart.digest.as_str())
-        || previous.values_digest.as_deref() != Some(request.values_digest().as_str());
+        || previous.values_digest.as_deref() != Some(values_digest.as_str())
+        || previous.observed_generation != manifest.meta().generation;
 
-    ensure_namespace(ctx, &namespace).await?;
+    // The chart may bring its own target namespace (it is applied first, in install order).
+    if !plan
+        .objects
+        .iter()
+        .any(|o| o.id.kind == "Namespace" && o.id.group.is_empty() && o.id.name == namespace)
+    {
+        ensure_namespace(ctx, &namespace).await?;
+    }
 
-    // CRDs first: apply, wait for Established, refresh discovery so their kinds resolve.
+    // CRDs first: apply, wait for Established.
     plan::assign_namespaces(&mut plan.crds, &namespace, |_| Some(Scope::Cluster))?;
-    let mut recorded = previous.inventory.clone();
-    record_inventory(manifest, ctx, &mut recorded, &plan.crds).await?;
+    record_inventory(manifest, ctx, &previous.inventory, recorded, &plan.crds).await?;
     for crd in &plan.crds {
-        ctx.cluster.apply(crd).await?;
+        ctx.cluster
+            .apply(crd, &uid, !previous.inventory.contains(&crd.id))
+            .await?;
     }
     if !plan.crds.is_empty() {
         let names: Vec<String> = plan.crds.iter().map(|c| c.id.name.clone()).collect();
         ctx.cluster
             .wait_established(&names, CRD_ESTABLISH_TIMEOUT)
             .await?;
-        let unknown = plan
-            .objects
-            .iter()
-            .any(|o| ctx.cluster.surface().resolve(&o.id).is_none());
-        if unknown {
-            ctx.cluster.refresh_discovery().await?;
-        }
+    }
+    // Kinds discovery does not know yet (from these CRDs, or installed since by someone else):
+    // refresh once.
+    if plan
+        .objects
+        .iter()
+        .any(|o| ctx.cluster.surface().resolve(&o.id).is_none())
+    {
+        ctx.cluster.refresh_discovery().await?;
     }
     let surface = ctx.cluster.surface();
     plan::assign_namespaces(&mut plan.objects, &namespace, |id| {
@@ -255,11 +290,15 @@ async fn install(
 
     // Apply, recording the inventory first so that nothing applied can be forgotten.
     let inventory = plan.inventory();
-    record_inventory(manifest, ctx, &mut recorded, &plan.objects).await?;
+    record_inventory(manifest, ctx, &previous.inventory, recorded, &plan.objects).await?;
     // Objects as the server returned them, for the readiness check (the CRDs are Established).
     let mut applied = Vec::new();
     for object in &plan.objects {
-        applied.push((object.id.clone(), ctx.cluster.apply(object).await?));
+        let new = !previous.inventory.contains(&object.id);
+        applied.push((
+            object.id.clone(),
+            ctx.cluster.apply(object, &uid, new).await?,
+        ));
     }
 
     // Prune what the new render lacks, unless the guard refuses.
@@ -267,8 +306,15 @@ async fn install(
     let mut final_inventory = inventory.clone();
     let prune_refused = match plan::guard_prune(gone.clone(), inventory.len(), inputs_changed) {
         PruneDecision::Prune(gone) => {
+            let manifest_namespace = manifest.namespace().unwrap_or_default();
             for id in &gone {
-                ctx.cluster.delete(id).await?;
+                let outcome = match plan::protected(id, &manifest_namespace) {
+                    Some(reason) => Deletion::Kept(reason),
+                    None => ctx.cluster.delete(id, &uid).await?,
+                };
+                if let Deletion::Kept(reason) = outcome {
+                    tracing::info!(object = %plan::describe(id), "not pruned: {reason}");
+                }
             }
             None
         }
@@ -321,7 +367,7 @@ async fn install(
     let facts = Facts {
         chart_digest: Some(request.chart.digest.clone()),
         rendered_digest: Some(rendered.digest.clone()),
-        values_digest: Some(request.values_digest()),
+        values_digest: Some(values_digest),
         inventory: Some(final_inventory),
     };
     Ok(Some(Pass {
@@ -409,21 +455,25 @@ async fn ensure_namespace(ctx: &Context, name: &str) -> Result<(), ReconcileErro
 }
 
 /// Before applying `objects`, makes sure the status inventory lists them: an object that is
-/// applied but not recorded would never be pruned. `recorded` is what the status holds.
+/// applied but not recorded would never be pruned. `recorded` is what this pass has written so
+/// far (`None`: the status still holds `previous`).
 async fn record_inventory(
     manifest: &Manifest,
     ctx: &Context,
-    recorded: &mut Vec<InventoryEntry>,
+    previous: &[InventoryEntry],
+    recorded: &mut Option<Vec<InventoryEntry>>,
     objects: &[RenderedObject],
 ) -> Result<(), ReconcileError> {
-    let before = recorded.len();
+    let mut list = recorded.clone().unwrap_or_else(|| previous.to_vec());
+    let before = list.len();
     for object in objects {
-        if !recorded.contains(&object.id) {
-            recorded.push(object.id.clone());
+        if !list.contains(&object.id) {
+            list.push(object.id.clone());
         }
     }
-    if recorded.len() > before {
-        patch_status(manifest, ctx, json!({ "inventory": recorded })).await?;
+    if list.len() > before {
+        patch_status(manifest, ctx, json!({ "inventory": list })).await?;
+        *recorded = Some(list);
     }
     Ok(())
 }
@@ -455,6 +505,8 @@ async fn delete(manifest: &Manifest, ctx: &Context) -> Result<Option<Pass>, Reco
     if !manifest.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(None);
     }
+    let uid = manifest.uid().unwrap_or_default();
+    let manifest_namespace = manifest.namespace().unwrap_or_default();
     let mut inventory = manifest
         .status
         .as_ref()
@@ -462,11 +514,23 @@ async fn delete(manifest: &Manifest, ctx: &Context) -> Result<Option<Pass>, Reco
         .unwrap_or_default();
     if manifest.spec.deletion_policy == DeletionPolicy::Delete && !inventory.is_empty() {
         plan::sort_for_deletion(&mut inventory);
-        let mut remaining = Vec::new();
+        let mut deleted = Vec::new();
         for id in &inventory {
-            ctx.cluster.delete(id).await?;
+            match plan::protected(id, &manifest_namespace) {
+                Some(reason) => {
+                    tracing::info!(object = %plan::describe(id), "not deleted: {reason}")
+                }
+                None => match ctx.cluster.delete(id, &uid).await? {
+                    Deletion::Deleted => deleted.push(id),
+                    Deletion::Gone => {}
+                    Deletion::Kept(reason) => {
+                        tracing::info!(object = %plan::describe(id), "not deleted: {reason}")
+                    }
+                },
+            }
         }
-        for id in &inventory {
+        let mut remaining = Vec::new();
+        for id in deleted {
             if ctx.cluster.get(id).await?.is_some() {
                 remaining.push(plan::describe(id));
             }
@@ -572,6 +636,15 @@ async fn patch_status(
     Ok(())
 }
 
+/// At most `max` bytes of `text`, cut at a character boundary (Event notes are limited in bytes).
+fn truncate(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// The API of the Manifest's own namespace.
 fn manifest_api(manifest: &Manifest, ctx: &Context) -> Api<Manifest> {
     Api::namespaced(
@@ -584,7 +657,7 @@ async fn publish(manifest: &Manifest, ctx: &Context, type_: EventType, reason: &
     let event = Event {
         type_,
         reason: reason.to_owned(),
-        note: Some(note.chars().take(1000).collect()),
+        note: Some(truncate(note, 1024).to_owned()),
         action: "Reconcile".to_owned(),
         secondary: None,
     };
@@ -594,5 +667,29 @@ async fn publish(manifest: &Manifest, ctx: &Context, type_: EventType, reason: &
     let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
     if let Err(e) = recorder.publish(&event, &manifest.object_ref(&())).await {
         tracing::warn!("publish event {reason}: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_notes_are_cut_by_bytes_at_a_character_boundary() {
+        assert_eq!(truncate("abc", 1024), "abc");
+        let long = "é".repeat(1000); // 2 bytes each
+        let cut = truncate(&long, 1023);
+        assert_eq!(cut.len(), 1022);
+        assert!(long.starts_with(cut));
+    }
+
+    #[test]
+    fn unknown_kinds_are_retried_and_bad_charts_are_not() {
+        assert!(!ReconcileError::Plan(PlanError::UnknownKind("Widget/w".into())).is_permanent());
+        assert!(ReconcileError::Plan(PlanError::Duplicate("Secret/s".into())).is_permanent());
+        assert_eq!(
+            ReconcileError::ValuesSource("x".into()).category(),
+            "ValuesError"
+        );
     }
 }

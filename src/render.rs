@@ -198,8 +198,6 @@ impl HelmRenderer {
         let mut command = isolated(Command::new(&self.helm), &self.home);
         command
             .arg("template")
-            .arg(&request.release)
-            .arg(&request.chart.path)
             .args([
                 "--namespace",
                 &request.namespace,
@@ -213,6 +211,12 @@ impl HelmRenderer {
         if request.is_upgrade {
             command.arg("--is-upgrade");
         }
+        // `--` ends the flags: a release name like `-f/etc/passwd` or `--output-dir=/x` is an
+        // argument (which helm then rejects as a name), never a flag.
+        command
+            .arg("--")
+            .arg(&request.release)
+            .arg(&request.chart.path);
         command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -247,7 +251,10 @@ impl HelmRenderer {
                 Ok(())
             };
             let read_err = async {
+                // Keep the first 64 KiB; drain the rest, so a chatty helm cannot block on a
+                // full stderr pipe (which would look like a timeout).
                 let _ = (&mut stderr).take(64 * 1024).read_to_end(&mut err).await;
+                let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
                 Ok(())
             };
             tokio::try_join!(write, read_out, read_err)?;

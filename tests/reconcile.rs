@@ -661,3 +661,74 @@ async fn an_empty_render_does_not_prune_the_module() {
         "{events:?}"
     );
 }
+
+#[tokio::test]
+async fn objects_it_does_not_manage_are_neither_taken_over_nor_deleted() {
+    let h = start("ownership", RenderLimits::default()).await;
+    // Someone else's ConfigMap with the name the chart renders.
+    let theirs: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "catalog-settings"}, "data": {"owner": "someone else"}
+    }))
+    .unwrap();
+    h.config_maps()
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
+    h.create(&h.manifest("catalog", "examples/charts/catalog-v1", json!({})))
+        .await;
+    let refused = h.wait_state("catalog", State::Error).await;
+    let message = refused
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap()
+        .message;
+    assert!(
+        message.contains("ConfigMap/")
+            && message.contains("catalog-settings")
+            && message.contains("not managed"),
+        "{message}"
+    );
+    assert_eq!(
+        h.config_map_data("catalog-settings", "owner")
+            .await
+            .as_deref(),
+        Some("someone else")
+    );
+
+    // Once it is out of the way the module installs; an object a person marks
+    // `helm.sh/resource-policy: keep` survives the prune when the chart drops it.
+    h.config_maps()
+        .delete("catalog-settings", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.patch_spec("catalog", json!({"values": {"greeting": "retry"}}))
+        .await;
+    h.wait_state("catalog", State::Ready).await;
+    let keep = json!({"metadata": {"annotations": {"helm.sh/resource-policy": "keep"}}});
+    h.config_maps()
+        .patch(
+            "catalog-legacy-settings",
+            &PatchParams::default(),
+            &Patch::Merge(&keep),
+        )
+        .await
+        .unwrap();
+    h.patch_spec(
+        "catalog",
+        json!({"chart": {"path": "examples/charts/catalog-v2"}}),
+    )
+    .await;
+    let upgraded = h.wait_state("catalog", State::Ready).await;
+    assert_eq!(inventory_names(&upgraded), ["ConfigMap/catalog-settings"]);
+    assert!(
+        h.config_maps()
+            .get_opt("catalog-legacy-settings")
+            .await
+            .unwrap()
+            .is_some(),
+        "kept"
+    );
+}

@@ -100,6 +100,12 @@ async fn bad_charts_and_values_fail_with_helms_message() {
         }
     }
     assert_eq!(helm.cache_stats().hits, 0, "failures are not cached");
+
+    // A release name cannot smuggle in a helm flag (here: read a file as values).
+    let mut injected = request(&root, "examples/charts/catalog-v1", json!({}));
+    injected.release = "-f/etc/passwd".into();
+    let error = helm.render(&injected).await.unwrap_err().to_string();
+    assert!(error.contains("invalid release name"), "{error}");
 }
 
 #[tokio::test]

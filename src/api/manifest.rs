@@ -40,15 +40,22 @@ pub struct ManifestSpec {
     /// `version`) or `oci`.
     pub chart: ChartSource,
 
-    /// Helm release name. Defaults to the Manifest's name.
+    /// Helm release name (lowercase letters, digits, `-` and `.`, as Helm requires). Defaults
+    /// to the Manifest's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 53))]
+    #[schemars(
+        length(min = 1, max = 53),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub release_name: Option<String>,
 
     /// Namespace the chart is installed into, created when missing. Defaults to the Manifest's
     /// namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 63))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub target_namespace: Option<String>,
 
     /// Inline chart values. Merged last, over everything in `valuesFrom`.
@@ -73,9 +80,10 @@ pub struct ManifestSpec {
     #[serde(default)]
     pub suspend: bool,
 
-    /// How often the module's objects are re-checked and drift repaired, e.g. `10m`, `1h30m`.
+    /// How often the module's objects are re-checked and drift repaired, e.g. `10m`, `1h30m`;
+    /// kept between 1s and 24h.
     #[serde(default = "default_interval")]
-    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    #[schemars(length(max = 32), regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
     pub interval: String,
 }
 

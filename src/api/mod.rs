@@ -12,7 +12,19 @@ pub fn manifest_crd() -> CustomResourceDefinition {
     Manifest::crd()
 }
 
-/// Parses a `spec.interval` (`90s`, `10m`, `1h30m`, `500ms`; the CRD's pattern) into a duration.
+/// The shortest drift-check interval: shorter ones are raised to it (no busy loop).
+pub const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest drift-check interval: longer ones are lowered to it.
+pub const MAX_INTERVAL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// `spec.interval` as a duration within [`MIN_INTERVAL`, `MAX_INTERVAL`]; `None` when it does
+/// not parse (the CRD's pattern makes that unlikely).
+pub fn interval(spec: &ManifestSpec) -> Option<std::time::Duration> {
+    parse_interval(&spec.interval).map(|d| d.clamp(MIN_INTERVAL, MAX_INTERVAL))
+}
+
+/// Parses a Go-style duration (`90s`, `10m`, `1h30m`, `500ms`); `None` when it does not parse
+/// or does not fit a `Duration`.
 pub fn parse_interval(text: &str) -> Option<std::time::Duration> {
     let mut total = 0f64;
     let mut rest = text;
@@ -31,7 +43,7 @@ pub fn parse_interval(text: &str) -> Option<std::time::Duration> {
         total += number * seconds;
         rest = &rest[unit.len()..];
     }
-    Some(std::time::Duration::from_secs_f64(total))
+    std::time::Duration::try_from_secs_f64(total).ok()
 }
 
 /// The CRD as the YAML document checked in at `crds/manifest.yaml`.
@@ -66,9 +78,17 @@ mod tests {
         assert_eq!(parse_interval("1h30m"), Some(Duration::from_secs(5400)));
         assert_eq!(parse_interval("1.5s"), Some(Duration::from_millis(1500)));
         assert_eq!(parse_interval("250ms"), Some(Duration::from_millis(250)));
-        for bad in ["", "10", "m", "10x", "1h 2m"] {
+        for bad in ["", "10", "m", "10x", "1h 2m", "99999999999999999999999999h"] {
             assert_eq!(parse_interval(bad), None, "{bad}");
         }
+        let spec = |interval: &str| ManifestSpec {
+            interval: interval.into(),
+            ..serde_json::from_value(serde_json::json!({"module": "m", "chart": {"path": "p"}}))
+                .unwrap()
+        };
+        assert_eq!(interval(&spec("0s")), Some(MIN_INTERVAL));
+        assert_eq!(interval(&spec("3000000000000000h")), Some(MAX_INTERVAL));
+        assert_eq!(interval(&spec("5m")), Some(Duration::from_secs(300)));
     }
 
     #[test]
