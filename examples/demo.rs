@@ -42,7 +42,11 @@ async fn main() -> anyhow::Result<()> {
             status.observed_generation == m.metadata.generation
                 && status.state.is_some_and(|s| s != State::Processing)
         });
-        if settled || Instant::now() > deadline {
+        if settled {
+            break;
+        }
+        if Instant::now() > deadline {
+            println!("not settled after a minute: is the operator running? (see its log)");
             break;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -24,6 +24,12 @@ setsid target/debug/module-manager run \
   --helm-home "$state_dir/helm" \
   --log-format json > "$state_dir/operator.log" 2>&1 < /dev/null &
 echo $! > "$pid_file"
+sleep 1
+if ! kill -0 "$(cat "$pid_file")" 2>/dev/null; then
+  echo "the operator exited at start; its log:" >&2
+  cat "$state_dir/operator.log" >&2
+  exit 1
+fi
 echo "operator started (pid $(cat "$pid_file")); logs: $state_dir/operator.log"
 
 target/debug/examples/demo

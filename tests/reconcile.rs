@@ -732,3 +732,37 @@ async fn objects_it_does_not_manage_are_neither_taken_over_nor_deleted() {
         "kept"
     );
 }
+
+#[tokio::test]
+async fn a_suspended_manifest_is_left_alone_until_resumed() {
+    let h = start("suspend", RenderLimits::default()).await;
+    h.create(&h.manifest("catalog", "examples/charts/catalog-v1", json!({})))
+        .await;
+    h.wait_state("catalog", State::Ready).await;
+
+    h.patch_spec("catalog", json!({"suspend": true})).await;
+    tokio::time::sleep(Duration::from_secs(1)).await; // let the suspend be seen
+    h.config_maps()
+        .delete("catalog-settings", &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(6)).await; // three drift intervals
+    assert!(
+        h.config_maps()
+            .get_opt("catalog-settings")
+            .await
+            .unwrap()
+            .is_none(),
+        "no repair while suspended"
+    );
+
+    h.patch_spec("catalog", json!({"suspend": false})).await;
+    h.wait_until("the ConfigMap is repaired after resuming", async || {
+        h.config_maps()
+            .get_opt("catalog-settings")
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+}
