@@ -11,6 +11,7 @@ pub mod queue;
 pub mod readiness;
 pub mod reconcile;
 pub mod render;
+pub mod shard;
 pub mod status;
 pub mod telemetry;
 pub mod values;
