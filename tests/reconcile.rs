@@ -108,6 +108,25 @@ impl Harness {
         .unwrap()
     }
 
+    /// Creates the `catalog` Manifest (chart `catalog-v1`) with `values` and waits until Ready.
+    async fn ready_catalog(&self, values: Value) -> Manifest {
+        self.create(&self.manifest("catalog", "examples/charts/catalog-v1", values))
+            .await;
+        self.wait_state("catalog", State::Ready).await
+    }
+
+    /// Deletes a Manifest and waits until it is gone (its finalizer released).
+    async fn delete_and_wait(&self, name: &str) {
+        self.manifests
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+        self.wait_until("the Manifest is gone", async || {
+            self.manifests.get_opt(name).await.unwrap().is_none()
+        })
+        .await;
+    }
+
     async fn create(&self, manifest: &Manifest) {
         self.manifests
             .create(&PostParams::default(), manifest)
@@ -205,15 +224,8 @@ fn inventory_names(manifest: &Manifest) -> Vec<String> {
 #[tokio::test]
 async fn install_upgrade_repair_prune_and_delete() {
     let h = start("lifecycle", RenderLimits::default()).await;
-    h.create(&h.manifest(
-        "catalog",
-        "examples/charts/catalog-v1",
-        json!({"greeting": "hi"}),
-    ))
-    .await;
-
     // Install.
-    let installed = h.wait_state("catalog", State::Ready).await;
+    let installed = h.ready_catalog(json!({"greeting": "hi"})).await;
     assert_eq!(
         inventory_names(&installed),
         [
@@ -310,14 +322,7 @@ async fn install_upgrade_repair_prune_and_delete() {
     );
 
     // Deleting the Manifest deletes its objects, then releases the finalizer.
-    h.manifests
-        .delete("catalog", &DeleteParams::default())
-        .await
-        .unwrap();
-    h.wait_until("the Manifest is gone", async || {
-        h.manifests.get_opt("catalog").await.unwrap().is_none()
-    })
-    .await;
+    h.delete_and_wait("catalog").await;
     assert!(
         h.config_maps()
             .get_opt("catalog-settings")
@@ -376,14 +381,7 @@ async fn orphan_policy_keeps_the_objects() {
     manifest.spec.deletion_policy = module_manager::api::DeletionPolicy::Orphan;
     h.create(&manifest).await;
     h.wait_state("catalog", State::Ready).await;
-    h.manifests
-        .delete("catalog", &DeleteParams::default())
-        .await
-        .unwrap();
-    h.wait_until("the Manifest is gone", async || {
-        h.manifests.get_opt("catalog").await.unwrap().is_none()
-    })
-    .await;
+    h.delete_and_wait("catalog").await;
     assert!(
         h.config_maps()
             .get_opt("catalog-settings")
@@ -448,9 +446,7 @@ async fn a_crd_and_its_custom_resource_install_in_one_pass() {
 #[tokio::test]
 async fn an_unchanged_manifest_runs_helm_zero_times_and_writes_nothing() {
     let h = start("unchanged", RenderLimits::default()).await;
-    h.create(&h.manifest("catalog", "examples/charts/catalog-v1", json!({})))
-        .await;
-    h.wait_state("catalog", State::Ready).await;
+    h.ready_catalog(json!({})).await;
     // The first pass after the install renders once more, with --is-upgrade (a different
     // input); wait until a pass has been served from the cache after that.
     h.wait_until("a drift pass hit the render cache", async || {
@@ -498,13 +494,7 @@ async fn bad_input_is_reported_and_deletes_nothing() {
         ..Default::default()
     };
     let h = start("bad-input", limits).await;
-    h.create(&h.manifest(
-        "catalog",
-        "examples/charts/catalog-v1",
-        json!({"greeting": "hi"}),
-    ))
-    .await;
-    h.wait_state("catalog", State::Ready).await;
+    h.ready_catalog(json!({"greeting": "hi"})).await;
 
     let fixture = |name: &str| json!({"chart": {"path": format!("tests/fixtures/charts/{name}")}, "values": null});
     let cases = [
@@ -612,9 +602,7 @@ async fn bad_input_is_reported_and_deletes_nothing() {
 #[tokio::test]
 async fn an_empty_render_does_not_prune_the_module() {
     let h = start("prune-guard", RenderLimits::default()).await;
-    h.create(&h.manifest("catalog", "examples/charts/catalog-v1", json!({})))
-        .await;
-    h.wait_state("catalog", State::Ready).await;
+    h.ready_catalog(json!({})).await;
 
     h.patch_spec(
         "catalog",
@@ -736,9 +724,7 @@ async fn objects_it_does_not_manage_are_neither_taken_over_nor_deleted() {
 #[tokio::test]
 async fn a_suspended_manifest_is_left_alone_until_resumed() {
     let h = start("suspend", RenderLimits::default()).await;
-    h.create(&h.manifest("catalog", "examples/charts/catalog-v1", json!({})))
-        .await;
-    h.wait_state("catalog", State::Ready).await;
+    h.ready_catalog(json!({})).await;
 
     h.patch_spec("catalog", json!({"suspend": true})).await;
     tokio::time::sleep(Duration::from_secs(1)).await; // let the suspend be seen
