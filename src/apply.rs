@@ -204,38 +204,52 @@ impl Cluster {
         })
     }
 
+    /// Refuses an object that already exists without this Manifest's label (or with another
+    /// Manifest's), as Helm refuses to install over objects it does not own. Called for objects
+    /// new to the inventory, before they are recorded, so a refused object is never recorded
+    /// (and never checked less strictly on a later pass).
+    pub async fn check_adoptable(
+        &self,
+        object: &RenderedObject,
+        owner_uid: &str,
+    ) -> Result<(), ApplyError> {
+        let api = self.api_for(&object.id)?;
+        match api
+            .get_opt(&object.id.name)
+            .await
+            .map_err(|e| ApplyError::from_kube(&object.id, e))?
+        {
+            Some(existing)
+                if existing
+                    .labels()
+                    .get(MANIFEST_UID_LABEL)
+                    .map(String::as_str)
+                    != Some(owner_uid) =>
+            {
+                Err(ApplyError::NotOwned(describe(&object.id)))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Server-side applies one object (forcing ownership of its fields), labelled as managed by
-    /// the Manifest `owner_uid`, and returns it as stored. An object that is `new` to the
-    /// module's inventory and already exists unlabelled (or labelled for another Manifest) is
-    /// refused, as Helm refuses to install over objects it does not own.
+    /// the Manifest `owner_uid`, and returns it as stored.
     pub async fn apply(
         &self,
         object: &RenderedObject,
         owner_uid: &str,
-        new: bool,
     ) -> Result<DynamicObject, ApplyError> {
         let api = self.api_for(&object.id)?;
-        if new
-            && let Some(existing) = api
-                .get_opt(&object.id.name)
-                .await
-                .map_err(|e| ApplyError::from_kube(&object.id, e))?
-            && existing
-                .labels()
-                .get(MANIFEST_UID_LABEL)
-                .map(String::as_str)
-                != Some(owner_uid)
-        {
-            return Err(ApplyError::NotOwned(describe(&object.id)));
-        }
         let mut body = object.body.clone();
         if let Some(metadata) = body
             .get_mut("metadata")
             .and_then(serde_json::Value::as_object_mut)
         {
-            let labels = metadata
-                .entry("labels")
-                .or_insert_with(|| serde_json::json!({}));
+            let labels = metadata.entry("labels").or_insert(serde_json::Value::Null);
+            if !labels.is_object() {
+                // Absent, or `labels: null` from a template whose optional block rendered nothing.
+                *labels = serde_json::json!({});
+            }
             if let Some(labels) = labels.as_object_mut() {
                 labels.insert(MANIFEST_UID_LABEL.into(), owner_uid.into());
             }

@@ -249,7 +249,7 @@ async fn install(
     // A spec change (release name, target namespace …) counts as a changed input too.
     let inputs_changed = previous.chart_digest.as_deref() != Some(request.chart.digest.as_str())
         || previous.values_digest.as_deref() != Some(values_digest.as_str())
-        || previous.observed_generation != manifest.meta().generation;
+        || previous.applied_generation != manifest.meta().generation;
 
     // The chart may bring its own target namespace (it is applied first, in install order).
     if !plan
@@ -257,16 +257,15 @@ async fn install(
         .iter()
         .any(|o| o.id.kind == "Namespace" && o.id.group.is_empty() && o.id.name == namespace)
     {
-        ensure_namespace(ctx, &namespace).await?;
+        ensure_namespace(ctx, &namespace, &uid).await?;
     }
 
     // CRDs first: apply, wait for Established.
     plan::assign_namespaces(&mut plan.crds, &namespace, |_| Some(Scope::Cluster))?;
+    adopt_check(ctx, &uid, &previous.inventory, &plan.crds).await?;
     record_inventory(manifest, ctx, &previous.inventory, recorded, &plan.crds).await?;
     for crd in &plan.crds {
-        ctx.cluster
-            .apply(crd, &uid, !previous.inventory.contains(&crd.id))
-            .await?;
+        ctx.cluster.apply(crd, &uid).await?;
     }
     if !plan.crds.is_empty() {
         let names: Vec<String> = plan.crds.iter().map(|c| c.id.name.clone()).collect();
@@ -290,15 +289,12 @@ async fn install(
 
     // Apply, recording the inventory first so that nothing applied can be forgotten.
     let inventory = plan.inventory();
+    adopt_check(ctx, &uid, &previous.inventory, &plan.objects).await?;
     record_inventory(manifest, ctx, &previous.inventory, recorded, &plan.objects).await?;
     // Objects as the server returned them, for the readiness check (the CRDs are Established).
     let mut applied = Vec::new();
     for object in &plan.objects {
-        let new = !previous.inventory.contains(&object.id);
-        applied.push((
-            object.id.clone(),
-            ctx.cluster.apply(object, &uid, new).await?,
-        ));
+        applied.push((object.id.clone(), ctx.cluster.apply(object, &uid).await?));
     }
 
     // Prune what the new render lacks, unless the guard refuses.
@@ -368,6 +364,7 @@ async fn install(
         chart_digest: Some(request.chart.digest.clone()),
         rendered_digest: Some(rendered.digest.clone()),
         values_digest: Some(values_digest),
+        applied_generation: manifest.meta().generation,
         inventory: Some(final_inventory),
     };
     Ok(Some(Pass {
@@ -434,13 +431,18 @@ async fn read_values_source(
     }
 }
 
-/// Creates the target namespace when missing (it is not part of the module's inventory).
-async fn ensure_namespace(ctx: &Context, name: &str) -> Result<(), ReconcileError> {
+/// Creates the target namespace when missing. It is not part of the module's inventory (never
+/// deleted with it), but carries the Manifest's label, so a later chart version that brings
+/// this Namespace itself may take it over.
+async fn ensure_namespace(ctx: &Context, name: &str, uid: &str) -> Result<(), ReconcileError> {
     let namespaces = Api::<Namespace>::all(ctx.cluster.client().clone());
     if namespaces.get_opt(name).await?.is_none() {
         let namespace = Namespace {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
+                labels: Some(
+                    [(crate::apply::MANIFEST_UID_LABEL.to_owned(), uid.to_owned())].into(),
+                ),
                 ..Default::default()
             },
             ..Default::default()
@@ -450,6 +452,20 @@ async fn ensure_namespace(ctx: &Context, name: &str) -> Result<(), ReconcileErro
             Err(kube::Error::Api(status)) if status.code == 409 => {}
             Err(e) => return Err(e.into()),
         }
+    }
+    Ok(())
+}
+
+/// Refuses, before anything is recorded or applied, objects new to the inventory that already
+/// exist and are not this Manifest's.
+async fn adopt_check(
+    ctx: &Context,
+    uid: &str,
+    previous: &[InventoryEntry],
+    objects: &[RenderedObject],
+) -> Result<(), ReconcileError> {
+    for object in objects.iter().filter(|o| !previous.contains(&o.id)) {
+        ctx.cluster.check_adoptable(object, uid).await?;
     }
     Ok(())
 }

@@ -34,6 +34,8 @@ pub struct Facts {
     pub rendered_digest: Option<String>,
     /// Values digest.
     pub values_digest: Option<String>,
+    /// The generation whose render was applied; `None` keeps the previous value.
+    pub applied_generation: Option<i64>,
     /// The inventory.
     pub inventory: Option<Vec<InventoryEntry>>,
 }
@@ -102,6 +104,7 @@ pub fn next_status(
         chart_digest: facts.chart_digest.or(previous.chart_digest),
         rendered_digest: facts.rendered_digest.or(previous.rendered_digest),
         values_digest: facts.values_digest.or(previous.values_digest),
+        applied_generation: facts.applied_generation.or(previous.applied_generation),
         inventory: facts.inventory.unwrap_or(previous.inventory),
         shard: shard.or(previous.shard),
         owner: Some(owner.to_owned()),

@@ -686,6 +686,23 @@ async fn objects_it_does_not_manage_are_neither_taken_over_nor_deleted() {
         Some("someone else")
     );
 
+    // Later passes (a spec change here; an operator restart likewise) refuse it again: the
+    // refused object was never recorded in the inventory, so it is still checked.
+    h.patch_spec("catalog", json!({"values": {"greeting": "again"}}))
+        .await;
+    h.wait_state("catalog", State::Error).await;
+    assert_eq!(
+        h.config_map_data("catalog-settings", "owner")
+            .await
+            .as_deref(),
+        Some("someone else")
+    );
+    assert_eq!(
+        h.config_map_data("catalog-settings", "greeting").await,
+        None,
+        "not applied over"
+    );
+
     // Once it is out of the way the module installs; an object a person marks
     // `helm.sh/resource-policy: keep` survives the prune when the chart drops it.
     h.config_maps()
@@ -751,4 +768,29 @@ async fn a_suspended_manifest_is_left_alone_until_resumed() {
             .is_some()
     })
     .await;
+}
+
+#[tokio::test]
+async fn objects_rendered_with_null_labels_are_still_labelled_and_deleted() {
+    let h = start("null-labels", RenderLimits::default()).await;
+    h.create(&h.manifest("plain", "tests/fixtures/charts/null-labels", json!({})))
+        .await;
+    let ready = h.wait_state("plain", State::Ready).await;
+    let uid = ready.uid().unwrap();
+    let object = h.config_maps().get("plain-plain").await.unwrap();
+    assert_eq!(
+        object
+            .labels()
+            .get(module_manager::apply::MANIFEST_UID_LABEL),
+        Some(&uid)
+    );
+    h.delete_and_wait("plain").await;
+    assert!(
+        h.config_maps()
+            .get_opt("plain-plain")
+            .await
+            .unwrap()
+            .is_none(),
+        "deleted with its Manifest"
+    );
 }

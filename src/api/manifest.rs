@@ -224,6 +224,11 @@ pub struct ManifestStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub values_digest: Option<String>,
 
+    /// The `metadata.generation` whose render was last applied successfully (unlike
+    /// `observedGeneration`, a failed pass does not move it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_generation: Option<i64>,
+
     /// Every object applied for this module, in install order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inventory: Vec<InventoryEntry>,

@@ -10,23 +10,30 @@
 //! Measurements behind the choice: `shared/research/assignment.md`, `docs/sharding.md`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
 
 use xxhash_rust::xxh64::xxh64;
 
 use super::hash::ShardCount;
 
 /// Virtual nodes per member on the fallback ring.
-const RING_VNODES: usize = 256;
+const RING_VNODES: u32 = 256;
+
+/// The highest ordinal the ordinal-incremental assignment accepts: its cost grows with the
+/// highest ordinal, not with the number of members. A name with a larger number (say a pod of a
+/// Deployment whose random suffix happens to be all digits) is not a StatefulSet ordinal.
+pub const MAX_ORDINAL: u32 = 1023;
 
 /// Splits `name` into its StatefulSet prefix and ordinal (`module-manager-12` →
-/// `("module-manager", 12)`).
+/// `("module-manager", 12)`); `None` for other names and for ordinals above [`MAX_ORDINAL`].
 pub fn ordinal(name: &str) -> Option<(&str, u32)> {
     let (prefix, number) = name.rsplit_once('-')?;
     if number.is_empty() || number.starts_with('+') || (number.len() > 1 && number.starts_with('0'))
     {
         return None;
     }
-    Some((prefix, number.parse().ok()?))
+    let ordinal: u32 = number.parse().ok()?;
+    (ordinal <= MAX_ORDINAL).then_some((prefix, ordinal))
 }
 
 /// The owner of every shard (index = shard), given the live members. Empty when no member is
@@ -73,7 +80,7 @@ fn ordinal_incremental(
         let mut quota: Vec<usize> = (0..j).map(|i| load[i] - (q + usize::from(i < r))).collect();
         let member = name(j);
         let mut order: Vec<usize> = (0..s).collect();
-        order.sort_by_key(|k| std::cmp::Reverse((score(&member, *k as u32), *k)));
+        order.sort_by_cached_key(|k| std::cmp::Reverse((score(&member, *k as u32), *k)));
         for k in order {
             let from = owner[k];
             if quota[from] > 0 {
@@ -101,31 +108,45 @@ fn ordinal_incremental(
     owner.into_iter().map(name).collect()
 }
 
-/// A consistent-hash ring over the member names (hashring's SipHash with fixed keys is stable
-/// across processes).
+/// A consistent-hash ring over the member names (hashring's SipHash uses fixed keys, and every
+/// value hashed here writes explicit little-endian bytes, so rings agree across processes and
+/// platforms).
 fn ring(shards: ShardCount, live: &BTreeSet<String>) -> Vec<String> {
     let mut ring = hashring::HashRing::new();
-    for member in live {
-        for vnode in 0..RING_VNODES {
-            ring.add(VNode {
-                member: member.as_str(),
-                vnode,
-            });
-        }
-    }
+    let vnodes = live
+        .iter()
+        .flat_map(|member| (0..RING_VNODES).map(move |vnode| VNode { member, vnode }));
+    ring.batch_add(vnodes.collect());
     (0..shards.get())
         .map(|k| {
-            ring.get(&k)
-                .map(|v| v.member.to_owned())
+            ring.get(&ShardKey(k))
+                .map(|v| v.member.clone())
                 .unwrap_or_default()
         })
         .collect()
 }
 
-#[derive(Clone, Copy, Debug, Hash, PartialEq)]
+/// A virtual node of a member on the ring.
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct VNode<'a> {
-    member: &'a str,
-    vnode: usize,
+    member: &'a String,
+    vnode: u32,
+}
+
+impl Hash for VNode<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(self.member.as_bytes());
+        state.write(&self.vnode.to_le_bytes());
+    }
+}
+
+/// A shard as a ring key, hashed as its little-endian bytes.
+struct ShardKey(u32);
+
+impl Hash for ShardKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(&self.0.to_le_bytes());
+    }
 }
 
 #[cfg(test)]
@@ -165,9 +186,22 @@ mod tests {
             "module-manager-+1",
             "x-1a",
             "nodash",
+            "module-manager-1024",
+            "mm-4000000000",
         ] {
             assert_eq!(ordinal(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_huge_number_in_a_name_is_not_an_ordinal() {
+        // Would be 4e9 replay steps (and a 32 GB vector) if taken as an ordinal.
+        let members = fleet([0, 1])
+            .into_iter()
+            .chain(["module-manager-4000000000".to_owned()])
+            .collect();
+        let assignment = assign(S, &members);
+        assert_eq!(assignment.len(), 256, "answered, by the ring");
     }
 
     #[test]
@@ -269,7 +303,7 @@ mod tests {
         }
         assert_eq!(
             format!("{:x}", digest.finalize()),
-            "7554f95ea3a49090f7a4a26651706fc3f723d8614f4a3dfdcc6aba47eb268d25"
+            "c5cfb415848a57d131c22f612df8f569124f45d52dc898b369c69fc2169e0431"
         );
     }
 }
