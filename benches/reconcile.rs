@@ -60,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
         chart_root: repo(),
         chart_limits: Limits::default(),
         replica: "bench".into(),
+        shards: module_manager::shard::ShardCount::DEFAULT,
         reporter: Reporter {
             controller: "module-manager".into(),
             instance: Some("bench".into()),

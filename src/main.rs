@@ -11,6 +11,7 @@ use module_manager::chart_source::Limits;
 use module_manager::controller::{self, ControllerConfig};
 use module_manager::reconcile::Context;
 use module_manager::render::{HelmRenderer, RenderLimits};
+use module_manager::shard::ShardCount;
 use module_manager::telemetry::{self, LogFormat};
 
 #[derive(Parser)]
@@ -49,6 +50,9 @@ struct RunArgs {
     /// Limit on one helm render, in seconds.
     #[arg(long, default_value_t = 30)]
     render_timeout_seconds: u64,
+    /// Number of virtual shards (a power of two); the same in every replica of a fleet.
+    #[arg(long, default_value_t = 256, value_parser = parse_shards)]
+    shards: u32,
     /// Log format.
     #[arg(long, value_enum, default_value = "json")]
     log_format: LogFormat,
@@ -89,6 +93,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         chart_root,
         chart_limits: Limits::default(),
         replica: args.replica,
+        shards: ShardCount::new(args.shards).expect("validated by parse_shards"),
     });
     let config = ControllerConfig {
         concurrency: args.concurrency,
@@ -97,6 +102,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     controller::run(ctx, config, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+fn parse_shards(text: &str) -> Result<u32, String> {
+    let count: u32 = text.parse().map_err(|e| format!("{e}"))?;
+    ShardCount::new(count)
+        .map(ShardCount::get)
+        .ok_or_else(|| "a power of two from 1 to 65536".to_owned())
 }
 
 /// Completes on SIGTERM or SIGINT.

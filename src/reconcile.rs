@@ -25,6 +25,7 @@ use crate::chart_source::{self, Limits, SourceError};
 use crate::plan::{self, PlanError, PruneDecision, RenderedObject, Scope};
 use crate::readiness::{Readiness, readiness};
 use crate::render::{HelmRenderer, RenderError, RenderRequest};
+use crate::shard::{SHARD_LABEL, ShardCount};
 use crate::status::{Facts, Outcome, next_status};
 use crate::values::{self, ValuesError};
 
@@ -50,6 +51,9 @@ pub struct Context {
     pub chart_limits: Limits,
     /// This replica's name (written to `status.owner`).
     pub replica: String,
+    /// The fleet's number of virtual shards (a Manifest's shard is stamped as a label and
+    /// written to `status.shard`).
+    pub shards: ShardCount,
     /// Who publishes Events (controller and replica).
     pub reporter: Reporter,
 }
@@ -203,10 +207,12 @@ async fn install(
     interval: Duration,
     recorded: &mut Option<Vec<InventoryEntry>>,
 ) -> Result<Option<Pass>, ReconcileError> {
-    if !manifest.finalizers().iter().any(|f| f == FINALIZER) {
-        add_finalizer(manifest, ctx).await?;
-    }
     let uid = manifest.uid().unwrap_or_default();
+    let shard = ctx.shards.shard_of(&uid).to_string();
+    let has_finalizer = manifest.finalizers().iter().any(|f| f == FINALIZER);
+    if !has_finalizer || manifest.labels().get(SHARD_LABEL) != Some(&shard) {
+        claim(manifest, ctx, &shard).await?;
+    }
     let previous = manifest.status.clone().unwrap_or_default();
     let namespace = manifest
         .spec
@@ -494,10 +500,26 @@ async fn record_inventory(
     Ok(())
 }
 
-async fn add_finalizer(manifest: &Manifest, ctx: &Context) -> Result<(), ReconcileError> {
+/// Adds the finalizer and stamps the shard label in one write, guarded by the resourceVersion
+/// the decision was made on.
+async fn claim(manifest: &Manifest, ctx: &Context, shard: &str) -> Result<(), ReconcileError> {
     let mut finalizers = manifest.finalizers().to_vec();
-    finalizers.push(FINALIZER.to_owned());
-    set_finalizers(manifest, ctx, finalizers).await
+    if !finalizers.iter().any(|f| f == FINALIZER) {
+        finalizers.push(FINALIZER.to_owned());
+    }
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "labels": { SHARD_LABEL: shard },
+        "resourceVersion": manifest.resource_version(),
+    }});
+    manifest_api(manifest, ctx)
+        .patch(
+            &manifest.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
 }
 
 /// Replaces the finalizers, guarded by the resourceVersion the decision was made on.
@@ -601,12 +623,13 @@ async fn write_status(
     facts: Facts,
 ) -> Result<(), kube::Error> {
     let previous = manifest.status.as_ref();
+    let shard = manifest.uid().map(|uid| ctx.shards.shard_of(&uid));
     let next = next_status(
         previous,
         manifest.meta().generation,
         outcome,
         facts,
-        None,
+        shard,
         &ctx.replica,
         &Time(Timestamp::now()),
     );

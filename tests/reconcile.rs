@@ -73,6 +73,7 @@ async fn start(prefix: &str, limits: RenderLimits) -> Harness {
         chart_root: repo(),
         chart_limits: Default::default(),
         replica: REPLICA.into(),
+        shards: module_manager::shard::ShardCount::DEFAULT,
         reporter: Reporter {
             controller: "module-manager".into(),
             instance: Some(REPLICA.into()),
@@ -237,6 +238,13 @@ async fn install_upgrade_repair_prune_and_delete() {
     assert!(status.chart_digest.unwrap().starts_with("sha256:"));
     assert!(status.rendered_digest.unwrap().starts_with("sha256:"));
     assert_eq!(status.owner.as_deref(), Some(REPLICA));
+    let shard = module_manager::shard::ShardCount::DEFAULT.shard_of(&installed.uid().unwrap());
+    assert_eq!(status.shard, Some(shard));
+    assert_eq!(
+        installed.labels().get(module_manager::shard::SHARD_LABEL),
+        Some(&shard.to_string()),
+        "shard label stamped"
+    );
     assert_eq!(status.last_operation.unwrap().operation, "Install");
     assert!(
         installed

@@ -5,3 +5,7 @@ pub mod hash;
 
 pub use assignment::assign;
 pub use hash::ShardCount;
+
+/// The label holding a Manifest's shard, stamped by the replica that owns the shard, so that
+/// replicas can watch only their shards (`modulemanager.io/shard in (…)`).
+pub const SHARD_LABEL: &str = "modulemanager.io/shard";
