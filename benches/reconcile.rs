@@ -55,12 +55,14 @@ async fn main() -> anyhow::Result<()> {
             testenv::Tools::locate()?.helm,
             helm_home.path().to_owned(),
             RenderLimits::default(),
+            Default::default(),
         )
         .await?,
         chart_root: repo(),
         chart_limits: Limits::default(),
         replica: "bench".into(),
         shards: module_manager::shard::ShardCount::DEFAULT,
+        metrics: Default::default(),
         reporter: Reporter {
             controller: "module-manager".into(),
             instance: Some("bench".into()),

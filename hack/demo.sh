@@ -22,6 +22,7 @@ setsid target/debug/module-manager run \
   --chart-root . \
   --helm "$tools/helm-v$HELM_VERSION/helm" \
   --helm-home "$state_dir/helm" \
+  --admin-address 127.0.0.1:9440 \
   --log-format json > "$state_dir/operator.log" 2>&1 < /dev/null &
 echo $! > "$pid_file"
 sleep 1
@@ -41,5 +42,6 @@ The control plane and the operator keep running. Try:
   kubectl get manifests -A -w
   kubectl describe manifest -n default catalog
   tail -f $state_dir/operator.log
+  curl -s localhost:9440/metrics      # the operator's admin API: /livez /readyz /metrics
 Stop everything with: make cluster-down
 MSG

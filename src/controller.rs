@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::api::Manifest;
+use crate::metrics::QueueMetrics;
 use crate::queue::{WorkQueue, backoff};
 use crate::reconcile::{Context, Next, reconcile};
 
@@ -32,6 +34,10 @@ pub struct ControllerConfig {
     pub drain_timeout: Duration,
     /// Watch only this namespace (all namespaces when `None`).
     pub namespace: Option<String>,
+    /// Queue depth and passes in flight.
+    pub metrics: QueueMetrics,
+    /// Set once the first list of Manifests has been seen (`/readyz`).
+    pub synced: Arc<AtomicBool>,
 }
 
 impl Default for ControllerConfig {
@@ -40,6 +46,8 @@ impl Default for ControllerConfig {
             concurrency: 4,
             drain_timeout: Duration::from_secs(10),
             namespace: None,
+            metrics: QueueMetrics::default(),
+            synced: Arc::default(),
         }
     }
 }
@@ -70,14 +78,14 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let (store, writer) = reflector::store();
-    let queue = Arc::new(WorkQueue::<Key>::default());
+    let queue = Arc::new(WorkQueue::<Key>::new(config.metrics.clone()));
     let api = match &config.namespace {
         Some(namespace) => Api::<Manifest>::namespaced(ctx.client.clone(), namespace),
         None => Api::<Manifest>::all(ctx.client.clone()),
     };
     let events =
         reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
-    let watch = tokio::spawn(feed_queue(events, queue.clone()));
+    let watch = tokio::spawn(feed_queue(events, queue.clone(), config.synced.clone()));
 
     let semaphore = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let failures = Arc::new(Mutex::new(HashMap::<Key, u32>::new()));
@@ -131,6 +139,7 @@ pub async fn run(
 async fn feed_queue(
     events: impl futures::Stream<Item = Result<watcher::Event<Manifest>, watcher::Error>>,
     queue: Arc<WorkQueue<Key>>,
+    synced: Arc<AtomicBool>,
 ) {
     let key_of = |m: &Manifest| (m.namespace().unwrap_or_default(), m.name_any());
     let mut seen: HashMap<Key, Seen> = HashMap::new();
@@ -148,7 +157,8 @@ async fn feed_queue(
             Ok(watcher::Event::Delete(manifest)) => {
                 seen.remove(&key_of(&manifest));
             }
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+            Ok(watcher::Event::InitDone) => synced.store(true, Ordering::Relaxed),
+            Ok(watcher::Event::Init) => {}
             Err(e) => tracing::warn!("watch Manifests: {e}"),
         }
     }

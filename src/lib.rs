@@ -2,10 +2,12 @@
 //!
 //! The binary (`src/main.rs`) is a thin command line over this library.
 
+pub mod admin;
 pub mod api;
 pub mod apply;
 pub mod chart_source;
 pub mod controller;
+pub mod metrics;
 pub mod plan;
 pub mod queue;
 pub mod readiness;

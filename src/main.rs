@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use kube::runtime::events::Reporter;
+use module_manager::admin::AdminState;
 use module_manager::apply::Cluster;
 use module_manager::chart_source::Limits;
 use module_manager::controller::{self, ControllerConfig};
+use module_manager::metrics::{QueueMetrics, ReconcileMetrics, RenderMetrics};
 use module_manager::reconcile::Context;
 use module_manager::render::{HelmRenderer, RenderLimits};
 use module_manager::shard::ShardCount;
@@ -53,6 +55,9 @@ struct RunArgs {
     /// Number of virtual shards (a power of two); the same in every replica of a fleet.
     #[arg(long, default_value_t = 256, value_parser = parse_shards)]
     shards: u32,
+    /// Address of the admin API (`/livez`, `/readyz`, `/metrics`).
+    #[arg(long, default_value = "127.0.0.1:9440")]
+    admin_address: std::net::SocketAddr,
     /// Log format.
     #[arg(long, value_enum, default_value = "json")]
     log_format: LogFormat,
@@ -78,9 +83,32 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         timeout: Duration::from_secs(args.render_timeout_seconds),
         ..Default::default()
     };
-    let renderer = HelmRenderer::new(args.helm.clone(), helm_home, limits).await?;
+
+    let mut registry = module_manager::metrics::registry();
+    let render_metrics = RenderMetrics::register(&mut registry);
+    let reconcile_metrics = ReconcileMetrics::register(&mut registry);
+    let config = ControllerConfig {
+        concurrency: args.concurrency,
+        metrics: QueueMetrics::register(&mut registry),
+        ..Default::default()
+    };
+
+    let renderer = HelmRenderer::new(args.helm.clone(), helm_home, limits, render_metrics).await?;
     let chart_root = args.chart_root.canonicalize()?;
     tracing::info!(replica = %args.replica, helm = renderer.version(), chart_root = %chart_root.display(), "starting");
+
+    let admin = AdminState {
+        registry: Arc::new(registry),
+        synced: config.synced.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind(args.admin_address).await?;
+    tracing::info!(address = %args.admin_address, "admin API listening");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, module_manager::admin::router(admin)).await {
+            tracing::error!("admin API stopped: {e}");
+        }
+    });
+
     let reporter = Reporter {
         controller: "module-manager".into(),
         instance: Some(args.replica.clone()),
@@ -94,11 +122,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         chart_limits: Limits::default(),
         replica: args.replica,
         shards: ShardCount::new(args.shards).expect("validated by parse_shards"),
+        metrics: reconcile_metrics,
     });
-    let config = ControllerConfig {
-        concurrency: args.concurrency,
-        ..Default::default()
-    };
     controller::run(ctx, config, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())

@@ -10,12 +10,15 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::Notify;
+
+use crate::metrics::QueueMetrics;
 use tokio::time::Instant;
 
 /// A queue of keys, each due at an instant.
 pub struct WorkQueue<K> {
     state: Mutex<QueueState<K>>,
     wake: Notify,
+    metrics: QueueMetrics,
 }
 
 /// A heap entry: due time, insertion sequence (FIFO among equal times), key.
@@ -34,6 +37,13 @@ struct QueueState<K> {
 
 impl<K: Clone + Eq + Hash + Ord> Default for WorkQueue<K> {
     fn default() -> Self {
+        Self::new(QueueMetrics::default())
+    }
+}
+
+impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
+    /// A queue that keeps `metrics` (depth, in flight) exact as keys come and go.
+    pub fn new(metrics: QueueMetrics) -> Self {
         Self {
             state: Mutex::new(QueueState {
                 due: HashMap::new(),
@@ -43,11 +53,10 @@ impl<K: Clone + Eq + Hash + Ord> Default for WorkQueue<K> {
                 closed: false,
             }),
             wake: Notify::new(),
+            metrics,
         }
     }
-}
 
-impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     fn lock(&self) -> std::sync::MutexGuard<'_, QueueState<K>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -64,6 +73,7 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         state.sequence += 1;
         let sequence = state.sequence;
         state.heap.push(Reverse((at, sequence, key)));
+        self.metrics.depth.set(state.due.len() as i64);
         drop(state);
         self.wake.notify_one();
     }
@@ -78,7 +88,11 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
                     return None;
                 }
                 match state.pop_due() {
-                    Ok(key) => return Some(key),
+                    Ok(key) => {
+                        self.metrics.depth.set(state.due.len() as i64);
+                        self.metrics.in_flight.set(state.in_flight.len() as i64);
+                        return Some(key);
+                    }
                     Err(next) => next,
                 }
             };
@@ -96,7 +110,10 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
 
     /// Marks `key` finished; a requeue that arrived meanwhile becomes eligible.
     pub fn done(&self, key: &K) {
-        self.lock().in_flight.remove(key);
+        let mut state = self.lock();
+        state.in_flight.remove(key);
+        self.metrics.in_flight.set(state.in_flight.len() as i64);
+        drop(state);
         self.wake.notify_one();
     }
 
@@ -195,6 +212,19 @@ mod tests {
         assert!(!waiter.is_finished());
         queue.done(&"a");
         assert_eq!(waiter.await.unwrap(), Some("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn depth_and_in_flight_gauges_follow_the_queue() {
+        let metrics = QueueMetrics::default();
+        let queue = WorkQueue::new(metrics.clone());
+        queue.add("a", Duration::ZERO);
+        queue.add("b", Duration::from_secs(1));
+        assert_eq!((metrics.depth.get(), metrics.in_flight.get()), (2, 0));
+        let key = queue.next().await.unwrap();
+        assert_eq!((metrics.depth.get(), metrics.in_flight.get()), (1, 1));
+        queue.done(&key);
+        assert_eq!((metrics.depth.get(), metrics.in_flight.get()), (1, 0));
     }
 
     #[tokio::test(start_paused = true)]

@@ -22,6 +22,7 @@ use crate::api::{
 };
 use crate::apply::{ApplyError, Cluster, Deletion};
 use crate::chart_source::{self, Limits, SourceError};
+use crate::metrics::{ReconcileMetrics, ResultLabels};
 use crate::plan::{self, PlanError, PruneDecision, RenderedObject, Scope};
 use crate::readiness::{Readiness, readiness};
 use crate::render::{HelmRenderer, RenderError, RenderRequest};
@@ -56,6 +57,8 @@ pub struct Context {
     pub shards: ShardCount,
     /// Who publishes Events (controller and replica).
     pub reporter: Reporter,
+    /// Pipeline metrics.
+    pub metrics: ReconcileMetrics,
 }
 
 /// Why a pass failed.
@@ -134,6 +137,20 @@ struct Pass {
 
 /// Reconciles one Manifest; writes its status and Events. Never panics on bad input.
 pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context) -> Next {
+    let started = std::time::Instant::now();
+    let (next, result, category) = pass(manifest, ctx).await;
+    ctx.metrics
+        .duration
+        .observe(started.elapsed().as_secs_f64());
+    ctx.metrics
+        .reconciles
+        .get_or_create(&ResultLabels { result, category })
+        .inc();
+    next
+}
+
+/// One pass, with its result and error category for the metrics.
+async fn pass(manifest: Arc<Manifest>, ctx: &Context) -> (Next, &'static str, &'static str) {
     let interval = crate::api::interval(&manifest.spec).unwrap_or(Duration::from_secs(600));
     // The inventory as this pass wrote it (before applying), so that an error status written
     // from the Manifest as read at the start does not drop entries recorded since.
@@ -141,16 +158,25 @@ pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context) -> Next {
     let result = if manifest.meta().deletion_timestamp.is_some() {
         delete(&manifest, ctx).await
     } else if manifest.spec.suspend {
-        return Next::Idle;
+        return (Next::Idle, "suspended", "");
     } else {
         install(&manifest, ctx, interval, &mut recorded).await
     };
     match result {
-        Ok(None) => Next::Idle,
-        Ok(Some(pass)) => match write_status(&manifest, ctx, &pass.outcome, pass.facts).await {
-            Ok(()) => Next::After(pass.requeue),
-            Err(e) => Next::Retry(e.into()),
-        },
+        Ok(None) => (Next::Idle, "done", ""),
+        Ok(Some(pass)) => {
+            let result = match pass.outcome.state {
+                State::Ready => "ready",
+                State::Processing => "processing",
+                State::Warning => "warning",
+                State::Deleting => "deleting",
+                State::Error => "error",
+            };
+            match write_status(&manifest, ctx, &pass.outcome, pass.facts).await {
+                Ok(()) => (Next::After(pass.requeue), result, ""),
+                Err(e) => (Next::Retry(e.into()), "error", "KubeError"),
+            }
+        }
         Err(error) => {
             let outcome = Outcome {
                 state: State::Error,
@@ -177,10 +203,11 @@ pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context) -> Next {
             if let Err(e) = write_status(&manifest, ctx, &outcome, facts).await {
                 tracing::warn!("write the error status: {e}");
             }
+            let category = error.category();
             if error.is_permanent() {
-                Next::After(interval)
+                (Next::After(interval), "error", category)
             } else {
-                Next::Retry(error)
+                (Next::Retry(error), "error", category)
             }
         }
     }
@@ -272,6 +299,7 @@ async fn install(
     record_inventory(manifest, ctx, &previous.inventory, recorded, &plan.crds).await?;
     for crd in &plan.crds {
         ctx.cluster.apply(crd, &uid).await?;
+        ctx.metrics.applied.inc();
     }
     if !plan.crds.is_empty() {
         let names: Vec<String> = plan.crds.iter().map(|c| c.id.name.clone()).collect();
@@ -280,13 +308,27 @@ async fn install(
             .await?;
     }
     // Kinds discovery does not know yet (from these CRDs, or installed since by someone else):
-    // refresh once.
-    if plan
-        .objects
-        .iter()
-        .any(|o| ctx.cluster.surface().resolve(&o.id).is_none())
-    {
+    // refresh. The API server publishes a new CRD's group in discovery shortly *after* the CRD is
+    // Established, so kinds of this chart's own CRDs are waited for a little.
+    let unknown = |o: &&RenderedObject| ctx.cluster.surface().resolve(&o.id).is_none();
+    if plan.objects.iter().any(|o| unknown(&o)) {
         ctx.cluster.refresh_discovery().await?;
+        let crd_groups: Vec<&str> = plan
+            .crds
+            .iter()
+            .filter_map(|c| c.body.pointer("/spec/group")?.as_str())
+            .collect();
+        let deadline = tokio::time::Instant::now() + CRD_ESTABLISH_TIMEOUT;
+        while plan
+            .objects
+            .iter()
+            .filter(unknown)
+            .any(|o| crd_groups.contains(&o.id.group.as_str()))
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            ctx.cluster.refresh_discovery().await?;
+        }
     }
     let surface = ctx.cluster.surface();
     plan::assign_namespaces(&mut plan.objects, &namespace, |id| {
@@ -301,6 +343,7 @@ async fn install(
     let mut applied = Vec::new();
     for object in &plan.objects {
         applied.push((object.id.clone(), ctx.cluster.apply(object, &uid).await?));
+        ctx.metrics.applied.inc();
     }
 
     // Prune what the new render lacks, unless the guard refuses.
@@ -314,8 +357,14 @@ async fn install(
                     Some(reason) => Deletion::Kept(reason),
                     None => ctx.cluster.delete(id, &uid).await?,
                 };
-                if let Deletion::Kept(reason) = outcome {
-                    tracing::info!(object = %plan::describe(id), "not pruned: {reason}");
+                match outcome {
+                    Deletion::Deleted => {
+                        ctx.metrics.deleted.inc();
+                    }
+                    Deletion::Gone => {}
+                    Deletion::Kept(reason) => {
+                        tracing::info!(object = %plan::describe(id), "not pruned: {reason}")
+                    }
                 }
             }
             None
@@ -559,7 +608,10 @@ async fn delete(manifest: &Manifest, ctx: &Context) -> Result<Option<Pass>, Reco
                     tracing::info!(object = %plan::describe(id), "not deleted: {reason}")
                 }
                 None => match ctx.cluster.delete(id, &uid).await? {
-                    Deletion::Deleted => deleted.push(id),
+                    Deletion::Deleted => {
+                        ctx.metrics.deleted.inc();
+                        deleted.push(id);
+                    }
                     Deletion::Gone => {}
                     Deletion::Kept(reason) => {
                         tracing::info!(object = %plan::describe(id), "not deleted: {reason}")

@@ -8,7 +8,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,6 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use crate::chart_source::ResolvedChart;
+use crate::metrics::RenderMetrics;
+use prometheus_client::metrics::counter::Counter;
 
 /// The flags every render passes besides its inputs; part of the cache key.
 const FIXED_FLAGS: &[&str] = &["--include-crds", "--skip-tests", "--values", "-"];
@@ -140,14 +141,17 @@ pub struct HelmRenderer {
     home: PathBuf,
     limits: RenderLimits,
     cache: RenderCache,
+    metrics: RenderMetrics,
 }
 
 impl HelmRenderer {
     /// Checks the binary (`helm version --short`) and prepares an isolated helm home in `home`.
+    /// `metrics` receives cache hits/misses and helm durations/failures.
     pub async fn new(
         helm: PathBuf,
         home: PathBuf,
         limits: RenderLimits,
+        metrics: RenderMetrics,
     ) -> Result<Self, RenderError> {
         for dir in ["cache", "config", "data"] {
             std::fs::create_dir_all(home.join(dir)).map_err(RenderError::Spawn)?;
@@ -168,7 +172,8 @@ impl HelmRenderer {
             helm,
             version,
             home,
-            cache: RenderCache::new(limits.cache_entries),
+            cache: RenderCache::new(limits.cache_entries, &metrics),
+            metrics,
             limits,
         })
     }
@@ -189,7 +194,14 @@ impl HelmRenderer {
         if let Some(hit) = self.cache.get(&key) {
             return Ok(hit);
         }
-        let rendered = Arc::new(self.run(request).await?);
+        let started = std::time::Instant::now();
+        let rendered = self.run(request).await;
+        self.metrics
+            .helm_duration
+            .observe(started.elapsed().as_secs_f64());
+        let rendered = Arc::new(rendered.inspect_err(|_| {
+            self.metrics.helm_failures.inc();
+        })?);
         self.cache.insert(key, rendered.clone());
         Ok(rendered)
     }
@@ -326,8 +338,8 @@ pub struct CacheStats {
 struct RenderCache {
     capacity: usize,
     entries: Mutex<CacheEntries>,
-    hits: AtomicU64,
-    misses: AtomicU64,
+    hits: Counter,
+    misses: Counter,
 }
 
 /// Cached renders and their keys in insertion order.
@@ -338,12 +350,12 @@ struct CacheEntries {
 }
 
 impl RenderCache {
-    fn new(capacity: usize) -> Self {
+    fn new(capacity: usize, metrics: &RenderMetrics) -> Self {
         Self {
             capacity,
             entries: Mutex::default(),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
+            hits: metrics.cache_hits.clone(),
+            misses: metrics.cache_misses.clone(),
         }
     }
 
@@ -360,7 +372,7 @@ impl RenderCache {
         } else {
             &self.misses
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        counter.inc();
         found
     }
 
@@ -379,8 +391,8 @@ impl RenderCache {
 
     fn stats(&self) -> CacheStats {
         CacheStats {
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
+            hits: self.hits.get(),
+            misses: self.misses.get(),
         }
     }
 }
@@ -454,7 +466,7 @@ mod tests {
 
     #[test]
     fn the_cache_evicts_the_oldest_and_counts() {
-        let cache = RenderCache::new(2);
+        let cache = RenderCache::new(2, &RenderMetrics::default());
         let rendered = |s: &str| {
             Arc::new(Rendered {
                 manifest: s.into(),

@@ -67,13 +67,19 @@ async fn start(prefix: &str, limits: RenderLimits) -> Harness {
     let ctx = Arc::new(Context {
         client: client.clone(),
         cluster: Cluster::connect(client.clone()).await.unwrap(),
-        renderer: HelmRenderer::new(helm, helm_home.path().to_owned(), limits)
-            .await
-            .unwrap(),
+        renderer: HelmRenderer::new(
+            helm,
+            helm_home.path().to_owned(),
+            limits,
+            Default::default(),
+        )
+        .await
+        .unwrap(),
         chart_root: repo(),
         chart_limits: Default::default(),
         replica: REPLICA.into(),
         shards: module_manager::shard::ShardCount::DEFAULT,
+        metrics: Default::default(),
         reporter: Reporter {
             controller: "module-manager".into(),
             instance: Some(REPLICA.into()),

@@ -14,7 +14,7 @@ fn repo() -> PathBuf {
 
 async fn renderer(home: &Path, limits: RenderLimits) -> HelmRenderer {
     let helm = testenv::Tools::locate().expect("tools built").helm;
-    HelmRenderer::new(helm, home.to_owned(), limits)
+    HelmRenderer::new(helm, home.to_owned(), limits, Default::default())
         .await
         .expect("helm runs")
 }

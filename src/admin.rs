@@ -1,0 +1,144 @@
+//! Admin API (axum): health and metrics today; the fleet views (`/v1/members`, `/v1/shards`, …)
+//! arrive with the fleet. Documented in `docs/admin-api.md`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+
+/// What the admin API reads.
+#[derive(Clone)]
+pub struct AdminState {
+    /// The root metrics registry.
+    pub registry: Arc<Registry>,
+    /// Whether the Manifest watch has seen its first full list.
+    pub synced: Arc<AtomicBool>,
+}
+
+/// The admin router.
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// Ready once the Manifest watch has synced: before that, this replica does not know its work.
+async fn readyz(State(state): State<AdminState>) -> Response {
+    if state.synced.load(Ordering::Relaxed) {
+        "ok".into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the Manifest watch has not synced yet",
+        )
+            .into_response()
+    }
+}
+
+/// The OpenMetrics text exposition.
+async fn metrics(State(state): State<AdminState>) -> Response {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encode metrics: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{QueueMetrics, ReconcileMetrics, RenderMetrics, ResultLabels};
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    async fn get(router: Router, path: &str) -> (StatusCode, String, String) {
+        let response = router
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            content_type,
+            String::from_utf8(body.to_vec()).unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn readyz_follows_the_watch_sync_and_livez_is_always_ok() {
+        let state = AdminState {
+            registry: Arc::new(crate::metrics::registry()),
+            synced: Arc::default(),
+        };
+        let router = router(state.clone());
+        assert_eq!(get(router.clone(), "/livez").await.0, StatusCode::OK);
+        assert_eq!(
+            get(router.clone(), "/readyz").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        state.synced.store(true, Ordering::Relaxed);
+        assert_eq!(get(router, "/readyz").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn metrics_are_exposed_with_the_prefix() {
+        let mut registry = crate::metrics::registry();
+        let reconcile = ReconcileMetrics::register(&mut registry);
+        let render = RenderMetrics::register(&mut registry);
+        let queue = QueueMetrics::register(&mut registry);
+        reconcile
+            .reconciles
+            .get_or_create(&ResultLabels {
+                result: "error",
+                category: "RenderError",
+            })
+            .inc();
+        render.cache_hits.inc();
+        queue.depth.set(7);
+        let router = router(AdminState {
+            registry: Arc::new(registry),
+            synced: Arc::default(),
+        });
+        let (status, content_type, body) = get(router, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(content_type.starts_with("application/openmetrics-text"));
+        assert!(
+            body.contains(
+                r#"module_manager_reconcile_passes_total{result="error",category="RenderError"} 1"#
+            ),
+            "{body}"
+        );
+        assert!(
+            body.contains("module_manager_render_cache_hits_total 1"),
+            "{body}"
+        );
+        assert!(body.contains("module_manager_queue_depth 7"), "{body}");
+        assert!(body.ends_with("# EOF\n"));
+    }
+}

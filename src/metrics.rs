@@ -1,0 +1,158 @@
+//! Metrics: one root registry (prefix `module_manager`) with a sub-registry per component; each
+//! component's metrics are a struct with `register`. Labels are bounded: never object names or
+//! error text. Documented in `docs/metrics.md`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The outcome of a reconcile pass, as a metric label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ready`, `processing`, `warning`, `deleting`, `error`, `idle`.
+    pub result: &'static str,
+    /// The error category (`RenderError` …), or empty.
+    pub category: &'static str,
+}
+
+/// Metrics of the reconcile pipeline.
+#[derive(Clone, Debug)]
+pub struct ReconcileMetrics {
+    /// Passes by result.
+    pub reconciles: Family<ResultLabels, Counter>,
+    /// Duration of a pass.
+    pub duration: Histogram,
+    /// Objects server-side applied.
+    pub applied: Counter,
+    /// Objects deleted by pruning or deletion.
+    pub deleted: Counter,
+}
+
+impl Default for ReconcileMetrics {
+    fn default() -> Self {
+        Self {
+            reconciles: Family::default(),
+            duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            applied: Counter::default(),
+            deleted: Counter::default(),
+        }
+    }
+}
+
+impl ReconcileMetrics {
+    /// Registers under `reconcile_…` in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        let sub = registry.sub_registry_with_prefix("reconcile");
+        sub.register(
+            "passes",
+            "Reconcile passes by result and error category",
+            metrics.reconciles.clone(),
+        );
+        sub.register(
+            "duration_seconds",
+            "Duration of a reconcile pass",
+            metrics.duration.clone(),
+        );
+        sub.register(
+            "objects_applied",
+            "Objects server-side applied",
+            metrics.applied.clone(),
+        );
+        sub.register(
+            "objects_deleted",
+            "Objects deleted by pruning or Manifest deletion",
+            metrics.deleted.clone(),
+        );
+        metrics
+    }
+}
+
+/// Metrics of the helm renderer and its cache.
+#[derive(Clone, Debug)]
+pub struct RenderMetrics {
+    /// Renders served from the cache.
+    pub cache_hits: Counter,
+    /// Renders that ran helm.
+    pub cache_misses: Counter,
+    /// Duration of a helm run.
+    pub helm_duration: Histogram,
+    /// helm runs that failed (chart or machine).
+    pub helm_failures: Counter,
+}
+
+impl Default for RenderMetrics {
+    fn default() -> Self {
+        Self {
+            cache_hits: Counter::default(),
+            cache_misses: Counter::default(),
+            helm_duration: Histogram::new(exponential_buckets(0.01, 2.0, 12)),
+            helm_failures: Counter::default(),
+        }
+    }
+}
+
+impl RenderMetrics {
+    /// Registers under `render_…` in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        let sub = registry.sub_registry_with_prefix("render");
+        sub.register(
+            "cache_hits",
+            "Renders served from the render cache",
+            metrics.cache_hits.clone(),
+        );
+        sub.register(
+            "cache_misses",
+            "Renders that ran helm",
+            metrics.cache_misses.clone(),
+        );
+        sub.register(
+            "helm_duration_seconds",
+            "Duration of a helm template run",
+            metrics.helm_duration.clone(),
+        );
+        sub.register(
+            "helm_failures",
+            "helm template runs that failed",
+            metrics.helm_failures.clone(),
+        );
+        metrics
+    }
+}
+
+/// Metrics of the work queue.
+#[derive(Clone, Debug, Default)]
+pub struct QueueMetrics {
+    /// Keys queued (due or not), not counting those being worked on.
+    pub depth: Gauge,
+    /// Passes running now.
+    pub in_flight: Gauge,
+}
+
+impl QueueMetrics {
+    /// Registers under `queue_…` in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        let sub = registry.sub_registry_with_prefix("queue");
+        sub.register(
+            "depth",
+            "Manifests queued, not counting those being reconciled",
+            metrics.depth.clone(),
+        );
+        sub.register(
+            "in_flight",
+            "Reconcile passes running now",
+            metrics.in_flight.clone(),
+        );
+        metrics
+    }
+}
+
+/// The root registry, `module_manager_…`.
+pub fn registry() -> Registry {
+    Registry::with_prefix("module_manager")
+}
