@@ -1,15 +1,18 @@
-//! Admin API (axum): health and metrics today; the fleet views (`/v1/members`, `/v1/shards`, …)
-//! arrive with the fleet. Documented in `docs/admin-api.md`.
+//! Admin API (axum): health, metrics and the fleet's members; the shard views arrive with the
+//! shard Leases. Documented in `docs/admin-api.md`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::{Json, Router};
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use crate::shard::membership::Members;
 
 /// What the admin API reads.
 #[derive(Clone)]
@@ -18,6 +21,8 @@ pub struct AdminState {
     pub registry: Arc<Registry>,
     /// Whether the Manifest watch has seen its first full list.
     pub synced: Arc<AtomicBool>,
+    /// The fleet as this replica sees it (from the membership Leases).
+    pub members: watch::Receiver<Members>,
 }
 
 /// The admin router.
@@ -26,6 +31,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/v1/members", get(members))
         .with_state(state)
 }
 
@@ -40,6 +46,11 @@ async fn readyz(State(state): State<AdminState>) -> Response {
         )
             .into_response()
     }
+}
+
+/// Every member with a membership Lease, live or not, as this replica sees it.
+async fn members(State(state): State<AdminState>) -> Json<Members> {
+    Json(state.members.borrow().clone())
 }
 
 /// The OpenMetrics text exposition.
@@ -66,10 +77,42 @@ async fn metrics(State(state): State<AdminState>) -> Response {
 mod tests {
     use super::*;
     use crate::metrics::{QueueMetrics, ReconcileMetrics, RenderMetrics, ResultLabels};
+    use crate::shard::membership::MemberView;
     use axum::body::Body;
     use axum::http::Request;
     use http_body_util::BodyExt;
     use tower::ServiceExt;
+
+    fn state(registry: Registry, members: Members) -> AdminState {
+        AdminState {
+            registry: Arc::new(registry),
+            synced: Arc::default(),
+            members: watch::channel(members).1,
+        }
+    }
+
+    #[tokio::test]
+    async fn members_are_listed_as_json() {
+        let members = Members {
+            members: vec![MemberView {
+                name: "module-manager-0".into(),
+                live: true,
+                unchanged_for_seconds: 1.5,
+            }],
+            self_renewed: true,
+        };
+        let (status, content_type, body) = get(
+            router(state(crate::metrics::registry(), members)),
+            "/v1/members",
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(content_type, "application/json");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+            serde_json::json!({"members": [{"name": "module-manager-0", "live": true, "unchanged_for_seconds": 1.5}], "self_renewed": true})
+        );
+    }
 
     async fn get(router: Router, path: &str) -> (StatusCode, String, String) {
         let response = router
@@ -92,10 +135,7 @@ mod tests {
 
     #[tokio::test]
     async fn readyz_follows_the_watch_sync_and_livez_is_always_ok() {
-        let state = AdminState {
-            registry: Arc::new(crate::metrics::registry()),
-            synced: Arc::default(),
-        };
+        let state = state(crate::metrics::registry(), Members::default());
         let router = router(state.clone());
         assert_eq!(get(router.clone(), "/livez").await.0, StatusCode::OK);
         assert_eq!(
@@ -121,10 +161,7 @@ mod tests {
             .inc();
         render.cache_hits.inc();
         queue.depth.set(7);
-        let router = router(AdminState {
-            registry: Arc::new(registry),
-            synced: Arc::default(),
-        });
+        let router = router(state(registry, Members::default()));
         let (status, content_type, body) = get(router, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         assert!(content_type.starts_with("application/openmetrics-text"));

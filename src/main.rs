@@ -14,6 +14,7 @@ use module_manager::metrics::{QueueMetrics, ReconcileMetrics, RenderMetrics};
 use module_manager::reconcile::Context;
 use module_manager::render::{HelmRenderer, RenderLimits};
 use module_manager::shard::ShardCount;
+use module_manager::shard::membership::{self, Members, MembershipConfig};
 use module_manager::telemetry::{self, LogFormat};
 
 #[derive(Parser)]
@@ -28,7 +29,7 @@ enum Command {
     /// Print the Manifest CustomResourceDefinition as YAML.
     Crd,
     /// Run the operator: reconcile every Manifest of the cluster in $KUBECONFIG (or in-cluster).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(clap::Args)]
@@ -55,6 +56,18 @@ struct RunArgs {
     /// Number of virtual shards (a power of two); the same in every replica of a fleet.
     #[arg(long, default_value_t = 256, value_parser = parse_shards)]
     shards: u32,
+    /// Fleet name: replicas of one fleet share the shards; Leases are named and labelled by it.
+    #[arg(long, default_value = "module-manager")]
+    fleet: String,
+    /// Namespace of the fleet's Leases.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// A member whose Lease is unchanged this long is dead.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
+    /// How often a replica renews its Lease.
+    #[arg(long, default_value_t = 5)]
+    renew_interval_seconds: u64,
     /// Address of the admin API (`/livez`, `/readyz`, `/metrics`).
     #[arg(long, default_value = "127.0.0.1:9440")]
     admin_address: std::net::SocketAddr,
@@ -67,13 +80,18 @@ struct RunArgs {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crd => print!("{}", module_manager::api::manifest_crd_yaml()),
-        Command::Run(args) => run(args).await?,
+        Command::Run(args) => run(*args).await?,
     }
     Ok(())
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     telemetry::init(args.log_format);
+    anyhow::ensure!(
+        args.renew_interval_seconds >= 1
+            && args.renew_interval_seconds * 2 <= args.lease_duration_seconds,
+        "--renew-interval-seconds must be at least 1 and at most half of --lease-duration-seconds"
+    );
     let client = kube::Client::try_default().await?;
     let helm_home = match args.helm_home {
         Some(dir) => dir,
@@ -97,9 +115,28 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let chart_root = args.chart_root.canonicalize()?;
     tracing::info!(replica = %args.replica, helm = renderer.version(), chart_root = %chart_root.display(), "starting");
 
+    let membership = MembershipConfig {
+        namespace: args.lease_namespace,
+        fleet: args.fleet,
+        replica: args.replica.clone(),
+        lease_duration: Duration::from_secs(args.lease_duration_seconds),
+        renew_interval: Duration::from_secs(args.renew_interval_seconds),
+    };
+    let (members_tx, members) = tokio::sync::watch::channel(Members::default());
+    let (leave_tx, leave) = tokio::sync::oneshot::channel::<()>();
+    let membership_task = tokio::spawn(membership::run(
+        client.clone(),
+        membership,
+        members_tx,
+        async move {
+            let _ = leave.await;
+        },
+    ));
+
     let admin = AdminState {
         registry: Arc::new(registry),
         synced: config.synced.clone(),
+        members,
     };
     let listener = tokio::net::TcpListener::bind(args.admin_address).await?;
     tracing::info!(address = %args.admin_address, "admin API listening");
@@ -125,6 +162,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics: reconcile_metrics,
     });
     controller::run(ctx, config, shutdown_signal()).await?;
+    let _ = leave_tx.send(());
+    let _ = membership_task.await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -2,6 +2,7 @@
 
 pub mod assignment;
 pub mod hash;
+pub mod membership;
 
 pub use assignment::assign;
 pub use hash::ShardCount;

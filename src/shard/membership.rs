@@ -1,0 +1,278 @@
+//! Membership: one Lease per replica, renewed on a schedule. A member is live while its Lease
+//! keeps changing, judged on the observer's own clock: a Lease seen unchanged for the lease
+//! duration belongs to a dead member. No timestamps from other machines are compared, so clock
+//! skew between nodes does not matter.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Label naming the fleet a Lease belongs to.
+pub const FLEET_LABEL: &str = "modulemanager.io/fleet";
+/// Label telling membership Leases (`member`) from shard Leases.
+pub const LEASE_KIND_LABEL: &str = "modulemanager.io/lease";
+
+/// How a replica takes part in its fleet.
+#[derive(Clone, Debug)]
+pub struct MembershipConfig {
+    /// Namespace of the Leases.
+    pub namespace: String,
+    /// Fleet name: Lease name prefix and label value.
+    pub fleet: String,
+    /// This replica's name.
+    pub replica: String,
+    /// A Lease unchanged for this long belongs to a dead member.
+    pub lease_duration: Duration,
+    /// How often the own Lease is renewed and the others are read.
+    pub renew_interval: Duration,
+}
+
+impl MembershipConfig {
+    /// Name of a member's Lease.
+    pub fn lease_name(&self, member: &str) -> String {
+        format!("{}-member-{member}", self.fleet)
+    }
+}
+
+/// When each member's Lease was last seen to change (pure).
+#[derive(Debug, Default)]
+pub struct Liveness {
+    seen: BTreeMap<String, Observed>,
+}
+
+#[derive(Debug)]
+struct Observed {
+    version: String,
+    since: Instant,
+}
+
+impl Liveness {
+    /// Records the current Leases as (member, resourceVersion). A member seen for the first time,
+    /// or whose Lease changed, counts as renewed now; members without a Lease are forgotten.
+    pub fn observe(&mut self, leases: impl IntoIterator<Item = (String, String)>, now: Instant) {
+        let mut next = BTreeMap::new();
+        for (member, version) in leases {
+            let since = match self.seen.remove(&member) {
+                Some(old) if old.version == version => old.since,
+                _ => now,
+            };
+            next.insert(member, Observed { version, since });
+        }
+        self.seen = next;
+    }
+
+    /// Members whose Lease changed within `lease_duration` before `now`.
+    pub fn live(&self, now: Instant, lease_duration: Duration) -> BTreeSet<String> {
+        self.seen
+            .iter()
+            .filter(|(_, o)| now.duration_since(o.since) < lease_duration)
+            .map(|(m, _)| m.clone())
+            .collect()
+    }
+
+    /// Every known member and how long its Lease has been unchanged.
+    pub fn unchanged_for(&self, now: Instant) -> BTreeMap<String, Duration> {
+        self.seen
+            .iter()
+            .map(|(m, o)| (m.clone(), now.duration_since(o.since)))
+            .collect()
+    }
+}
+
+/// A member as the admin API shows it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MemberView {
+    /// The replica.
+    pub name: String,
+    /// Whether its Lease changed within the lease duration.
+    pub live: bool,
+    /// Seconds since this replica last saw its Lease change.
+    pub unchanged_for_seconds: f64,
+}
+
+/// The fleet as this replica sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Members {
+    /// Every member with a Lease, by name.
+    pub members: Vec<MemberView>,
+    /// Whether this replica renewed its own Lease within the lease duration.
+    pub self_renewed: bool,
+}
+
+impl Members {
+    /// The names of the live members.
+    pub fn live(&self) -> BTreeSet<String> {
+        self.members
+            .iter()
+            .filter(|m| m.live)
+            .map(|m| m.name.clone())
+            .collect()
+    }
+}
+
+/// Renews this replica's Lease and reads the fleet's every `renew_interval`, publishing the view
+/// on `view`, until `shutdown` completes; then deletes its Lease (a clean leave: the others do not
+/// wait for it to expire).
+pub async fn run(
+    client: Client,
+    config: MembershipConfig,
+    view: watch::Sender<Members>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let leases = Api::<Lease>::namespaced(client, &config.namespace);
+    let own = config.lease_name(&config.replica);
+    let selector = format!("{FLEET_LABEL}={},{LEASE_KIND_LABEL}=member", config.fleet);
+    let mut liveness = Liveness::default();
+    let mut renewed_at: Option<Instant> = None;
+    let mut tick = tokio::time::interval(config.renew_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = &mut shutdown => break,
+        }
+        match renew(&leases, &own, &config).await {
+            Ok(()) => renewed_at = Some(Instant::now()),
+            Err(e) => tracing::warn!(lease = %own, "renew membership lease: {e}"),
+        }
+        match leases.list(&ListParams::default().labels(&selector)).await {
+            Ok(list) => {
+                let observed = list.items.iter().filter_map(|lease| {
+                    let member = lease.spec.as_ref()?.holder_identity.clone()?;
+                    Some((member, lease.resource_version().unwrap_or_default()))
+                });
+                liveness.observe(observed, Instant::now());
+            }
+            Err(e) => tracing::warn!("list membership leases: {e}"),
+        }
+        let now = Instant::now();
+        let live = liveness.live(now, config.lease_duration);
+        let members = liveness
+            .unchanged_for(now)
+            .into_iter()
+            .map(|(name, unchanged)| MemberView {
+                live: live.contains(&name),
+                unchanged_for_seconds: unchanged.as_secs_f64(),
+                name,
+            })
+            .collect();
+        let self_renewed =
+            renewed_at.is_some_and(|at| now.duration_since(at) < config.lease_duration);
+        view.send_replace(Members {
+            members,
+            self_renewed,
+        });
+    }
+    if let Err(e) = leases.delete(&own, &DeleteParams::default()).await {
+        tracing::warn!(lease = %own, "delete membership lease on shutdown: {e}");
+    }
+}
+
+/// Writes this replica's Lease with a fresh renew time (server-side apply, so it is created
+/// the first time).
+async fn renew(
+    leases: &Api<Lease>,
+    name: &str,
+    config: &MembershipConfig,
+) -> Result<(), kube::Error> {
+    let lease = serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "labels": { FLEET_LABEL: config.fleet, LEASE_KIND_LABEL: "member" },
+        },
+        "spec": {
+            "holderIdentity": config.replica,
+            "leaseDurationSeconds": config.lease_duration.as_secs().max(1),
+            "renewTime": MicroTime(Timestamp::now()),
+        },
+    });
+    let params = PatchParams::apply(&format!("module-manager-{}", config.replica)).force();
+    leases.patch(name, &params, &Patch::Apply(&lease)).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leases(entries: &[(&str, &str)]) -> Vec<(String, String)> {
+        entries
+            .iter()
+            .map(|(m, v)| (m.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_unchanged_for_the_duration_is_dead_on_the_observers_clock() {
+        let duration = Duration::from_secs(15);
+        let mut liveness = Liveness::default();
+        let start = Instant::now();
+        liveness.observe(leases(&[("a", "1"), ("b", "7")]), start);
+        assert_eq!(
+            liveness.live(start, duration),
+            ["a".to_owned(), "b".to_owned()].into()
+        );
+
+        // a renews every 5 s; b stops (its resourceVersion stays 7).
+        for step in 1..=3u64 {
+            tokio::time::advance(Duration::from_secs(5)).await;
+            liveness.observe(
+                leases(&[("a", &(1 + step).to_string()), ("b", "7")]),
+                Instant::now(),
+            );
+        }
+        // 15 s after b's last change: dead; a is live.
+        assert_eq!(
+            liveness.live(Instant::now(), duration),
+            ["a".to_owned()].into()
+        );
+        assert_eq!(
+            liveness.unchanged_for(Instant::now())["b"],
+            Duration::from_secs(15)
+        );
+
+        // b comes back (a new resourceVersion): live again at once.
+        liveness.observe(leases(&[("a", "5"), ("b", "8")]), Instant::now());
+        assert_eq!(liveness.live(Instant::now(), duration).len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deleted_lease_is_forgotten_and_a_new_member_counts_as_just_renewed() {
+        let duration = Duration::from_secs(15);
+        let mut liveness = Liveness::default();
+        liveness.observe(leases(&[("a", "1"), ("b", "1")]), Instant::now());
+        tokio::time::advance(Duration::from_secs(20)).await;
+        liveness.observe(leases(&[("a", "1"), ("c", "3")]), Instant::now());
+        assert_eq!(
+            liveness.live(Instant::now(), duration),
+            ["c".to_owned()].into()
+        );
+        assert!(!liveness.unchanged_for(Instant::now()).contains_key("b"));
+    }
+
+    #[test]
+    fn lease_names_carry_the_fleet() {
+        let config = MembershipConfig {
+            namespace: "mm".into(),
+            fleet: "core".into(),
+            replica: "module-manager-2".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_interval: Duration::from_secs(5),
+        };
+        assert_eq!(
+            config.lease_name("module-manager-2"),
+            "core-member-module-manager-2"
+        );
+    }
+}
