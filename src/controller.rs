@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,6 +21,9 @@ use crate::api::Manifest;
 use crate::metrics::QueueMetrics;
 use crate::queue::{WorkQueue, backoff};
 use crate::reconcile::{Context, Next, reconcile};
+
+/// Numbers reconcile passes within this process (`reconcile_id` on every log line of a pass).
+static RECONCILE_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// A Manifest's queue key: namespace and name.
 pub type Key = (String, String);
@@ -179,7 +182,9 @@ async fn work(
             name = %key.1,
             uid = manifest.uid().unwrap_or_default(),
             module = %manifest.spec.module,
+            shard = manifest.uid().map(|uid| ctx.shards.shard_of(&uid)).unwrap_or_default(),
             replica = %ctx.replica,
+            reconcile_id = RECONCILE_IDS.fetch_add(1, Ordering::Relaxed),
         );
         // A panic must not leave the key in flight forever (it would never be reconciled again).
         let pass =
