@@ -3,6 +3,7 @@
 pub mod assignment;
 pub mod hash;
 pub mod membership;
+pub mod ownership;
 
 pub use assignment::assign;
 pub use hash::ShardCount;
