@@ -46,6 +46,8 @@ impl MembershipConfig {
 #[derive(Debug, Default)]
 pub struct Liveness {
     seen: BTreeMap<String, Observed>,
+    /// When this observer first looked.
+    observing_since: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -58,6 +60,7 @@ impl Liveness {
     /// Records the current Leases as (member, resourceVersion). A member seen for the first time,
     /// or whose Lease changed, counts as renewed now; members without a Lease are forgotten.
     pub fn observe(&mut self, leases: impl IntoIterator<Item = (String, String)>, now: Instant) {
+        self.observing_since.get_or_insert(now);
         let mut next = BTreeMap::new();
         for (member, version) in leases {
             let since = match self.seen.remove(&member) {
@@ -76,6 +79,17 @@ impl Liveness {
             .filter(|(_, o)| now.duration_since(o.since) < lease_duration)
             .map(|(m, _)| m.clone())
             .collect()
+    }
+
+    /// Whether `member` is known to be dead: its Lease has been seen unchanged for
+    /// `lease_duration`, or it has had no Lease during a whole `lease_duration` of observation
+    /// (a holder this observer never saw may simply have joined after its last read).
+    pub fn is_dead(&self, member: &str, now: Instant, lease_duration: Duration) -> bool {
+        match (self.seen.get(member), self.observing_since) {
+            (Some(observed), _) => now.duration_since(observed.since) >= lease_duration,
+            (None, Some(since)) => now.duration_since(since) >= lease_duration,
+            (None, None) => false,
+        }
     }
 
     /// Every known member and how long its Lease has been unchanged.
@@ -233,6 +247,8 @@ mod tests {
             );
         }
         // 15 s after b's last change: dead; a is live.
+        assert!(liveness.is_dead("b", Instant::now(), duration));
+        assert!(!liveness.is_dead("a", Instant::now(), duration));
         assert_eq!(
             liveness.live(Instant::now(), duration),
             ["a".to_owned()].into()
@@ -259,6 +275,24 @@ mod tests {
             ["c".to_owned()].into()
         );
         assert!(!liveness.unchanged_for(Instant::now()).contains_key("b"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unknown_member_is_dead_only_after_a_whole_lease_duration_of_observation() {
+        let duration = Duration::from_secs(15);
+        let mut liveness = Liveness::default();
+        assert!(
+            !liveness.is_dead("x", Instant::now(), duration),
+            "before any observation"
+        );
+        liveness.observe(leases(&[("a", "1")]), Instant::now());
+        tokio::time::advance(Duration::from_secs(14)).await;
+        assert!(
+            !liveness.is_dead("x", Instant::now(), duration),
+            "may have joined after the last read"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(liveness.is_dead("x", Instant::now(), duration));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 pub mod assignment;
 pub mod hash;
+pub mod leases;
 pub mod membership;
 pub mod ownership;
 

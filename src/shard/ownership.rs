@@ -2,11 +2,10 @@
 //! this replica does about it. The shard-Lease manager (compare-and-swap writes, handover) acts
 //! on these decisions; keeping them pure makes the protocol's rules testable in isolation.
 //!
-//! A shard is owned by X while its Lease names X and X is live. Y may acquire it only when the
-//! Lease names no one or its holder is dead; the owner that is no longer desired releases it
-//! (after draining its in-flight work).
-
-use std::collections::BTreeSet;
+//! A shard is owned by X while its Lease names X and X is not known to be dead. Y may acquire it
+//! only when the Lease names no one or its holder is dead — positive evidence: its membership
+//! Lease seen unchanged for the lease duration, not merely absent from Y's (possibly stale) view
+//! of the fleet. The owner that is no longer desired releases it after draining its work.
 
 /// A shard's Lease as read from the API server.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -20,20 +19,21 @@ pub struct ShardLeaseRecord {
 /// A shard's state as this replica sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ShardState {
-    /// Held by a live member.
+    /// Held by a member not known to be dead.
     Owned(String),
     /// Held by no one (released, or never acquired).
     Free,
-    /// Held by a member that is not live (crashed or partitioned): it may be taken over.
+    /// Held by a member known to be dead (crashed or partitioned): it may be taken over.
     Orphaned(String),
 }
 
-/// The state of a shard from its Lease (`None`: no Lease yet) and the live members.
-pub fn shard_state(lease: Option<&ShardLeaseRecord>, live: &BTreeSet<String>) -> ShardState {
+/// The state of a shard from its Lease (`None`: no Lease yet); `is_dead` answers from the
+/// membership observations (`membership::Liveness::is_dead`).
+pub fn shard_state(lease: Option<&ShardLeaseRecord>, is_dead: impl Fn(&str) -> bool) -> ShardState {
     match lease.and_then(|l| l.holder.as_ref()) {
         None => ShardState::Free,
-        Some(holder) if live.contains(holder) => ShardState::Owned(holder.clone()),
-        Some(holder) => ShardState::Orphaned(holder.clone()),
+        Some(holder) if is_dead(holder) => ShardState::Orphaned(holder.clone()),
+        Some(holder) => ShardState::Owned(holder.clone()),
     }
 }
 
@@ -71,10 +71,6 @@ pub fn decide(me: &str, desired: Option<&str>, state: &ShardState) -> ShardActio
 mod tests {
     use super::*;
 
-    fn live(names: &[&str]) -> BTreeSet<String> {
-        names.iter().map(|n| n.to_string()).collect()
-    }
-
     fn held_by(holder: &str) -> ShardLeaseRecord {
         ShardLeaseRecord {
             holder: Some(holder.into()),
@@ -83,20 +79,25 @@ mod tests {
     }
 
     #[test]
-    fn the_state_follows_the_holders_liveness() {
-        let members = live(&["a", "b"]);
-        assert_eq!(shard_state(None, &members), ShardState::Free);
+    fn the_state_follows_positive_evidence_of_death() {
+        let is_dead = |m: &str| m == "c";
+        assert_eq!(shard_state(None, is_dead), ShardState::Free);
         assert_eq!(
-            shard_state(Some(&ShardLeaseRecord::default()), &members),
+            shard_state(Some(&ShardLeaseRecord::default()), is_dead),
             ShardState::Free
         );
         assert_eq!(
-            shard_state(Some(&held_by("a")), &members),
+            shard_state(Some(&held_by("a")), is_dead),
             ShardState::Owned("a".into())
         );
         assert_eq!(
-            shard_state(Some(&held_by("c")), &members),
+            shard_state(Some(&held_by("c")), is_dead),
             ShardState::Orphaned("c".into())
+        );
+        // A holder this replica has never heard of is not dead: it may just have joined.
+        assert_eq!(
+            shard_state(Some(&held_by("newcomer")), is_dead),
+            ShardState::Owned("newcomer".into())
         );
     }
 
@@ -125,15 +126,13 @@ mod tests {
         }
     }
 
-    /// Whatever the replicas' (possibly different) views of the desired owner, no two of them
-    /// decide to acquire a shard that one of them holds while live: acquiring needs the shard
-    /// free or its holder dead, and the holder's own view never yields `Acquire` for a held shard.
+    /// Whatever the replicas' (possibly different) views of the desired owner, none of them
+    /// decides to acquire a shard whose holder it does not know to be dead.
     #[test]
-    fn a_live_holder_never_loses_a_shard_to_an_acquire() {
+    fn a_holder_not_known_dead_never_loses_a_shard_to_an_acquire() {
         let members = ["a", "b", "c"];
-        let holder_live = live(&members);
         for holder in members {
-            let state = shard_state(Some(&held_by(holder)), &holder_live);
+            let state = shard_state(Some(&held_by(holder)), |_| false);
             for me in members {
                 for desired in members.iter().map(|d| Some(*d)).chain([None]) {
                     assert_ne!(

@@ -1,0 +1,184 @@
+//! Shard Leases: one Lease per shard (`<fleet>-shard-<k>`), written only when its holder
+//! changes, always by compare-and-swap on the resourceVersion that was read, so two replicas
+//! can never both take a shard: the second write fails with a conflict.
+//!
+//! [`sync_shards`] is one round: read the fleet's shard Leases, decide per shard with the pure
+//! rules of `ownership.rs`, write. A replica calls it on every membership tick, and only while
+//! its own membership Lease is renewed (self-fencing is the caller's duty).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::{Error as KubeError, ResourceExt};
+
+use super::hash::ShardCount;
+use super::membership::{FLEET_LABEL, LEASE_KIND_LABEL};
+use super::ownership::{ShardAction, ShardLeaseRecord, ShardState, decide, shard_state};
+
+/// Name of a shard's Lease.
+pub fn lease_name(fleet: &str, shard: u32) -> String {
+    format!("{fleet}-shard-{shard}")
+}
+
+/// What one round did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Round {
+    /// Shards this replica holds after the round (draining ones included: their in-flight
+    /// passes may finish).
+    pub owned: BTreeSet<u32>,
+    /// Owned shards that are no longer desired here: dispatch nothing new, release once quiet.
+    pub draining: BTreeSet<u32>,
+    /// Shards acquired in this round.
+    pub acquired: BTreeSet<u32>,
+    /// Shards released in this round.
+    pub released: BTreeSet<u32>,
+    /// Shards whose write lost a compare-and-swap race (retried next round).
+    pub conflicts: BTreeSet<u32>,
+}
+
+/// One round for replica `me`: the desired owners come from `desired` (index = shard, from the
+/// assignment over the live members); `is_dead(m)` says whether member m is known to be dead
+/// (only then are its shards taken over); `may_release(k)` says whether shard k has drained (no
+/// work in flight), so a shard is only released once it is quiet.
+pub async fn sync_shards(
+    leases: &Api<Lease>,
+    fleet: &str,
+    me: &str,
+    shards: ShardCount,
+    is_dead: impl Fn(&str) -> bool,
+    desired: &[String],
+    may_release: impl Fn(u32) -> bool,
+) -> Result<Round, KubeError> {
+    let selector = format!("{FLEET_LABEL}={fleet},{LEASE_KIND_LABEL}=shard");
+    let existing: BTreeMap<String, Lease> = leases
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items
+        .into_iter()
+        .map(|l| (l.name_any(), l))
+        .collect();
+    let mut round = Round::default();
+    for shard in 0..shards.get() {
+        let name = lease_name(fleet, shard);
+        let lease = existing.get(&name);
+        let record = lease.map(record_of);
+        let state = shard_state(record.as_ref(), &is_dead);
+        let desired_owner = desired.get(shard as usize).map(String::as_str);
+        let result = match decide(me, desired_owner, &state) {
+            ShardAction::Keep | ShardAction::WaitForRelease => {
+                if state == ShardState::Owned(me.to_owned()) {
+                    round.owned.insert(shard);
+                }
+                continue;
+            }
+            ShardAction::Acquire => write(leases, fleet, &name, lease, Some(me))
+                .await
+                .map(|()| {
+                    round.owned.insert(shard);
+                    round.acquired.insert(shard);
+                }),
+            ShardAction::Release if may_release(shard) => {
+                write(leases, fleet, &name, lease, None).await.map(|()| {
+                    round.released.insert(shard);
+                })
+            }
+            ShardAction::Release => {
+                round.owned.insert(shard);
+                round.draining.insert(shard);
+                continue;
+            }
+        };
+        match result {
+            Ok(()) => {}
+            Err(KubeError::Api(status)) if status.code == 409 => {
+                round.conflicts.insert(shard);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(round)
+}
+
+fn record_of(lease: &Lease) -> ShardLeaseRecord {
+    let spec = lease.spec.clone().unwrap_or_default();
+    ShardLeaseRecord {
+        holder: spec.holder_identity.filter(|h| !h.is_empty()),
+        epoch: spec.lease_transitions.unwrap_or(0),
+    }
+}
+
+/// Sets the holder by compare-and-swap: creates the Lease when none was read (409 if someone
+/// else created it meanwhile), else replaces it guarded by the resourceVersion read (409 if it
+/// changed meanwhile). A change of holder bumps `leaseTransitions` (the shard's epoch).
+async fn write(
+    leases: &Api<Lease>,
+    fleet: &str,
+    name: &str,
+    read: Option<&Lease>,
+    holder: Option<&str>,
+) -> Result<(), KubeError> {
+    let mut lease = read.cloned().unwrap_or_else(|| Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(
+                [
+                    (FLEET_LABEL.to_owned(), fleet.to_owned()),
+                    (LEASE_KIND_LABEL.to_owned(), "shard".to_owned()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let mut spec = lease.spec.take().unwrap_or_default();
+    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+    spec.holder_identity = holder.map(str::to_owned);
+    let now = MicroTime(Timestamp::now());
+    if holder.is_some() {
+        spec.acquire_time = Some(now.clone());
+    }
+    spec.renew_time = Some(now);
+    lease.spec = Some(spec);
+    match read {
+        None => leases
+            .create(&PostParams::default(), &lease)
+            .await
+            .map(|_| ()),
+        // `lease` still carries the resourceVersion that was read: the server refuses the
+        // replace with 409 if the Lease changed since.
+        Some(_) => leases
+            .replace(name, &PostParams::default(), &lease)
+            .await
+            .map(|_| ()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_names_and_records() {
+        assert_eq!(lease_name("core", 17), "core-shard-17");
+        let lease = Lease {
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some(String::new()),
+                lease_transitions: Some(4),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            record_of(&lease),
+            ShardLeaseRecord {
+                holder: None,
+                epoch: 4
+            },
+            "an empty holder is no holder"
+        );
+    }
+}
