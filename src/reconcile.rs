@@ -556,19 +556,12 @@ async fn claim(manifest: &Manifest, ctx: &Context, shard: &str) -> Result<(), Re
     if !finalizers.iter().any(|f| f == FINALIZER) {
         finalizers.push(FINALIZER.to_owned());
     }
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "labels": { SHARD_LABEL: shard },
-        "resourceVersion": manifest.resource_version(),
-    }});
-    manifest_api(manifest, ctx)
-        .patch(
-            &manifest.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
-    Ok(())
+    patch_metadata(
+        manifest,
+        ctx,
+        json!({"finalizers": finalizers, "labels": { SHARD_LABEL: shard }}),
+    )
+    .await
 }
 
 /// Replaces the finalizers, guarded by the resourceVersion the decision was made on.
@@ -577,7 +570,18 @@ async fn set_finalizers(
     ctx: &Context,
     finalizers: Vec<String>,
 ) -> Result<(), ReconcileError> {
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": manifest.resource_version()}});
+    patch_metadata(manifest, ctx, json!({ "finalizers": finalizers })).await
+}
+
+/// Merge-patches the Manifest's metadata, guarded by the resourceVersion it was read at (a
+/// concurrent change makes the write fail with a conflict instead of overwriting it).
+async fn patch_metadata(
+    manifest: &Manifest,
+    ctx: &Context,
+    mut metadata: Value,
+) -> Result<(), ReconcileError> {
+    metadata["resourceVersion"] = json!(manifest.resource_version());
+    let patch = json!({ "metadata": metadata });
     manifest_api(manifest, ctx)
         .patch(
             &manifest.name_any(),

@@ -63,6 +63,17 @@ fn desired_of(member: &str, live: &BTreeSet<String>) -> BTreeSet<u32> {
         .collect()
 }
 
+async fn versions(leases: &Api<Lease>) -> Vec<Option<String>> {
+    leases
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|l| l.resource_version())
+        .collect()
+}
+
 async fn holders(leases: &Api<Lease>) -> Vec<(String, String)> {
     let mut list: Vec<(String, String)> = leases
         .list(&ListParams::default())
@@ -94,24 +105,10 @@ async fn replicas_split_take_over_and_hand_back() {
     assert_eq!(b.owned, desired_of(B, &both));
     assert_eq!(a.owned.len() + b.owned.len(), 32);
     // A steady round writes nothing.
-    let before = leases
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|l| l.resource_version())
-        .collect::<Vec<_>>();
+    let before = versions(&leases).await;
     let steady = round(&leases, A, &both, &none).await;
     assert!(steady.acquired.is_empty() && steady.released.is_empty());
-    let after = leases
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|l| l.resource_version())
-        .collect::<Vec<_>>();
+    let after = versions(&leases).await;
     assert_eq!(before, after, "no Lease write in a steady round");
 
     // B crashes: A (seeing only itself live) takes B's shards over.
