@@ -100,6 +100,7 @@ mod tests {
                 unchanged_for_seconds: 1.5,
             }],
             self_renewed: true,
+            renewed_at: None,
         };
         let (status, content_type, body) = get(
             router(state(crate::metrics::registry(), members)),

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use module_manager::shard::leases::{Round, sync_shards};
+use module_manager::shard::leases::{Round, set_holder, sync_shards};
 use module_manager::shard::{ShardCount, assign};
 
 const FLEET: &str = "test";
@@ -169,5 +169,42 @@ async fn a_shard_is_never_held_by_two_replicas_whose_views_disagree() {
     assert_eq!(
         (a.owned, b.owned),
         (desired_of(A, &both), desired_of(B, &both))
+    );
+}
+
+/// The primitive under the rounds, made deterministic: two writers acting on the same read (no
+/// Lease yet, then the same resourceVersion) — the second write always fails with a conflict.
+#[tokio::test]
+async fn of_two_writers_acting_on_the_same_read_only_the_first_succeeds() {
+    let leases = leases().await;
+    let name = module_manager::shard::leases::lease_name(FLEET, 0);
+    let conflict =
+        |r: Result<(), kube::Error>| matches!(r, Err(kube::Error::Api(s)) if s.code == 409);
+
+    // Create path: both read "no Lease".
+    set_holder(&leases, FLEET, &name, None, Some(A))
+        .await
+        .unwrap();
+    assert!(
+        conflict(set_holder(&leases, FLEET, &name, None, Some(B)).await),
+        "a second create must conflict"
+    );
+
+    // Replace path: both read the same version.
+    let read = leases.get(&name).await.unwrap();
+    set_holder(&leases, FLEET, &name, Some(&read), Some(B))
+        .await
+        .unwrap();
+    assert!(
+        conflict(set_holder(&leases, FLEET, &name, Some(&read), Some(A)).await),
+        "a stale replace must conflict"
+    );
+
+    let now = leases.get(&name).await.unwrap().spec.unwrap();
+    assert_eq!(now.holder_identity.as_deref(), Some(B));
+    assert_eq!(
+        now.lease_transitions,
+        Some(2),
+        "one epoch per change of holder"
     );
 }

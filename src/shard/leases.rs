@@ -37,9 +37,16 @@ pub struct Round {
     pub released: BTreeSet<u32>,
     /// Shards whose write lost a compare-and-swap race (retried next round).
     pub conflicts: BTreeSet<u32>,
+    /// Shards whose write failed otherwise (retried next round); a failed release keeps the
+    /// shard owned and draining.
+    pub failed: BTreeSet<u32>,
+    /// The epoch (`leaseTransitions`) of every owned shard: a reconcile can compare it before a
+    /// write phase to notice a takeover.
+    pub epochs: BTreeMap<u32, i32>,
 }
 
-/// One round for replica `me`: the desired owners come from `desired` (index = shard, from the
+/// One round for replica `me` (only the list of shard Leases failing is an error; a failed
+/// write is reported in [`Round::failed`]): the desired owners come from `desired` (index = shard, from the
 /// assignment over the live members); `is_dead(m)` says whether member m is known to be dead
 /// (only then are its shards taken over); `may_release(k)` says whether shard k has drained (no
 /// work in flight), so a shard is only released once it is quiet.
@@ -48,7 +55,7 @@ pub async fn sync_shards(
     fleet: &str,
     me: &str,
     shards: ShardCount,
-    is_dead: impl Fn(&str) -> bool,
+    mut is_dead: impl FnMut(&str) -> bool,
     desired: &[String],
     may_release: impl Fn(u32) -> bool,
 ) -> Result<Round, KubeError> {
@@ -65,38 +72,56 @@ pub async fn sync_shards(
         let name = lease_name(fleet, shard);
         let lease = existing.get(&name);
         let record = lease.map(record_of);
-        let state = shard_state(record.as_ref(), &is_dead);
+        let state = shard_state(record.as_ref(), &mut is_dead);
+        let epoch = record.as_ref().map_or(0, |r| r.epoch);
         let desired_owner = desired.get(shard as usize).map(String::as_str);
-        let result = match decide(me, desired_owner, &state) {
-            ShardAction::Keep | ShardAction::WaitForRelease => {
-                if state == ShardState::Owned(me.to_owned()) {
-                    round.owned.insert(shard);
+        let action = decide(me, desired_owner, &state);
+        let result =
+            match action {
+                ShardAction::Keep | ShardAction::WaitForRelease => {
+                    if state == ShardState::Owned(me.to_owned()) {
+                        round.owned.insert(shard);
+                        round.epochs.insert(shard, epoch);
+                    }
+                    continue;
                 }
-                continue;
-            }
-            ShardAction::Acquire => write(leases, fleet, &name, lease, Some(me))
-                .await
-                .map(|()| {
+                ShardAction::Acquire => set_holder(leases, fleet, &name, lease, Some(me))
+                    .await
+                    .map(|()| {
+                        round.owned.insert(shard);
+                        round.acquired.insert(shard);
+                        round.epochs.insert(shard, epoch + 1);
+                    }),
+                ShardAction::Release if may_release(shard) => {
+                    set_holder(leases, fleet, &name, lease, None)
+                        .await
+                        .map(|()| {
+                            round.released.insert(shard);
+                        })
+                }
+                ShardAction::Release => {
                     round.owned.insert(shard);
-                    round.acquired.insert(shard);
-                }),
-            ShardAction::Release if may_release(shard) => {
-                write(leases, fleet, &name, lease, None).await.map(|()| {
-                    round.released.insert(shard);
-                })
-            }
-            ShardAction::Release => {
-                round.owned.insert(shard);
-                round.draining.insert(shard);
-                continue;
-            }
-        };
+                    round.draining.insert(shard);
+                    round.epochs.insert(shard, epoch);
+                    continue;
+                }
+            };
         match result {
             Ok(()) => {}
             Err(KubeError::Api(status)) if status.code == 409 => {
                 round.conflicts.insert(shard);
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                // Keep going: the round's other decisions stand and are reported. A release
+                // that failed leaves the shard ours (and draining).
+                tracing::warn!(shard, "write shard lease: {e}");
+                round.failed.insert(shard);
+                if action == ShardAction::Release {
+                    round.owned.insert(shard);
+                    round.draining.insert(shard);
+                    round.epochs.insert(shard, epoch);
+                }
+            }
         }
     }
     Ok(round)
@@ -110,10 +135,10 @@ fn record_of(lease: &Lease) -> ShardLeaseRecord {
     }
 }
 
-/// Sets the holder by compare-and-swap: creates the Lease when none was read (409 if someone
+/// Sets the holder of a shard Lease by compare-and-swap: creates the Lease when none was read (409 if someone
 /// else created it meanwhile), else replaces it guarded by the resourceVersion read (409 if it
 /// changed meanwhile). A change of holder bumps `leaseTransitions` (the shard's epoch).
-async fn write(
+pub async fn set_holder(
     leases: &Api<Lease>,
     fleet: &str,
     name: &str,

@@ -42,12 +42,16 @@ impl MembershipConfig {
     }
 }
 
-/// When each member's Lease was last seen to change (pure).
+/// When each member's Lease was last seen to change (pure). Evidence of death accumulates only
+/// through successful observations: an observer whose own lists fail learns nothing, and
+/// declares no one dead because of it.
 #[derive(Debug, Default)]
 pub struct Liveness {
     seen: BTreeMap<String, Observed>,
-    /// When this observer first looked.
-    observing_since: Option<Instant>,
+    /// Holders asked about while they had no membership Lease here, and since when.
+    absent: BTreeMap<String, Instant>,
+    /// When the last successful observation was made.
+    last_observed: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -57,37 +61,54 @@ struct Observed {
 }
 
 impl Liveness {
-    /// Records the current Leases as (member, resourceVersion). A member seen for the first time,
-    /// or whose Lease changed, counts as renewed now; members without a Lease are forgotten.
+    /// Records a successful read of the Leases as (member, resourceVersion). A member seen for
+    /// the first time, or whose Lease changed, counts as renewed now; members without a Lease
+    /// are forgotten.
     pub fn observe(&mut self, leases: impl IntoIterator<Item = (String, String)>, now: Instant) {
-        self.observing_since.get_or_insert(now);
         let mut next = BTreeMap::new();
         for (member, version) in leases {
             let since = match self.seen.remove(&member) {
                 Some(old) if old.version == version => old.since,
                 _ => now,
             };
+            self.absent.remove(&member);
             next.insert(member, Observed { version, since });
         }
         self.seen = next;
+        self.last_observed = Some(now);
     }
 
-    /// Members whose Lease changed within `lease_duration` before `now`.
-    pub fn live(&self, now: Instant, lease_duration: Duration) -> BTreeSet<String> {
+    /// Notes shard holders this observer has no membership Lease for (from `now` on, they are
+    /// watched for absence).
+    pub fn note_holders<'a>(&mut self, holders: impl IntoIterator<Item = &'a str>, now: Instant) {
+        for holder in holders {
+            if !self.seen.contains_key(holder) {
+                self.absent.entry(holder.to_owned()).or_insert(now);
+            }
+        }
+    }
+
+    /// Members whose Lease changed within `lease_duration` before the last observation.
+    pub fn live(&self, lease_duration: Duration) -> BTreeSet<String> {
         self.seen
-            .iter()
-            .filter(|(_, o)| now.duration_since(o.since) < lease_duration)
-            .map(|(m, _)| m.clone())
+            .keys()
+            .filter(|m| !self.is_dead(m, lease_duration))
+            .cloned()
             .collect()
     }
 
-    /// Whether `member` is known to be dead: its Lease has been seen unchanged for
-    /// `lease_duration`, or it has had no Lease during a whole `lease_duration` of observation
-    /// (a holder this observer never saw may simply have joined after its last read).
-    pub fn is_dead(&self, member: &str, now: Instant, lease_duration: Duration) -> bool {
-        match (self.seen.get(member), self.observing_since) {
-            (Some(observed), _) => now.duration_since(observed.since) >= lease_duration,
-            (None, Some(since)) => now.duration_since(since) >= lease_duration,
+    /// Whether `member` is known to be dead: its Lease was seen unchanged across successful
+    /// observations spanning `lease_duration`; or, for a holder without a membership Lease
+    /// (noted with [`Liveness::note_holders`]), successful observations over a whole
+    /// `lease_duration` never showed one. A holder never noted is not dead: it may have joined
+    /// after the last read.
+    pub fn is_dead(&self, member: &str, lease_duration: Duration) -> bool {
+        let Some(last) = self.last_observed else {
+            return false;
+        };
+        match (self.seen.get(member), self.absent.get(member)) {
+            (Some(observed), _) => last.saturating_duration_since(observed.since) >= lease_duration,
+            (None, Some(since)) => last.saturating_duration_since(*since) >= lease_duration,
             (None, None) => false,
         }
     }
@@ -117,8 +138,13 @@ pub struct MemberView {
 pub struct Members {
     /// Every member with a Lease, by name.
     pub members: Vec<MemberView>,
-    /// Whether this replica renewed its own Lease within the lease duration.
+    /// Whether this replica renewed its own Lease within the lease duration (when the view was
+    /// published).
     pub self_renewed: bool,
+    /// When this replica's last successful renewal started: consumers check it *when they act*,
+    /// against a renew deadline shorter than the lease duration.
+    #[serde(skip)]
+    pub renewed_at: Option<Instant>,
 }
 
 impl Members {
@@ -154,22 +180,33 @@ pub async fn run(
             _ = tick.tick() => {}
             _ = &mut shutdown => break,
         }
-        match renew(&leases, &own, &config).await {
-            Ok(()) => renewed_at = Some(Instant::now()),
-            Err(e) => tracing::warn!(lease = %own, "renew membership lease: {e}"),
+        // Each request is bounded by the renew interval: a hanging request must not keep a stale
+        // view (and a stale "renewed") published.
+        let started = Instant::now();
+        match tokio::time::timeout(config.renew_interval, renew(&leases, &own, &config)).await {
+            // The renewal happened no earlier than the request started: count from there.
+            Ok(Ok(())) => renewed_at = Some(started),
+            Ok(Err(e)) => tracing::warn!(lease = %own, "renew membership lease: {e}"),
+            Err(_) => tracing::warn!(lease = %own, "renew membership lease: timed out"),
         }
-        match leases.list(&ListParams::default().labels(&selector)).await {
-            Ok(list) => {
+        let list = tokio::time::timeout(
+            config.renew_interval,
+            leases.list(&ListParams::default().labels(&selector)),
+        )
+        .await;
+        match list {
+            Err(_) => tracing::warn!("list membership leases: timed out"),
+            Ok(Err(e)) => tracing::warn!("list membership leases: {e}"),
+            Ok(Ok(list)) => {
                 let observed = list.items.iter().filter_map(|lease| {
                     let member = lease.spec.as_ref()?.holder_identity.clone()?;
                     Some((member, lease.resource_version().unwrap_or_default()))
                 });
                 liveness.observe(observed, Instant::now());
             }
-            Err(e) => tracing::warn!("list membership leases: {e}"),
         }
         let now = Instant::now();
-        let live = liveness.live(now, config.lease_duration);
+        let live = liveness.live(config.lease_duration);
         let members = liveness
             .unchanged_for(now)
             .into_iter()
@@ -184,6 +221,7 @@ pub async fn run(
         view.send_replace(Members {
             members,
             self_renewed,
+            renewed_at,
         });
     }
     if let Err(e) = leases.delete(&own, &DeleteParams::default()).await {
@@ -227,16 +265,17 @@ mod tests {
             .collect()
     }
 
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|n| n.to_string()).collect()
+    }
+
+    const DURATION: Duration = Duration::from_secs(15);
+
     #[tokio::test(start_paused = true)]
     async fn a_lease_unchanged_for_the_duration_is_dead_on_the_observers_clock() {
-        let duration = Duration::from_secs(15);
         let mut liveness = Liveness::default();
-        let start = Instant::now();
-        liveness.observe(leases(&[("a", "1"), ("b", "7")]), start);
-        assert_eq!(
-            liveness.live(start, duration),
-            ["a".to_owned(), "b".to_owned()].into()
-        );
+        liveness.observe(leases(&[("a", "1"), ("b", "7")]), Instant::now());
+        assert_eq!(liveness.live(DURATION), names(&["a", "b"]));
 
         // a renews every 5 s; b stops (its resourceVersion stays 7).
         for step in 1..=3u64 {
@@ -247,12 +286,9 @@ mod tests {
             );
         }
         // 15 s after b's last change: dead; a is live.
-        assert!(liveness.is_dead("b", Instant::now(), duration));
-        assert!(!liveness.is_dead("a", Instant::now(), duration));
-        assert_eq!(
-            liveness.live(Instant::now(), duration),
-            ["a".to_owned()].into()
-        );
+        assert!(liveness.is_dead("b", DURATION));
+        assert!(!liveness.is_dead("a", DURATION));
+        assert_eq!(liveness.live(DURATION), names(&["a"]));
         assert_eq!(
             liveness.unchanged_for(Instant::now())["b"],
             Duration::from_secs(15)
@@ -260,39 +296,61 @@ mod tests {
 
         // b comes back (a new resourceVersion): live again at once.
         liveness.observe(leases(&[("a", "5"), ("b", "8")]), Instant::now());
-        assert_eq!(liveness.live(Instant::now(), duration).len(), 2);
+        assert_eq!(liveness.live(DURATION).len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_observations_are_no_evidence_of_death() {
+        let mut liveness = Liveness::default();
+        liveness.observe(leases(&[("a", "1")]), Instant::now());
+        // This observer's own lists fail for a minute: nothing is observed.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(
+            !liveness.is_dead("a", DURATION),
+            "no successful observation saw a unchanged that long"
+        );
+        // Its lists work again and a has renewed meanwhile.
+        liveness.observe(leases(&[("a", "9")]), Instant::now());
+        assert!(!liveness.is_dead("a", DURATION));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_deleted_lease_is_forgotten_and_a_new_member_counts_as_just_renewed() {
-        let duration = Duration::from_secs(15);
         let mut liveness = Liveness::default();
         liveness.observe(leases(&[("a", "1"), ("b", "1")]), Instant::now());
         tokio::time::advance(Duration::from_secs(20)).await;
         liveness.observe(leases(&[("a", "1"), ("c", "3")]), Instant::now());
-        assert_eq!(
-            liveness.live(Instant::now(), duration),
-            ["c".to_owned()].into()
-        );
+        assert_eq!(liveness.live(DURATION), names(&["c"]));
         assert!(!liveness.unchanged_for(Instant::now()).contains_key("b"));
     }
 
+    /// A replica that has observed for a long time meets a shard holder it has never listed (it
+    /// joined after the last read): not dead until a whole lease duration of successful reads
+    /// from the moment it was first asked about has never shown its Lease.
     #[tokio::test(start_paused = true)]
-    async fn an_unknown_member_is_dead_only_after_a_whole_lease_duration_of_observation() {
-        let duration = Duration::from_secs(15);
+    async fn an_unknown_holder_is_dead_only_after_a_lease_duration_of_absence_since_first_asked() {
         let mut liveness = Liveness::default();
-        assert!(
-            !liveness.is_dead("x", Instant::now(), duration),
-            "before any observation"
-        );
+        assert!(!liveness.is_dead("x", DURATION), "before any observation");
         liveness.observe(leases(&[("a", "1")]), Instant::now());
-        tokio::time::advance(Duration::from_secs(14)).await;
+        tokio::time::advance(Duration::from_secs(60)).await; // observing for long
+        liveness.observe(leases(&[("a", "2")]), Instant::now());
         assert!(
-            !liveness.is_dead("x", Instant::now(), duration),
-            "may have joined after the last read"
+            !liveness.is_dead("x", DURATION),
+            "never asked about: not dead"
         );
+        liveness.note_holders(["x"], Instant::now());
+        assert!(!liveness.is_dead("x", DURATION), "just noted");
+        for _ in 0..2 {
+            tokio::time::advance(Duration::from_secs(7)).await;
+            liveness.observe(leases(&[("a", "3")]), Instant::now());
+        }
+        assert!(!liveness.is_dead("x", DURATION), "14 s of absence");
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(liveness.is_dead("x", Instant::now(), duration));
+        liveness.observe(leases(&[("a", "4")]), Instant::now());
+        assert!(liveness.is_dead("x", DURATION), "15 s of observed absence");
+        // Had it shown up meanwhile, it would be live.
+        liveness.observe(leases(&[("a", "5"), ("x", "1")]), Instant::now());
+        assert!(!liveness.is_dead("x", DURATION));
     }
 
     #[test]

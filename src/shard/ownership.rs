@@ -29,7 +29,10 @@ pub enum ShardState {
 
 /// The state of a shard from its Lease (`None`: no Lease yet); `is_dead` answers from the
 /// membership observations (`membership::Liveness::is_dead`).
-pub fn shard_state(lease: Option<&ShardLeaseRecord>, is_dead: impl Fn(&str) -> bool) -> ShardState {
+pub fn shard_state(
+    lease: Option<&ShardLeaseRecord>,
+    is_dead: impl FnOnce(&str) -> bool,
+) -> ShardState {
     match lease.and_then(|l| l.holder.as_ref()) {
         None => ShardState::Free,
         Some(holder) if is_dead(holder) => ShardState::Orphaned(holder.clone()),
