@@ -53,6 +53,41 @@ async fn members(State(state): State<AdminState>) -> Json<Members> {
     Json(state.members.borrow().clone())
 }
 
+/// Fetches the fleet's members from a replica's admin API (`base`: `http://host:port`).
+pub async fn fetch_members(base: &str) -> anyhow::Result<Members> {
+    use http_body_util::BodyExt;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<axum::body::Body>();
+    let uri: axum::http::Uri = format!("{}/v1/members", base.trim_end_matches('/')).parse()?;
+    let response = tokio::time::timeout(std::time::Duration::from_secs(10), client.get(uri))
+        .await
+        .map_err(|_| anyhow::anyhow!("ask {base}: no answer within 10 s"))?
+        .map_err(|e| anyhow::anyhow!("ask {base}: {e:?}"))?;
+    anyhow::ensure!(
+        response.status().is_success(),
+        "GET /v1/members: {}",
+        response.status()
+    );
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok(serde_json::from_slice(&body)?)
+}
+
+/// The members as a table, for the command line.
+pub fn members_table(members: &Members) -> String {
+    let mut out = format!("{:<32} {:<5} {}\n", "NAME", "LIVE", "UNCHANGED FOR");
+    for member in &members.members {
+        let live = if member.live { "yes" } else { "no" };
+        out += &format!(
+            "{:<32} {:<5} {:.1}s\n",
+            member.name, live, member.unchanged_for_seconds
+        );
+    }
+    if !members.self_renewed {
+        out += "(the replica asked has not renewed its own Lease within the lease duration)\n";
+    }
+    out
+}
+
 /// The OpenMetrics text exposition.
 async fn metrics(State(state): State<AdminState>) -> Response {
     let mut body = String::new();
@@ -89,6 +124,57 @@ mod tests {
             synced: Arc::default(),
             members: watch::channel(members).1,
         }
+    }
+
+    #[test]
+    fn members_print_as_a_table() {
+        let members = Members {
+            members: vec![
+                MemberView {
+                    name: "module-manager-0".into(),
+                    live: true,
+                    unchanged_for_seconds: 1.25,
+                },
+                MemberView {
+                    name: "module-manager-1".into(),
+                    live: false,
+                    unchanged_for_seconds: 20.0,
+                },
+            ],
+            self_renewed: false,
+            renewed_at: None,
+        };
+        let table = members_table(&members);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].starts_with("NAME") && lines[0].contains("LIVE"));
+        assert!(
+            lines[1].starts_with("module-manager-0")
+                && lines[1].contains("yes")
+                && lines[1].ends_with("1.2s")
+        );
+        assert!(lines[2].contains(" no ") && lines[2].ends_with("20.0s"));
+        assert!(lines[3].contains("has not renewed"));
+    }
+
+    /// The command line's client against the real router on a loopback port.
+    #[tokio::test]
+    async fn the_cli_client_reads_members_from_a_served_router() {
+        let members = Members {
+            members: vec![MemberView {
+                name: "module-manager-0".into(),
+                live: true,
+                unchanged_for_seconds: 0.5,
+            }],
+            self_renewed: true,
+            renewed_at: None,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let app = router(state(crate::metrics::registry(), members.clone()));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let fetched = fetch_members(&format!("http://{address}")).await.unwrap();
+        assert_eq!(fetched.members, members.members);
+        assert!(fetched.self_renewed);
     }
 
     #[tokio::test]

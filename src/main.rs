@@ -30,6 +30,20 @@ enum Command {
     Crd,
     /// Run the operator: reconcile every Manifest of the cluster in $KUBECONFIG (or in-cluster).
     Run(Box<RunArgs>),
+    /// Ask a replica's admin API and print the answer as a table.
+    Admin {
+        /// The replica's admin API.
+        #[arg(long, default_value = "http://127.0.0.1:9440", global = true)]
+        url: String,
+        #[command(subcommand)]
+        view: AdminView,
+    },
+}
+
+#[derive(Subcommand)]
+enum AdminView {
+    /// The fleet's members and whether each is live.
+    Members,
 }
 
 #[derive(clap::Args)]
@@ -81,6 +95,17 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crd => print!("{}", module_manager::api::manifest_crd_yaml()),
         Command::Run(args) => run(*args).await?,
+        Command::Admin {
+            url,
+            view: AdminView::Members,
+        } => {
+            print!(
+                "{}",
+                module_manager::admin::members_table(
+                    &module_manager::admin::fetch_members(&url).await?
+                )
+            );
+        }
     }
     Ok(())
 }
