@@ -28,8 +28,14 @@ const RESOURCE_POLICY: &str = "helm.sh/resource-policy";
 /// What a guarded delete did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Deletion {
-    /// The delete was accepted (the object may still be terminating).
-    Deleted,
+    /// The delete was issued now; `terminating` when the object is still there (waiting for
+    /// finalizers or dependents).
+    Deleted {
+        /// Whether the object still exists.
+        terminating: bool,
+    },
+    /// A delete issued on an earlier pass is still in progress.
+    Terminating,
     /// The object (or its kind) was already gone.
     Gone,
     /// The object was left alone, for the reason given.
@@ -92,14 +98,15 @@ impl ApplyError {
 
 /// What discovery says about a target: its version, the `--api-versions` helm gets, and the
 /// resource of every served kind.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ApiSurface {
     /// `gitVersion`, e.g. `v1.36.3`.
     pub kube_version: String,
     /// Every `group/version` and `group/version/Kind` served, sorted (the core group without
     /// its empty prefix: `v1`, `v1/ConfigMap`).
-    pub api_versions: Vec<String>,
+    pub api_versions: Arc<[String]>,
     kinds: HashMap<(String, String, String), (ApiResource, Scope)>,
+    discovered_at: std::time::Instant,
 }
 
 impl ApiSurface {
@@ -141,10 +148,24 @@ impl ApiSurface {
         api_versions.dedup();
         Self {
             kube_version,
-            api_versions,
+            api_versions: api_versions.into(),
             kinds,
+            discovered_at: std::time::Instant::now(),
         }
     }
+}
+
+/// Runs discovery (the version, then every group through aggregated discovery).
+async fn discover(client: &Client) -> Result<ApiSurface, ApplyError> {
+    let version = client
+        .apiserver_version()
+        .await
+        .map_err(ApplyError::Discovery)?;
+    let discovery = Discovery::new(client.clone())
+        .run_aggregated()
+        .await
+        .map_err(ApplyError::Discovery)?;
+    Ok(ApiSurface::from_discovery(version.git_version, &discovery))
 }
 
 /// A cluster that modules are applied to, with its discovery cached.
@@ -156,12 +177,8 @@ pub struct Cluster {
 impl Cluster {
     /// Connects and runs discovery.
     pub async fn connect(client: Client) -> Result<Self, ApplyError> {
-        let cluster = Self {
-            client,
-            surface: RwLock::default(),
-        };
-        cluster.refresh_discovery().await?;
-        Ok(cluster)
+        let surface = RwLock::new(Arc::new(discover(&client).await?));
+        Ok(Self { client, surface })
     }
 
     /// The client.
@@ -178,19 +195,22 @@ impl Cluster {
     }
 
     /// Re-runs discovery (after CRDs changed, or when a kind is unknown).
-    pub async fn refresh_discovery(&self) -> Result<Arc<ApiSurface>, ApplyError> {
-        let version = self
-            .client
-            .apiserver_version()
-            .await
-            .map_err(ApplyError::Discovery)?;
-        let discovery = Discovery::new(self.client.clone())
-            .run_aggregated()
-            .await
-            .map_err(ApplyError::Discovery)?;
-        let surface = Arc::new(ApiSurface::from_discovery(version.git_version, &discovery));
-        *self.surface.write().unwrap_or_else(|e| e.into_inner()) = surface.clone();
-        Ok(surface)
+    pub async fn refresh_discovery(&self) -> Result<(), ApplyError> {
+        let surface = Arc::new(discover(&self.client).await?);
+        *self.surface.write().unwrap_or_else(|e| e.into_inner()) = surface;
+        Ok(())
+    }
+
+    /// The discovery snapshot, refreshed first when it is older than `max_age` (the target may
+    /// have been upgraded, or served new APIs, since).
+    pub async fn fresh_surface(
+        &self,
+        max_age: std::time::Duration,
+    ) -> Result<Arc<ApiSurface>, ApplyError> {
+        if self.surface().discovered_at.elapsed() > max_age {
+            self.refresh_discovery().await?;
+        }
+        Ok(self.surface())
     }
 
     fn api_for(&self, id: &InventoryEntry) -> Result<Api<DynamicObject>, ApplyError> {
@@ -260,18 +280,6 @@ impl Cluster {
             .map_err(|e| ApplyError::from_kube(&object.id, e))
     }
 
-    /// Reads an object; `None` when it or its kind is gone.
-    pub async fn get(&self, id: &InventoryEntry) -> Result<Option<DynamicObject>, ApplyError> {
-        match self.api_for(id) {
-            Ok(api) => api
-                .get_opt(&id.name)
-                .await
-                .map_err(|e| ApplyError::from_kube(id, e)),
-            Err(ApplyError::UnknownKind(_)) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
     /// Deletes an object managed by the Manifest `owner_uid`, in the background (dependents by
     /// the garbage collector). Objects without the Manifest's label, or annotated
     /// `helm.sh/resource-policy: keep`, are kept. The delete is conditional on the UID that was
@@ -309,6 +317,9 @@ impl Cluster {
         {
             return Ok(Deletion::Kept("helm.sh/resource-policy: keep"));
         }
+        if existing.metadata.deletion_timestamp.is_some() {
+            return Ok(Deletion::Terminating); // deleted on an earlier pass: no second request
+        }
         let params = DeleteParams {
             propagation_policy: Some(PropagationPolicy::Background),
             preconditions: existing.metadata.uid.clone().map(|uid| Preconditions {
@@ -317,8 +328,11 @@ impl Cluster {
             }),
             ..Default::default()
         };
+        // The answer is the object while it still exists, a Status once it is gone.
         match api.delete(&id.name, &params).await {
-            Ok(_) => Ok(Deletion::Deleted),
+            Ok(either) => Ok(Deletion::Deleted {
+                terminating: either.is_left(),
+            }),
             Err(KubeError::Api(status)) if matches!(status.code, 404 | 409) => Ok(Deletion::Gone),
             Err(e) => Err(ApplyError::from_kube(id, e)),
         }

@@ -31,70 +31,63 @@ fn condition_true(object: &Value, kind: &str) -> bool {
     condition(object, kind).is_some_and(|c| c["status"] == "True")
 }
 
-/// Readiness of Deployments, StatefulSets, DaemonSets (rolled out), Jobs (complete) and CRDs
-/// (established); every other kind is ready once applied.
+/// Readiness of Deployments, StatefulSets, DaemonSets (rolled out) and Jobs (complete); every
+/// other kind is ready once applied. (CRDs are waited for until Established before anything else
+/// is applied, so they never reach this check.)
 pub fn readiness(id: &InventoryEntry, object: &Value) -> Readiness {
-    let generation = int(object, "/metadata/generation");
-    let observed = int(object, "/status/observedGeneration");
     let waiting = |what: String| Readiness::Waiting(format!("{} {}: {what}", id.kind, id.name));
-    match (id.group.as_str(), id.kind.as_str()) {
-        ("apps", "Deployment") | ("apps", "StatefulSet") => {
-            let desired = object
-                .pointer("/spec/replicas")
-                .and_then(Value::as_i64)
-                .unwrap_or(1);
-            let updated = int(object, "/status/updatedReplicas");
-            let ready_field = if id.kind == "Deployment" {
-                "/status/availableReplicas"
-            } else {
-                "/status/readyReplicas"
-            };
-            let ready = int(object, ready_field);
-            if observed < generation {
-                waiting("the controller has not observed the latest spec".into())
-            } else if updated < desired || ready < desired {
-                waiting(format!(
-                    "{ready} of {desired} replicas ready, {updated} updated"
-                ))
-            } else {
-                Readiness::Ready
-            }
-        }
-        ("apps", "DaemonSet") => {
-            let desired = int(object, "/status/desiredNumberScheduled");
-            let updated = int(object, "/status/updatedNumberScheduled");
-            let available = int(object, "/status/numberAvailable");
-            if observed < generation {
-                waiting("the controller has not observed the latest spec".into())
-            } else if updated < desired || available < desired {
-                waiting(format!(
-                    "{available} of {desired} pods available, {updated} updated"
-                ))
-            } else {
-                Readiness::Ready
-            }
-        }
-        ("batch", "Job") => {
-            if condition_true(object, "Failed") {
-                let message = condition(object, "Failed")
-                    .and_then(|c| c["message"].as_str())
-                    .unwrap_or("");
-                Readiness::Failed(format!("Job {} failed: {message}", id.name))
-            } else if condition_true(object, "Complete") {
-                Readiness::Ready
-            } else {
-                waiting("not complete".into())
-            }
-        }
-        ("apiextensions.k8s.io", "CustomResourceDefinition") => {
-            if condition_true(object, "Established") {
-                Readiness::Ready
-            } else {
-                waiting("not established".into())
-            }
-        }
-        _ => Readiness::Ready,
+    // (desired, updated, ready, what is counted) for the workloads that roll out.
+    let rollout = match (id.group.as_str(), id.kind.as_str()) {
+        ("apps", "Deployment") => Some((
+            replicas(object),
+            int(object, "/status/updatedReplicas"),
+            int(object, "/status/availableReplicas"),
+            "replicas available",
+        )),
+        ("apps", "StatefulSet") => Some((
+            replicas(object),
+            int(object, "/status/updatedReplicas"),
+            int(object, "/status/readyReplicas"),
+            "replicas ready",
+        )),
+        ("apps", "DaemonSet") => Some((
+            int(object, "/status/desiredNumberScheduled"),
+            int(object, "/status/updatedNumberScheduled"),
+            int(object, "/status/numberAvailable"),
+            "pods available",
+        )),
+        _ => None,
+    };
+    if let Some((desired, updated, ready, counted)) = rollout {
+        return if int(object, "/status/observedGeneration") < int(object, "/metadata/generation") {
+            waiting("the controller has not observed the latest spec".into())
+        } else if updated < desired || ready < desired {
+            waiting(format!("{ready} of {desired} {counted}, {updated} updated"))
+        } else {
+            Readiness::Ready
+        };
     }
+    if (id.group.as_str(), id.kind.as_str()) == ("batch", "Job") {
+        return if condition_true(object, "Failed") {
+            let message = condition(object, "Failed")
+                .and_then(|c| c["message"].as_str())
+                .unwrap_or("");
+            Readiness::Failed(format!("Job {} failed: {message}", id.name))
+        } else if condition_true(object, "Complete") {
+            Readiness::Ready
+        } else {
+            waiting("not complete".into())
+        };
+    }
+    Readiness::Ready
+}
+
+/// `spec.replicas`, which defaults to 1.
+fn replicas(object: &Value) -> i64 {
+    object
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1)
 }
 
 #[cfg(test)]
@@ -146,7 +139,7 @@ mod tests {
     }
 
     #[test]
-    fn daemonsets_jobs_and_crds() {
+    fn daemonsets_and_jobs() {
         let ds = json!({"metadata": {"generation": 1}, "status": {"observedGeneration": 1,
             "desiredNumberScheduled": 2, "updatedNumberScheduled": 2, "numberAvailable": 1}});
         assert!(matches!(
@@ -166,11 +159,6 @@ mod tests {
         assert!(
             matches!(readiness(&job, &failed), Readiness::Failed(m) if m.contains("BackoffLimitExceeded"))
         );
-        let crd = id("apiextensions.k8s.io", "CustomResourceDefinition");
-        assert!(matches!(
-            readiness(&crd, &json!({"status": {}})),
-            Readiness::Waiting(_)
-        ));
         assert_eq!(
             readiness(&id("", "ConfigMap"), &json!({})),
             Readiness::Ready

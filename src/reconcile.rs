@@ -35,6 +35,8 @@ pub const FINALIZER: &str = "modulemanager.io/finalizer";
 
 /// How long to wait for CRDs of a chart to become Established within one pass.
 const CRD_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
+/// How old the target's discovery may be before a pass refreshes it (upgrades, new APIs).
+const DISCOVERY_MAX_AGE: Duration = Duration::from_secs(300);
 /// Requeue while workloads roll out or objects are being deleted.
 const PROGRESS_REQUEUE: Duration = Duration::from_secs(5);
 
@@ -262,7 +264,7 @@ async fn install(
             })
         })??;
     let values = gather_values(manifest, ctx).await?;
-    let surface = ctx.cluster.surface();
+    let surface = ctx.cluster.fresh_surface(DISCOVERY_MAX_AGE).await?;
     let request = RenderRequest {
         chart,
         release: manifest
@@ -357,15 +359,7 @@ async fn install(
                     Some(reason) => Deletion::Kept(reason),
                     None => ctx.cluster.delete(id, &uid).await?,
                 };
-                match outcome {
-                    Deletion::Deleted => {
-                        ctx.metrics.deleted.inc();
-                    }
-                    Deletion::Gone => {}
-                    Deletion::Kept(reason) => {
-                        tracing::info!(object = %plan::describe(id), "not pruned: {reason}")
-                    }
-                }
+                count_deletion(ctx, id, &outcome);
             }
             None
         }
@@ -605,27 +599,18 @@ async fn delete(manifest: &Manifest, ctx: &Context) -> Result<Option<Pass>, Reco
         .unwrap_or_default();
     if manifest.spec.deletion_policy == DeletionPolicy::Delete && !inventory.is_empty() {
         plan::sort_for_deletion(&mut inventory);
-        let mut deleted = Vec::new();
-        for id in &inventory {
-            match plan::protected(id, &manifest_namespace) {
-                Some(reason) => {
-                    tracing::info!(object = %plan::describe(id), "not deleted: {reason}")
-                }
-                None => match ctx.cluster.delete(id, &uid).await? {
-                    Deletion::Deleted => {
-                        ctx.metrics.deleted.inc();
-                        deleted.push(id);
-                    }
-                    Deletion::Gone => {}
-                    Deletion::Kept(reason) => {
-                        tracing::info!(object = %plan::describe(id), "not deleted: {reason}")
-                    }
-                },
-            }
-        }
+        // Objects still terminating; the next pass looks again (without deleting them twice).
         let mut remaining = Vec::new();
-        for id in deleted {
-            if ctx.cluster.get(id).await?.is_some() {
+        for id in &inventory {
+            let outcome = match plan::protected(id, &manifest_namespace) {
+                Some(reason) => Deletion::Kept(reason),
+                None => ctx.cluster.delete(id, &uid).await?,
+            };
+            count_deletion(ctx, id, &outcome);
+            if matches!(
+                outcome,
+                Deletion::Terminating | Deletion::Deleted { terminating: true }
+            ) {
                 remaining.push(plan::describe(id));
             }
         }
@@ -650,7 +635,11 @@ async fn delete(manifest: &Manifest, ctx: &Context) -> Result<Option<Pass>, Reco
         }
     }
     let (reason, note) = match manifest.spec.deletion_policy {
-        DeletionPolicy::Delete => ("Deleted", format!("deleted {} objects", inventory.len())),
+        DeletionPolicy::Delete => (
+            "Deleted",
+            "the module's objects are deleted (CRDs, the Manifest's namespace, objects it does not manage and those marked helm.sh/resource-policy: keep stay)"
+                .to_owned(),
+        ),
         DeletionPolicy::Orphan => (
             "Orphaned",
             format!(
@@ -668,6 +657,19 @@ async fn delete(manifest: &Manifest, ctx: &Context) -> Result<Option<Pass>, Reco
         .collect();
     set_finalizers(manifest, ctx, finalizers).await?;
     Ok(None)
+}
+
+/// Counts an object deleted in this pass in the metrics; logs one that is left in place.
+fn count_deletion(ctx: &Context, id: &InventoryEntry, outcome: &Deletion) {
+    match outcome {
+        Deletion::Deleted { .. } => {
+            ctx.metrics.deleted.inc();
+        }
+        Deletion::Kept(reason) => {
+            tracing::info!(object = %plan::describe(id), "left in place: {reason}")
+        }
+        Deletion::Terminating | Deletion::Gone => {}
+    }
 }
 
 /// Writes the status when it differs from the current one; publishes an Event when the state

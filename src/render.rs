@@ -89,7 +89,7 @@ pub struct RenderRequest {
     /// The target's version, e.g. `v1.36.3`.
     pub kube_version: String,
     /// The target's API versions (`group/version` and `group/version/Kind`), sorted.
-    pub api_versions: Vec<String>,
+    pub api_versions: Arc<[String]>,
     /// Whether an inventory exists (`.Release.IsUpgrade`).
     pub is_upgrade: bool,
 }
@@ -105,7 +105,7 @@ impl RenderRequest {
             "release": self.release,
             "namespace": self.namespace,
             "kubeVersion": self.kube_version,
-            "apiVersions": self.api_versions,
+            "apiVersions": &*self.api_versions,
             "isUpgrade": self.is_upgrade,
             "helm": helm_version,
             "flags": FIXED_FLAGS,
@@ -217,7 +217,7 @@ impl HelmRenderer {
                 &request.kube_version,
             ])
             .args(FIXED_FLAGS);
-        for api_version in &request.api_versions {
+        for api_version in request.api_versions.iter() {
             command.args(["--api-versions", api_version]);
         }
         if request.is_upgrade {
@@ -411,7 +411,7 @@ mod tests {
             namespace: "apps".into(),
             values: serde_json::from_str(r#"{"b": 1, "a": {"y": 2, "x": 1}}"#).unwrap(),
             kube_version: "v1.36.3".into(),
-            api_versions: vec!["apps/v1".into(), "v1".into()],
+            api_versions: vec!["apps/v1".into(), "v1".into()].into(),
             is_upgrade: false,
         }
     }
@@ -450,7 +450,7 @@ mod tests {
                 ..request()
             },
             RenderRequest {
-                api_versions: vec!["v1".into()],
+                api_versions: vec!["v1".into()].into(),
                 ..request()
             },
             RenderRequest {

@@ -190,12 +190,24 @@ impl Harness {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
+    async fn config_map_exists(&self, name: &str) -> bool {
+        self.config_maps().get_opt(name).await.unwrap().is_some()
+    }
+
     async fn config_map_data(&self, name: &str, key: &str) -> Option<String> {
         self.config_maps()
             .get_opt(name)
             .await
             .unwrap()
             .and_then(|cm| cm.data?.get(key).cloned())
+    }
+
+    /// Whether an Event of this type and reason was published about `manifest`.
+    async fn has_event(&self, manifest: &str, kind: &str, reason: &str) -> bool {
+        self.events(manifest)
+            .await
+            .iter()
+            .any(|(k, r, _)| k == kind && r == reason)
     }
 
     /// Events about `manifest` as (type, reason, note).
@@ -263,12 +275,7 @@ async fn install_upgrade_repair_prune_and_delete() {
             .as_deref(),
         Some("hi")
     );
-    assert!(
-        h.events("catalog")
-            .await
-            .iter()
-            .any(|(kind, reason, _)| kind == "Normal" && reason == "Ready")
-    );
+    assert!(h.has_event("catalog", "Normal", "Ready").await);
 
     // A values change updates the objects.
     h.patch_spec("catalog", json!({"values": {"greeting": "hey"}}))
@@ -321,13 +328,7 @@ async fn install_upgrade_repair_prune_and_delete() {
     .await;
     let pruned = h.wait_state("catalog", State::Ready).await;
     assert_eq!(inventory_names(&pruned), ["ConfigMap/catalog-settings"]);
-    assert!(
-        h.config_maps()
-            .get_opt("catalog-legacy-settings")
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!h.config_map_exists("catalog-legacy-settings").await);
     assert_eq!(
         h.config_map_data("catalog-settings", "version")
             .await
@@ -337,19 +338,8 @@ async fn install_upgrade_repair_prune_and_delete() {
 
     // Deleting the Manifest deletes its objects, then releases the finalizer.
     h.delete_and_wait("catalog").await;
-    assert!(
-        h.config_maps()
-            .get_opt("catalog-settings")
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        h.events("catalog")
-            .await
-            .iter()
-            .any(|(_, reason, _)| reason == "Deleted")
-    );
+    assert!(!h.config_map_exists("catalog-settings").await);
+    assert!(h.has_event("catalog", "Normal", "Deleted").await);
 }
 
 #[tokio::test]
@@ -396,26 +386,9 @@ async fn orphan_policy_keeps_the_objects() {
     h.create(&manifest).await;
     h.wait_state("catalog", State::Ready).await;
     h.delete_and_wait("catalog").await;
-    assert!(
-        h.config_maps()
-            .get_opt("catalog-settings")
-            .await
-            .unwrap()
-            .is_some()
-    );
-    assert!(
-        h.config_maps()
-            .get_opt("catalog-legacy-settings")
-            .await
-            .unwrap()
-            .is_some()
-    );
-    assert!(
-        h.events("catalog")
-            .await
-            .iter()
-            .any(|(_, reason, _)| reason == "Orphaned")
-    );
+    assert!(h.config_map_exists("catalog-settings").await);
+    assert!(h.config_map_exists("catalog-legacy-settings").await);
+    assert!(h.has_event("catalog", "Normal", "Orphaned").await);
 }
 
 #[tokio::test]
@@ -591,11 +564,7 @@ async fn bad_input_is_reported_and_deletes_nothing() {
             "{case}: nothing deleted"
         );
         assert!(
-            h.config_maps()
-                .get_opt("catalog-legacy-settings")
-                .await
-                .unwrap()
-                .is_some(),
+            h.config_map_exists("catalog-legacy-settings").await,
             "{case}: nothing pruned"
         );
         let events = h.events("catalog").await;
@@ -641,20 +610,8 @@ async fn an_empty_render_does_not_prune_the_module() {
         2,
         "the refused objects stay in the inventory"
     );
-    assert!(
-        h.config_maps()
-            .get_opt("catalog-settings")
-            .await
-            .unwrap()
-            .is_some()
-    );
-    assert!(
-        h.config_maps()
-            .get_opt("catalog-legacy-settings")
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(h.config_map_exists("catalog-settings").await);
+    assert!(h.config_map_exists("catalog-legacy-settings").await);
     let events = h.events("catalog").await;
     assert!(
         events
@@ -742,14 +699,7 @@ async fn objects_it_does_not_manage_are_neither_taken_over_nor_deleted() {
     .await;
     let upgraded = h.wait_state("catalog", State::Ready).await;
     assert_eq!(inventory_names(&upgraded), ["ConfigMap/catalog-settings"]);
-    assert!(
-        h.config_maps()
-            .get_opt("catalog-legacy-settings")
-            .await
-            .unwrap()
-            .is_some(),
-        "kept"
-    );
+    assert!(h.config_map_exists("catalog-legacy-settings").await, "kept");
 }
 
 #[tokio::test]
@@ -765,21 +715,13 @@ async fn a_suspended_manifest_is_left_alone_until_resumed() {
         .unwrap();
     tokio::time::sleep(Duration::from_secs(6)).await; // three drift intervals
     assert!(
-        h.config_maps()
-            .get_opt("catalog-settings")
-            .await
-            .unwrap()
-            .is_none(),
+        !h.config_map_exists("catalog-settings").await,
         "no repair while suspended"
     );
 
     h.patch_spec("catalog", json!({"suspend": false})).await;
     h.wait_until("the ConfigMap is repaired after resuming", async || {
-        h.config_maps()
-            .get_opt("catalog-settings")
-            .await
-            .unwrap()
-            .is_some()
+        h.config_map_exists("catalog-settings").await
     })
     .await;
 }
@@ -800,11 +742,7 @@ async fn objects_rendered_with_null_labels_are_still_labelled_and_deleted() {
     );
     h.delete_and_wait("plain").await;
     assert!(
-        h.config_maps()
-            .get_opt("plain-plain")
-            .await
-            .unwrap()
-            .is_none(),
+        !h.config_map_exists("plain-plain").await,
         "deleted with its Manifest"
     );
 }

@@ -30,7 +30,7 @@ fn request(root: &Path, chart: &str, values: Value) -> RenderRequest {
         namespace: "apps".into(),
         values: values.as_object().cloned().unwrap_or_else(Map::new),
         kube_version: "v1.36.3".into(),
-        api_versions: vec!["apps/v1".into(), "v1".into()],
+        api_versions: vec!["apps/v1".into(), "v1".into()].into(),
         is_upgrade: false,
     }
 }
