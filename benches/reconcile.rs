@@ -48,6 +48,10 @@ async fn main() -> anyhow::Result<()> {
     let client = control_plane.client().await?;
     let ns = control_plane.namespace(&client, "bench").await?;
     let helm_home = tempfile::tempdir()?;
+    // Outside a fleet: this process owns every shard.
+    let fence = module_manager::shard::fence::Ownership::everything()
+        .dispatch(0)
+        .expect("owns every shard");
     let ctx = Context {
         client: client.clone(),
         cluster: Cluster::connect(client.clone()).await?,
@@ -90,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
             if ready {
                 break;
             }
-            reconcile(current, &ctx).await;
+            reconcile(current, &ctx, &fence).await;
         }
         installs.push(start.elapsed());
     }
@@ -98,14 +102,14 @@ async fn main() -> anyhow::Result<()> {
     // Passes over an unchanged Manifest (drift checks): render from the cache, no-op applies,
     // no status write.
     let ready = Arc::new(manifests.get("install-0").await?);
-    reconcile(ready.clone(), &ctx).await; // the first pass after install renders with --is-upgrade
+    reconcile(ready.clone(), &ctx, &fence).await; // the first pass after install renders with --is-upgrade
     let ready = Arc::new(manifests.get("install-0").await?);
     let version_before = ready.metadata.resource_version.clone();
     let misses_before = ctx.renderer.cache_stats().misses;
     let mut unchanged = Vec::new();
     for _ in 0..UNCHANGED_PASSES {
         let start = Instant::now();
-        reconcile(ready.clone(), &ctx).await;
+        reconcile(ready.clone(), &ctx, &fence).await;
         unchanged.push(start.elapsed());
     }
     assert_eq!(

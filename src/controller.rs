@@ -1,16 +1,23 @@
-//! Controller: watches Manifests, feeds the work queue, runs reconciles with bounded concurrency,
-//! and drains in-flight work on shutdown.
+//! Controller: watches the Manifests of the shards this replica owns, feeds the work queue, runs
+//! reconciles with bounded concurrency, and drains in-flight work on shutdown.
+//!
+//! Two watches: `modulemanager.io/shard in (<owned>)` (restarted whenever the owned set
+//! changes, so the cache and the event stream scale with this replica's share) and
+//! `!modulemanager.io/shard` (new Manifests, whose owner stamps the label in its first pass).
+//! Ownership is checked on every event, when a key is dispatched, and by the pass's fence before
+//! every write.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use tokio::sync::Semaphore;
@@ -19,14 +26,36 @@ use tracing::Instrument;
 
 use crate::api::Manifest;
 use crate::metrics::QueueMetrics;
-use crate::queue::{WorkQueue, backoff};
+use crate::queue::{QueueKey, WorkQueue, backoff};
 use crate::reconcile::{Context, Next, reconcile};
+use crate::shard::fence::Ownership;
+use crate::shard::fleet::LocalWork;
+use crate::shard::membership::{MAX_PUBLISHED_SHARDS, MemberLoad, ShardLoad};
+use crate::shard::{SHARD_LABEL, ShardCount};
 
 /// Numbers reconcile passes within this process (`reconcile_id` on every log line of a pass).
 static RECONCILE_IDS: AtomicU64 = AtomicU64::new(1);
 
-/// A Manifest's queue key: namespace and name.
-pub type Key = (String, String);
+/// Above this many owned shards the shard watch selects every labelled Manifest and filters
+/// locally (a label selector with thousands of values would make an oversized request).
+const MAX_SELECTOR_SHARDS: usize = 1024;
+
+/// A Manifest's queue key: its shard, namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    /// The Manifest's shard (from its UID).
+    pub shard: u32,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl QueueKey for Key {
+    fn shard(&self) -> u32 {
+        self.shard
+    }
+}
 
 /// How the controller runs.
 #[derive(Clone, Debug)]
@@ -37,9 +66,12 @@ pub struct ControllerConfig {
     pub drain_timeout: Duration,
     /// Watch only this namespace (all namespaces when `None`).
     pub namespace: Option<String>,
+    /// Reconcile only Manifests matching this label selector (several fleets can split the
+    /// Manifests between them).
+    pub selector: Option<String>,
     /// Queue depth and passes in flight.
     pub metrics: QueueMetrics,
-    /// Set once the first list of Manifests has been seen (`/readyz`).
+    /// Set once the watches have seen their first full lists (`/readyz`).
     pub synced: Arc<AtomicBool>,
 }
 
@@ -49,6 +81,7 @@ impl Default for ControllerConfig {
             concurrency: 4,
             drain_timeout: Duration::from_secs(10),
             namespace: None,
+            selector: None,
             metrics: QueueMetrics::default(),
             synced: Arc::default(),
         }
@@ -73,147 +106,433 @@ impl Seen {
     }
 }
 
-/// Runs until `shutdown` completes, then stops taking work and waits up to the drain timeout
-/// for in-flight reconciles.
+/// The controller's caches and queue, shared with the fleet loop and the admin API.
+#[derive(Clone)]
+pub struct Work {
+    queue: Arc<WorkQueue<Key>>,
+    labelled: Store<Manifest>,
+    unlabelled: Store<Manifest>,
+    shards: ShardCount,
+}
+
+impl Work {
+    /// The work queue.
+    pub fn queue(&self) -> &Arc<WorkQueue<Key>> {
+        &self.queue
+    }
+
+    /// The cached Manifest `namespace/name`, if this replica watches it.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Manifest>> {
+        let reference = ObjectRef::new(name).within(namespace);
+        self.labelled
+            .get(&reference)
+            .or_else(|| self.unlabelled.get(&reference))
+    }
+
+    /// The shard of a Manifest (from its UID).
+    fn shard_of(&self, manifest: &Manifest) -> Option<u32> {
+        manifest.uid().map(|uid| self.shards.shard_of(&uid))
+    }
+}
+
+impl LocalWork for Work {
+    fn in_flight(&self, shard: u32) -> usize {
+        self.queue.in_flight_in(shard)
+    }
+
+    fn load(&self) -> MemberLoad {
+        let snapshot = self.queue.snapshot();
+        let mut shards: BTreeMap<u32, ShardLoad> = BTreeMap::new();
+        let cached = self.labelled.state();
+        for manifest in &cached {
+            if let Some(shard) = self.shard_of(manifest) {
+                shards.entry(shard).or_default().manifests += 1;
+            }
+        }
+        for (shard, queue) in &snapshot.shards {
+            shards.entry(*shard).or_default().queued = queue.depth as u64;
+        }
+        if shards.len() > MAX_PUBLISHED_SHARDS {
+            shards.clear();
+        }
+        MemberLoad {
+            queued: snapshot.depth as u64,
+            in_flight: snapshot.in_flight as u64,
+            manifests: cached.len() as u64,
+            shards,
+        }
+    }
+}
+
+/// A controller, before it runs.
+pub struct Controller {
+    ctx: Arc<Context>,
+    config: ControllerConfig,
+    ownership: Arc<Ownership>,
+    work: Work,
+    writers: (Writer<Manifest>, Writer<Manifest>),
+}
+
+impl Controller {
+    /// A controller that works on the shards `ownership` allows.
+    pub fn new(ctx: Arc<Context>, config: ControllerConfig, ownership: Arc<Ownership>) -> Self {
+        let (labelled, labelled_writer) = reflector::store();
+        let (unlabelled, unlabelled_writer) = reflector::store();
+        let work = Work {
+            queue: Arc::new(WorkQueue::new(config.metrics.clone())),
+            labelled,
+            unlabelled,
+            shards: ctx.shards,
+        };
+        Self {
+            ctx,
+            config,
+            ownership,
+            work,
+            writers: (labelled_writer, unlabelled_writer),
+        }
+    }
+
+    /// The caches and queue (for the fleet loop and the admin API).
+    pub fn work(&self) -> Work {
+        self.work.clone()
+    }
+
+    /// Runs until `shutdown` completes, then stops taking work and waits up to the drain
+    /// timeout for in-flight reconciles.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let Self {
+            ctx,
+            config,
+            ownership,
+            work,
+            writers,
+        } = self;
+        let api = match &config.namespace {
+            Some(namespace) => Api::<Manifest>::namespaced(ctx.client.clone(), namespace),
+            None => Api::<Manifest>::all(ctx.client.clone()),
+        };
+        let watch = tokio::spawn(feed_queue(
+            api,
+            config.selector.clone(),
+            ownership.clone(),
+            work.clone(),
+            writers,
+            config.synced.clone(),
+        ));
+
+        let semaphore = Arc::new(Semaphore::new(config.concurrency.max(1)));
+        let failures = Arc::new(Mutex::new(HashMap::<Key, u32>::new()));
+        let mut tasks = JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            let permit = tokio::select! {
+                permit = semaphore.clone().acquire_owned() => permit?,
+                _ = &mut shutdown => break,
+            };
+            let key = tokio::select! {
+                key = work.queue.next() => key,
+                _ = &mut shutdown => break,
+            };
+            let Some(key) = key else { break };
+            let pass = run_pass(
+                key,
+                work.clone(),
+                ctx.clone(),
+                ownership.clone(),
+                failures.clone(),
+            );
+            tasks.spawn(async move {
+                pass.await;
+                drop(permit);
+            });
+            while tasks.try_join_next().is_some() {}
+        }
+
+        tracing::info!(
+            in_flight = tasks.len(),
+            "shutting down: draining in-flight reconciles"
+        );
+        work.queue.close();
+        watch.abort();
+        let drained = tokio::time::timeout(config.drain_timeout, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                abandoned = tasks.len(),
+                "drain timeout: abandoning in-flight reconciles"
+            );
+            // Their fences must fail from now on: the shards are about to be handed over.
+            ownership.fence();
+        }
+        Ok(())
+    }
+}
+
+/// Runs a controller outside any fleet: it owns every shard (tests, benchmarks, `examples/`).
 pub async fn run(
     ctx: Arc<Context>,
     config: ControllerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let (store, writer) = reflector::store();
-    let queue = Arc::new(WorkQueue::<Key>::new(config.metrics.clone()));
-    let api = match &config.namespace {
-        Some(namespace) => Api::<Manifest>::namespaced(ctx.client.clone(), namespace),
-        None => Api::<Manifest>::all(ctx.client.clone()),
-    };
-    let events =
-        reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
-    let watch = tokio::spawn(feed_queue(events, queue.clone(), config.synced.clone()));
-
-    let semaphore = Arc::new(Semaphore::new(config.concurrency.max(1)));
-    let failures = Arc::new(Mutex::new(HashMap::<Key, u32>::new()));
-    let mut tasks = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            permit = semaphore.clone().acquire_owned() => permit?,
-            _ = &mut shutdown => break,
-        };
-        let key = tokio::select! {
-            key = queue.next() => key,
-            _ = &mut shutdown => break,
-        };
-        let Some(key) = key else { break };
-        let work = work(
-            key,
-            store.clone(),
-            ctx.clone(),
-            queue.clone(),
-            failures.clone(),
-        );
-        tasks.spawn(async move {
-            work.await;
-            drop(permit);
-        });
-        while tasks.try_join_next().is_some() {}
-    }
-
-    tracing::info!(
-        in_flight = tasks.len(),
-        "shutting down: draining in-flight reconciles"
-    );
-    queue.close();
-    watch.abort();
-    let drained = tokio::time::timeout(config.drain_timeout, async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        tracing::warn!(
-            abandoned = tasks.len(),
-            "drain timeout: abandoning in-flight reconciles"
-        );
-    }
-    Ok(())
+    Controller::new(ctx, config, Ownership::everything())
+        .run(shutdown)
+        .await
 }
 
-/// Queues a Manifest when it is new, its spec changed (generation) or its deletion started.
-/// Status-only writes (ours) do not requeue: drift repair runs on the reconcile's own schedule.
+type Events = Pin<Box<dyn Stream<Item = Result<watcher::Event<Manifest>, watcher::Error>> + Send>>;
+
+/// The label selector of the shard watch for the dispatchable shards (`None`: all shards);
+/// `None` when there is nothing to watch.
+fn shard_selector(base: Option<&str>, shards: Option<&BTreeSet<u32>>) -> Option<String> {
+    let shard_part = match shards {
+        Some(set) if set.is_empty() => return None,
+        Some(set) if set.len() <= MAX_SELECTOR_SHARDS => {
+            let values: Vec<String> = set.iter().map(u32::to_string).collect();
+            format!("{SHARD_LABEL} in ({})", values.join(","))
+        }
+        _ => SHARD_LABEL.to_owned(),
+    };
+    Some(match base {
+        Some(base) => format!("{base},{shard_part}"),
+        None => shard_part,
+    })
+}
+
+fn watch_with(api: &Api<Manifest>, selector: Option<String>) -> Events {
+    match selector {
+        Some(selector) => watcher(api.clone(), watcher::Config::default().labels(&selector))
+            .default_backoff()
+            .boxed(),
+        None => futures::stream::pending().boxed(),
+    }
+}
+
+/// Feeds the queue from both watches: a Manifest is queued when it is new to this replica, its
+/// spec changed (generation) or its deletion started, and its shard is owned here. Status-only
+/// writes (ours) do not requeue: drift repair runs on the reconcile's own schedule.
 async fn feed_queue(
-    events: impl futures::Stream<Item = Result<watcher::Event<Manifest>, watcher::Error>>,
-    queue: Arc<WorkQueue<Key>>,
+    api: Api<Manifest>,
+    base: Option<String>,
+    ownership: Arc<Ownership>,
+    work: Work,
+    (mut labelled_writer, mut unlabelled_writer): (Writer<Manifest>, Writer<Manifest>),
     synced: Arc<AtomicBool>,
 ) {
-    let key_of = |m: &Manifest| (m.namespace().unwrap_or_default(), m.name_any());
+    let mut dispatchable = ownership.subscribe();
+    let mut owned = dispatchable.borrow_and_update().clone();
+    let mut labelled = watch_with(&api, shard_selector(base.as_deref(), owned.as_ref()));
+    let unlabelled_selector = match &base {
+        Some(base) => format!("{base},!{SHARD_LABEL}"),
+        None => format!("!{SHARD_LABEL}"),
+    };
+    let mut unlabelled = watch_with(&api, Some(unlabelled_selector));
+    let mut labelled_synced = owned.as_ref().is_some_and(BTreeSet::is_empty);
+    let mut unlabelled_synced = false;
     let mut seen: HashMap<Key, Seen> = HashMap::new();
-    let mut events = std::pin::pin!(events);
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Apply(manifest) | watcher::Event::InitApply(manifest)) => {
-                let key = key_of(&manifest);
-                let now = Seen::of(&manifest);
+    // Keys listed by a watch's initial list wait for its end: the cache (the store a pass reads)
+    // holds the new list only from `InitDone` on.
+    let mut listed: [Vec<(Key, Seen)>; 2] = Default::default();
+    loop {
+        let (event, from_labelled) = tokio::select! {
+            changed = dispatchable.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let now = dispatchable.borrow_and_update().clone();
+                if now != owned {
+                    owned = now;
+                    // Keys of shards no longer ours leave the queue (their new owner queues
+                    // them); those of newly owned shards are queued by the new watch's list.
+                    work.queue.retain_shards(|shard| ownership.wants(shard));
+                    seen.retain(|key, _| ownership.wants(key.shard));
+                    labelled = watch_with(&api, shard_selector(base.as_deref(), owned.as_ref()));
+                    listed[0].clear();
+                    if owned.as_ref().is_some_and(BTreeSet::is_empty) {
+                        // Nothing to watch: the cache must not keep the last shards' Manifests.
+                        labelled_writer.apply_watcher_event(&watcher::Event::Init);
+                        labelled_writer.apply_watcher_event(&watcher::Event::InitDone);
+                    }
+                }
+                continue;
+            }
+            Some(event) = labelled.next() => (event, true),
+            Some(event) = unlabelled.next() => (event, false),
+        };
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                tracing::warn!("watch Manifests: {e}");
+                continue;
+            }
+        };
+        if from_labelled {
+            labelled_writer.apply_watcher_event(&event);
+        } else {
+            unlabelled_writer.apply_watcher_event(&event);
+        }
+        let stream = usize::from(!from_labelled);
+        match &event {
+            watcher::Event::Apply(manifest) | watcher::Event::InitApply(manifest) => {
+                let initial = matches!(event, watcher::Event::InitApply(_));
+                let Some(shard) = work.shard_of(manifest) else {
+                    continue;
+                };
+                if !ownership.wants(shard) {
+                    continue;
+                }
+                let key = Key {
+                    shard,
+                    namespace: manifest.namespace().unwrap_or_default(),
+                    name: manifest.name_any(),
+                };
+                let now = Seen::of(manifest);
                 if seen.get(&key) != Some(&now) {
-                    seen.insert(key.clone(), now);
-                    queue.add(key, Duration::ZERO);
+                    if initial {
+                        listed[stream].push((key, now));
+                    } else {
+                        seen.insert(key.clone(), now);
+                        work.queue.add(key, Duration::ZERO);
+                    }
                 }
             }
-            Ok(watcher::Event::Delete(manifest)) => {
-                seen.remove(&key_of(&manifest));
+            watcher::Event::Delete(manifest) => {
+                if let Some(shard) = work.shard_of(manifest) {
+                    seen.remove(&Key {
+                        shard,
+                        namespace: manifest.namespace().unwrap_or_default(),
+                        name: manifest.name_any(),
+                    });
+                }
             }
-            Ok(watcher::Event::InitDone) => synced.store(true, Ordering::Relaxed),
-            Ok(watcher::Event::Init) => {}
-            Err(e) => tracing::warn!("watch Manifests: {e}"),
+            watcher::Event::InitDone => {
+                for (key, now) in listed[stream].drain(..) {
+                    seen.insert(key.clone(), now);
+                    work.queue.add(key, Duration::ZERO);
+                }
+                if from_labelled {
+                    labelled_synced = true;
+                } else {
+                    unlabelled_synced = true;
+                }
+                if labelled_synced && unlabelled_synced {
+                    synced.store(true, Ordering::Relaxed);
+                }
+            }
+            watcher::Event::Init => listed[stream].clear(),
         }
     }
 }
 
-async fn work(
+async fn run_pass(
     key: Key,
-    store: Store<Manifest>,
+    work: Work,
     ctx: Arc<Context>,
-    queue: Arc<WorkQueue<Key>>,
+    ownership: Arc<Ownership>,
     failures: Arc<Mutex<HashMap<Key, u32>>>,
 ) {
-    let reference = ObjectRef::new(&key.1).within(&key.0);
-    if let Some(manifest) = store.get(&reference) {
-        let span = tracing::info_span!(
-            "reconcile",
-            namespace = %key.0,
-            name = %key.1,
-            uid = manifest.uid().unwrap_or_default(),
-            module = %manifest.spec.module,
-            shard = manifest.uid().map(|uid| ctx.shards.shard_of(&uid)).unwrap_or_default(),
-            replica = %ctx.replica,
-            reconcile_id = RECONCILE_IDS.fetch_add(1, Ordering::Relaxed),
-        );
-        // A panic must not leave the key in flight forever (it would never be reconciled again).
-        let pass =
-            std::panic::AssertUnwindSafe(reconcile(manifest, &ctx).instrument(span)).catch_unwind();
-        let next = pass.await.ok();
-        if next.is_none() {
-            tracing::error!(namespace = %key.0, name = %key.1, "reconcile panicked; retrying with backoff");
+    let forget = |key: &Key| {
+        failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    };
+    let Some(fence) = ownership.dispatch(key.shard) else {
+        work.queue.done(&key);
+        if ownership.wants(key.shard) {
+            // Still ours but not in time (the renew deadline passed): try again shortly.
+            work.queue.add(key, Duration::from_secs(1));
+        } else {
+            // Not (or no longer) ours: the shard's owner queues it.
+            forget(&key);
         }
+        return;
+    };
+    // Deleted, or recreated under a new UID in another shard (queued under its own key).
+    let Some(manifest) = work
+        .get(&key.namespace, &key.name)
+        .filter(|m| work.shard_of(m) == Some(key.shard))
+    else {
+        forget(&key);
+        work.queue.done(&key);
+        return;
+    };
+    let span = tracing::info_span!(
+        "reconcile",
+        namespace = %key.namespace,
+        name = %key.name,
+        uid = manifest.uid().unwrap_or_default(),
+        module = %manifest.spec.module,
+        shard = key.shard,
+        replica = %ctx.replica,
+        reconcile_id = RECONCILE_IDS.fetch_add(1, Ordering::Relaxed),
+    );
+    span.in_scope(|| tracing::info!("reconcile start"));
+    // A panic must not leave the key in flight forever (it would never be reconciled again).
+    let pass =
+        std::panic::AssertUnwindSafe(reconcile(manifest, &ctx, &fence).instrument(span.clone()))
+            .catch_unwind();
+    let next = pass.await.ok();
+    let result = match &next {
+        Some(Next::After(_)) => "requeue",
+        Some(Next::Retry(_)) => "retry",
+        Some(Next::Idle) => "idle",
+        None => "panicked",
+    };
+    span.in_scope(|| tracing::info!(result, "reconcile end"));
+    if next.is_none() {
+        span.in_scope(|| tracing::error!("reconcile panicked; retrying with backoff"));
+    }
+    // A shard handed over meanwhile: its new owner has the key.
+    let next = if ownership.wants(key.shard) {
+        next
+    } else {
+        Some(Next::Idle)
+    };
+    {
         let mut failures = failures.lock().unwrap_or_else(|e| e.into_inner());
         match next {
             Some(Next::After(delay)) => {
                 failures.remove(&key);
-                queue.add(key.clone(), delay);
+                work.queue.add(key.clone(), delay);
             }
             Some(Next::Retry(_)) | None => {
                 let count = failures.entry(key.clone()).or_insert(0);
                 let delay = backoff(*count, RandomState::new().hash_one(&key));
                 *count += 1;
-                queue.add(key.clone(), delay);
+                work.queue.add(key.clone(), delay);
             }
             Some(Next::Idle) => {
                 failures.remove(&key);
             }
         }
-    } else {
-        failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&key); // deleted
     }
-    queue.done(&key);
+    work.queue.done(&key);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shard_watch_selects_the_owned_shards() {
+        let set = |v: &[u32]| v.iter().copied().collect::<BTreeSet<u32>>();
+        assert_eq!(shard_selector(None, Some(&set(&[]))), None);
+        assert_eq!(
+            shard_selector(None, Some(&set(&[3, 1]))).as_deref(),
+            Some("modulemanager.io/shard in (1,3)")
+        );
+        assert_eq!(
+            shard_selector(Some("team=a"), None).as_deref(),
+            Some("team=a,modulemanager.io/shard")
+        );
+        let many: BTreeSet<u32> = (0..2000).collect();
+        assert_eq!(
+            shard_selector(None, Some(&many)).as_deref(),
+            Some("modulemanager.io/shard"),
+            "too many values: select all labelled, filter locally"
+        );
+    }
 }

@@ -9,12 +9,14 @@ use kube::runtime::events::Reporter;
 use module_manager::admin::AdminState;
 use module_manager::apply::Cluster;
 use module_manager::chart_source::Limits;
-use module_manager::controller::{self, ControllerConfig};
-use module_manager::metrics::{QueueMetrics, ReconcileMetrics, RenderMetrics};
+use module_manager::controller::{Controller, ControllerConfig};
+use module_manager::metrics::{FleetMetrics, QueueMetrics, ReconcileMetrics, RenderMetrics};
 use module_manager::reconcile::Context;
 use module_manager::render::{HelmRenderer, RenderLimits};
 use module_manager::shard::ShardCount;
-use module_manager::shard::membership::{self, Members, MembershipConfig};
+use module_manager::shard::fence::Ownership;
+use module_manager::shard::fleet::{Fleet, FleetConfig, FleetView};
+use module_manager::shard::membership::{Members, MembershipConfig};
 use module_manager::telemetry::{self, LogFormat};
 
 #[derive(Parser)]
@@ -44,6 +46,33 @@ enum Command {
 enum AdminView {
     /// The fleet's members and whether each is live.
     Members,
+    /// Every shard (owner, desired owner, state, epoch, Manifests, queued), then per member.
+    Shards,
+    /// One shard.
+    Shard {
+        /// The shard number.
+        shard: u32,
+    },
+    /// The replica's queue per shard, then every member's published load.
+    Queue,
+    /// One Manifest: UID, shard, owner, state.
+    Manifest {
+        /// The Manifest's namespace.
+        namespace: String,
+        /// The Manifest's name.
+        name: String,
+    },
+    /// Make the replica hand every shard over and take none (`POST /v1/drain`).
+    Drain(AdminToken),
+    /// Let the replica take shards again (`DELETE /v1/drain`).
+    Undrain(AdminToken),
+}
+
+#[derive(clap::Args)]
+struct AdminToken {
+    /// Bearer token of a caller allowed to `post`/`delete` the non-resource URL `/v1/drain`.
+    #[arg(long, env = "MODULE_MANAGER_TOKEN", hide_env_values = true)]
+    token: String,
 }
 
 #[derive(clap::Args)]
@@ -82,6 +111,34 @@ struct RunArgs {
     /// How often a replica renews its Lease.
     #[arg(long, default_value_t = 5)]
     renew_interval_seconds: u64,
+    /// A replica whose last successful renewal is older than this stops all work (less than
+    /// the lease duration: the margin covers a write already under way).
+    #[arg(long, default_value_t = 10)]
+    renew_deadline_seconds: u64,
+    /// How long the others keep the shards of a replica that restarts gracefully while its
+    /// ordinal is still desired (rolling update: zero moves).
+    #[arg(long, default_value_t = 60)]
+    restart_grace_seconds: u64,
+    /// How long a leaving replica tries to hand its shards over before it exits.
+    #[arg(long, default_value_t = 10)]
+    handover_timeout_seconds: u64,
+    /// The StatefulSet (in the Lease namespace) whose `spec.replicas` says which ordinals are
+    /// desired: members are `<name>-<ordinal>`; a graceful shutdown of a desired ordinal is a
+    /// restart, of any other a scale-down. Without it every live member counts and a shutdown
+    /// always hands over.
+    #[arg(long, env = "STATEFULSET_NAME")]
+    statefulset: Option<String>,
+    /// Reconcile only Manifests matching this label selector (e.g. `team=payments`), so that
+    /// several fleets can split the Manifests without overlap.
+    #[arg(long)]
+    manifest_selector: Option<String>,
+    /// How long shutdown waits for reconciles in flight.
+    #[arg(long, default_value_t = 10)]
+    drain_timeout_seconds: u64,
+    /// Fault injection for tests of the overlap checker: reconcile every Manifest, ignoring
+    /// shard ownership. Never use it in a fleet.
+    #[arg(long, hide = true)]
+    fault_ignore_ownership: bool,
     /// Address of the admin API (`/livez`, `/readyz`, `/metrics`).
     #[arg(long, default_value = "127.0.0.1:9440")]
     admin_address: std::net::SocketAddr,
@@ -95,16 +152,39 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crd => print!("{}", module_manager::api::manifest_crd_yaml()),
         Command::Run(args) => run(*args).await?,
-        Command::Admin {
-            url,
-            view: AdminView::Members,
-        } => {
-            print!(
-                "{}",
-                module_manager::admin::members_table(
-                    &module_manager::admin::fetch_members(&url).await?
-                )
-            );
+        Command::Admin { url, view } => {
+            use axum::http::Method;
+            use module_manager::admin::{self, fetch, is_dns_label, is_dns_subdomain};
+            let url = url.as_str();
+            let answer = match view {
+                AdminView::Members => {
+                    admin::members_table(&fetch(url, Method::GET, "/v1/members", None).await?)
+                }
+                AdminView::Shards => {
+                    admin::shards_table(&fetch(url, Method::GET, "/v1/shards", None).await?)
+                }
+                AdminView::Shard { shard } => admin::shard_table(
+                    &fetch(url, Method::GET, &format!("/v1/shards/{shard}"), None).await?,
+                ),
+                AdminView::Queue => {
+                    admin::queue_table(&fetch(url, Method::GET, "/v1/queue", None).await?)
+                }
+                AdminView::Manifest { namespace, name } => {
+                    anyhow::ensure!(
+                        is_dns_label(&namespace) && is_dns_subdomain(&name),
+                        "not a Manifest's namespace and name: {namespace:?} {name:?}"
+                    );
+                    let path = format!("/v1/manifests/{namespace}/{name}");
+                    admin::manifest_table(&fetch(url, Method::GET, &path, None).await?)
+                }
+                AdminView::Drain(AdminToken { token }) => admin::drain_table(
+                    &fetch(url, Method::POST, admin::DRAIN_PATH, Some(&token)).await?,
+                ),
+                AdminView::Undrain(AdminToken { token }) => admin::drain_table(
+                    &fetch(url, Method::DELETE, admin::DRAIN_PATH, Some(&token)).await?,
+                ),
+            };
+            print!("{answer}");
         }
     }
     Ok(())
@@ -116,6 +196,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.renew_interval_seconds >= 1
             && args.renew_interval_seconds * 2 <= args.lease_duration_seconds,
         "--renew-interval-seconds must be at least 1 and at most half of --lease-duration-seconds"
+    );
+    anyhow::ensure!(
+        args.renew_deadline_seconds > args.renew_interval_seconds
+            && args.renew_deadline_seconds < args.lease_duration_seconds,
+        "--renew-deadline-seconds must be longer than --renew-interval-seconds and shorter than --lease-duration-seconds"
     );
     let client = kube::Client::try_default().await?;
     let helm_home = match args.helm_home {
@@ -130,38 +215,100 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut registry = module_manager::metrics::registry();
     let render_metrics = RenderMetrics::register(&mut registry);
     let reconcile_metrics = ReconcileMetrics::register(&mut registry);
+    let fleet_metrics = FleetMetrics::register(&mut registry);
     let config = ControllerConfig {
         concurrency: args.concurrency,
+        drain_timeout: Duration::from_secs(args.drain_timeout_seconds),
+        selector: args.manifest_selector.clone(),
         metrics: QueueMetrics::register(&mut registry),
         ..Default::default()
     };
+    if let Some(selector) = &args.manifest_selector {
+        // A malformed selector fails here, with the server's message, not in a watch loop.
+        kube::Api::<module_manager::api::Manifest>::all(client.clone())
+            .list_metadata(&kube::api::ListParams::default().labels(selector).limit(1))
+            .await
+            .map_err(|e| anyhow::anyhow!("--manifest-selector {selector:?}: {e}"))?;
+    }
 
     let renderer = HelmRenderer::new(args.helm.clone(), helm_home, limits, render_metrics).await?;
     let chart_root = args.chart_root.canonicalize()?;
     tracing::info!(replica = %args.replica, helm = renderer.version(), chart_root = %chart_root.display(), "starting");
 
-    let membership = MembershipConfig {
-        namespace: args.lease_namespace,
-        fleet: args.fleet,
-        replica: args.replica.clone(),
-        lease_duration: Duration::from_secs(args.lease_duration_seconds),
-        renew_interval: Duration::from_secs(args.renew_interval_seconds),
-    };
-    let (members_tx, members) = tokio::sync::watch::channel(Members::default());
-    let (leave_tx, leave) = tokio::sync::oneshot::channel::<()>();
-    let membership_task = tokio::spawn(membership::run(
-        client.clone(),
-        membership,
-        members_tx,
-        async move {
-            let _ = leave.await;
+    let fleet_config = FleetConfig {
+        membership: MembershipConfig {
+            namespace: args.lease_namespace,
+            fleet: args.fleet,
+            replica: args.replica.clone(),
+            lease_duration: Duration::from_secs(args.lease_duration_seconds),
+            renew_interval: Duration::from_secs(args.renew_interval_seconds),
         },
-    ));
+        shards: ShardCount::new(args.shards).expect("validated by parse_shards"),
+        renew_deadline: Duration::from_secs(args.renew_deadline_seconds),
+        restart_grace: Duration::from_secs(args.restart_grace_seconds),
+        statefulset: args.statefulset,
+        handover_timeout: Duration::from_secs(args.handover_timeout_seconds),
+    };
+
+    let reporter = Reporter {
+        controller: "module-manager".into(),
+        instance: Some(args.replica.clone()),
+    };
+    let ctx = Arc::new(Context {
+        cluster: Cluster::connect(client.clone()).await?,
+        reporter,
+        client: client.clone(),
+        renderer,
+        chart_root,
+        chart_limits: Limits::default(),
+        replica: args.replica,
+        shards: fleet_config.shards,
+        metrics: reconcile_metrics,
+    });
+    let ownership = Ownership::new();
+    let controller_ownership = if args.fault_ignore_ownership {
+        tracing::error!(
+            "--fault-ignore-ownership: reconciling every Manifest regardless of shard ownership (fault injection for tests)"
+        );
+        Ownership::everything()
+    } else {
+        ownership.clone()
+    };
+    let synced = config.synced.clone();
+    let controller = Controller::new(ctx, config, controller_ownership);
+    let work = controller.work();
+
+    let (fleet_tx, fleet_view) = tokio::sync::watch::channel(FleetView::default());
+    let (members_tx, members) = tokio::sync::watch::channel(Members::default());
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
+    let mut fleet = Fleet::new(
+        client.clone(),
+        fleet_config,
+        ownership,
+        Arc::new(work.clone()),
+        fleet_metrics,
+        fleet_tx,
+        members_tx,
+        drain_rx,
+    );
+    let (stop_fleet, fleet_stopped) = tokio::sync::oneshot::channel::<()>();
+    let fleet_task = tokio::spawn(async move {
+        let exit = fleet
+            .run(async move {
+                let _ = fleet_stopped.await;
+            })
+            .await;
+        (fleet, exit)
+    });
 
     let admin = AdminState {
         registry: Arc::new(registry),
-        synced: config.synced.clone(),
+        synced,
         members,
+        fleet: fleet_view,
+        work: Some(work),
+        drain: drain_tx,
+        client: Some(client),
     };
     let listener = tokio::net::TcpListener::bind(args.admin_address).await?;
     tracing::info!(address = %args.admin_address, "admin API listening");
@@ -171,25 +318,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     });
 
-    let reporter = Reporter {
-        controller: "module-manager".into(),
-        instance: Some(args.replica.clone()),
-    };
-    let ctx = Arc::new(Context {
-        cluster: Cluster::connect(client.clone()).await?,
-        reporter,
-        client,
-        renderer,
-        chart_root,
-        chart_limits: Limits::default(),
-        replica: args.replica,
-        shards: ShardCount::new(args.shards).expect("validated by parse_shards"),
-        metrics: reconcile_metrics,
-    });
-    controller::run(ctx, config, shutdown_signal()).await?;
-    let _ = leave_tx.send(());
-    let _ = membership_task.await;
-    tracing::info!("stopped");
+    // SIGTERM: the controller stops dispatching and drains its passes; then the fleet loop
+    // either keeps the shards (restart) or hands them over (leave).
+    controller.run(shutdown_signal()).await?;
+    let _ = stop_fleet.send(());
+    let (mut fleet, exit) = fleet_task.await?;
+    fleet.exit(exit).await;
+    tracing::info!(?exit, "stopped");
     Ok(())
 }
 

@@ -125,12 +125,24 @@ impl RenderMetrics {
 }
 
 /// Metrics of the work queue.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct QueueMetrics {
     /// Keys queued (due or not), not counting those being worked on.
     pub depth: Gauge,
     /// Passes running now.
     pub in_flight: Gauge,
+    /// How long a key waited between being due and being handed to a worker.
+    pub wait: Histogram,
+}
+
+impl Default for QueueMetrics {
+    fn default() -> Self {
+        Self {
+            depth: Gauge::default(),
+            in_flight: Gauge::default(),
+            wait: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+        }
+    }
 }
 
 impl QueueMetrics {
@@ -147,6 +159,88 @@ impl QueueMetrics {
             "in_flight",
             "Reconcile passes running now",
             metrics.in_flight.clone(),
+        );
+        sub.register(
+            "wait_seconds",
+            "Time a due Manifest waited for a worker",
+            metrics.wait.clone(),
+        );
+        metrics
+    }
+}
+
+/// Metrics of the fleet protocol (shards, Leases).
+#[derive(Clone, Debug, Default)]
+pub struct FleetMetrics {
+    /// Shards this replica holds (draining ones included).
+    pub owned: Gauge,
+    /// Shards this replica is handing over.
+    pub draining: Gauge,
+    /// Shards held by no one or by a dead member, as this replica sees the fleet.
+    pub unowned: Gauge,
+    /// Live members, as this replica sees them.
+    pub members_live: Gauge,
+    /// 1 while this replica has stopped acting (its renew deadline passed).
+    pub fenced: Gauge,
+    /// Shards acquired.
+    pub acquired: Counter,
+    /// Shards released.
+    pub released: Counter,
+    /// Shard Lease writes that lost a compare-and-swap race.
+    pub conflicts: Counter,
+    /// Membership Lease renewals that failed.
+    pub renewal_failures: Counter,
+}
+
+impl FleetMetrics {
+    /// Registers under `fleet_…` in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        let sub = registry.sub_registry_with_prefix("fleet");
+        sub.register(
+            "shards_owned",
+            "Shards this replica holds, draining ones included",
+            metrics.owned.clone(),
+        );
+        sub.register(
+            "shards_draining",
+            "Shards this replica is handing over",
+            metrics.draining.clone(),
+        );
+        sub.register(
+            "shards_unowned",
+            "Shards held by no one or by a dead member, as this replica sees the fleet",
+            metrics.unowned.clone(),
+        );
+        sub.register(
+            "members_live",
+            "Live fleet members, as this replica sees them",
+            metrics.members_live.clone(),
+        );
+        sub.register(
+            "fenced",
+            "1 while this replica has stopped acting because its renew deadline passed",
+            metrics.fenced.clone(),
+        );
+        sub.register(
+            "shard_acquisitions",
+            "Shards acquired by this replica",
+            metrics.acquired.clone(),
+        );
+        sub.register(
+            "shard_releases",
+            "Shards released by this replica",
+            metrics.released.clone(),
+        );
+        sub.register(
+            "shard_lease_conflicts",
+            "Shard Lease writes that lost a compare-and-swap race",
+            metrics.conflicts.clone(),
+        );
+        sub.register(
+            "lease_renewal_failures",
+            "Membership Lease renewals that failed",
+            metrics.renewal_failures.clone(),
         );
         metrics
     }

@@ -1,10 +1,10 @@
 //! Work queue: per-key de-duplication, delayed requeue, one worker per key at a time.
 //!
 //! kube-runtime's `Controller` does not expose its queue; this one is small enough to own, and
-//! the fleet needs its exact depth.
+//! the fleet needs its exact depth per shard, and to drop a shard's keys at handover.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -13,6 +13,38 @@ use tokio::sync::Notify;
 
 use crate::metrics::QueueMetrics;
 use tokio::time::Instant;
+
+/// A queue key: knows the shard it belongs to (per-shard depth, handover).
+pub trait QueueKey: Clone + Eq + Hash + Ord {
+    /// The key's shard (0 for keys that are not sharded).
+    fn shard(&self) -> u32 {
+        0
+    }
+}
+
+impl QueueKey for &str {}
+
+/// One shard's part of the queue.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ShardQueue {
+    /// Keys queued (due or not).
+    pub depth: usize,
+    /// Keys being worked on.
+    pub in_flight: usize,
+    /// How long the longest-waiting due key has waited, in seconds.
+    pub oldest_wait_seconds: f64,
+}
+
+/// The queue at one instant.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct QueueSnapshot {
+    /// Keys queued (due or not).
+    pub depth: usize,
+    /// Keys being worked on.
+    pub in_flight: usize,
+    /// Per shard, only shards with queued or in-flight keys.
+    pub shards: BTreeMap<u32, ShardQueue>,
+}
 
 /// A queue of keys, each due at an instant.
 pub struct WorkQueue<K> {
@@ -35,13 +67,13 @@ struct QueueState<K> {
     closed: bool,
 }
 
-impl<K: Clone + Eq + Hash + Ord> Default for WorkQueue<K> {
+impl<K: QueueKey> Default for WorkQueue<K> {
     fn default() -> Self {
         Self::new(QueueMetrics::default())
     }
 }
 
-impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
+impl<K: QueueKey> WorkQueue<K> {
     /// A queue that keeps `metrics` (depth, in flight) exact as keys come and go.
     pub fn new(metrics: QueueMetrics) -> Self {
         Self {
@@ -88,7 +120,8 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
                     return None;
                 }
                 match state.pop_due() {
-                    Ok(key) => {
+                    Ok((key, waited)) => {
+                        self.metrics.wait.observe(waited.as_secs_f64());
                         self.metrics.depth.set(state.due.len() as i64);
                         self.metrics.in_flight.set(state.in_flight.len() as i64);
                         return Some(key);
@@ -127,6 +160,48 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
         self.len() == 0
     }
 
+    /// Drops the queued keys of shards for which `keep` is false (a shard handed over: its new
+    /// owner queues them itself); keys in flight finish. Returns how many were dropped.
+    pub fn retain_shards(&self, keep: impl Fn(u32) -> bool) -> usize {
+        let mut state = self.lock();
+        let before = state.due.len();
+        state.due.retain(|key, _| keep(key.shard()));
+        let dropped = before - state.due.len();
+        // Heap entries of dropped keys are now stale and skipped.
+        self.metrics.depth.set(state.due.len() as i64);
+        dropped
+    }
+
+    /// Number of keys of `shard` being worked on.
+    pub fn in_flight_in(&self, shard: u32) -> usize {
+        self.lock()
+            .in_flight
+            .iter()
+            .filter(|k| k.shard() == shard)
+            .count()
+    }
+
+    /// Depth, in flight and the longest wait, in total and per shard.
+    pub fn snapshot(&self) -> QueueSnapshot {
+        let now = Instant::now();
+        let state = self.lock();
+        let mut shards: BTreeMap<u32, ShardQueue> = BTreeMap::new();
+        for (key, at) in &state.due {
+            let entry = shards.entry(key.shard()).or_default();
+            entry.depth += 1;
+            let waited = now.saturating_duration_since(*at).as_secs_f64();
+            entry.oldest_wait_seconds = entry.oldest_wait_seconds.max(waited);
+        }
+        for key in &state.in_flight {
+            shards.entry(key.shard()).or_default().in_flight += 1;
+        }
+        QueueSnapshot {
+            depth: state.due.len(),
+            in_flight: state.in_flight.len(),
+            shards,
+        }
+    }
+
     /// Stops handing out keys: `next` returns `None` from now on.
     pub fn close(&self) {
         self.lock().closed = true;
@@ -134,9 +209,10 @@ impl<K: Clone + Eq + Hash + Ord> WorkQueue<K> {
     }
 }
 
-impl<K: Clone + Eq + Hash + Ord> QueueState<K> {
-    /// The first due key not in flight, or the instant to wait for (`None`: nothing queued).
-    fn pop_due(&mut self) -> Result<K, Option<Instant>> {
+impl<K: QueueKey> QueueState<K> {
+    /// The first due key not in flight with how long it waited since due, or the instant to
+    /// wait for (`None`: nothing queued).
+    fn pop_due(&mut self) -> Result<(K, Duration), Option<Instant>> {
         let now = Instant::now();
         let mut deferred = Vec::new();
         let result = loop {
@@ -156,7 +232,7 @@ impl<K: Clone + Eq + Hash + Ord> QueueState<K> {
             }
             self.due.remove(&key);
             self.in_flight.insert(key.clone());
-            break Ok(key);
+            break Ok((key, now.saturating_duration_since(at)));
         };
         // Keys whose worker is still busy wait for `done`, which wakes the queue.
         self.heap.extend(deferred);
@@ -238,6 +314,52 @@ mod tests {
         assert!(!waiter.is_finished());
         queue.close();
         assert_eq!(waiter.await.unwrap(), None);
+    }
+
+    #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    struct Sharded(u32, &'static str);
+
+    impl QueueKey for Sharded {
+        fn shard(&self) -> u32 {
+            self.0
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn depth_is_exact_per_shard_and_a_shard_can_be_dropped() {
+        let queue = WorkQueue::default();
+        queue.add(Sharded(1, "a"), Duration::ZERO);
+        queue.add(Sharded(1, "b"), Duration::from_secs(10));
+        queue.add(Sharded(2, "c"), Duration::ZERO);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(queue.next().await, Some(Sharded(1, "a")));
+        let snapshot = queue.snapshot();
+        assert_eq!((snapshot.depth, snapshot.in_flight), (2, 1));
+        assert_eq!(
+            snapshot.shards[&1],
+            ShardQueue {
+                depth: 1,
+                in_flight: 1,
+                oldest_wait_seconds: 0.0 // b is not due yet
+            }
+        );
+        assert_eq!(snapshot.shards[&2].oldest_wait_seconds, 3.0);
+        assert_eq!(queue.in_flight_in(1), 1);
+        assert_eq!(queue.in_flight_in(2), 0);
+
+        // Shard 1 is handed over: its queued keys go, the one in flight finishes.
+        assert_eq!(queue.retain_shards(|shard| shard != 1), 1);
+        assert_eq!(queue.len(), 1);
+        assert_eq!(queue.next().await, Some(Sharded(2, "c")));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let waiter = tokio::spawn({
+            let queue = std::sync::Arc::new(queue);
+            async move { tokio::time::timeout(Duration::from_secs(30), queue.next()).await }
+        });
+        assert!(
+            waiter.await.unwrap().is_err(),
+            "b was dropped with its shard"
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@ use crate::metrics::{ReconcileMetrics, ResultLabels};
 use crate::plan::{self, PlanError, PruneDecision, RenderedObject, Scope};
 use crate::readiness::{Readiness, readiness};
 use crate::render::{HelmRenderer, RenderError, RenderRequest};
+use crate::shard::fence::{Fence, FenceLost};
 use crate::shard::{SHARD_LABEL, ShardCount};
 use crate::status::{Facts, Outcome, next_status};
 use crate::values::{self, ValuesError};
@@ -90,6 +91,9 @@ pub enum ReconcileError {
     /// a request about the Manifest itself (finalizer, status, values source) failed.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// this replica lost the Manifest's shard during the pass: it stops writing at once.
+    #[error(transparent)]
+    Fenced(#[from] FenceLost),
 }
 
 impl ReconcileError {
@@ -103,6 +107,7 @@ impl ReconcileError {
             Self::Apply(_) => "ApplyError",
             Self::JobFailed(_) => "JobFailed",
             Self::Kube(_) => "KubeError",
+            Self::Fenced(_) => "Fenced",
         }
     }
 
@@ -114,7 +119,7 @@ impl ReconcileError {
             Self::Chart(_) | Self::Values(_) | Self::Plan(_) | Self::JobFailed(_) => true,
             Self::Render(e) => e.is_permanent(),
             Self::Apply(e) => e.is_permanent(),
-            Self::ValuesSource(_) | Self::Kube(_) => false,
+            Self::ValuesSource(_) | Self::Kube(_) | Self::Fenced(_) => false,
         }
     }
 }
@@ -138,9 +143,9 @@ struct Pass {
 }
 
 /// Reconciles one Manifest; writes its status and Events. Never panics on bad input.
-pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context) -> Next {
+pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> Next {
     let started = std::time::Instant::now();
-    let (next, result, category) = pass(manifest, ctx).await;
+    let (next, result, category) = pass(manifest, ctx, fence).await;
     ctx.metrics
         .duration
         .observe(started.elapsed().as_secs_f64());
@@ -152,19 +157,32 @@ pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context) -> Next {
 }
 
 /// One pass, with its result and error category for the metrics.
-async fn pass(manifest: Arc<Manifest>, ctx: &Context) -> (Next, &'static str, &'static str) {
+async fn pass(
+    manifest: Arc<Manifest>,
+    ctx: &Context,
+    fence: &Fence,
+) -> (Next, &'static str, &'static str) {
     let interval = crate::api::interval(&manifest.spec).unwrap_or(Duration::from_secs(600));
     // The inventory as this pass wrote it (before applying), so that an error status written
     // from the Manifest as read at the start does not drop entries recorded since.
     let mut recorded = None;
     let result = if manifest.meta().deletion_timestamp.is_some() {
-        delete(&manifest, ctx).await
+        delete(&manifest, ctx, fence).await
     } else if manifest.spec.suspend {
         return (Next::Idle, "suspended", "");
     } else {
-        install(&manifest, ctx, interval, &mut recorded).await
+        install(&manifest, ctx, fence, interval, &mut recorded).await
     };
+    // The shard was lost during the pass (or is being lost now): the new owner writes the
+    // status; this replica writes nothing more and does not requeue.
+    let result = result.and_then(|pass| fence.check().map(|()| pass).map_err(Into::into));
     match result {
+        Err(ReconcileError::Fenced(lost)) => {
+            tracing::warn!("stopping the pass: {lost}");
+            // The controller drops the key if the shard is gone, else retries it shortly (the
+            // deadline may pass only for a moment).
+            (Next::After(Duration::from_secs(1)), "fenced", "Fenced")
+        }
         Ok(None) => (Next::Idle, "done", ""),
         Ok(Some(pass)) => {
             let result = match pass.outcome.state {
@@ -233,6 +251,7 @@ fn operation(manifest: &Manifest) -> &'static str {
 async fn install(
     manifest: &Manifest,
     ctx: &Context,
+    fence: &Fence,
     interval: Duration,
     recorded: &mut Option<Vec<InventoryEntry>>,
 ) -> Result<Option<Pass>, ReconcileError> {
@@ -240,6 +259,7 @@ async fn install(
     let shard = ctx.shards.shard_of(&uid).to_string();
     let has_finalizer = manifest.finalizers().iter().any(|f| f == FINALIZER);
     if !has_finalizer || manifest.labels().get(SHARD_LABEL) != Some(&shard) {
+        fence.check()?;
         claim(manifest, ctx, &shard).await?;
     }
     let previous = manifest.status.clone().unwrap_or_default();
@@ -292,14 +312,24 @@ async fn install(
         .iter()
         .any(|o| o.id.kind == "Namespace" && o.id.group.is_empty() && o.id.name == namespace)
     {
+        fence.check()?;
         ensure_namespace(ctx, &namespace, &uid).await?;
     }
 
     // CRDs first: apply, wait for Established.
     plan::assign_namespaces(&mut plan.crds, &namespace, |_| Some(Scope::Cluster))?;
     adopt_check(ctx, &uid, &previous.inventory, &plan.crds).await?;
-    record_inventory(manifest, ctx, &previous.inventory, recorded, &plan.crds).await?;
+    record_inventory(
+        manifest,
+        ctx,
+        fence,
+        &previous.inventory,
+        recorded,
+        &plan.crds,
+    )
+    .await?;
     for crd in &plan.crds {
+        fence.check()?;
         ctx.cluster.apply(crd, &uid).await?;
         ctx.metrics.applied.inc();
     }
@@ -340,10 +370,19 @@ async fn install(
     // Apply, recording the inventory first so that nothing applied can be forgotten.
     let inventory = plan.inventory();
     adopt_check(ctx, &uid, &previous.inventory, &plan.objects).await?;
-    record_inventory(manifest, ctx, &previous.inventory, recorded, &plan.objects).await?;
+    record_inventory(
+        manifest,
+        ctx,
+        fence,
+        &previous.inventory,
+        recorded,
+        &plan.objects,
+    )
+    .await?;
     // Objects as the server returned them, for the readiness check (the CRDs are Established).
     let mut applied = Vec::new();
     for object in &plan.objects {
+        fence.check()?;
         applied.push((object.id.clone(), ctx.cluster.apply(object, &uid).await?));
         ctx.metrics.applied.inc();
     }
@@ -355,6 +394,7 @@ async fn install(
         PruneDecision::Prune(gone) => {
             let manifest_namespace = manifest.namespace().unwrap_or_default();
             for id in &gone {
+                fence.check()?;
                 let outcome = match plan::protected(id, &manifest_namespace) {
                     Some(reason) => Deletion::Kept(reason),
                     None => ctx.cluster.delete(id, &uid).await?,
@@ -525,6 +565,7 @@ async fn adopt_check(
 async fn record_inventory(
     manifest: &Manifest,
     ctx: &Context,
+    fence: &Fence,
     previous: &[InventoryEntry],
     recorded: &mut Option<Vec<InventoryEntry>>,
     objects: &[RenderedObject],
@@ -537,6 +578,7 @@ async fn record_inventory(
         }
     }
     if list.len() > before {
+        fence.check()?;
         patch_status(manifest, ctx, json!({ "inventory": list })).await?;
         *recorded = Some(list);
     }
@@ -586,7 +628,11 @@ async fn patch_metadata(
     Ok(())
 }
 
-async fn delete(manifest: &Manifest, ctx: &Context) -> Result<Option<Pass>, ReconcileError> {
+async fn delete(
+    manifest: &Manifest,
+    ctx: &Context,
+    fence: &Fence,
+) -> Result<Option<Pass>, ReconcileError> {
     if !manifest.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(None);
     }
@@ -602,6 +648,7 @@ async fn delete(manifest: &Manifest, ctx: &Context) -> Result<Option<Pass>, Reco
         // Objects still terminating; the next pass looks again (without deleting them twice).
         let mut remaining = Vec::new();
         for id in &inventory {
+            fence.check()?;
             let outcome = match plan::protected(id, &manifest_namespace) {
                 Some(reason) => Deletion::Kept(reason),
                 None => ctx.cluster.delete(id, &uid).await?,
@@ -648,6 +695,7 @@ async fn delete(manifest: &Manifest, ctx: &Context) -> Result<Option<Pass>, Reco
             ),
         ),
     };
+    fence.check()?;
     publish(manifest, ctx, EventType::Normal, reason, &note).await;
     let finalizers = manifest
         .finalizers()

@@ -43,6 +43,8 @@ pub struct Round {
     /// The epoch (`leaseTransitions`) of every owned shard: a reconcile can compare it before a
     /// write phase to notice a takeover.
     pub epochs: BTreeMap<u32, i32>,
+    /// Every shard's Lease after the round (as read, with this round's successful writes).
+    pub records: BTreeMap<u32, ShardLeaseRecord>,
 }
 
 /// One round for replica `me` (only the list of shard Leases failing is an error; a failed
@@ -76,6 +78,13 @@ pub async fn sync_shards(
         let epoch = record.as_ref().map_or(0, |r| r.epoch);
         let desired_owner = desired.get(shard as usize).map(String::as_str);
         let action = decide(me, desired_owner, &state);
+        round
+            .records
+            .insert(shard, record.clone().unwrap_or_default());
+        let written = |holder: Option<&str>| ShardLeaseRecord {
+            holder: holder.map(str::to_owned),
+            epoch: epoch + 1,
+        };
         let result =
             match action {
                 ShardAction::Keep | ShardAction::WaitForRelease => {
@@ -88,15 +97,19 @@ pub async fn sync_shards(
                 ShardAction::Acquire => set_holder(leases, fleet, &name, lease, Some(me))
                     .await
                     .map(|()| {
+                        tracing::info!(shard, epoch = epoch + 1, "shard acquired");
                         round.owned.insert(shard);
                         round.acquired.insert(shard);
                         round.epochs.insert(shard, epoch + 1);
+                        round.records.insert(shard, written(Some(me)));
                     }),
                 ShardAction::Release if may_release(shard) => {
                     set_holder(leases, fleet, &name, lease, None)
                         .await
                         .map(|()| {
+                            tracing::info!(shard, epoch = epoch + 1, "shard released");
                             round.released.insert(shard);
+                            round.records.insert(shard, written(None));
                         })
                 }
                 ShardAction::Release => {

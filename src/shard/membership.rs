@@ -122,6 +122,56 @@ impl Liveness {
     }
 }
 
+/// Annotation on a membership Lease saying what the member is doing besides working:
+/// `restarting` (shut down gracefully while still desired: keep its shards for the restart grace)
+/// or `draining` (asked to hand over all its shards, or leaving for good). Absent: working.
+pub const MEMBER_STATE_ANNOTATION: &str = "modulemanager.io/state";
+/// Annotation on a membership Lease with the member's load ([`MemberLoad`] as JSON), published
+/// with each renewal (no extra writes), so that any replica can show the fleet's queues.
+pub const MEMBER_LOAD_ANNOTATION: &str = "modulemanager.io/load";
+
+/// What a member announces on its Lease.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberState {
+    /// Working.
+    #[default]
+    Active,
+    /// Shut down while still desired (a rolling update): its shards wait for it.
+    Restarting,
+    /// Handing over all its shards (`POST /v1/drain`, scale-down or leaving).
+    Draining,
+}
+
+/// One shard's load as its owner publishes it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardLoad {
+    /// Manifests of the shard in the owner's cache.
+    #[serde(rename = "m")]
+    pub manifests: u64,
+    /// Manifests of the shard queued.
+    #[serde(rename = "q")]
+    pub queued: u64,
+}
+
+/// A member's load, published on its Lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberLoad {
+    /// Manifests queued (due or not).
+    pub queued: u64,
+    /// Reconcile passes running.
+    pub in_flight: u64,
+    /// Manifests in its cache (those of its shards).
+    pub manifests: u64,
+    /// Per owned shard; left out when it owns more than [`MAX_PUBLISHED_SHARDS`] shards (the
+    /// annotation must stay small).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shards: BTreeMap<u32, ShardLoad>,
+}
+
+/// At most this many shards' loads are published per member.
+pub const MAX_PUBLISHED_SHARDS: usize = 4096;
+
 /// A member as the admin API shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MemberView {
@@ -131,6 +181,12 @@ pub struct MemberView {
     pub live: bool,
     /// Seconds since this replica last saw its Lease change.
     pub unchanged_for_seconds: f64,
+    /// What it announces (restarting, draining).
+    #[serde(default)]
+    pub state: MemberState,
+    /// Its load as last published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<MemberLoad>,
 }
 
 /// The fleet as this replica sees it.
@@ -158,6 +214,196 @@ impl Members {
     }
 }
 
+/// One replica's side of membership: renews its own Lease, reads the fleet's, and judges who is
+/// alive. [`run`] drives it on a schedule; the fleet loop (`fleet.rs`) drives it between shard
+/// rounds.
+pub struct Membership {
+    leases: Api<Lease>,
+    config: MembershipConfig,
+    own: String,
+    selector: String,
+    liveness: Liveness,
+    renewed_at: RenewedAt,
+    /// Member states and loads from the last successful list.
+    annotations: BTreeMap<String, (MemberState, Option<MemberLoad>)>,
+}
+
+impl Membership {
+    /// A member of `config.fleet` whose Leases live in `config.namespace`.
+    pub fn new(client: Client, config: MembershipConfig) -> Self {
+        Self {
+            leases: Api::namespaced(client, &config.namespace),
+            own: config.lease_name(&config.replica),
+            selector: format!("{FLEET_LABEL}={},{LEASE_KIND_LABEL}=member", config.fleet),
+            config,
+            liveness: Liveness::default(),
+            renewed_at: RenewedAt::default(),
+            annotations: BTreeMap::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MembershipConfig {
+        &self.config
+    }
+
+    /// When the last successful renewal started.
+    pub fn renewed_at(&self) -> Option<Instant> {
+        self.renewed_at.get()
+    }
+
+    /// A handle that renews this member's Lease, for a task of its own: renewals must never
+    /// wait behind slow shard rounds.
+    pub fn renewer(&self) -> Renewer {
+        Renewer {
+            leases: self.leases.clone(),
+            own: self.own.clone(),
+            config: self.config.clone(),
+            renewed_at: self.renewed_at.clone(),
+        }
+    }
+
+    /// Renews the own Lease (see [`Renewer::renew`]).
+    pub async fn renew(&self, state: MemberState, load: Option<&MemberLoad>) -> bool {
+        self.renewer().renew(state, load).await
+    }
+
+    /// Lists the fleet's membership Leases (bounded by the renew interval) and records what
+    /// they show; a failed list is no evidence about anyone.
+    pub async fn observe(&mut self) {
+        let list = tokio::time::timeout(
+            self.config.renew_interval,
+            self.leases
+                .list(&ListParams::default().labels(&self.selector)),
+        )
+        .await;
+        match list {
+            Err(_) => tracing::warn!("list membership leases: timed out"),
+            Ok(Err(e)) => tracing::warn!("list membership leases: {e}"),
+            Ok(Ok(list)) => {
+                let mut observed = Vec::new();
+                self.annotations.clear();
+                for lease in &list.items {
+                    let Some(member) = lease.spec.as_ref().and_then(|s| s.holder_identity.clone())
+                    else {
+                        continue;
+                    };
+                    observed.push((member.clone(), lease.resource_version().unwrap_or_default()));
+                    self.annotations.insert(member, announced(lease));
+                }
+                self.liveness.observe(observed, Instant::now());
+            }
+        }
+    }
+
+    /// Whether `member` is known to be dead (see [`Liveness::is_dead`]); a member not listed
+    /// is noted, so that a whole lease duration of its absence counts as death.
+    pub fn is_dead(&mut self, member: &str) -> bool {
+        self.liveness.note_holders([member], Instant::now());
+        self.liveness.is_dead(member, self.config.lease_duration)
+    }
+
+    /// The fleet as last observed.
+    pub fn view(&self) -> Members {
+        let now = Instant::now();
+        let live = self.liveness.live(self.config.lease_duration);
+        let members = self
+            .liveness
+            .unchanged_for(now)
+            .into_iter()
+            .map(|(name, unchanged)| {
+                let (state, load) = self.annotations.get(&name).cloned().unwrap_or_default();
+                MemberView {
+                    live: live.contains(&name),
+                    unchanged_for_seconds: unchanged.as_secs_f64(),
+                    state,
+                    load,
+                    name,
+                }
+            })
+            .collect();
+        Members {
+            members,
+            self_renewed: self
+                .renewed_at()
+                .is_some_and(|at| now.duration_since(at) < self.config.lease_duration),
+            renewed_at: self.renewed_at(),
+        }
+    }
+
+    /// Deletes the own Lease: a clean leave, the others drop this member at their next read.
+    pub async fn leave(&self) {
+        if let Err(e) = self
+            .leases
+            .delete(&self.own, &DeleteParams::default())
+            .await
+        {
+            tracing::warn!(lease = %self.own, "delete membership lease on shutdown: {e}");
+        }
+    }
+}
+
+/// When the last successful renewal started, shared between the renewing task and readers.
+#[derive(Clone, Debug, Default)]
+struct RenewedAt(std::sync::Arc<std::sync::Mutex<Option<Instant>>>);
+
+impl RenewedAt {
+    fn get(&self) -> Option<Instant> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set(&self, at: Instant) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
+    }
+}
+
+/// Renews one member's Lease.
+#[derive(Clone)]
+pub struct Renewer {
+    leases: Api<Lease>,
+    own: String,
+    config: MembershipConfig,
+    renewed_at: RenewedAt,
+}
+
+impl Renewer {
+    /// Renews the own Lease announcing `state` and `load` (bounded by the renew interval; a
+    /// failure is logged and leaves `renewed_at` as it was). Returns whether it succeeded.
+    pub async fn renew(&self, state: MemberState, load: Option<&MemberLoad>) -> bool {
+        // The renewal happened no earlier than the request started: count from there.
+        let started = Instant::now();
+        let request = renew(&self.leases, &self.own, &self.config, state, load);
+        match tokio::time::timeout(self.config.renew_interval, request).await {
+            Ok(Ok(())) => {
+                self.renewed_at.set(started);
+                true
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(lease = %self.own, "renew membership lease: {e}");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.own, "renew membership lease: timed out");
+                false
+            }
+        }
+    }
+}
+
+/// The state and load a membership Lease announces (unreadable annotations count as none).
+fn announced(lease: &Lease) -> (MemberState, Option<MemberLoad>) {
+    let annotations = lease.annotations();
+    let state = match annotations.get(MEMBER_STATE_ANNOTATION).map(String::as_str) {
+        Some("restarting") => MemberState::Restarting,
+        Some("draining") => MemberState::Draining,
+        _ => MemberState::Active,
+    };
+    let load = annotations
+        .get(MEMBER_LOAD_ANNOTATION)
+        .and_then(|text| serde_json::from_str(text).ok());
+    (state, load)
+}
+
 /// Renews this replica's Lease and reads the fleet's every `renew_interval`, publishing the view
 /// on `view`, until `shutdown` completes; then deletes its Lease (a clean leave: the others do not
 /// wait for it to expire).
@@ -167,12 +413,8 @@ pub async fn run(
     view: watch::Sender<Members>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let leases = Api::<Lease>::namespaced(client, &config.namespace);
-    let own = config.lease_name(&config.replica);
-    let selector = format!("{FLEET_LABEL}={},{LEASE_KIND_LABEL}=member", config.fleet);
-    let mut liveness = Liveness::default();
-    let mut renewed_at: Option<Instant> = None;
-    let mut tick = tokio::time::interval(config.renew_interval);
+    let mut membership = Membership::new(client, config);
+    let mut tick = tokio::time::interval(membership.config.renew_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     loop {
@@ -180,68 +422,45 @@ pub async fn run(
             _ = tick.tick() => {}
             _ = &mut shutdown => break,
         }
-        // Each request is bounded by the renew interval: a hanging request must not keep a stale
-        // view (and a stale "renewed") published.
-        let started = Instant::now();
-        match tokio::time::timeout(config.renew_interval, renew(&leases, &own, &config)).await {
-            // The renewal happened no earlier than the request started: count from there.
-            Ok(Ok(())) => renewed_at = Some(started),
-            Ok(Err(e)) => tracing::warn!(lease = %own, "renew membership lease: {e}"),
-            Err(_) => tracing::warn!(lease = %own, "renew membership lease: timed out"),
-        }
-        let list = tokio::time::timeout(
-            config.renew_interval,
-            leases.list(&ListParams::default().labels(&selector)),
-        )
-        .await;
-        match list {
-            Err(_) => tracing::warn!("list membership leases: timed out"),
-            Ok(Err(e)) => tracing::warn!("list membership leases: {e}"),
-            Ok(Ok(list)) => {
-                let observed = list.items.iter().filter_map(|lease| {
-                    let member = lease.spec.as_ref()?.holder_identity.clone()?;
-                    Some((member, lease.resource_version().unwrap_or_default()))
-                });
-                liveness.observe(observed, Instant::now());
-            }
-        }
-        let now = Instant::now();
-        let live = liveness.live(config.lease_duration);
-        let members = liveness
-            .unchanged_for(now)
-            .into_iter()
-            .map(|(name, unchanged)| MemberView {
-                live: live.contains(&name),
-                unchanged_for_seconds: unchanged.as_secs_f64(),
-                name,
-            })
-            .collect();
-        let self_renewed =
-            renewed_at.is_some_and(|at| now.duration_since(at) < config.lease_duration);
-        view.send_replace(Members {
-            members,
-            self_renewed,
-            renewed_at,
-        });
+        membership.renew(MemberState::Active, None).await;
+        membership.observe().await;
+        view.send_replace(membership.view());
     }
-    if let Err(e) = leases.delete(&own, &DeleteParams::default()).await {
-        tracing::warn!(lease = %own, "delete membership lease on shutdown: {e}");
-    }
+    membership.leave().await;
 }
 
-/// Writes this replica's Lease with a fresh renew time (server-side apply, so it is created
-/// the first time).
+/// Writes this replica's Lease with a fresh renew time, its state and load (server-side apply:
+/// created the first time; an annotation left out is removed, since this field manager owns it).
 async fn renew(
     leases: &Api<Lease>,
     name: &str,
     config: &MembershipConfig,
+    state: MemberState,
+    load: Option<&MemberLoad>,
 ) -> Result<(), kube::Error> {
+    let mut annotations = serde_json::Map::new();
+    match state {
+        MemberState::Active => {}
+        MemberState::Restarting => {
+            annotations.insert(MEMBER_STATE_ANNOTATION.into(), "restarting".into());
+        }
+        MemberState::Draining => {
+            annotations.insert(MEMBER_STATE_ANNOTATION.into(), "draining".into());
+        }
+    }
+    if let Some(load) = load {
+        annotations.insert(
+            MEMBER_LOAD_ANNOTATION.into(),
+            serde_json::to_string(load).unwrap_or_default().into(),
+        );
+    }
     let lease = serde_json::json!({
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {
             "name": name,
             "labels": { FLEET_LABEL: config.fleet, LEASE_KIND_LABEL: "member" },
+            "annotations": annotations,
         },
         "spec": {
             "holderIdentity": config.replica,

@@ -1,6 +1,8 @@
 //! Sharding: the virtual shard of a Manifest and the assignment of shards to fleet members.
 
 pub mod assignment;
+pub mod fence;
+pub mod fleet;
 pub mod hash;
 pub mod leases;
 pub mod membership;

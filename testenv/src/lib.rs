@@ -15,7 +15,7 @@ pub mod tools;
 use std::path::PathBuf;
 
 pub use control_plane::{ControlPlane, Endpoints, Options, client_for, install_crds, parse_crds};
-pub use process::{pid_runs, stop_pid};
+pub use process::{Lifetime, Proc, pid_runs, stop_pid};
 pub use tools::Tools;
 
 /// What can go wrong while starting or using a control plane.

@@ -1,0 +1,608 @@
+//! Checks the replicas' JSON logs for reconcile passes of one Manifest that overlapped in time.
+//!
+//! Every replica writes one JSON object per line (see [`crate::telemetry`]). A reconcile pass logs
+//! `reconcile start` and `reconcile end` (with an optional `result`) inside the span named
+//! `reconcile`, whose fields carry the Manifest's `uid`, the `replica` name and the per-process
+//! `reconcile_id`. This module is pure: it takes log contents and returns a [`Report`]:
+//!
+//! - [`parse_passes`] turns one log into [`Pass`]es,
+//! - [`check`] looks across all logs for passes of the same Manifest that overlap, and for expected
+//!   Manifests that were never reconciled to the end.
+//!
+//! Lines that are not JSON, or carry other messages, are ignored.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::str::FromStr;
+
+use k8s_openapi::jiff::Timestamp;
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::Value;
+
+/// How many overlaps and unreconciled uids [`Report`]'s `Display` lists before eliding the rest.
+const DISPLAY_LIMIT: usize = 20;
+
+/// One reconcile pass, as seen in one replica's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pass {
+    /// The Manifest's uid.
+    pub uid: String,
+    /// The replica that ran the pass.
+    pub replica: String,
+    /// The pass number within the replica's process (restarts at 1 when the process restarts).
+    pub reconcile_id: u64,
+    /// When `reconcile start` was logged.
+    pub start: Timestamp,
+    /// When `reconcile end` was logged; `None` if it never was (the process died or is paused).
+    pub end: Option<Timestamp>,
+    /// The `result` field of the end line, if any.
+    pub result: Option<String>,
+}
+
+/// Two passes of the same Manifest whose time intervals intersect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Overlap {
+    /// The Manifest's uid.
+    pub uid: String,
+    /// `(replica, reconcile_id)` of the pass that started first.
+    pub first: (String, u64),
+    /// `(replica, reconcile_id)` of the pass that started second (or at the same time).
+    pub second: (String, u64),
+}
+
+/// The outcome of [`check`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Number of passes found in all logs, open ones included.
+    pub passes: usize,
+    /// Pairs of passes of the same Manifest that ran at the same time, by uid, then start.
+    pub overlaps: Vec<Overlap>,
+    /// Expected uids without any completed pass (one with an end line), sorted.
+    pub unreconciled: Vec<String>,
+    /// Number of passes without an end line (their process was killed or is paused).
+    pub open: usize,
+}
+
+impl Report {
+    /// No overlapping passes, and every expected Manifest was reconciled to the end at least once.
+    ///
+    /// Open passes alone do not make a report unclean: a killed replica leaves them behind.
+    pub fn is_clean(&self) -> bool {
+        self.overlaps.is_empty() && self.unreconciled.is_empty()
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{} reconcile passes ({} open), {} overlaps, {} unreconciled",
+            self.passes,
+            self.open,
+            self.overlaps.len(),
+            self.unreconciled.len()
+        )?;
+        for o in self.overlaps.iter().take(DISPLAY_LIMIT) {
+            writeln!(
+                f,
+                "  overlap on {}: {} #{} and {} #{}",
+                o.uid, o.first.0, o.first.1, o.second.0, o.second.1
+            )?;
+        }
+        if self.overlaps.len() > DISPLAY_LIMIT {
+            writeln!(
+                f,
+                "  ... and {} more overlaps",
+                self.overlaps.len() - DISPLAY_LIMIT
+            )?;
+        }
+        for uid in self.unreconciled.iter().take(DISPLAY_LIMIT) {
+            writeln!(f, "  never reconciled: {uid}")?;
+        }
+        if self.unreconciled.len() > DISPLAY_LIMIT {
+            writeln!(
+                f,
+                "  ... and {} more unreconciled",
+                self.unreconciled.len() - DISPLAY_LIMIT
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses one replica's log into its reconcile passes, in the order of their start lines.
+///
+/// A `reconcile end` line closes the most recent unclosed start with the same
+/// `(replica, reconcile_id)`; a second start for that key before any end means the earlier pass
+/// never ended (its process restarted under the same name, with ids from 1 again). Passes
+/// without an end line have `end: None`; end lines without a start are ignored.
+pub fn parse_passes(replica_log: &str) -> Vec<Pass> {
+    parse_log(replica_log).passes
+}
+
+/// Checks the logs of all replicas, given as `(log name, content)`.
+///
+/// An open pass (no end line: its process was killed with SIGKILL, or is paused) is treated as
+/// lasting until the last timestamp seen in its own log, where its process stopped writing. So
+/// give each process its own log: if one log holds a restarted process too, an open pass of the
+/// earlier process is extended over the later one's lines (which errs towards reporting overlaps).
+///
+/// Two passes of the same uid overlap when their intervals `[start, end]` intersect; intervals
+/// that merely touch (one ends when the other starts) do not.
+pub fn check(logs: &[(String, String)], expected_uids: &BTreeSet<String>) -> Report {
+    let mut intervals: BTreeMap<&str, Vec<Interval<'_>>> = BTreeMap::new();
+    let mut parsed = Vec::with_capacity(logs.len());
+    for (_name, content) in logs {
+        parsed.push(parse_log(content));
+    }
+    let mut report = Report::default();
+    let mut completed = BTreeSet::new();
+    for log in &parsed {
+        for pass in &log.passes {
+            report.passes += 1;
+            let end = match pass.end {
+                Some(end) => {
+                    completed.insert(pass.uid.as_str());
+                    end
+                }
+                None => {
+                    report.open += 1;
+                    log.last.map_or(pass.start, |last| last.max(pass.start))
+                }
+            };
+            intervals
+                .entry(pass.uid.as_str())
+                .or_default()
+                .push(Interval { pass, end });
+        }
+    }
+    for (uid, mut list) in intervals {
+        list.sort_by(|a, b| {
+            (a.pass.start, a.end, &a.pass.replica, a.pass.reconcile_id).cmp(&(
+                b.pass.start,
+                b.end,
+                &b.pass.replica,
+                b.pass.reconcile_id,
+            ))
+        });
+        // Sweep by start: `active` holds the passes still running when the current one starts.
+        let mut active: Vec<&Interval<'_>> = Vec::new();
+        for current in &list {
+            active.retain(|a| a.end > current.pass.start);
+            for earlier in &active {
+                if current.end > earlier.pass.start {
+                    report.overlaps.push(Overlap {
+                        uid: uid.to_owned(),
+                        first: (earlier.pass.replica.clone(), earlier.pass.reconcile_id),
+                        second: (current.pass.replica.clone(), current.pass.reconcile_id),
+                    });
+                }
+            }
+            active.push(current);
+        }
+    }
+    report.unreconciled = expected_uids
+        .iter()
+        .filter(|uid| !completed.contains(uid.as_str()))
+        .cloned()
+        .collect();
+    report
+}
+
+/// A pass with its effective end (the end line, or the end of its log for an open pass).
+struct Interval<'a> {
+    pass: &'a Pass,
+    end: Timestamp,
+}
+
+/// One log, parsed.
+struct ParsedLog {
+    passes: Vec<Pass>,
+    /// The last timestamp of any JSON line of the log.
+    last: Option<Timestamp>,
+}
+
+fn parse_log(log: &str) -> ParsedLog {
+    let mut passes: Vec<Pass> = Vec::new();
+    let mut last: Option<Timestamp> = None;
+    // (replica, reconcile_id) -> index in `passes` of the unclosed start.
+    let mut unclosed: HashMap<(String, u64), usize> = HashMap::new();
+    for line in log.lines() {
+        let line = line.trim();
+        if !line.starts_with('{') {
+            continue;
+        }
+        let Ok(parsed) = serde_json::from_str::<Line>(line) else {
+            continue;
+        };
+        let Some(timestamp) = parsed
+            .timestamp
+            .as_deref()
+            .and_then(|t| Timestamp::from_str(t).ok())
+        else {
+            continue;
+        };
+        last = Some(last.map_or(timestamp, |l| l.max(timestamp)));
+        let is_start = match parsed.message.as_deref() {
+            Some("reconcile start") => true,
+            Some("reconcile end") => false,
+            _ => continue,
+        };
+        let Some(span) = reconcile_span(parsed.spans) else {
+            continue;
+        };
+        let (Some(uid), Some(replica), Some(reconcile_id)) =
+            (span.uid, span.replica, span.reconcile_id)
+        else {
+            continue;
+        };
+        let key = (replica, reconcile_id);
+        if is_start {
+            // An earlier unclosed start for this key stays open: its process restarted.
+            unclosed.insert(key.clone(), passes.len());
+            passes.push(Pass {
+                uid,
+                replica: key.0,
+                reconcile_id,
+                start: timestamp,
+                end: None,
+                result: None,
+            });
+        } else if let Some(index) = unclosed.remove(&key) {
+            passes[index].end = Some(timestamp);
+            passes[index].result = parsed.result;
+        }
+    }
+    ParsedLog { passes, last }
+}
+
+/// The `reconcile` span of a line (innermost first), or else any span with the pass's fields.
+fn reconcile_span(spans: Vec<SpanFields>) -> Option<SpanFields> {
+    let complete =
+        |s: &SpanFields| s.uid.is_some() && s.replica.is_some() && s.reconcile_id.is_some();
+    let named = spans
+        .iter()
+        .rposition(|s| complete(s) && s.names.iter().any(|n| n == "reconcile"));
+    let index = named.or_else(|| spans.iter().rposition(complete))?;
+    spans.into_iter().nth(index)
+}
+
+/// The fields of a log line this module reads. Duplicate keys are allowed: the last one wins.
+#[derive(Default)]
+struct Line {
+    timestamp: Option<String>,
+    message: Option<String>,
+    result: Option<String>,
+    spans: Vec<SpanFields>,
+}
+
+/// The fields of one entry of a line's `spans`.
+///
+/// tracing-subscriber writes a span's name and its fields into one object, so a span field called
+/// `name` (the Manifest's name) sits next to the span name under the same key: every `name` is
+/// kept in `names`, and the Manifest name is not relied upon.
+#[derive(Default)]
+struct SpanFields {
+    names: Vec<String>,
+    uid: Option<String>,
+    replica: Option<String>,
+    reconcile_id: Option<u64>,
+}
+
+/// A string field; other scalars are taken in their JSON form, `null` as absent.
+fn string(value: Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    }
+}
+
+impl<'de> Deserialize<'de> for Line {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct LineVisitor;
+        impl<'de> Visitor<'de> for LineVisitor {
+            type Value = Line;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON log line")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Line, A::Error> {
+                let mut line = Line::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "timestamp" => line.timestamp = string(map.next_value()?),
+                        "message" => line.message = string(map.next_value()?),
+                        "result" => line.result = string(map.next_value()?),
+                        "spans" => line.spans = map.next_value()?,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(line)
+            }
+        }
+        deserializer.deserialize_map(LineVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for SpanFields {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SpanVisitor;
+        impl<'de> Visitor<'de> for SpanVisitor {
+            type Value = SpanFields;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a span object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SpanFields, A::Error> {
+                let mut span = SpanFields::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "name" => span.names.extend(string(map.next_value()?)),
+                        "uid" => span.uid = string(map.next_value()?),
+                        "replica" => span.replica = string(map.next_value()?),
+                        "reconcile_id" => {
+                            span.reconcile_id = match map.next_value()? {
+                                Value::Number(n) => n.as_u64(),
+                                Value::String(s) => s.parse().ok(),
+                                _ => None,
+                            }
+                        }
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(span)
+            }
+        }
+        deserializer.deserialize_map(SpanVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `2026-11-30T13:01:<second>.000000Z`.
+    fn ts(second: u32) -> String {
+        format!("2026-11-30T13:01:{second:02}.000000Z")
+    }
+
+    fn at(second: u32) -> Timestamp {
+        ts(second).parse().unwrap()
+    }
+
+    /// A log line in the replicas' exact shape (span name first, then the span's fields).
+    fn line(second: u32, message: &str, uid: &str, replica: &str, id: u64) -> String {
+        let result = if message == "reconcile end" {
+            r#""result":"ready","#
+        } else {
+            ""
+        };
+        format!(
+            r#"{{"timestamp":"{}","level":"INFO","message":"{message}",{result}"target":"module_manager::controller","spans":[{{"name":"reconcile","namespace":"ns","name":"m1","uid":"{uid}","module":"web","shard":17,"replica":"{replica}","reconcile_id":{id}}}]}}"#,
+            ts(second)
+        )
+    }
+
+    fn start(second: u32, uid: &str, replica: &str, id: u64) -> String {
+        line(second, "reconcile start", uid, replica, id)
+    }
+
+    fn end(second: u32, uid: &str, replica: &str, id: u64) -> String {
+        line(second, "reconcile end", uid, replica, id)
+    }
+
+    /// An unrelated line of `replica`, to mark when its process last wrote.
+    fn other(second: u32) -> String {
+        format!(
+            r#"{{"timestamp":"{}","level":"INFO","message":"lease renewed","target":"module_manager::shard"}}"#,
+            ts(second)
+        )
+    }
+
+    fn log(name: &str, lines: &[String]) -> (String, String) {
+        (name.to_owned(), lines.join("\n") + "\n")
+    }
+
+    fn uids(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn overlap(uid: &str, first: (&str, u64), second: (&str, u64)) -> Overlap {
+        Overlap {
+            uid: uid.to_owned(),
+            first: (first.0.to_owned(), first.1),
+            second: (second.0.to_owned(), second.1),
+        }
+    }
+
+    #[test]
+    fn parses_the_exact_line_shape() {
+        let text = concat!(
+            r#"{"timestamp":"2026-11-30T13:01:02.123456Z","level":"INFO","message":"reconcile start","target":"module_manager::controller","spans":[{"name":"reconcile","namespace":"ns","name":"m1","uid":"6f1c","module":"web","shard":17,"replica":"module-manager-0","reconcile_id":42}]}"#,
+            "\n",
+            r#"{"timestamp":"2026-11-30T13:01:02.223456Z","level":"INFO","message":"reconcile end","result":"ready","target":"module_manager::controller","spans":[{"name":"reconcile","namespace":"ns","name":"m1","uid":"6f1c","module":"web","shard":17,"replica":"module-manager-0","reconcile_id":42}]}"#,
+            "\n",
+        );
+        let passes = parse_passes(text);
+        assert_eq!(
+            passes,
+            vec![Pass {
+                uid: "6f1c".into(),
+                replica: "module-manager-0".into(),
+                reconcile_id: 42,
+                start: "2026-11-30T13:01:02.123456Z".parse().unwrap(),
+                end: Some("2026-11-30T13:01:02.223456Z".parse().unwrap()),
+                result: Some("ready".into()),
+            }]
+        );
+    }
+
+    #[test]
+    fn finds_the_reconcile_span_whatever_the_key_order_and_nesting() {
+        // tracing-subscriber writes the span's fields first and its name last; an outer span too.
+        let text = [
+            format!(
+                r#"{{"timestamp":"{}","message":"reconcile start","spans":[{{"name":"worker","uid":"other","replica":"r0","reconcile_id":9}},{{"namespace":"ns","name":"m1","uid":"u1","replica":"r0","reconcile_id":3,"name":"reconcile"}}]}}"#,
+                ts(1)
+            ),
+            // No span called `reconcile`: any span with the fields will do; `result` is absent.
+            format!(
+                r#"{{"timestamp":"{}","message":"reconcile end","spans":[{{"name":"m1","uid":"u1","replica":"r0","reconcile_id":"3"}}]}}"#,
+                ts(2)
+            ),
+        ]
+        .join("\n");
+        let passes = parse_passes(&text);
+        assert_eq!(passes.len(), 1);
+        assert_eq!(passes[0].uid, "u1");
+        assert_eq!(passes[0].reconcile_id, 3);
+        assert_eq!(passes[0].end, Some(at(2)));
+        assert_eq!(passes[0].result, None);
+    }
+
+    #[test]
+    fn ignores_non_json_and_unrelated_lines() {
+        let text = [
+            "module-manager starting".to_owned(),
+            "{not json".to_owned(),
+            String::new(),
+            other(1),
+            start(2, "a", "r0", 1),
+            r#"{"timestamp":"2026-11-30T13:01:03Z","message":"applied","spans":[{"name":"reconcile","uid":"a","replica":"r0","reconcile_id":1}]}"#.to_owned(),
+            r#"{"timestamp":"bogus","message":"reconcile start","spans":[{"name":"reconcile","uid":"b","replica":"r0","reconcile_id":2}]}"#.to_owned(),
+            r#"{"timestamp":"2026-11-30T13:01:03Z","message":"reconcile start","spans":[{"name":"reconcile","replica":"r0"}]}"#.to_owned(),
+            r#"["an","array"]"#.to_owned(),
+            end(4, "a", "r0", 1),
+            end(5, "c", "r0", 7), // no start: ignored
+        ]
+        .join("\n");
+        let passes = parse_passes(&text);
+        assert_eq!(passes.len(), 1);
+        assert_eq!((passes[0].start, passes[0].end), (at(2), Some(at(4))));
+        assert_eq!(passes[0].result.as_deref(), Some("ready"));
+    }
+
+    #[test]
+    fn reused_ids_after_a_restart_pair_with_the_latest_start() {
+        let text = [
+            start(1, "a", "r0", 1),
+            start(2, "b", "r0", 2),
+            // SIGKILL; restarted under the same name, ids from 1 again.
+            start(10, "c", "r0", 1),
+            end(11, "c", "r0", 1),
+            start(12, "d", "r0", 2),
+            end(13, "d", "r0", 2),
+        ]
+        .join("\n");
+        let passes = parse_passes(&text);
+        let summary: Vec<_> = passes
+            .iter()
+            .map(|p| (p.uid.as_str(), p.reconcile_id, p.start, p.end))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("a", 1, at(1), None),
+                ("b", 2, at(2), None),
+                ("c", 1, at(10), Some(at(11))),
+                ("d", 2, at(12), Some(at(13))),
+            ]
+        );
+    }
+
+    #[test]
+    fn sequential_passes_across_a_handover_are_clean() {
+        let logs = [
+            log(
+                "r0.log",
+                &[
+                    start(1, "a", "r0", 1),
+                    end(2, "a", "r0", 1),
+                    start(3, "b", "r0", 2),
+                    end(4, "b", "r0", 2),
+                    start(5, "a", "r0", 3),
+                    end(6, "a", "r0", 3),
+                ],
+            ),
+            log(
+                "r1.log",
+                &[
+                    // Starts exactly when r0's pass ended: touching is not overlapping.
+                    start(6, "a", "r1", 1),
+                    end(7, "a", "r1", 1),
+                    start(8, "b", "r1", 2),
+                    end(9, "b", "r1", 2),
+                ],
+            ),
+        ];
+        let report = check(&logs, &uids(&["a", "b"]));
+        assert!(report.is_clean(), "{report}");
+        assert_eq!((report.passes, report.open), (5, 0));
+    }
+
+    #[test]
+    fn overlapping_passes_of_two_replicas_are_reported() {
+        let logs = [
+            log("r0.log", &[start(1, "a", "r0", 1), end(5, "a", "r0", 1)]),
+            log(
+                "r1.log",
+                &[
+                    start(3, "a", "r1", 7),
+                    start(3, "b", "r1", 8),
+                    end(4, "a", "r1", 7),
+                    end(4, "b", "r1", 8),
+                ],
+            ),
+        ];
+        let report = check(&logs, &uids(&["a", "b"]));
+        assert_eq!(report.overlaps, vec![overlap("a", ("r0", 1), ("r1", 7))]);
+        assert!(!report.is_clean());
+        let text = report.to_string();
+        assert!(text.contains("overlap on a: r0 #1 and r1 #7"), "{text}");
+    }
+
+    #[test]
+    fn a_killed_replicas_open_pass_lasts_until_its_last_line() {
+        let killed = log("r0.log", &[start(1, "a", "r0", 1), other(3)]);
+
+        // The takeover starts after the killed process's last line: clean.
+        let after = log("r1.log", &[start(4, "a", "r1", 1), end(5, "a", "r1", 1)]);
+        let report = check(&[killed.clone(), after], &uids(&["a"]));
+        assert!(report.is_clean(), "{report}");
+        assert_eq!((report.passes, report.open), (2, 1));
+
+        // It starts while the killed process was still writing: overlap.
+        let before = log("r1.log", &[start(2, "a", "r1", 1), end(5, "a", "r1", 1)]);
+        let report = check(&[killed, before], &uids(&["a"]));
+        assert_eq!(report.overlaps, vec![overlap("a", ("r0", 1), ("r1", 1))]);
+    }
+
+    #[test]
+    fn expected_uids_without_a_completed_pass_are_unreconciled() {
+        let logs = [log(
+            "r0.log",
+            &[
+                start(1, "a", "r0", 1),
+                end(2, "a", "r0", 1),
+                start(3, "b", "r0", 2),
+            ],
+        )];
+        let report = check(&logs, &uids(&["a", "b", "c"]));
+        assert_eq!(report.unreconciled, vec!["b".to_owned(), "c".to_owned()]);
+        assert!(report.overlaps.is_empty());
+        assert!(!report.is_clean());
+        assert!(report.to_string().contains("never reconciled: c"));
+    }
+
+    #[test]
+    fn display_lists_at_most_twenty_of_each() {
+        let expected: BTreeSet<String> = (0..25).map(|i| format!("u{i:02}")).collect();
+        let report = check(&[], &expected);
+        let text = report.to_string();
+        assert_eq!(text.matches("never reconciled").count(), DISPLAY_LIMIT);
+        assert!(text.contains("... and 5 more unreconciled"), "{text}");
+    }
+}

@@ -1,0 +1,705 @@
+//! The fleet loop: the sharding protocol as one replica runs it.
+//!
+//! Every renew interval: renew the own membership Lease (announcing state and load), list the
+//! members, then run a shard round (`leases::sync_shards`) over the assignment of the members
+//! that count (`assignment_members`), and publish the result to the fence (`fence::Ownership`)
+//! and the admin API. A change of any shard Lease (a release, a takeover) triggers a round at
+//! once, and so does the draining of a shard's last pass, so handovers do not wait for the next
+//! tick. Shutdown is either a *restart* (the ordinal is still desired: announce `restarting`,
+//! keep the shards) or a *leave* (hand every shard over, then delete the membership Lease).
+//! The rules are in `docs/sharding.md`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::fence::Ownership;
+use super::hash::ShardCount;
+use super::leases::{Round, sync_shards};
+use super::membership::{
+    FLEET_LABEL, LEASE_KIND_LABEL, MemberLoad, MemberState, MemberView, Members, Membership,
+    MembershipConfig,
+};
+use super::ownership::ShardLeaseRecord;
+use crate::metrics::FleetMetrics;
+
+/// How a replica takes part in its fleet.
+#[derive(Clone, Debug)]
+pub struct FleetConfig {
+    /// Membership Leases: names, namespace, lease duration, renew interval.
+    pub membership: MembershipConfig,
+    /// Number of virtual shards.
+    pub shards: ShardCount,
+    /// Stop acting when the last successful renewal is older than this (shorter than the lease
+    /// duration by a safety margin).
+    pub renew_deadline: Duration,
+    /// How long the others keep a gracefully restarting member's shards for it.
+    pub restart_grace: Duration,
+    /// The StatefulSet whose `spec.replicas` says which ordinals are desired (`None`: every
+    /// live member counts, and a shutdown always hands over).
+    pub statefulset: Option<String>,
+    /// How long a leaving replica tries to hand its shards over before it exits anyway (the
+    /// others then take them over after the lease expires).
+    pub handover_timeout: Duration,
+}
+
+/// The desired members of a StatefulSet: `<name>-0` … `<name>-<replicas - 1>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DesiredOrdinals {
+    /// The StatefulSet's name (the members' name prefix).
+    pub name: String,
+    /// Its `spec.replicas`.
+    pub replicas: u32,
+}
+
+impl DesiredOrdinals {
+    /// Whether `member` is one of the desired ordinals.
+    pub fn desires(&self, member: &str) -> bool {
+        member
+            .strip_prefix(&self.name)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .filter(|ordinal| ordinal.bytes().all(|b| b.is_ascii_digit()))
+            .filter(|ordinal| *ordinal == "0" || !ordinal.starts_with('0'))
+            .and_then(|ordinal| ordinal.parse::<u32>().ok())
+            .is_some_and(|ordinal| ordinal < self.replicas)
+    }
+}
+
+/// The state a member announces: `draining` while asked to drain, else `state`.
+fn announced(drain: &watch::Receiver<bool>, state: &MemberState) -> MemberState {
+    if *drain.borrow() {
+        MemberState::Draining
+    } else {
+        *state
+    }
+}
+
+/// The desired ordinals of a StatefulSet (`spec.replicas` defaults to 1).
+fn desired_of(statefulset: &StatefulSet) -> DesiredOrdinals {
+    DesiredOrdinals {
+        name: statefulset.metadata.name.clone().unwrap_or_default(),
+        replicas: statefulset
+            .spec
+            .as_ref()
+            .and_then(|s| s.replicas)
+            .unwrap_or(1)
+            .max(0) as u32,
+    }
+}
+
+/// The members the shards are assigned to (pure): live members, plus members restarting within
+/// the restart grace; minus draining members; and, with a StatefulSet, only its desired
+/// ordinals (a member above `spec.replicas` is scaled away: it hands its shards over).
+pub fn assignment_members(
+    members: &[MemberView],
+    desired: Option<&DesiredOrdinals>,
+    restart_grace: Duration,
+) -> BTreeSet<String> {
+    members
+        .iter()
+        .filter(|m| m.state != MemberState::Draining)
+        .filter(|m| desired.is_none_or(|d| d.desires(&m.name)))
+        .filter(|m| {
+            let restarting = m.state == MemberState::Restarting
+                && desired.is_some()
+                && m.unchanged_for_seconds < restart_grace.as_secs_f64();
+            (m.live && m.state == MemberState::Active) || restarting
+        })
+        .map(|m| m.name.clone())
+        .collect()
+}
+
+/// A shard's state in the fleet view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShardStatus {
+    /// Held by its desired owner.
+    Owned,
+    /// Held by a live member that is not its desired owner: being handed over.
+    Handover,
+    /// Held by no one.
+    Free,
+    /// Held by a member known dead (or restarting): waiting for takeover or return.
+    Orphaned,
+}
+
+/// One shard in the fleet view.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardView {
+    /// The shard.
+    pub shard: u32,
+    /// Holder of its Lease.
+    pub owner: Option<String>,
+    /// Owner by the assignment.
+    pub desired_owner: Option<String>,
+    /// State.
+    pub state: ShardStatus,
+    /// Epoch (`leaseTransitions` of its Lease).
+    pub epoch: i32,
+    /// Manifests of the shard, as its owner last published (None: not published).
+    pub manifests: Option<u64>,
+    /// Manifests queued, as its owner last published.
+    pub queued: Option<u64>,
+}
+
+/// The fleet as one replica sees it: what `GET /v1/shards` and friends answer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FleetView {
+    /// Fleet name.
+    pub fleet: String,
+    /// The replica answering.
+    pub replica: String,
+    /// Number of virtual shards.
+    pub shard_count: u32,
+    /// The StatefulSet's desired replicas, when the fleet follows one.
+    pub desired_replicas: Option<u32>,
+    /// Whether the replica answering has stopped acting (its renew deadline passed).
+    pub self_fenced: bool,
+    /// Every member with a Lease.
+    pub members: Vec<MemberView>,
+    /// The members the shards are assigned to.
+    pub assigned: Vec<String>,
+    /// Every shard (empty until the first round).
+    pub shards: Vec<ShardView>,
+}
+
+/// The states of the shards from a round's records (pure).
+pub fn shard_views(
+    records: &BTreeMap<u32, ShardLeaseRecord>,
+    desired: &[String],
+    members: &[MemberView],
+    mut is_dead: impl FnMut(&str) -> bool,
+) -> Vec<ShardView> {
+    let by_name: BTreeMap<&str, &MemberView> =
+        members.iter().map(|m| (m.name.as_str(), m)).collect();
+    records
+        .iter()
+        .map(|(&shard, record)| {
+            let desired_owner = desired.get(shard as usize).cloned();
+            let state = match &record.holder {
+                None => ShardStatus::Free,
+                Some(holder) if is_dead(holder) => ShardStatus::Orphaned,
+                Some(holder) if Some(holder) == desired_owner.as_ref() => ShardStatus::Owned,
+                Some(_) => ShardStatus::Handover,
+            };
+            let load = record
+                .holder
+                .as_deref()
+                .and_then(|h| by_name.get(h))
+                .and_then(|m| m.load.as_ref())
+                .and_then(|l| l.shards.get(&shard));
+            ShardView {
+                shard,
+                owner: record.holder.clone(),
+                desired_owner,
+                state,
+                epoch: record.epoch,
+                manifests: load.map(|l| l.manifests),
+                queued: load.map(|l| l.queued),
+            }
+        })
+        .collect()
+}
+
+/// What the fleet loop needs to know about this replica's work.
+pub trait LocalWork: Send + Sync {
+    /// Passes of `shard` running now (a shard is released only when none are).
+    fn in_flight(&self, shard: u32) -> usize;
+    /// The load to publish on the membership Lease.
+    fn load(&self) -> MemberLoad;
+}
+
+/// How a replica's fleet loop ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Restarting while desired: keep the shards (announce `restarting`).
+    Restart,
+    /// Leaving: hand every shard over, then delete the membership Lease.
+    Leave,
+}
+
+/// One replica's part in the fleet.
+pub struct Fleet {
+    config: FleetConfig,
+    membership: Membership,
+    shard_leases: Api<Lease>,
+    statefulsets: Api<StatefulSet>,
+    ownership: Arc<Ownership>,
+    work: Arc<dyn LocalWork>,
+    metrics: FleetMetrics,
+    view: watch::Sender<FleetView>,
+    members_view: watch::Sender<Members>,
+    /// `POST /v1/drain` sets it: hand every shard over and take none.
+    drain: watch::Receiver<bool>,
+    desired: Option<DesiredOrdinals>,
+    /// What the renewals announce (besides `draining` while `drain` is set).
+    announce: watch::Sender<MemberState>,
+    /// The task renewing the membership Lease.
+    renewals: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Fleet {
+    /// A replica of the fleet in `config`; it acts through `ownership` and publishes its views.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: Client,
+        config: FleetConfig,
+        ownership: Arc<Ownership>,
+        work: Arc<dyn LocalWork>,
+        metrics: FleetMetrics,
+        view: watch::Sender<FleetView>,
+        members_view: watch::Sender<Members>,
+        drain: watch::Receiver<bool>,
+    ) -> Self {
+        let namespace = config.membership.namespace.clone();
+        Self {
+            membership: Membership::new(client.clone(), config.membership.clone()),
+            shard_leases: Api::namespaced(client.clone(), &namespace),
+            statefulsets: Api::namespaced(client, &namespace),
+            config,
+            ownership,
+            work,
+            metrics,
+            view,
+            members_view,
+            drain,
+            desired: None,
+            announce: watch::Sender::new(MemberState::Active),
+            renewals: None,
+        }
+    }
+
+    fn me(&self) -> &str {
+        &self.config.membership.replica
+    }
+
+    /// Runs the protocol until `shutdown` completes; then returns how this replica should exit
+    /// (call [`Fleet::exit`] once the controller has drained its passes).
+    pub async fn run(&mut self, shutdown: impl std::future::Future<Output = ()>) -> Exit {
+        let selector = format!(
+            "{FLEET_LABEL}={},{LEASE_KIND_LABEL}=shard",
+            self.config.membership.fleet
+        );
+        let mut shard_events = watcher(
+            self.shard_leases.clone(),
+            watcher::Config::default().labels(&selector),
+        )
+        .default_backoff()
+        .boxed();
+        // The desired ordinals follow the StatefulSet at once (a scale-down's SIGTERM follows
+        // the change of `spec.replicas` within milliseconds).
+        let mut desired_events = match &self.config.statefulset {
+            Some(name) => watcher(
+                self.statefulsets.clone(),
+                watcher::Config::default().fields(&format!("metadata.name={name}")),
+            )
+            .default_backoff()
+            .boxed(),
+            None => futures::stream::pending().boxed(),
+        };
+        let mut tick = tokio::time::interval(self.config.membership.renew_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.start_renewals();
+        tokio::pin!(shutdown);
+        loop {
+            let draining = !self.ownership.draining().is_empty();
+            tokio::select! {
+                _ = tick.tick() => self.refresh().await,
+                Some(_) = shard_events.next() => {
+                    // One round for a burst of changes.
+                    while let Some(Some(_)) = shard_events.next().now_or_never() {}
+                    self.membership.observe().await;
+                }
+                Some(event) = desired_events.next() => match event {
+                    Ok(watcher::Event::Apply(sts) | watcher::Event::InitApply(sts)) => {
+                        self.desired = Some(desired_of(&sts));
+                    }
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::warn!("watch the StatefulSet: {e}");
+                        continue;
+                    }
+                },
+                // A draining shard is released as soon as its last pass ends.
+                _ = tokio::time::sleep(Duration::from_millis(200)), if draining => {}
+                Ok(()) = self.drain.changed() => self.refresh().await,
+                _ = &mut shutdown => break,
+            }
+            self.round().await;
+        }
+        self.decide_exit().await
+    }
+
+    /// Restart or leave. The desired replicas are read afresh: a scale-down changes
+    /// `spec.replicas` just before the StatefulSet controller stops the pod.
+    async fn decide_exit(&mut self) -> Exit {
+        self.refresh_desired().await;
+        let desired = self.desired.as_ref().is_some_and(|d| d.desires(self.me()));
+        if desired && !*self.drain.borrow() {
+            Exit::Restart
+        } else {
+            Exit::Leave
+        }
+    }
+
+    /// The state to announce now.
+    fn announced(&self) -> MemberState {
+        announced(&self.drain, &self.announce.borrow())
+    }
+
+    /// Renews the membership Lease every renew interval (and at once when what it announces
+    /// changes) in a task of its own, so that a slow shard round never delays a renewal.
+    fn start_renewals(&mut self) {
+        if self.renewals.is_some() {
+            return;
+        }
+        let renewer = self.membership.renewer();
+        let mut announce = self.announce.subscribe();
+        let mut drain = self.drain.clone();
+        let work = self.work.clone();
+        let metrics = self.metrics.clone();
+        let mut tick = tokio::time::interval(self.config.membership.renew_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.renewals = Some(tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    Ok(()) = announce.changed() => {}
+                    Ok(()) = drain.changed() => {}
+                }
+                let state = announced(&drain, &announce.borrow_and_update());
+                if !renewer.renew(state, Some(&work.load())).await {
+                    metrics.renewal_failures.inc();
+                }
+            }
+        }));
+    }
+
+    fn stop_renewals(&mut self) {
+        if let Some(task) = self.renewals.take() {
+            task.abort();
+        }
+    }
+
+    /// Lists the members and publishes them.
+    async fn refresh(&mut self) {
+        self.membership.observe().await;
+        self.members_view.send_replace(self.membership.view());
+    }
+
+    /// Reads the StatefulSet's desired replicas (keeps the last value when that fails).
+    async fn refresh_desired(&mut self) {
+        if let Some(name) = &self.config.statefulset {
+            match tokio::time::timeout(
+                self.config.membership.renew_interval,
+                self.statefulsets.get(name),
+            )
+            .await
+            {
+                Ok(Ok(sts)) => self.desired = Some(desired_of(&sts)),
+                Ok(Err(e)) => tracing::warn!(statefulset = %name, "read desired replicas: {e}"),
+                Err(_) => tracing::warn!(statefulset = %name, "read desired replicas: timed out"),
+            }
+        }
+    }
+
+    /// One shard round, if this replica may act; publishes ownership and the fleet view.
+    async fn round(&mut self) {
+        let Some(renewed_at) = self.membership.renewed_at() else {
+            return;
+        };
+        let valid_until = renewed_at + self.config.renew_deadline;
+        if Instant::now() >= valid_until {
+            if self.ownership.in_time() || !self.ownership.owned().is_empty() {
+                tracing::error!(
+                    renewed_seconds_ago = renewed_at.elapsed().as_secs_f64(),
+                    "membership lease not renewed within the renew deadline: stopping all work"
+                );
+            }
+            self.ownership.fence();
+            self.publish(None, &[], &BTreeSet::new());
+            return;
+        }
+        if self.config.statefulset.is_some() && self.desired.is_none() {
+            // Which ordinals are desired is unknown: change nothing, keep working.
+            self.ownership.extend(valid_until);
+            return;
+        }
+        let members = self.membership.view();
+        let mut assigned = assignment_members(
+            &members.members,
+            self.desired.as_ref(),
+            self.config.restart_grace,
+        );
+        let me = self.me().to_owned();
+        // This replica's own state is what it does now, not what the last list showed.
+        let self_counts = self.announced() == MemberState::Active
+            && self.desired.as_ref().is_none_or(|d| d.desires(&me));
+        if self_counts {
+            assigned.insert(me.clone());
+        } else {
+            assigned.remove(&me);
+        }
+        let desired_owners = super::assign(self.config.shards, &assigned);
+        let work = self.work.clone();
+        let membership = &mut self.membership;
+        let result = sync_shards(
+            &self.shard_leases,
+            &self.config.membership.fleet,
+            &me,
+            self.config.shards,
+            |m| membership.is_dead(m),
+            &desired_owners,
+            |k| work.in_flight(k) == 0,
+        )
+        .await;
+        match result {
+            Ok(round) => {
+                self.ownership
+                    .set(round.epochs.clone(), round.draining.clone(), valid_until);
+                self.report(&round);
+                self.publish(Some(&round), &desired_owners, &assigned);
+            }
+            Err(e) => {
+                tracing::warn!("list shard leases: {e}");
+                self.ownership.extend(valid_until);
+            }
+        }
+    }
+
+    fn report(&self, round: &Round) {
+        // Each acquisition and release is logged by `sync_shards` as it happens.
+        if !round.conflicts.is_empty() {
+            let shards: Vec<String> = round.conflicts.iter().map(u32::to_string).collect();
+            tracing::info!(
+                shards = %shards.join(","),
+                "shard leases changed meanwhile; retrying next round"
+            );
+        }
+        self.metrics.acquired.inc_by(round.acquired.len() as u64);
+        self.metrics.released.inc_by(round.released.len() as u64);
+        self.metrics.conflicts.inc_by(round.conflicts.len() as u64);
+        self.metrics.owned.set(round.owned.len() as i64);
+        self.metrics.draining.set(round.draining.len() as i64);
+    }
+
+    fn publish(&mut self, round: Option<&Round>, desired: &[String], assigned: &BTreeSet<String>) {
+        let members = self.membership.view();
+        self.metrics
+            .members_live
+            .set(members.members.iter().filter(|m| m.live).count() as i64);
+        self.metrics
+            .fenced
+            .set(i64::from(!self.ownership.in_time()));
+        let previous = self.view.borrow().shards.clone();
+        let membership = &mut self.membership;
+        let shards = match round {
+            Some(round) => {
+                let views = shard_views(&round.records, desired, &members.members, |m| {
+                    membership.is_dead(m)
+                });
+                self.metrics.unowned.set(
+                    views
+                        .iter()
+                        .filter(|v| matches!(v.state, ShardStatus::Free | ShardStatus::Orphaned))
+                        .count() as i64,
+                );
+                views
+            }
+            None => previous,
+        };
+        self.view.send_replace(FleetView {
+            fleet: self.config.membership.fleet.clone(),
+            replica: self.config.membership.replica.clone(),
+            shard_count: self.config.shards.get(),
+            desired_replicas: self.desired.as_ref().map(|d| d.replicas),
+            self_fenced: !self.ownership.in_time(),
+            members: members.members,
+            assigned: assigned.iter().cloned().collect(),
+            shards,
+        });
+    }
+
+    /// Ends this replica's part, after the controller has drained its passes. `Restart`:
+    /// announce `restarting` and keep the shards (the others wait up to the restart grace).
+    /// `Leave`: announce `draining`, release every shard (the others see the releases through
+    /// their watch and take over at once), then delete the membership Lease. Returns the shards
+    /// still held at exit.
+    pub async fn exit(&mut self, exit: Exit) -> usize {
+        match exit {
+            Exit::Restart => {
+                self.stop_renewals();
+                self.ownership.fence();
+                let held = self.ownership.owned().len();
+                if !self.membership.renew(MemberState::Restarting, None).await {
+                    tracing::warn!(
+                        "could not announce the restart; the others will take over after the lease expires"
+                    );
+                }
+                tracing::info!(
+                    shards = held,
+                    "restarting: keeping the shards for the restart grace"
+                );
+                held
+            }
+            Exit::Leave => {
+                self.start_renewals();
+                self.announce.send_replace(MemberState::Draining);
+                let deadline = Instant::now() + self.config.handover_timeout;
+                let mut observed = Instant::now();
+                loop {
+                    self.round().await;
+                    if self.ownership.owned().is_empty() || Instant::now() >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if observed.elapsed() >= self.config.membership.renew_interval {
+                        self.refresh().await;
+                        observed = Instant::now();
+                    }
+                }
+                self.stop_renewals();
+                let held = self.ownership.owned().len();
+                self.ownership.fence();
+                if held == 0 {
+                    tracing::info!("left the fleet: every shard handed over");
+                } else {
+                    tracing::warn!(
+                        shards = held,
+                        "handover timed out: the others take these over after the lease expires"
+                    );
+                }
+                self.membership.leave().await;
+                held
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(name: &str, live: bool, state: MemberState, unchanged: f64) -> MemberView {
+        MemberView {
+            name: name.into(),
+            live,
+            unchanged_for_seconds: unchanged,
+            state,
+            load: None,
+        }
+    }
+
+    fn names(set: &BTreeSet<String>) -> Vec<&str> {
+        set.iter().map(String::as_str).collect()
+    }
+
+    const GRACE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn desired_ordinals_are_exact_names() {
+        let sts = DesiredOrdinals {
+            name: "mm".into(),
+            replicas: 3,
+        };
+        assert!(sts.desires("mm-0") && sts.desires("mm-2"));
+        for name in [
+            "mm-3", "mm-01", "mm-+1", "mm", "mm-", "mmx-1", "other-0", "mm-1-1",
+        ] {
+            assert!(!sts.desires(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn without_a_statefulset_the_live_active_members_count() {
+        let members = [
+            member("a", true, MemberState::Active, 1.0),
+            member("b", false, MemberState::Active, 20.0),
+            member("c", true, MemberState::Draining, 1.0),
+            // Restart grace needs desired ordinals: without them a restart is a leave.
+            member("d", false, MemberState::Restarting, 20.0),
+        ];
+        assert_eq!(names(&assignment_members(&members, None, GRACE)), ["a"]);
+    }
+
+    #[test]
+    fn a_restarting_member_keeps_its_place_for_the_grace_and_scaled_away_ordinals_leave() {
+        let sts = DesiredOrdinals {
+            name: "mm".into(),
+            replicas: 3,
+        };
+        let members = [
+            member("mm-0", true, MemberState::Active, 1.0),
+            member("mm-1", false, MemberState::Restarting, 30.0), // lease expired, within grace
+            member("mm-2", false, MemberState::Restarting, 61.0), // grace over
+            member("mm-3", true, MemberState::Active, 1.0),       // scaled away
+            member("intruder", true, MemberState::Active, 1.0),   // not of the StatefulSet
+        ];
+        assert_eq!(
+            names(&assignment_members(&members, Some(&sts), GRACE)),
+            ["mm-0", "mm-1"]
+        );
+        // A crashed member (no restarting mark) is out once it is dead.
+        let crashed = [
+            member("mm-0", true, MemberState::Active, 1.0),
+            member("mm-1", false, MemberState::Active, 16.0),
+        ];
+        assert_eq!(
+            names(&assignment_members(&crashed, Some(&sts), GRACE)),
+            ["mm-0"]
+        );
+    }
+
+    #[test]
+    fn shard_views_tell_owned_handover_free_and_orphaned() {
+        let records: BTreeMap<u32, ShardLeaseRecord> =
+            [(0, Some("a")), (1, Some("a")), (2, None), (3, Some("dead"))]
+                .into_iter()
+                .map(|(k, h)| {
+                    (
+                        k,
+                        ShardLeaseRecord {
+                            holder: h.map(str::to_owned),
+                            epoch: 2,
+                        },
+                    )
+                })
+                .collect();
+        let desired: Vec<String> = ["a", "b", "b", "a"].map(String::from).to_vec();
+        let mut a = member("a", true, MemberState::Active, 0.0);
+        a.load = Some(MemberLoad {
+            shards: [(
+                0,
+                super::super::membership::ShardLoad {
+                    manifests: 7,
+                    queued: 1,
+                },
+            )]
+            .into(),
+            ..Default::default()
+        });
+        let views = shard_views(&records, &desired, &[a], |m| m == "dead");
+        let states: Vec<ShardStatus> = views.iter().map(|v| v.state).collect();
+        assert_eq!(
+            states,
+            [
+                ShardStatus::Owned,
+                ShardStatus::Handover,
+                ShardStatus::Free,
+                ShardStatus::Orphaned
+            ]
+        );
+        assert_eq!((views[0].manifests, views[0].queued), (Some(7), Some(1)));
+        assert_eq!(views[1].manifests, None);
+    }
+}

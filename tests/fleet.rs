@@ -1,0 +1,756 @@
+//! The sharded fleet, end to end: replicas of the real `module-manager` binary against a real
+//! kube-apiserver, a StatefulSet object saying which ordinals are desired, a few hundred
+//! Manifests. Every scenario ends with the overlap checker over the replicas' JSON logs
+//! (`log_check`): no Manifest reconciled by two replicas at once, none left unreconciled.
+//!
+//! Timings are shortened (lease 4 s, renew every 1 s, renew deadline 3 s) so that expiry-based
+//! takeovers take seconds. The figures printed (`FLEET …` lines) are reported in
+//! `docs/sharding.md`; nothing here asserts a wall-clock time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use module_manager::api::{Manifest, State};
+use module_manager::log_check;
+use module_manager::shard::{ShardCount, assign};
+use serde_json::{Value, json};
+
+const SHARDS: u32 = 64;
+const LEASE_SECONDS: u64 = 4;
+
+/// The fleet tests start several processes each; on a 2-core machine they run one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+struct Replica {
+    process: testenv::Proc,
+    /// Port of its admin API.
+    admin: u16,
+}
+
+/// A fleet of replica processes named `<name>-<ordinal>`, its StatefulSet object, its Manifests
+/// (labelled `fleet-test=<name>`) and its logs.
+struct Fleet {
+    client: Client,
+    namespace: String,
+    name: String,
+    kubeconfig: PathBuf,
+    /// The replicas' logs (kept when `FLEET_KEEP_LOGS` is set).
+    logs: tempfile::TempDir,
+    replicas: BTreeMap<u32, Replica>,
+    starts: u32,
+    extra_args: Vec<String>,
+}
+
+impl Fleet {
+    async fn new(name: &str, replicas: u32, extra_args: &[&str]) -> Self {
+        let control_plane = testenv::shared(testenv::Options {
+            crd_files: vec![repo().join("crds/manifest.yaml")],
+            ..Default::default()
+        })
+        .await
+        .expect("control plane");
+        let client = control_plane.client().await.unwrap();
+        let namespace = control_plane.namespace(&client, name).await.unwrap();
+        let statefulset: StatefulSet = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": replicas,
+                "serviceName": name,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{"name": "module-manager", "image": "module-manager"}]}
+                }
+            }
+        }))
+        .unwrap();
+        Api::<StatefulSet>::namespaced(client.clone(), &namespace)
+            .create(&PostParams::default(), &statefulset)
+            .await
+            .unwrap();
+        let mut fleet = Self {
+            client,
+            namespace,
+            name: name.to_owned(),
+            kubeconfig: control_plane.kubeconfig().to_owned(),
+            logs: tempfile::Builder::new()
+                .prefix(&format!("fleet-{name}-"))
+                .disable_cleanup(std::env::var_os("FLEET_KEEP_LOGS").is_some())
+                .tempdir()
+                .unwrap(),
+            replicas: BTreeMap::new(),
+            starts: 0,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+        };
+        for ordinal in 0..replicas {
+            fleet.start(ordinal);
+        }
+        fleet
+    }
+
+    fn member(&self, ordinal: u32) -> String {
+        format!("{}-{ordinal}", self.name)
+    }
+
+    /// Starts replica `ordinal` (a fresh log file per process).
+    fn start(&mut self, ordinal: u32) {
+        let admin = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        self.starts += 1;
+        let log = self
+            .logs
+            .path()
+            .join(format!("{}.{}.log", self.member(ordinal), self.starts));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_module-manager"));
+        command
+            .current_dir(repo())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info,kube=warn")
+            .args(["run", "--replica", &self.member(ordinal)])
+            .args(["--chart-root", "."])
+            .arg("--helm")
+            .arg(testenv::Tools::locate().unwrap().helm)
+            .args(["--shards", &SHARDS.to_string()])
+            .args(["--fleet", &self.name, "--statefulset", &self.name])
+            .args(["--lease-namespace", &self.namespace])
+            .args(["--lease-duration-seconds", &LEASE_SECONDS.to_string()])
+            .args([
+                "--renew-interval-seconds",
+                "1",
+                "--renew-deadline-seconds",
+                "3",
+            ])
+            .args([
+                "--restart-grace-seconds",
+                "30",
+                "--handover-timeout-seconds",
+                "5",
+            ])
+            .args(["--manifest-selector", &format!("fleet-test={}", self.name)])
+            .args(["--admin-address", &format!("127.0.0.1:{admin}")])
+            .args(["--concurrency", "8"])
+            .args(&self.extra_args);
+        let process = testenv::Proc::spawn(
+            "module-manager",
+            command,
+            &log,
+            testenv::Lifetime::TiedToThisProcess,
+        )
+        .unwrap();
+        self.replicas.insert(ordinal, Replica { process, admin });
+    }
+
+    /// SIGTERM and wait for the exit (graceful: restart or leave, as the replica decides).
+    fn stop(&mut self, ordinal: u32) {
+        if let Some(mut replica) = self.replicas.remove(&ordinal) {
+            replica.process.stop(Duration::from_secs(30));
+        }
+    }
+
+    fn signal(&self, ordinal: u32, signal: i32) {
+        let pid = self.replicas[&ordinal].process.pid();
+        assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+    }
+
+    fn kill(&mut self, ordinal: u32) {
+        self.signal(ordinal, libc::SIGKILL);
+        let mut replica = self.replicas.remove(&ordinal).unwrap();
+        replica.process.stop(Duration::from_secs(1)); // reaps it
+    }
+
+    async fn set_desired(&self, replicas: u32) {
+        Api::<StatefulSet>::namespaced(self.client.clone(), &self.namespace)
+            .patch(
+                &self.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    fn manifests(&self) -> Api<Manifest> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn create_manifests(&self, count: usize) {
+        let api = self.manifests();
+        for i in 0..count {
+            let manifest: Manifest = serde_json::from_value(json!({
+                "apiVersion": "modulemanager.io/v1alpha1",
+                "kind": "Manifest",
+                "metadata": {"name": format!("m{i}"), "labels": {"fleet-test": self.name}},
+                "spec": {
+                    "module": "tiny",
+                    "chart": {"path": "tests/fixtures/charts/tiny"},
+                    "values": {"n": 0},
+                    "interval": "1h"
+                }
+            }))
+            .unwrap();
+            api.create(&PostParams::default(), &manifest).await.unwrap();
+        }
+    }
+
+    /// Changes every Manifest's values (a new generation each must reconcile).
+    async fn touch_all(&self, n: u64) {
+        let api = self.manifests();
+        for manifest in api.list(&ListParams::default()).await.unwrap() {
+            api.patch(
+                &manifest.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"values": {"n": n}}})),
+            )
+            .await
+            .unwrap();
+        }
+    }
+
+    /// Waits until every Manifest is Ready at its current generation; fails with the laggards.
+    async fn wait_ready(&self, what: &str) -> Duration {
+        let start = Instant::now();
+        let api = self.manifests();
+        loop {
+            let list = api.list(&ListParams::default()).await.unwrap().items;
+            let lagging: Vec<String> = list
+                .iter()
+                .filter(|m| {
+                    let status = m.status.clone().unwrap_or_default();
+                    status.state != Some(State::Ready)
+                        || status.observed_generation != m.metadata.generation
+                })
+                .map(|m| m.name_any())
+                .collect();
+            if lagging.is_empty() {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "{what}: {} Manifests not Ready at their generation, e.g. {:?}\n{}",
+                lagging.len(),
+                &lagging[..lagging.len().min(5)],
+                self.tails()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    fn tails(&self) -> String {
+        self.replicas
+            .iter()
+            .map(|(o, r)| format!("--- {} ---\n{}", self.member(*o), r.process.log_tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Every shard Lease as (holder, epoch).
+    async fn holders(&self) -> BTreeMap<u32, (Option<String>, i32)> {
+        let prefix = format!("{}-shard-", self.name);
+        Api::<Lease>::namespaced(self.client.clone(), &self.namespace)
+            .list(&ListParams::default().labels(&format!(
+                "modulemanager.io/fleet={},modulemanager.io/lease=shard",
+                self.name
+            )))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|lease| {
+                let shard = lease.name_any().strip_prefix(&prefix)?.parse().ok()?;
+                let spec = lease.spec.unwrap_or_default();
+                Some((
+                    shard,
+                    (
+                        spec.holder_identity.filter(|h| !h.is_empty()),
+                        spec.lease_transitions.unwrap_or(0),
+                    ),
+                ))
+            })
+            .collect()
+    }
+
+    /// Waits until the shard Leases name exactly the assignment over ordinals `0..n`.
+    async fn wait_assignment(&self, n: u32, what: &str) -> Duration {
+        let start = Instant::now();
+        self.wait_assignment_over(&(0..n).collect::<Vec<_>>(), what)
+            .await;
+        start.elapsed()
+    }
+
+    /// All logs written so far, one per process start.
+    fn logs(&self) -> Vec<(String, String)> {
+        let mut logs: Vec<(String, String)> = std::fs::read_dir(self.logs.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| {
+                (
+                    p.file_name().unwrap().to_string_lossy().into_owned(),
+                    std::fs::read_to_string(&p).unwrap(),
+                )
+            })
+            .collect();
+        logs.sort();
+        logs
+    }
+
+    async fn uids(&self) -> BTreeSet<String> {
+        self.manifests()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|m| m.uid())
+            .collect()
+    }
+
+    /// The overlap checker over every log so far.
+    async fn check(&self) -> log_check::Report {
+        log_check::check(&self.logs(), &self.uids().await)
+    }
+
+    async fn assert_clean(&self, what: &str) {
+        let report = self.check().await;
+        eprintln!("FLEET {} {what}: {report}", self.name);
+        assert!(report.passes > 0, "{what}: no passes logged");
+        assert!(report.is_clean(), "{what}: {report}");
+    }
+
+    /// Per shard, the times it was released and acquired (from the replicas' logs).
+    fn shard_events(&self, message: &str) -> Vec<(u32, Timestamp)> {
+        let mut events = Vec::new();
+        for (_, log) in self.logs() {
+            for line in log.lines() {
+                let Ok(value) = serde_json::from_str::<Value>(line) else {
+                    continue;
+                };
+                if value["message"] != message {
+                    continue;
+                }
+                let at: Timestamp = value["timestamp"].as_str().unwrap().parse().unwrap();
+                events.push((value["shard"].as_u64().unwrap() as u32, at));
+            }
+        }
+        events.sort_by_key(|(_, at)| *at);
+        events
+    }
+
+    /// Handover gaps (release → next acquire of the same shard) after `since`, in seconds.
+    fn handover_gaps(&self, since: Timestamp) -> Vec<f64> {
+        let acquired = self.shard_events("shard acquired");
+        let mut gaps = Vec::new();
+        for (shard, released) in self.shard_events("shard released") {
+            if released < since {
+                continue;
+            }
+            if let Some((_, at)) = acquired
+                .iter()
+                .find(|(k, at)| *k == shard && *at >= released)
+            {
+                gaps.push(at.duration_since(released).as_secs_f64());
+            }
+        }
+        gaps.sort_by(f64::total_cmp);
+        gaps
+    }
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn now() -> Timestamp {
+    Timestamp::try_from(SystemTime::now()).unwrap()
+}
+
+/// Shards whose holder differs between two snapshots, and how many Manifests they hold.
+fn moved(
+    before: &BTreeMap<u32, (Option<String>, i32)>,
+    after: &BTreeMap<u32, (Option<String>, i32)>,
+) -> BTreeSet<u32> {
+    after
+        .iter()
+        .filter(|(k, (holder, _))| before.get(k).map(|(h, _)| h) != Some(holder))
+        .map(|(k, _)| *k)
+        .collect()
+}
+
+async fn manifests_in(fleet: &Fleet, shards: &BTreeSet<u32>) -> usize {
+    let count = ShardCount::new(SHARDS).unwrap();
+    fleet
+        .uids()
+        .await
+        .iter()
+        .filter(|uid| shards.contains(&count.shard_of(uid)))
+        .count()
+}
+
+impl Fleet {
+    /// Prints a scale step's figures (shards and Manifests moved vs ideal, handover gaps);
+    /// returns the moved shards and the holders after the step.
+    async fn report_step(
+        &self,
+        step_name: &str,
+        before: &BTreeMap<u32, (Option<String>, i32)>,
+        step: Timestamp,
+        took: Duration,
+        ideal_fraction: f64,
+    ) -> (BTreeSet<u32>, BTreeMap<u32, (Option<String>, i32)>) {
+        let after = self.holders().await;
+        let moved = moved(before, &after);
+        let ideal = SHARDS as f64 * ideal_fraction;
+        let gaps = self.handover_gaps(step);
+        eprintln!(
+            "FLEET scale {step_name}: settled in {took:?}; {} shards moved (ideal {ideal:.1}, ratio {:.2}), {} Manifests; handover gap p50 {:.3}s p99 {:.3}s over {} shards",
+            moved.len(),
+            moved.len() as f64 / ideal,
+            manifests_in(self, &moved).await,
+            quantile(&gaps, 0.5),
+            quantile(&gaps, 0.99),
+            gaps.len()
+        );
+        (moved, after)
+    }
+}
+
+#[tokio::test]
+async fn three_replicas_reconcile_every_manifest_and_scale_3_5_2_moving_only_what_they_must() {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::new("scale", 3, &[]).await;
+    fleet.wait_assignment(3, "start").await;
+    fleet.create_manifests(300).await;
+    let took = fleet.wait_ready("300 Manifests on 3 replicas").await;
+    eprintln!("FLEET scale: 300 Manifests Ready on 3 replicas in {took:?}");
+    // Every replica reconciled a share.
+    let report = fleet.check().await;
+    assert!(report.is_clean(), "{report}");
+
+    // 3 → 5: the new members take exactly their shares.
+    let before = fleet.holders().await;
+    let step = now();
+    fleet.set_desired(5).await;
+    fleet.start(3);
+    fleet.start(4);
+    let took = fleet.wait_assignment(5, "3 → 5").await;
+    let (moved_up, after) = fleet
+        .report_step("3→5", &before, step, took, 2.0 / 5.0)
+        .await;
+    assert!(moved_up.iter().all(|k| {
+        let owner = after[k].0.as_deref();
+        owner == Some(&fleet.member(3)) || owner == Some(&fleet.member(4))
+    }));
+    // Each moved shard changed hands once (released, acquired): no flapping.
+    for k in &moved_up {
+        assert_eq!(
+            after[k].1,
+            before[k].1 + 2,
+            "shard {k} changed hands more than once"
+        );
+    }
+    fleet.touch_all(1).await;
+    fleet.wait_ready("after 3 → 5").await;
+
+    // 5 → 2: the scaled-away members hand over before they exit.
+    let before = fleet.holders().await;
+    let step = now();
+    fleet.set_desired(2).await;
+    for ordinal in [4, 3, 2] {
+        fleet.stop(ordinal);
+    }
+    let took = fleet.wait_assignment(2, "5 → 2").await;
+    let (moved_down, _) = fleet
+        .report_step("5→2", &before, step, took, 3.0 / 5.0)
+        .await;
+    let gaps = fleet.handover_gaps(step);
+    // Planned handover: every moved shard was released by its leaving holder and acquired
+    // (none waited for its holder's lease to expire), and none moved more than once.
+    assert_eq!(
+        gaps.len(),
+        moved_down.len(),
+        "every moved shard was released, then acquired, once"
+    );
+    fleet.touch_all(2).await;
+    fleet.wait_ready("after 5 → 2").await;
+    fleet.assert_clean("scale 3→5→2").await;
+}
+
+#[tokio::test]
+async fn a_killed_replica_is_taken_over_and_a_stopped_one_does_not_act_on_lost_shards() {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::new("chaos", 3, &[]).await;
+    fleet.wait_assignment(3, "start").await;
+    fleet.create_manifests(200).await;
+    fleet.wait_ready("200 Manifests").await;
+
+    // kill -9: no restarting mark, so once its lease expires the others take over.
+    let killed_at = now();
+    fleet.kill(1);
+    fleet.touch_all(1).await; // changes for the dead replica's shards wait for the takeover
+    fleet
+        .wait_assignment_over(&[0, 2], "takeover after kill -9")
+        .await;
+    let acquired: Vec<f64> = fleet
+        .shard_events("shard acquired")
+        .into_iter()
+        .filter(|(_, at)| *at > killed_at)
+        .map(|(_, at)| at.duration_since(killed_at).as_secs_f64())
+        .collect();
+    eprintln!(
+        "FLEET chaos: kill -9 → {} shards taken over between {:.2}s and {:.2}s after the kill (lease {LEASE_SECONDS} s, renew 1 s)",
+        acquired.len(),
+        acquired.iter().copied().fold(f64::INFINITY, f64::min),
+        acquired.iter().copied().fold(0.0, f64::max)
+    );
+    fleet.wait_ready("after kill -9").await;
+
+    // The StatefulSet brings it back: its shards return by planned handover.
+    fleet.start(1);
+    fleet.wait_assignment(3, "return").await;
+
+    // SIGSTOP past the lease: the others take over; after SIGCONT it must not act on the
+    // shards it lost (self-fencing), then gets its share back by handover.
+    fleet.signal(2, libc::SIGSTOP);
+    fleet.touch_all(2).await;
+    fleet
+        .wait_assignment_over(&[0, 1], "takeover from a stopped replica")
+        .await;
+    fleet.wait_ready("while stopped").await;
+    fleet.signal(2, libc::SIGCONT);
+    fleet.wait_assignment(3, "after SIGCONT").await;
+    fleet.touch_all(3).await;
+    fleet.wait_ready("after SIGCONT").await;
+    let resumed_log = fleet
+        .logs()
+        .into_iter()
+        .find(|(name, _)| name.starts_with(&format!("{}.", fleet.member(2))))
+        .unwrap()
+        .1;
+    assert!(
+        resumed_log.contains("not renewed within the renew deadline: stopping all work"),
+        "the resumed replica fenced itself"
+    );
+    fleet.assert_clean("kill -9 and SIGSTOP/SIGCONT").await;
+}
+
+impl Fleet {
+    /// Waits until the shard Leases name exactly the assignment over `ordinals`.
+    async fn wait_assignment_over(&self, ordinals: &[u32], what: &str) {
+        let members: BTreeSet<String> = ordinals.iter().map(|o| self.member(*o)).collect();
+        let want: BTreeMap<u32, Option<String>> =
+            assign(ShardCount::new(SHARDS).unwrap(), &members)
+                .into_iter()
+                .enumerate()
+                .map(|(k, owner)| (k as u32, Some(owner)))
+                .collect();
+        let start = Instant::now();
+        loop {
+            let holders: BTreeMap<u32, Option<String>> = self
+                .holders()
+                .await
+                .into_iter()
+                .map(|(k, (h, _))| (k, h))
+                .collect();
+            if holders == want {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(90),
+                "{what}: never matched the assignment over {members:?}\n{}",
+                self.tails()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_rolling_restart_moves_no_shard() {
+    let _serial = SERIAL.lock().await;
+    let mut fleet = Fleet::new("rolling", 3, &[]).await;
+    fleet.wait_assignment(3, "start").await;
+    fleet.create_manifests(100).await;
+    fleet.wait_ready("100 Manifests").await;
+    let before = fleet.holders().await;
+    for ordinal in 0..3 {
+        fleet.stop(ordinal);
+        fleet.start(ordinal);
+        // The restarted replica is back at work before the next one goes.
+        fleet.touch_all(u64::from(ordinal) + 1).await;
+        fleet.wait_ready("during the rolling restart").await;
+    }
+    let after = fleet.holders().await;
+    assert_eq!(before, after, "holders and epochs unchanged: zero moves");
+    eprintln!("FLEET rolling: 3 restarts, 0 of {SHARDS} shards moved");
+    fleet.assert_clean("rolling restart").await;
+}
+
+/// The checker is only worth something if it fails when ownership is broken: two replicas that
+/// ignore ownership reconcile the same Manifests at once, and the checker must say so.
+#[tokio::test]
+async fn the_checker_catches_replicas_that_ignore_ownership() {
+    let _serial = SERIAL.lock().await;
+    let fleet = Fleet::new("broken", 2, &["--fault-ignore-ownership"]).await;
+    fleet.create_manifests(60).await;
+    fleet.wait_ready("60 Manifests").await;
+    for n in 1..=3 {
+        fleet.touch_all(n).await;
+        fleet.wait_ready("touched").await;
+    }
+    let report = fleet.check().await;
+    eprintln!("FLEET broken: {report}");
+    assert!(
+        !report.overlaps.is_empty(),
+        "two replicas ignoring ownership must be caught: {report}"
+    );
+}
+
+impl Fleet {
+    fn admin_url(&self, ordinal: u32) -> String {
+        format!("http://127.0.0.1:{}", self.replicas[&ordinal].admin)
+    }
+}
+
+/// A ServiceAccount token, optionally allowed to `post`/`delete` `/v1/drain`.
+async fn token(client: &Client, namespace: &str, name: &str, allowed: bool) -> String {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+    if allowed {
+        let role: ClusterRole = serde_json::from_value(json!({
+            "metadata": {"name": format!("{namespace}-{name}")},
+            "rules": [{"nonResourceURLs": ["/v1/drain"], "verbs": ["post", "delete"]}]
+        }))
+        .unwrap();
+        Api::<ClusterRole>::all(client.clone())
+            .create(&PostParams::default(), &role)
+            .await
+            .unwrap();
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": format!("{namespace}-{name}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{namespace}-{name}")},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+        }))
+        .unwrap();
+        Api::<ClusterRoleBinding>::all(client.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+    }
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))
+            .unwrap();
+    accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token
+        .unwrap()
+}
+
+/// The admin API of a live fleet: any replica answers the same fleet-wide view, and a drain needs
+/// an authenticated, authorized caller — then the replica hands every shard over, and takes its
+/// share back when undrained.
+#[tokio::test]
+async fn any_replica_shows_the_fleet_and_drain_is_authorized_through_the_api_server() {
+    use axum::http::Method;
+    use module_manager::admin::{DrainAnswer, ShardsAnswer, fetch};
+    use module_manager::shard::fleet::ShardStatus;
+    let _serial = SERIAL.lock().await;
+    let fleet = Fleet::new("admin", 2, &[]).await;
+    fleet.wait_assignment(2, "start").await;
+    fleet.create_manifests(40).await;
+    fleet.wait_ready("40 Manifests").await;
+
+    // Both replicas answer the same fleet-wide ownership, matching the Leases.
+    let holders = fleet.holders().await;
+    let start = Instant::now();
+    loop {
+        let mut agree = true;
+        for ordinal in [0, 1] {
+            let answer: ShardsAnswer =
+                fetch(&fleet.admin_url(ordinal), Method::GET, "/v1/shards", None)
+                    .await
+                    .unwrap();
+            let owners: BTreeMap<u32, Option<String>> = answer
+                .shards
+                .iter()
+                .map(|s| (s.shard, s.owner.clone()))
+                .collect();
+            let leases: BTreeMap<u32, Option<String>> =
+                holders.iter().map(|(k, (h, _))| (*k, h.clone())).collect();
+            let published: u64 = answer.shards.iter().filter_map(|s| s.manifests).sum();
+            agree &= owners == leases
+                && answer.shards.iter().all(|s| s.state == ShardStatus::Owned)
+                && answer.members.iter().map(|m| m.shards).sum::<u32>() == SHARDS
+                && published == 40;
+        }
+        if agree {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the replicas' views never agreed with the Leases"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    let url = fleet.admin_url(0);
+    // No token, a bad token, a token without the role: refused, nothing changes.
+    let refused = fetch::<DrainAnswer>(&url, Method::POST, "/v1/drain", None).await;
+    assert!(format!("{:#}", refused.unwrap_err()).contains("401"));
+    let refused = fetch::<DrainAnswer>(&url, Method::POST, "/v1/drain", Some("not-a-token")).await;
+    assert!(format!("{:#}", refused.unwrap_err()).contains("401"));
+    let weak = token(&fleet.client, &fleet.namespace, "viewer", false).await;
+    let refused = fetch::<DrainAnswer>(&url, Method::POST, "/v1/drain", Some(&weak)).await;
+    assert!(format!("{:#}", refused.unwrap_err()).contains("403"));
+    assert_eq!(
+        fleet.holders().await,
+        holders,
+        "refused drains change nothing"
+    );
+
+    // Authorized: replica 0 hands every shard to replica 1.
+    let operator = token(&fleet.client, &fleet.namespace, "operator", true).await;
+    let answer: DrainAnswer = fetch(&url, Method::POST, "/v1/drain", Some(&operator))
+        .await
+        .unwrap();
+    assert!(answer.draining);
+    fleet.wait_assignment_over(&[1], "drained").await;
+    fleet.touch_all(1).await;
+    fleet.wait_ready("while replica 0 is drained").await;
+
+    // Undrained: it takes its share back.
+    let answer: DrainAnswer = fetch(&url, Method::DELETE, "/v1/drain", Some(&operator))
+        .await
+        .unwrap();
+    assert!(!answer.draining);
+    fleet.wait_assignment(2, "undrained").await;
+    fleet.touch_all(2).await;
+    fleet.wait_ready("undrained").await;
+    fleet.assert_clean("drain and undrain").await;
+}
