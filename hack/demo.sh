@@ -12,28 +12,41 @@ KUBECONFIG=$(cargo run --quiet -p testenv --bin testenv -- status)
 export KUBECONFIG
 
 cargo build --quiet --bin module-manager --example demo
-pid_file="$state_dir/operator.pid"
-if [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null; then
-  kill "$(cat "$pid_file")"
-  while kill -0 "$(cat "$pid_file")" 2>/dev/null; do sleep 0.1; done
-fi
-setsid target/debug/module-manager run \
-  --replica module-manager-0 \
-  --chart-root . \
-  --helm "$tools/helm-v$HELM_VERSION/helm" \
-  --helm-home "$state_dir/helm" \
-  --admin-address 127.0.0.1:9440 \
-  --log-format json > "$state_dir/operator.log" 2>&1 < /dev/null &
-echo $! > "$pid_file"
+# A fleet of three replicas (admin APIs on 127.0.0.1:9440, :9441, :9442) splitting the shards.
+# Without a StatefulSet every live member counts, and a stopped replica hands its shards over.
+replicas=3
+for pid_file in "$state_dir"/operator-*.pid "$state_dir/operator.pid"; do
+  [ -f "$pid_file" ] || continue
+  if kill -0 "$(cat "$pid_file")" 2>/dev/null; then
+    kill "$(cat "$pid_file")"
+    while kill -0 "$(cat "$pid_file")" 2>/dev/null; do sleep 0.1; done
+  fi
+  rm -f "$pid_file"
+done
+for i in $(seq 0 $((replicas - 1))); do
+  setsid target/debug/module-manager run \
+    --replica "module-manager-$i" \
+    --chart-root . \
+    --helm "$tools/helm-v$HELM_VERSION/helm" \
+    --helm-home "$state_dir/helm-$i" \
+    --admin-address "127.0.0.1:$((9440 + i))" \
+    --log-format json > "$state_dir/operator-$i.log" 2>&1 < /dev/null &
+  echo $! > "$state_dir/operator-$i.pid"
+done
 sleep 1
-if ! kill -0 "$(cat "$pid_file")" 2>/dev/null; then
-  echo "the operator exited at start; its log:" >&2
-  cat "$state_dir/operator.log" >&2
-  exit 1
-fi
-echo "operator started (pid $(cat "$pid_file")); logs: $state_dir/operator.log"
+for i in $(seq 0 $((replicas - 1))); do
+  if ! kill -0 "$(cat "$state_dir/operator-$i.pid")" 2>/dev/null; then
+    echo "replica module-manager-$i exited at start; its log:" >&2
+    cat "$state_dir/operator-$i.log" >&2
+    exit 1
+  fi
+done
+echo "fleet of $replicas replicas started; logs: $state_dir/operator-*.log"
 
 target/debug/examples/demo
+echo
+echo "The fleet (module-manager admin shards, last lines):"
+target/debug/module-manager admin shards | tail -n 7
 
 cat <<MSG
 
@@ -41,7 +54,9 @@ The control plane and the operator keep running. Try:
   export KUBECONFIG=$KUBECONFIG
   kubectl get manifests -A -w
   kubectl describe manifest -n default catalog
-  tail -f $state_dir/operator.log
-  curl -s localhost:9440/metrics      # the operator's admin API: /livez /readyz /metrics
+  tail -f $state_dir/operator-0.log
+  cargo run -q --bin module-manager -- admin shards               # who owns which shard
+  cargo run -q --bin module-manager -- admin manifest default web # uid, shard, owner, state
+  curl -s localhost:9441/metrics      # any replica's admin API: /livez /readyz /metrics /v1/...
 Stop everything with: make cluster-down
 MSG

@@ -110,6 +110,9 @@ impl Seen {
 #[derive(Clone)]
 pub struct Work {
     queue: Arc<WorkQueue<Key>>,
+    /// What the watch loop last queued each key for; a key dropped without a pass is removed,
+    /// so that the next list or event of its Manifest queues it again.
+    seen: Arc<Mutex<HashMap<Key, Seen>>>,
     labelled: Store<Manifest>,
     unlabelled: Store<Manifest>,
     shards: ShardCount,
@@ -132,6 +135,19 @@ impl Work {
     /// The shard of a Manifest (from its UID).
     fn shard_of(&self, manifest: &Manifest) -> Option<u32> {
         manifest.uid().map(|uid| self.shards.shard_of(&uid))
+    }
+
+    /// A Manifest's queue key.
+    fn key_of(&self, manifest: &Manifest) -> Option<Key> {
+        Some(Key {
+            shard: self.shard_of(manifest)?,
+            namespace: manifest.namespace().unwrap_or_default(),
+            name: manifest.name_any(),
+        })
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Seen>> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -180,6 +196,7 @@ impl Controller {
         let (unlabelled, unlabelled_writer) = reflector::store();
         let work = Work {
             queue: Arc::new(WorkQueue::new(config.metrics.clone())),
+            seen: Arc::default(),
             labelled,
             unlabelled,
             shards: ctx.shards,
@@ -321,36 +338,41 @@ async fn feed_queue(
     (mut labelled_writer, mut unlabelled_writer): (Writer<Manifest>, Writer<Manifest>),
     synced: Arc<AtomicBool>,
 ) {
-    let mut dispatchable = ownership.subscribe();
-    let mut owned = dispatchable.borrow_and_update().clone();
-    let mut labelled = watch_with(&api, shard_selector(base.as_deref(), owned.as_ref()));
+    let mut watched = ownership.subscribe();
+    let mut owned = watched.borrow_and_update().clone();
+    let mut labelled = watch_with(&api, shard_selector(base.as_deref(), owned.shards.as_ref()));
     let unlabelled_selector = match &base {
         Some(base) => format!("{base},!{SHARD_LABEL}"),
         None => format!("!{SHARD_LABEL}"),
     };
     let mut unlabelled = watch_with(&api, Some(unlabelled_selector));
-    let mut labelled_synced = owned.as_ref().is_some_and(BTreeSet::is_empty);
+    let mut labelled_synced = owned.shards.as_ref().is_some_and(BTreeSet::is_empty);
     let mut unlabelled_synced = false;
-    let mut seen: HashMap<Key, Seen> = HashMap::new();
     // Keys listed by a watch's initial list wait for its end: the cache (the store a pass reads)
     // holds the new list only from `InitDone` on.
     let mut listed: [Vec<(Key, Seen)>; 2] = Default::default();
     loop {
         let (event, from_labelled) = tokio::select! {
-            changed = dispatchable.changed() => {
+            changed = watched.changed() => {
                 if changed.is_err() {
                     return;
                 }
-                let now = dispatchable.borrow_and_update().clone();
+                let now = watched.borrow_and_update().clone();
                 if now != owned {
                     owned = now;
                     // Keys of shards no longer ours leave the queue (their new owner queues
-                    // them); those of newly owned shards are queued by the new watch's list.
+                    // them); those of newly owned shards are queued by the new watch's list,
+                    // and new Manifests of theirs from the unlabelled cache right here.
                     work.queue.retain_shards(|shard| ownership.wants(shard));
-                    seen.retain(|key, _| ownership.wants(key.shard));
-                    labelled = watch_with(&api, shard_selector(base.as_deref(), owned.as_ref()));
+                    work.seen().retain(|key, _| ownership.wants(key.shard));
+                    for manifest in work.unlabelled.state() {
+                        if let Some(key) = work.key_of(&manifest).filter(|k| ownership.wants(k.shard)) {
+                            work.queue.add(key, Duration::ZERO);
+                        }
+                    }
+                    labelled = watch_with(&api, shard_selector(base.as_deref(), owned.shards.as_ref()));
                     listed[0].clear();
-                    if owned.as_ref().is_some_and(BTreeSet::is_empty) {
+                    if owned.shards.as_ref().is_some_and(BTreeSet::is_empty) {
                         // Nothing to watch: the cache must not keep the last shards' Manifests.
                         labelled_writer.apply_watcher_event(&watcher::Event::Init);
                         labelled_writer.apply_watcher_event(&watcher::Event::InitDone);
@@ -377,39 +399,30 @@ async fn feed_queue(
         match &event {
             watcher::Event::Apply(manifest) | watcher::Event::InitApply(manifest) => {
                 let initial = matches!(event, watcher::Event::InitApply(_));
-                let Some(shard) = work.shard_of(manifest) else {
+                let Some(key) = work.key_of(manifest) else {
                     continue;
                 };
-                if !ownership.wants(shard) {
+                if !ownership.wants(key.shard) {
                     continue;
                 }
-                let key = Key {
-                    shard,
-                    namespace: manifest.namespace().unwrap_or_default(),
-                    name: manifest.name_any(),
-                };
                 let now = Seen::of(manifest);
-                if seen.get(&key) != Some(&now) {
+                if work.seen().get(&key) != Some(&now) {
                     if initial {
                         listed[stream].push((key, now));
                     } else {
-                        seen.insert(key.clone(), now);
+                        work.seen().insert(key.clone(), now);
                         work.queue.add(key, Duration::ZERO);
                     }
                 }
             }
             watcher::Event::Delete(manifest) => {
-                if let Some(shard) = work.shard_of(manifest) {
-                    seen.remove(&Key {
-                        shard,
-                        namespace: manifest.namespace().unwrap_or_default(),
-                        name: manifest.name_any(),
-                    });
+                if let Some(key) = work.key_of(manifest) {
+                    work.seen().remove(&key);
                 }
             }
             watcher::Event::InitDone => {
                 for (key, now) in listed[stream].drain(..) {
-                    seen.insert(key.clone(), now);
+                    work.seen().insert(key.clone(), now);
                     work.queue.add(key, Duration::ZERO);
                 }
                 if from_labelled {
@@ -433,14 +446,21 @@ async fn run_pass(
     ownership: Arc<Ownership>,
     failures: Arc<Mutex<HashMap<Key, u32>>>,
 ) {
+    // However the pass ends (also when its task is aborted at a drain timeout), the key is no
+    // longer in flight: a shard must not look busy forever.
+    let _in_flight = InFlight {
+        queue: work.queue.clone(),
+        key: key.clone(),
+    };
     let forget = |key: &Key| {
         failures
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);
+        // The next list or event of this Manifest queues it again.
+        work.seen().remove(key);
     };
     let Some(fence) = ownership.dispatch(key.shard) else {
-        work.queue.done(&key);
         if ownership.wants(key.shard) {
             // Still ours but not in time (the renew deadline passed): try again shortly.
             work.queue.add(key, Duration::from_secs(1));
@@ -456,7 +476,6 @@ async fn run_pass(
         .filter(|m| work.shard_of(m) == Some(key.shard))
     else {
         forget(&key);
-        work.queue.done(&key);
         return;
     };
     let span = tracing::info_span!(
@@ -496,7 +515,10 @@ async fn run_pass(
         match next {
             Some(Next::After(delay)) => {
                 failures.remove(&key);
-                work.queue.add(key.clone(), delay);
+                // Up to 10 % later, so that Manifests created together do not drift-check in
+                // lockstep forever.
+                let jitter = (RandomState::new().hash_one(&key) % 1000) as f64 / 10_000.0;
+                work.queue.add(key.clone(), delay.mul_f64(1.0 + jitter));
             }
             Some(Next::Retry(_)) | None => {
                 let count = failures.entry(key.clone()).or_insert(0);
@@ -509,7 +531,18 @@ async fn run_pass(
             }
         }
     }
-    work.queue.done(&key);
+}
+
+/// Marks a key done when dropped.
+struct InFlight {
+    queue: Arc<WorkQueue<Key>>,
+    key: Key,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.queue.done(&self.key);
+    }
 }
 
 #[cfg(test)]

@@ -76,9 +76,11 @@ struct AdminToken {
 }
 
 #[derive(clap::Args)]
+#[command(args_override_self = true)] // a later flag wins (e.g. extra args after a chart's defaults)
 struct RunArgs {
-    /// This replica's name, written to `status.owner` and Events.
-    #[arg(long, env = "POD_NAME", default_value = "module-manager-0")]
+    /// This replica's name (unique in its fleet: the pod name), written to `status.owner` and
+    /// Events. No default: two processes with one name would both hold its shards.
+    #[arg(long, env = "POD_NAME")]
     replica: String,
     /// Directory that local chart paths (`spec.chart.path`) resolve under; paths leaving it are
     /// refused. Required: a default such as the working directory could be `/`.
@@ -235,6 +237,29 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let chart_root = args.chart_root.canonicalize()?;
     tracing::info!(replica = %args.replica, helm = renderer.version(), chart_root = %chart_root.display(), "starting");
 
+    if let Some(name) = &args.statefulset {
+        // A StatefulSet that cannot be read, or a replica that is not one of its ordinals, would
+        // leave the fleet idle without a word: refuse to start instead.
+        let statefulsets = kube::Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(
+            client.clone(),
+            &args.lease_namespace,
+        );
+        statefulsets.get(name).await.map_err(|e| {
+            anyhow::anyhow!(
+                "--statefulset {name} in namespace {}: {e}",
+                args.lease_namespace
+            )
+        })?;
+        let any_ordinal = module_manager::shard::fleet::DesiredOrdinals {
+            name: name.clone(),
+            replicas: u32::MAX,
+        };
+        anyhow::ensure!(
+            any_ordinal.desires(&args.replica),
+            "--replica {:?} is not an ordinal of StatefulSet {name} (expected {name}-<n>)",
+            args.replica
+        );
+    }
     let fleet_config = FleetConfig {
         membership: MembershipConfig {
             namespace: args.lease_namespace,

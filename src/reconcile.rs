@@ -220,7 +220,10 @@ async fn pass(
                 inventory: recorded,
                 ..Default::default()
             };
-            if let Err(e) = write_status(&manifest, ctx, &outcome, facts).await {
+            // A pass that lost its shard meanwhile must not write over the new owner's status.
+            if let Err(lost) = fence.check() {
+                tracing::warn!("not writing the error status: {lost}");
+            } else if let Err(e) = write_status(&manifest, ctx, &outcome, facts).await {
                 tracing::warn!("write the error status: {e}");
             }
             let category = error.category();

@@ -48,6 +48,8 @@ struct Fleet {
     /// The replicas' logs (kept when `FLEET_KEEP_LOGS` is set).
     logs: tempfile::TempDir,
     replicas: BTreeMap<u32, Replica>,
+    /// Number of shards (`--shards` in the extra arguments, else `SHARDS`).
+    shards: u32,
     starts: u32,
     extra_args: Vec<String>,
 }
@@ -90,6 +92,10 @@ impl Fleet {
                 .tempdir()
                 .unwrap(),
             replicas: BTreeMap::new(),
+            shards: extra_args
+                .windows(2)
+                .find(|pair| pair[0] == "--shards")
+                .map_or(SHARDS, |pair| pair[1].parse().unwrap()),
             starts: 0,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
@@ -124,7 +130,7 @@ impl Fleet {
             .args(["--chart-root", "."])
             .arg("--helm")
             .arg(testenv::Tools::locate().unwrap().helm)
-            .args(["--shards", &SHARDS.to_string()])
+            .args(["--shards", &SHARDS.to_string()]) // extra args may override
             .args(["--fleet", &self.name, "--statefulset", &self.name])
             .args(["--lease-namespace", &self.namespace])
             .args(["--lease-duration-seconds", &LEASE_SECONDS.to_string()])
@@ -188,8 +194,12 @@ impl Fleet {
     }
 
     async fn create_manifests(&self, count: usize) {
+        self.create_manifests_from(0, count).await;
+    }
+
+    async fn create_manifests_from(&self, first: usize, count: usize) {
         let api = self.manifests();
-        for i in 0..count {
+        for i in first..first + count {
             let manifest: Manifest = serde_json::from_value(json!({
                 "apiVersion": "modulemanager.io/v1alpha1",
                 "kind": "Manifest",
@@ -222,6 +232,10 @@ impl Fleet {
 
     /// Waits until every Manifest is Ready at its current generation; fails with the laggards.
     async fn wait_ready(&self, what: &str) -> Duration {
+        self.wait_ready_within(what, Duration::from_secs(120)).await
+    }
+
+    async fn wait_ready_within(&self, what: &str, limit: Duration) -> Duration {
         let start = Instant::now();
         let api = self.manifests();
         loop {
@@ -239,7 +253,7 @@ impl Fleet {
                 return start.elapsed();
             }
             assert!(
-                start.elapsed() < Duration::from_secs(120),
+                start.elapsed() < limit,
                 "{what}: {} Manifests not Ready at their generation, e.g. {:?}\n{}",
                 lagging.len(),
                 &lagging[..lagging.len().min(5)],
@@ -392,7 +406,7 @@ fn moved(
 }
 
 async fn manifests_in(fleet: &Fleet, shards: &BTreeSet<u32>) -> usize {
-    let count = ShardCount::new(SHARDS).unwrap();
+    let count = ShardCount::new(fleet.shards).unwrap();
     fleet
         .uids()
         .await
@@ -414,7 +428,7 @@ impl Fleet {
     ) -> (BTreeSet<u32>, BTreeMap<u32, (Option<String>, i32)>) {
         let after = self.holders().await;
         let moved = moved(before, &after);
-        let ideal = SHARDS as f64 * ideal_fraction;
+        let ideal = self.shards as f64 * ideal_fraction;
         let gaps = self.handover_gaps(step);
         eprintln!(
             "FLEET scale {step_name}: settled in {took:?}; {} shards moved (ideal {ideal:.1}, ratio {:.2}), {} Manifests; handover gap p50 {:.3}s p99 {:.3}s over {} shards",
@@ -447,6 +461,9 @@ async fn three_replicas_reconcile_every_manifest_and_scale_3_5_2_moving_only_wha
     fleet.set_desired(5).await;
     fleet.start(3);
     fleet.start(4);
+    // Changes arrive while shards change hands: passes are queued and in flight during the
+    // handovers (the checker sees any pass of the old owner overlapping the new owner's).
+    fleet.touch_all(1).await;
     let took = fleet.wait_assignment(5, "3 → 5").await;
     let (moved_up, after) = fleet
         .report_step("3→5", &before, step, took, 2.0 / 5.0)
@@ -463,13 +480,13 @@ async fn three_replicas_reconcile_every_manifest_and_scale_3_5_2_moving_only_wha
             "shard {k} changed hands more than once"
         );
     }
-    fleet.touch_all(1).await;
     fleet.wait_ready("after 3 → 5").await;
 
     // 5 → 2: the scaled-away members hand over before they exit.
     let before = fleet.holders().await;
     let step = now();
     fleet.set_desired(2).await;
+    fleet.touch_all(2).await; // in flight while the scaled-away members hand over
     for ordinal in [4, 3, 2] {
         fleet.stop(ordinal);
     }
@@ -485,7 +502,7 @@ async fn three_replicas_reconcile_every_manifest_and_scale_3_5_2_moving_only_wha
         moved_down.len(),
         "every moved shard was released, then acquired, once"
     );
-    fleet.touch_all(2).await;
+    fleet.touch_all(3).await;
     fleet.wait_ready("after 5 → 2").await;
     fleet.assert_clean("scale 3→5→2").await;
 }
@@ -502,6 +519,8 @@ async fn a_killed_replica_is_taken_over_and_a_stopped_one_does_not_act_on_lost_s
     let killed_at = now();
     fleet.kill(1);
     fleet.touch_all(1).await; // changes for the dead replica's shards wait for the takeover
+    // New Manifests whose shards have no working owner yet must not be lost.
+    fleet.create_manifests_from(200, 40).await;
     fleet
         .wait_assignment_over(&[0, 2], "takeover after kill -9")
         .await;
@@ -531,9 +550,13 @@ async fn a_killed_replica_is_taken_over_and_a_stopped_one_does_not_act_on_lost_s
         .wait_assignment_over(&[0, 1], "takeover from a stopped replica")
         .await;
     fleet.wait_ready("while stopped").await;
-    fleet.signal(2, libc::SIGCONT);
-    fleet.wait_assignment(3, "after SIGCONT").await;
+    // Resume it while the new owners are busy with its old shards' Manifests: were its fence
+    // broken, its stale ownership would reconcile the same Manifests at the same time.
     fleet.touch_all(3).await;
+    fleet.signal(2, libc::SIGCONT);
+    fleet.wait_ready("right after SIGCONT").await;
+    fleet.wait_assignment(3, "after SIGCONT").await;
+    fleet.touch_all(4).await;
     fleet.wait_ready("after SIGCONT").await;
     let resumed_log = fleet
         .logs()
@@ -553,7 +576,7 @@ impl Fleet {
     async fn wait_assignment_over(&self, ordinals: &[u32], what: &str) {
         let members: BTreeSet<String> = ordinals.iter().map(|o| self.member(*o)).collect();
         let want: BTreeMap<u32, Option<String>> =
-            assign(ShardCount::new(SHARDS).unwrap(), &members)
+            assign(ShardCount::new(self.shards).unwrap(), &members)
                 .into_iter()
                 .enumerate()
                 .map(|(k, owner)| (k as u32, Some(owner)))
@@ -596,7 +619,10 @@ async fn a_rolling_restart_moves_no_shard() {
     }
     let after = fleet.holders().await;
     assert_eq!(before, after, "holders and epochs unchanged: zero moves");
-    eprintln!("FLEET rolling: 3 restarts, 0 of {SHARDS} shards moved");
+    eprintln!(
+        "FLEET rolling: 3 restarts, 0 of {} shards moved",
+        fleet.shards
+    );
     fleet.assert_clean("rolling restart").await;
 }
 
@@ -753,4 +779,102 @@ async fn any_replica_shows_the_fleet_and_drain_is_authorized_through_the_api_ser
     fleet.touch_all(2).await;
     fleet.wait_ready("undrained").await;
     fleet.assert_clean("drain and undrain").await;
+}
+
+/// Lease writes the API server has served so far (create, update, patch, apply of `leases`),
+/// from its own `/metrics`.
+async fn lease_writes(client: &Client) -> f64 {
+    let request = axum::http::Request::get("/metrics")
+        .body(Vec::new())
+        .unwrap();
+    let text = client.request_text(request).await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| l.contains("resource=\"leases\""))
+        .filter(|l| {
+            ["CREATE", "UPDATE", "PATCH", "APPLY", "PUT", "POST"]
+                .iter()
+                .any(|verb| l.contains(&format!("verb=\"{verb}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Resident memory of a process, in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
+/// The figures of `docs/sharding.md` that the scenario tests do not print: lease writes of an
+/// idle fleet (S = 256, N = 5, default timings) and the memory of one replica out of four vs a
+/// single replica at the same 3,000 Manifests. Minutes of machine time: `make measure-fleet`.
+#[tokio::test]
+#[ignore = "measurement, minutes long: make measure-fleet"]
+async fn measure_idle_lease_writes_and_memory_per_replica() {
+    let _serial = SERIAL.lock().await;
+    {
+        let defaults = [
+            "--shards",
+            "256",
+            "--lease-duration-seconds",
+            "15",
+            "--renew-interval-seconds",
+            "5",
+            "--renew-deadline-seconds",
+            "10",
+        ];
+        let fleet = Fleet::new("idle", 5, &defaults).await;
+        fleet.wait_assignment(5, "idle fleet").await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let before = lease_writes(&fleet.client).await;
+        let window = Duration::from_secs(60);
+        tokio::time::sleep(window).await;
+        let writes = lease_writes(&fleet.client).await - before;
+        eprintln!(
+            "FLEET idle: S=256 N=5 renew 5 s: {writes} lease writes in {window:?} = {:.2}/s (expected N/renew = 1.00/s: renewals only, no shard Lease writes)",
+            writes / window.as_secs_f64()
+        );
+    }
+    let manifests = 3000;
+    let mut rss = Vec::new();
+    for replicas in [4, 1] {
+        let fleet = Fleet::new(&format!("mem{replicas}"), replicas, &[]).await;
+        fleet.wait_assignment(replicas, "memory fleet").await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let idle: Vec<f64> = fleet
+            .replicas
+            .values()
+            .map(|r| rss_mib(r.process.pid()))
+            .collect();
+        eprintln!("FLEET memory: {replicas} replicas before any Manifest: RSS MiB {idle:.1?}");
+        fleet.create_manifests(manifests).await;
+        let took = fleet
+            .wait_ready_within("memory fleet", Duration::from_secs(1200))
+            .await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let each: Vec<f64> = fleet
+            .replicas
+            .values()
+            .map(|r| rss_mib(r.process.pid()))
+            .collect();
+        eprintln!(
+            "FLEET memory: {manifests} Manifests on {replicas} replicas, Ready after {took:?}; RSS MiB per replica {each:.1?}"
+        );
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        rss.push((mean(&idle), mean(&each)));
+    }
+    let ((idle4, full4), (idle1, full1)) = (rss[0], rss[1]);
+    eprintln!(
+        "FLEET memory: mean RSS of one replica out of 4 = {full4:.1} MiB vs a single replica = {full1:.1} MiB: ratio {:.2}; growth with the Manifests {:.1} vs {:.1} MiB: ratio {:.2}",
+        full4 / full1,
+        full4 - idle4,
+        full1 - idle1,
+        (full4 - idle4) / (full1 - idle1)
+    );
 }

@@ -33,9 +33,20 @@ struct Held {
 #[derive(Debug)]
 pub struct Ownership {
     held: Mutex<Held>,
-    /// The shards new passes may start on (owned, not draining, not fenced); `None` = every
-    /// shard. The controller watches it to re-filter its watch and queue.
-    dispatchable: watch::Sender<Option<BTreeSet<u32>>>,
+    /// The shards whose Manifests this replica watches (owned, not draining); the controller
+    /// re-filters its watch and queue when it changes.
+    watched: watch::Sender<Watched>,
+}
+
+/// The shards to watch (`None`: every shard), and how many times a shard has left the set: a
+/// change of either restarts the controller's watch, even when a loss and a re-acquisition were
+/// coalesced into one notification.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Watched {
+    /// Owned, not draining (`None`: every shard).
+    pub shards: Option<BTreeSet<u32>>,
+    /// Bumped whenever a shard leaves the set.
+    pub losses: u64,
 }
 
 /// Why a pass stopped: this replica no longer may act on the Manifest's shard.
@@ -83,7 +94,10 @@ impl Ownership {
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
             held: Mutex::default(),
-            dispatchable: watch::Sender::new(Some(BTreeSet::new())),
+            watched: watch::Sender::new(Watched {
+                shards: Some(BTreeSet::new()),
+                losses: 0,
+            }),
         })
     }
 
@@ -94,7 +108,7 @@ impl Ownership {
                 everything: true,
                 ..Default::default()
             }),
-            dispatchable: watch::Sender::new(None),
+            watched: watch::Sender::new(Watched::default()),
         })
     }
 
@@ -136,9 +150,9 @@ impl Ownership {
         held.everything || (held.epochs.contains_key(&shard) && !held.draining.contains(&shard))
     }
 
-    /// Subscribes to the set of dispatchable shards (`None`: every shard).
-    pub fn subscribe(&self) -> watch::Receiver<Option<BTreeSet<u32>>> {
-        self.dispatchable.subscribe()
+    /// Subscribes to the shards to watch.
+    pub fn subscribe(&self) -> watch::Receiver<Watched> {
+        self.watched.subscribe()
     }
 
     /// Owned shards (draining ones included) with their epochs.
@@ -165,6 +179,7 @@ impl Ownership {
         if held.everything {
             return;
         }
+        report_lapse(&held);
         held.epochs = epochs;
         held.draining = draining;
         held.valid_until = Some(valid_until);
@@ -183,6 +198,7 @@ impl Ownership {
         if held.valid_until.is_some_and(|until| Instant::now() < until) {
             held.valid_until = Some(valid_until);
         } else {
+            report_lapse(&held);
             held.epochs.clear();
             held.draining.clear();
             held.valid_until = None;
@@ -194,26 +210,61 @@ impl Ownership {
     /// dispatchable and every fence fails. The shard Leases are not touched.
     pub fn fence(&self) {
         let mut held = self.lock();
-        held.everything = false;
+        if held.everything {
+            held.everything = false;
+            held.epochs.clear();
+        }
         held.valid_until = None;
         self.publish(&held);
     }
 
+    /// Stops new passes on `shard` at once (before its release is decided): a pass dispatched
+    /// before this is counted in flight by the queue, one dispatched after is refused.
+    pub fn stop_dispatch(&self, shard: u32) {
+        let mut held = self.lock();
+        if held.epochs.contains_key(&shard) && held.draining.insert(shard) {
+            self.publish(&held);
+        }
+    }
+
     fn publish(&self, held: &Held) {
-        let dispatchable: BTreeSet<u32> = if held.valid_until.is_some() {
-            held.epochs
-                .keys()
-                .filter(|k| !held.draining.contains(k))
-                .copied()
-                .collect()
-        } else {
-            BTreeSet::new()
-        };
-        self.dispatchable.send_if_modified(|current| {
-            let changed = current.as_ref() != Some(&dispatchable);
-            *current = Some(dispatchable);
-            changed
+        if held.everything {
+            return;
+        }
+        let shards: BTreeSet<u32> = held
+            .epochs
+            .keys()
+            .filter(|k| !held.draining.contains(k))
+            .copied()
+            .collect();
+        self.watched.send_if_modified(|current| {
+            if current.shards.as_ref() == Some(&shards) {
+                return false;
+            }
+            let lost = current
+                .shards
+                .as_ref()
+                .is_none_or(|before| before.iter().any(|k| !shards.contains(k)));
+            if lost {
+                current.losses += 1;
+            }
+            current.shards = Some(shards);
+            true
         });
+    }
+}
+
+/// Logs that the previous deadline passed before this update (the process was stopped, or could
+/// not renew): every fence failed meanwhile.
+fn report_lapse(held: &Held) {
+    if let Some(until) = held.valid_until {
+        let now = Instant::now();
+        if now >= until {
+            tracing::warn!(
+                lapsed_seconds = (now - until).as_secs_f64(),
+                "membership lease not renewed within the renew deadline: all work was stopped; resuming with the shards the Leases show now"
+            );
+        }
     }
 }
 
@@ -239,7 +290,10 @@ mod tests {
         assert!(fence.check().is_ok());
         assert!(ownership.dispatch(2).is_none(), "draining: no new passes");
         assert!(ownership.dispatch(3).is_none(), "not owned");
-        assert_eq!(*ownership.subscribe().borrow(), Some(BTreeSet::from([1])));
+        assert_eq!(
+            ownership.subscribe().borrow().shards,
+            Some(BTreeSet::from([1]))
+        );
 
         // Taken over and re-acquired: a new epoch; the old pass must not write.
         ownership.set(epochs(&[(1, 5)]), BTreeSet::new(), deadline);
@@ -271,6 +325,29 @@ mod tests {
         ownership.extend(Instant::now() + Duration::from_secs(10));
         assert!(ownership.dispatch(1).is_none());
         assert!(ownership.owned().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stopping_dispatch_refuses_new_passes_and_counts_as_a_loss_for_the_watch() {
+        let ownership = Ownership::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        ownership.set(epochs(&[(1, 1), (2, 1)]), BTreeSet::new(), deadline);
+        let before = ownership.subscribe().borrow().clone();
+        let running = ownership.dispatch(1).unwrap();
+        ownership.stop_dispatch(1);
+        assert!(
+            ownership.dispatch(1).is_none(),
+            "no new pass once dispatch stopped"
+        );
+        assert!(running.check().is_ok(), "a pass already running may finish");
+        let after = ownership.subscribe().borrow().clone();
+        assert_eq!(after.shards, Some(BTreeSet::from([2])));
+        assert_eq!(after.losses, before.losses + 1);
+        // Lost and re-acquired between two looks of the controller: the counter still differs.
+        ownership.set(epochs(&[(1, 3), (2, 1)]), BTreeSet::new(), deadline);
+        let again = ownership.subscribe().borrow().clone();
+        assert_eq!(again.shards, before.shards);
+        assert_ne!(again, before);
     }
 
     #[test]

@@ -63,7 +63,7 @@ pub struct DesiredOrdinals {
 }
 
 impl DesiredOrdinals {
-    /// Whether `member` is one of the desired ordinals.
+    /// Whether `member` is one of the desired ordinals (at most `assignment::MAX_ORDINAL`).
     pub fn desires(&self, member: &str) -> bool {
         member
             .strip_prefix(&self.name)
@@ -71,7 +71,9 @@ impl DesiredOrdinals {
             .filter(|ordinal| ordinal.bytes().all(|b| b.is_ascii_digit()))
             .filter(|ordinal| *ordinal == "0" || !ordinal.starts_with('0'))
             .and_then(|ordinal| ordinal.parse::<u32>().ok())
-            .is_some_and(|ordinal| ordinal < self.replicas)
+            .is_some_and(|ordinal| {
+                ordinal < self.replicas && ordinal <= super::assignment::MAX_ORDINAL
+            })
     }
 }
 
@@ -244,8 +246,11 @@ pub struct Fleet {
     desired: Option<DesiredOrdinals>,
     /// What the renewals announce (besides `draining` while `drain` is set).
     announce: watch::Sender<MemberState>,
-    /// The task renewing the membership Lease.
-    renewals: Option<tokio::task::JoinHandle<()>>,
+    /// The task renewing the membership Lease, and its stop switch.
+    renewals: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
 }
 
 impl Fleet {
@@ -370,24 +375,32 @@ impl Fleet {
         let metrics = self.metrics.clone();
         let mut tick = tokio::time::interval(self.config.membership.renew_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        self.renewals = Some(tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    Ok(()) = announce.changed() => {}
-                    Ok(()) = drain.changed() => {}
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        self.renewals = Some((
+            stop,
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        Ok(()) = announce.changed() => {}
+                        Ok(()) = drain.changed() => {}
+                        _ = &mut stopped => break,
+                    }
+                    let state = announced(&drain, &announce.borrow_and_update());
+                    if !renewer.renew(state, Some(&work.load())).await {
+                        metrics.renewal_failures.inc();
+                    }
                 }
-                let state = announced(&drain, &announce.borrow_and_update());
-                if !renewer.renew(state, Some(&work.load())).await {
-                    metrics.renewal_failures.inc();
-                }
-            }
-        }));
+            }),
+        ));
     }
 
-    fn stop_renewals(&mut self) {
-        if let Some(task) = self.renewals.take() {
-            task.abort();
+    /// Stops the renewals and waits until none is under way (a renewal landing after the final
+    /// write would undo it: re-announce `active`, or recreate a deleted Lease).
+    async fn stop_renewals(&mut self) {
+        if let Some((stop, task)) = self.renewals.take() {
+            let _ = stop.send(());
+            let _ = task.await;
         }
     }
 
@@ -452,17 +465,30 @@ impl Fleet {
         }
         let desired_owners = super::assign(self.config.shards, &assigned);
         let work = self.work.clone();
+        let ownership = self.ownership.clone();
         let membership = &mut self.membership;
-        let result = sync_shards(
+        // Bounded: a hung request must not stop the rounds (the renewals would go on, and the
+        // replica would look alive while nobody works on its shards).
+        let round = sync_shards(
             &self.shard_leases,
             &self.config.membership.fleet,
             &me,
             self.config.shards,
             |m| membership.is_dead(m),
             &desired_owners,
-            |k| work.in_flight(k) == 0,
-        )
-        .await;
+            // Dispatch stops first; then a pass popped before is counted in flight, and one
+            // popped after is refused: nothing runs on the shard once it is released.
+            |k| {
+                ownership.stop_dispatch(k);
+                work.in_flight(k) == 0
+            },
+        );
+        let result = match tokio::time::timeout(self.config.renew_deadline, round).await {
+            Ok(result) => result,
+            Err(_) => Err(kube::Error::Service(
+                "shard round timed out (renew deadline)".into(),
+            )),
+        };
         match result {
             Ok(round) => {
                 self.ownership
@@ -538,7 +564,7 @@ impl Fleet {
     pub async fn exit(&mut self, exit: Exit) -> usize {
         match exit {
             Exit::Restart => {
-                self.stop_renewals();
+                self.stop_renewals().await;
                 self.ownership.fence();
                 let held = self.ownership.owned().len();
                 if !self.membership.renew(MemberState::Restarting, None).await {
@@ -568,7 +594,7 @@ impl Fleet {
                         observed = Instant::now();
                     }
                 }
-                self.stop_renewals();
+                self.stop_renewals().await;
                 let held = self.ownership.owned().len();
                 self.ownership.fence();
                 if held == 0 {
@@ -658,6 +684,85 @@ mod tests {
             names(&assignment_members(&crashed, Some(&sts), GRACE)),
             ["mm-0"]
         );
+    }
+
+    /// The handover state machine over time, on a paused clock, from mm-0's point of view: mm-1
+    /// restarts (announces `restarting`, stops renewing). Its shards stay its own for the restart
+    /// grace, although its Lease expires after 15 s; once the grace is over, mm-0 acquires them;
+    /// had it crashed (no announcement), mm-0 would acquire them once the Lease expired.
+    #[tokio::test(start_paused = true)]
+    async fn a_restart_keeps_its_shards_for_the_grace_and_a_crash_loses_them_at_expiry() {
+        use super::super::membership::Liveness;
+        use super::super::ownership::{ShardAction, decide, shard_state};
+        let sts = DesiredOrdinals {
+            name: "mm".into(),
+            replicas: 2,
+        };
+        let lease = Duration::from_secs(15);
+        let shards = ShardCount::new(16).unwrap();
+        let both: BTreeSet<String> = ["mm-0", "mm-1"].map(String::from).into();
+        let theirs: Vec<u32> = super::super::assign(shards, &both)
+            .iter()
+            .enumerate()
+            .filter(|(_, owner)| *owner == "mm-1")
+            .map(|(k, _)| k as u32)
+            .collect();
+        for announced in [MemberState::Restarting, MemberState::Active] {
+            let mut liveness = Liveness::default();
+            let start = Instant::now();
+            let mut first_acquire = None;
+            for step in 0..=20u64 {
+                // mm-0 renews every 5 s; mm-1's Lease stays at the version of its last write.
+                liveness.observe(
+                    [
+                        ("mm-0".into(), step.to_string()),
+                        ("mm-1".into(), "1".into()),
+                    ],
+                    Instant::now(),
+                );
+                let views: Vec<MemberView> = liveness
+                    .unchanged_for(Instant::now())
+                    .into_iter()
+                    .map(|(name, unchanged)| MemberView {
+                        live: !liveness.is_dead(&name, lease),
+                        unchanged_for_seconds: unchanged.as_secs_f64(),
+                        state: if name == "mm-1" {
+                            announced
+                        } else {
+                            MemberState::Active
+                        },
+                        load: None,
+                        name,
+                    })
+                    .collect();
+                let desired =
+                    super::super::assign(shards, &assignment_members(&views, Some(&sts), GRACE));
+                let actions: Vec<ShardAction> = theirs
+                    .iter()
+                    .map(|&k| {
+                        let record = ShardLeaseRecord {
+                            holder: Some("mm-1".into()),
+                            epoch: 1,
+                        };
+                        let state = shard_state(Some(&record), |m| liveness.is_dead(m, lease));
+                        decide("mm-0", desired.get(k as usize).map(String::as_str), &state)
+                    })
+                    .collect();
+                if actions.contains(&ShardAction::Acquire) && first_acquire.is_none() {
+                    first_acquire = Some(start.elapsed());
+                    assert!(
+                        actions.iter().all(|a| *a == ShardAction::Acquire),
+                        "all of its shards at once"
+                    );
+                }
+                tokio::time::advance(Duration::from_secs(5)).await;
+            }
+            let expected = match announced {
+                MemberState::Restarting => GRACE,
+                _ => lease,
+            };
+            assert_eq!(first_acquire, Some(expected), "{announced:?}");
+        }
     }
 
     #[test]

@@ -65,11 +65,25 @@ impl Liveness {
     /// the first time, or whose Lease changed, counts as renewed now; members without a Lease
     /// are forgotten.
     pub fn observe(&mut self, leases: impl IntoIterator<Item = (String, String)>, now: Instant) {
+        self.observe_between(leases, now, now);
+    }
+
+    /// Records a read that was sent at `sent` and answered at `answered`: the snapshot it shows
+    /// was taken somewhere in between. Erring on the safe side, a change counts as made when the
+    /// answer came (`answered`), and "still unchanged" as known only when the read was sent
+    /// (`sent`), so a slow read never makes a member look dead sooner.
+    pub fn observe_between(
+        &mut self,
+        leases: impl IntoIterator<Item = (String, String)>,
+        sent: Instant,
+        answered: Instant,
+    ) {
+        let now = sent;
         let mut next = BTreeMap::new();
         for (member, version) in leases {
             let since = match self.seen.remove(&member) {
                 Some(old) if old.version == version => old.since,
-                _ => now,
+                _ => answered,
             };
             self.absent.remove(&member);
             next.insert(member, Observed { version, since });
@@ -271,6 +285,7 @@ impl Membership {
     /// Lists the fleet's membership Leases (bounded by the renew interval) and records what
     /// they show; a failed list is no evidence about anyone.
     pub async fn observe(&mut self) {
+        let sent = Instant::now();
         let list = tokio::time::timeout(
             self.config.renew_interval,
             self.leases
@@ -291,7 +306,8 @@ impl Membership {
                     observed.push((member.clone(), lease.resource_version().unwrap_or_default()));
                     self.annotations.insert(member, announced(lease));
                 }
-                self.liveness.observe(observed, Instant::now());
+                self.liveness
+                    .observe_between(observed, sent, Instant::now());
             }
         }
     }
@@ -516,6 +532,28 @@ mod tests {
         // b comes back (a new resourceVersion): live again at once.
         liveness.observe(leases(&[("a", "5"), ("b", "8")]), Instant::now());
         assert_eq!(liveness.live(DURATION).len(), 2);
+    }
+
+    /// A slow read: the change it shows counts from its answer, "unchanged" only from when it
+    /// was sent, so the read's latency never shortens the time to death.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_read_never_makes_a_member_dead_sooner() {
+        let mut liveness = Liveness::default();
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_secs(4)).await;
+        liveness.observe_between(leases(&[("a", "1")]), sent, Instant::now());
+        // 15 s after the first read was *sent*, a read is sent that still shows "1" and takes 4 s.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_secs(4)).await;
+        liveness.observe_between(leases(&[("a", "1")]), sent, Instant::now());
+        assert!(
+            !liveness.is_dead("a", DURATION),
+            "only 11 s between the first answer and the last send"
+        );
+        let sent = Instant::now();
+        liveness.observe_between(leases(&[("a", "1")]), sent, Instant::now());
+        assert!(liveness.is_dead("a", DURATION));
     }
 
     #[tokio::test(start_paused = true)]
