@@ -252,7 +252,14 @@ impl Controller {
                 _ = &mut shutdown => break,
             };
             let Some(key) = key else { break };
+            // From here on, however the pass ends (also a task aborted before its first poll),
+            // the key stops counting as in flight: a shard must not look busy forever.
+            let in_flight = InFlight {
+                queue: work.queue.clone(),
+                key: key.clone(),
+            };
             let pass = run_pass(
+                in_flight,
                 key,
                 work.clone(),
                 ctx.clone(),
@@ -281,8 +288,10 @@ impl Controller {
                 abandoned = tasks.len(),
                 "drain timeout: abandoning in-flight reconciles"
             );
-            // Their fences must fail from now on: the shards are about to be handed over.
+            // Their fences must fail from now on (the shards are about to be handed over), and
+            // they are aborted and awaited, so none is still running when shards are released.
             ownership.fence();
+            tasks.shutdown().await;
         }
         Ok(())
     }
@@ -363,10 +372,12 @@ async fn feed_queue(
                     // Keys of shards no longer ours leave the queue (their new owner queues
                     // them); those of newly owned shards are queued by the new watch's list,
                     // and new Manifests of theirs from the unlabelled cache right here.
-                    work.queue.retain_shards(|shard| ownership.wants(shard));
-                    work.seen().retain(|key, _| ownership.wants(key.shard));
+                    // One snapshot for all three, so that they agree.
+                    let keep = |shard: u32| owned.shards.as_ref().is_none_or(|set| set.contains(&shard));
+                    work.queue.retain_shards(keep);
+                    work.seen().retain(|key, _| keep(key.shard));
                     for manifest in work.unlabelled.state() {
-                        if let Some(key) = work.key_of(&manifest).filter(|k| ownership.wants(k.shard)) {
+                        if let Some(key) = work.key_of(&manifest).filter(|k| keep(k.shard)) {
                             work.queue.add(key, Duration::ZERO);
                         }
                     }
@@ -402,17 +413,13 @@ async fn feed_queue(
                 let Some(key) = work.key_of(manifest) else {
                     continue;
                 };
-                if !ownership.wants(key.shard) {
-                    continue;
-                }
                 let now = Seen::of(manifest);
-                if work.seen().get(&key) != Some(&now) {
-                    if initial {
-                        listed[stream].push((key, now));
-                    } else {
-                        work.seen().insert(key.clone(), now);
-                        work.queue.add(key, Duration::ZERO);
-                    }
+                if initial {
+                    // Decided at InitDone, against ownership and `seen` as they are then.
+                    listed[stream].push((key, now));
+                } else if ownership.wants(key.shard) && work.seen().get(&key) != Some(&now) {
+                    work.seen().insert(key.clone(), now);
+                    work.queue.add(key, Duration::ZERO);
                 }
             }
             watcher::Event::Delete(manifest) => {
@@ -422,8 +429,11 @@ async fn feed_queue(
             }
             watcher::Event::InitDone => {
                 for (key, now) in listed[stream].drain(..) {
-                    work.seen().insert(key.clone(), now);
-                    work.queue.add(key, Duration::ZERO);
+                    let mut seen = work.seen();
+                    if ownership.wants(key.shard) && seen.get(&key) != Some(&now) {
+                        seen.insert(key.clone(), now);
+                        work.queue.add(key, Duration::ZERO);
+                    }
                 }
                 if from_labelled {
                     labelled_synced = true;
@@ -440,18 +450,13 @@ async fn feed_queue(
 }
 
 async fn run_pass(
+    _in_flight: InFlight,
     key: Key,
     work: Work,
     ctx: Arc<Context>,
     ownership: Arc<Ownership>,
     failures: Arc<Mutex<HashMap<Key, u32>>>,
 ) {
-    // However the pass ends (also when its task is aborted at a drain timeout), the key is no
-    // longer in flight: a shard must not look busy forever.
-    let _in_flight = InFlight {
-        queue: work.queue.clone(),
-        key: key.clone(),
-    };
     let forget = |key: &Key| {
         failures
             .lock()
@@ -504,10 +509,12 @@ async fn run_pass(
     if next.is_none() {
         span.in_scope(|| tracing::error!("reconcile panicked; retrying with backoff"));
     }
-    // A shard handed over meanwhile: its new owner has the key.
+    // A shard handed over meanwhile: its new owner has the key. Forgotten here too, in case
+    // the shard comes back before the watch loop notices it left.
     let next = if ownership.wants(key.shard) {
         next
     } else {
+        forget(&key);
         Some(Next::Idle)
     };
     {

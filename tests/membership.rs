@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use kube::ResourceExt;
 use module_manager::shard::membership::{self, Members, MembershipConfig};
 use tokio::sync::{oneshot, watch};
 
@@ -102,5 +103,76 @@ async fn members_see_each_other_crashes_expire_and_clean_leaves_are_immediate() 
     assert!(
         took < Duration::from_secs(3),
         "faster than an expiry: {took:?}"
+    );
+}
+
+/// Writes to the own Lease are conditional on the version last written: a renewal after a change
+/// by someone else re-reads and succeeds (and says so), a late renewal cannot undo a later write,
+/// and after a leave this replica renews no more.
+#[tokio::test]
+async fn renewals_are_conditional_and_cannot_undo_a_leave() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, Patch, PatchParams};
+    use module_manager::shard::membership::{MemberState, Membership};
+    let control_plane = testenv::shared(testenv::Options::default())
+        .await
+        .expect("control plane");
+    let client = control_plane.client().await.unwrap();
+    let ns = control_plane.namespace(&client, "renewals").await.unwrap();
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    let config = config(&ns, "module-manager-0");
+    let name = config.lease_name("module-manager-0");
+    let membership = Membership::new(client.clone(), config);
+    let renewer = membership.renewer();
+    assert!(renewer.renew(MemberState::Active, None).await);
+    assert!(renewer.renew(MemberState::Restarting, None).await);
+
+    // Someone else changes the Lease: the next renewal conflicts, re-reads, and succeeds.
+    leases
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .unwrap();
+    assert!(renewer.renew(MemberState::Active, None).await);
+    let lease = leases.get(&name).await.unwrap();
+    assert!(
+        !lease.annotations().contains_key("modulemanager.io/state"),
+        "the renewal after the conflict was applied"
+    );
+
+    // A renewal sent earlier that lands late carries the version it expected: the API server
+    // refuses it (409) instead of undoing what was written since (e.g. the `restarting` mark).
+    let stale = lease.resource_version();
+    assert!(renewer.renew(MemberState::Restarting, None).await);
+    let late = serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "resourceVersion": stale},
+        "spec": {"holderIdentity": "module-manager-0"},
+    });
+    let refused = leases
+        .patch(
+            &name,
+            &PatchParams::apply("module-manager-module-manager-0").force(),
+            &Patch::Apply(&late),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(kube::Error::Api(ref s)) if s.code == 409),
+        "a late conditional renewal is refused: {refused:?}"
+    );
+
+    membership.leave().await;
+    assert!(leases.get_opt(&name).await.unwrap().is_none());
+    assert!(
+        !renewer.renew(MemberState::Active, None).await,
+        "a renewal after the leave fails"
+    );
+    assert!(
+        leases.get_opt(&name).await.unwrap().is_none(),
+        "and does not recreate the Lease"
     );
 }

@@ -219,11 +219,13 @@ impl Ownership {
     }
 
     /// Stops new passes on `shard` at once (before its release is decided): a pass dispatched
-    /// before this is counted in flight by the queue, one dispatched after is refused.
+    /// before this is counted in flight by the queue, one dispatched after is refused, and its
+    /// events are ignored. The controller's watch follows at the round's end (`set`), once for
+    /// all the shards the round releases.
     pub fn stop_dispatch(&self, shard: u32) {
         let mut held = self.lock();
-        if held.epochs.contains_key(&shard) && held.draining.insert(shard) {
-            self.publish(&held);
+        if held.epochs.contains_key(&shard) {
+            held.draining.insert(shard);
         }
     }
 
@@ -339,7 +341,10 @@ mod tests {
             ownership.dispatch(1).is_none(),
             "no new pass once dispatch stopped"
         );
+        assert!(!ownership.wants(1), "its events are ignored");
         assert!(running.check().is_ok(), "a pass already running may finish");
+        // The round's end publishes the release to the controller's watch.
+        ownership.set(epochs(&[(2, 1)]), BTreeSet::new(), deadline);
         let after = ownership.subscribe().borrow().clone();
         assert_eq!(after.shards, Some(BTreeSet::from([2])));
         assert_eq!(after.losses, before.losses + 1);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Client, ResourceExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -238,6 +238,8 @@ pub struct Membership {
     selector: String,
     liveness: Liveness,
     renewed_at: RenewedAt,
+    version: Version,
+    left: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Member states and loads from the last successful list.
     annotations: BTreeMap<String, (MemberState, Option<MemberLoad>)>,
 }
@@ -252,6 +254,8 @@ impl Membership {
             config,
             liveness: Liveness::default(),
             renewed_at: RenewedAt::default(),
+            version: Version::default(),
+            left: Default::default(),
             annotations: BTreeMap::new(),
         }
     }
@@ -274,6 +278,8 @@ impl Membership {
             own: self.own.clone(),
             config: self.config.clone(),
             renewed_at: self.renewed_at.clone(),
+            version: self.version.clone(),
+            left: self.left.clone(),
         }
     }
 
@@ -349,13 +355,7 @@ impl Membership {
 
     /// Deletes the own Lease: a clean leave, the others drop this member at their next read.
     pub async fn leave(&self) {
-        if let Err(e) = self
-            .leases
-            .delete(&self.own, &DeleteParams::default())
-            .await
-        {
-            tracing::warn!(lease = %self.own, "delete membership lease on shutdown: {e}");
-        }
+        self.renewer().leave().await;
     }
 }
 
@@ -380,17 +380,69 @@ pub struct Renewer {
     own: String,
     config: MembershipConfig,
     renewed_at: RenewedAt,
+    /// The resourceVersion of the own Lease as last written: every write is conditional on it,
+    /// so that a renewal that lands late (its client gave up) fails instead of undoing a later
+    /// write (the `restarting` mark, the deletion at leave).
+    version: Version,
+    /// Set by [`Renewer::leave`]: no renewal after it.
+    left: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The own Lease's last known resourceVersion, shared.
+#[derive(Clone, Debug, Default)]
+struct Version(std::sync::Arc<std::sync::Mutex<Option<String>>>);
+
+impl Version {
+    fn get(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, version: Option<String>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = version;
+    }
 }
 
 impl Renewer {
     /// Renews the own Lease announcing `state` and `load` (bounded by the renew interval; a
     /// failure is logged and leaves `renewed_at` as it was). Returns whether it succeeded.
     pub async fn renew(&self, state: MemberState, load: Option<&MemberLoad>) -> bool {
+        if self.left.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
         // The renewal happened no earlier than the request started: count from there.
         let started = Instant::now();
-        let request = renew(&self.leases, &self.own, &self.config, state, load);
+        let request = async {
+            // A conflict means the Lease changed since this replica last wrote it: one of its
+            // own renewals landed after its client gave up, or another process renews it (a
+            // second replica under the same name). Read the version and try again.
+            for _ in 0..3 {
+                let expected = self.version.get();
+                match renew(
+                    &self.leases,
+                    &self.own,
+                    &self.config,
+                    state,
+                    load,
+                    expected.as_deref(),
+                )
+                .await
+                {
+                    Err(kube::Error::Api(status))
+                        if status.code == 409 || (status.code == 404 && expected.is_some()) =>
+                    {
+                        tracing::warn!(lease = %self.own, "membership lease changed by another writer (a late renewal of this replica, or a second process named {}?): re-reading it", self.config.replica);
+                        self.refresh_version().await;
+                    }
+                    other => return other,
+                }
+            }
+            Err(kube::Error::Service(
+                "membership lease kept changing under this replica".into(),
+            ))
+        };
         match tokio::time::timeout(self.config.renew_interval, request).await {
-            Ok(Ok(())) => {
+            Ok(Ok(version)) => {
+                self.version.set(version);
                 self.renewed_at.set(started);
                 true
             }
@@ -401,6 +453,39 @@ impl Renewer {
             Err(_) => {
                 tracing::warn!(lease = %self.own, "renew membership lease: timed out");
                 false
+            }
+        }
+    }
+}
+
+impl Renewer {
+    async fn refresh_version(&self) {
+        match self.leases.get_opt(&self.own).await {
+            Ok(lease) => self.version.set(lease.and_then(|l| l.resource_version())),
+            Err(e) => tracing::warn!(lease = %self.own, "read membership lease: {e}"),
+        }
+    }
+
+    /// Deletes the own Lease (a clean leave), conditional on the version last written, so that
+    /// a renewal landing late cannot recreate it, and no renewal after it can either.
+    pub async fn leave(&self) {
+        self.left.store(true, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..3 {
+            let params = DeleteParams {
+                preconditions: self.version.get().map(|version| Preconditions {
+                    resource_version: Some(version),
+                    uid: None,
+                }),
+                ..Default::default()
+            };
+            match self.leases.delete(&self.own, &params).await {
+                Err(kube::Error::Api(status)) if status.code == 409 => self.refresh_version().await,
+                Err(kube::Error::Api(status)) if status.code == 404 => break,
+                Err(e) => {
+                    tracing::warn!(lease = %self.own, "delete membership lease on shutdown: {e}");
+                    break;
+                }
+                Ok(_) => break,
             }
         }
     }
@@ -453,7 +538,8 @@ async fn renew(
     config: &MembershipConfig,
     state: MemberState,
     load: Option<&MemberLoad>,
-) -> Result<(), kube::Error> {
+    expected: Option<&str>,
+) -> Result<Option<String>, kube::Error> {
     let mut annotations = serde_json::Map::new();
     match state {
         MemberState::Active => {}
@@ -470,7 +556,7 @@ async fn renew(
             serde_json::to_string(load).unwrap_or_default().into(),
         );
     }
-    let lease = serde_json::json!({
+    let mut lease = serde_json::json!({
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {
@@ -484,9 +570,13 @@ async fn renew(
             "renewTime": MicroTime(Timestamp::now()),
         },
     });
+    if let Some(expected) = expected {
+        // A precondition: the apply fails with 409 when the Lease changed since.
+        lease["metadata"]["resourceVersion"] = expected.into();
+    }
     let params = PatchParams::apply(&format!("module-manager-{}", config.replica)).force();
-    leases.patch(name, &params, &Patch::Apply(&lease)).await?;
-    Ok(())
+    let written = leases.patch(name, &params, &Patch::Apply(&lease)).await?;
+    Ok(written.resource_version())
 }
 
 #[cfg(test)]
