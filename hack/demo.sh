@@ -44,6 +44,8 @@ done
 echo "fleet of $replicas replicas started; logs: $state_dir/operator-*.log"
 
 target/debug/examples/demo
+# Members publish their load with each renewal (every 5 s): wait for one.
+sleep 5
 echo
 echo "The fleet (module-manager admin shards, last lines):"
 target/debug/module-manager admin shards | tail -n 7
