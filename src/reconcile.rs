@@ -397,12 +397,7 @@ async fn install(
         PruneDecision::Prune(gone) => {
             let manifest_namespace = manifest.namespace().unwrap_or_default();
             for id in &gone {
-                fence.check()?;
-                let outcome = match plan::protected(id, &manifest_namespace) {
-                    Some(reason) => Deletion::Kept(reason),
-                    None => ctx.cluster.delete(id, &uid).await?,
-                };
-                count_deletion(ctx, id, &outcome);
+                delete_object(ctx, fence, id, &manifest_namespace, &uid).await?;
             }
             None
         }
@@ -651,12 +646,7 @@ async fn delete(
         // Objects still terminating; the next pass looks again (without deleting them twice).
         let mut remaining = Vec::new();
         for id in &inventory {
-            fence.check()?;
-            let outcome = match plan::protected(id, &manifest_namespace) {
-                Some(reason) => Deletion::Kept(reason),
-                None => ctx.cluster.delete(id, &uid).await?,
-            };
-            count_deletion(ctx, id, &outcome);
+            let outcome = delete_object(ctx, fence, id, &manifest_namespace, &uid).await?;
             if matches!(
                 outcome,
                 Deletion::Terminating | Deletion::Deleted { terminating: true }
@@ -708,6 +698,24 @@ async fn delete(
         .collect();
     set_finalizers(manifest, ctx, finalizers).await?;
     Ok(None)
+}
+
+/// Deletes one object of the Manifest (pruning or deletion), unless it is protected; checks the
+/// fence first and counts or logs the outcome.
+async fn delete_object(
+    ctx: &Context,
+    fence: &Fence,
+    id: &InventoryEntry,
+    manifest_namespace: &str,
+    uid: &str,
+) -> Result<Deletion, ReconcileError> {
+    fence.check()?;
+    let outcome = match plan::protected(id, manifest_namespace) {
+        Some(reason) => Deletion::Kept(reason),
+        None => ctx.cluster.delete(id, uid).await?,
+    };
+    count_deletion(ctx, id, &outcome);
+    Ok(outcome)
 }
 
 /// Counts an object deleted in this pass in the metrics; logs one that is left in place.
