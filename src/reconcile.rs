@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Map, Value, json};
@@ -321,8 +321,7 @@ async fn install(
 
     // CRDs first: apply, wait for Established.
     plan::assign_namespaces(&mut plan.crds, &namespace, |_| Some(Scope::Cluster))?;
-    adopt_check(ctx, &uid, &previous.inventory, &plan.crds).await?;
-    record_inventory(
+    apply_all(
         manifest,
         ctx,
         fence,
@@ -331,11 +330,6 @@ async fn install(
         &plan.crds,
     )
     .await?;
-    for crd in &plan.crds {
-        fence.check()?;
-        ctx.cluster.apply(crd, &uid).await?;
-        ctx.metrics.applied.inc();
-    }
     if !plan.crds.is_empty() {
         let names: Vec<String> = plan.crds.iter().map(|c| c.id.name.clone()).collect();
         ctx.cluster
@@ -372,8 +366,8 @@ async fn install(
 
     // Apply, recording the inventory first so that nothing applied can be forgotten.
     let inventory = plan.inventory();
-    adopt_check(ctx, &uid, &previous.inventory, &plan.objects).await?;
-    record_inventory(
+    // Objects as the server returned them, for the readiness check (the CRDs are Established).
+    let applied = apply_all(
         manifest,
         ctx,
         fence,
@@ -382,13 +376,6 @@ async fn install(
         &plan.objects,
     )
     .await?;
-    // Objects as the server returned them, for the readiness check (the CRDs are Established).
-    let mut applied = Vec::new();
-    for object in &plan.objects {
-        fence.check()?;
-        applied.push((object.id.clone(), ctx.cluster.apply(object, &uid).await?));
-        ctx.metrics.applied.inc();
-    }
 
     // Prune what the new render lacks, unless the guard refuses.
     let gone = plan::to_prune(&previous.inventory, &inventory);
@@ -541,6 +528,29 @@ async fn ensure_namespace(ctx: &Context, name: &str, uid: &str) -> Result<(), Re
         }
     }
     Ok(())
+}
+
+/// Applies `objects` in order, after refusing objects that are not this Manifest's and recording
+/// them all in the inventory (nothing applied can be forgotten); the fence is checked before each
+/// write. Returns each object as the server returned it.
+async fn apply_all(
+    manifest: &Manifest,
+    ctx: &Context,
+    fence: &Fence,
+    previous: &[InventoryEntry],
+    recorded: &mut Option<Vec<InventoryEntry>>,
+    objects: &[RenderedObject],
+) -> Result<Vec<(InventoryEntry, DynamicObject)>, ReconcileError> {
+    let uid = manifest.uid().unwrap_or_default();
+    adopt_check(ctx, &uid, previous, objects).await?;
+    record_inventory(manifest, ctx, fence, previous, recorded, objects).await?;
+    let mut applied = Vec::with_capacity(objects.len());
+    for object in objects {
+        fence.check()?;
+        applied.push((object.id.clone(), ctx.cluster.apply(object, &uid).await?));
+        ctx.metrics.applied.inc();
+    }
+    Ok(applied)
 }
 
 /// Refuses, before anything is recorded or applied, objects new to the inventory that already
