@@ -9,21 +9,26 @@ TESTENV := $(CARGO) run --quiet -p testenv --bin testenv --
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-setup: tools ## Everything the tests and the demo need: the pinned Rust toolchain and the tools
+setup: tools ## Everything the tests and the demo need: the pinned Rust toolchain, the tools and promtool
 	@hack/ensure-rust.sh >/dev/null
+	@hack/ensure-promtool.sh >/dev/null
 
-tools: ## Build the pinned kube-apiserver, kube-controller-manager, etcd and helm (cached in ~/.cache/module-manager)
+tools: ## Build the pinned kube-apiserver, kube-controller-manager, etcd, helm, kwok and kustomize (cached in ~/.cache/module-manager)
 	@hack/build-tools.sh >/dev/null
 
 build: ## Build the workspace
 	$(CARGO) build --workspace --all-targets
 
-crds: ## Regenerate crds/ from the Rust types
-	$(CARGO) run --quiet --bin module-manager -- crd > crds/manifest.yaml
+# The generated CRD lives in deploy/base/crds/ (kustomize reads no file outside deploy/base);
+# crds/manifest.yaml and the Helm chart's crds/manifest.yaml are symbolic links to it.
+crds: ## Regenerate the CRD (deploy/base/crds/manifest.yaml, linked from crds/) from the Rust types
+	$(CARGO) run --quiet --bin module-manager -- crd > deploy/base/crds/manifest.yaml
 
-verify-crds: ## Fail when crds/ differs from what the Rust types generate
-	@$(CARGO) run --quiet --bin module-manager -- crd | diff -u crds/manifest.yaml - \
-		|| { echo "crds/manifest.yaml is stale: run 'make crds'"; exit 1; }
+verify-crds: ## Fail when the CRD differs from what the Rust types generate
+	@$(CARGO) run --quiet --bin module-manager -- crd | diff -u deploy/base/crds/manifest.yaml - \
+		|| { echo "deploy/base/crds/manifest.yaml is stale: run 'make crds'"; exit 1; }
+	@[ "$$(readlink crds/manifest.yaml)" = ../deploy/base/crds/manifest.yaml ] \
+		|| { echo "crds/manifest.yaml must be a link to ../deploy/base/crds/manifest.yaml"; exit 1; }
 
 fmt: ## Format the code
 	$(CARGO) fmt --all

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the pinned kube-apiserver, kube-controller-manager, kube-scheduler, etcd, helm and kwok
-# from their Go modules
+# Builds the pinned kube-apiserver, kube-controller-manager, kube-scheduler, etcd, helm, kwok and
+# kustomize from their Go modules
 # into a versioned cache outside the repository. Idempotent: a tool whose binary is present and
 # reports the pinned version is not rebuilt.
 #
@@ -123,10 +123,23 @@ build_kwok() {
   mv "$dir/stages.yaml.tmp" "$dir/stages.yaml"
 }
 
+# kustomize renders the deploy/ manifests (tests/deploy.rs checks them against the API server).
+# A plain `go install`: its module has no replace directives.
+build_kustomize() {
+  local v=$KUSTOMIZE_VERSION dir="$tools/kustomize-v$KUSTOMIZE_VERSION"
+  if has_version "$dir/kustomize" "v$v" version; then log "kustomize v$v: cached"; return; fi
+  log "kustomize v$v: building"
+  local major=${v%%.*}
+  mkdir -p "$dir"
+  GOBIN="$dir" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kustomize/kustomize/v$major@v$v"
+  has_version "$dir/kustomize" "v$v" version || { log "kustomize does not report v$v"; exit 1; }
+}
+
 start=$(date +%s)
 build_etcd
 build_helm
 build_kubernetes
 build_kwok
+build_kustomize
 log "done in $(( $(date +%s) - start ))s"
 echo "$tools"

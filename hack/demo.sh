@@ -12,6 +12,7 @@ KUBECONFIG=$(cargo run --quiet -p testenv --bin testenv -- status)
 export KUBECONFIG
 
 cargo build --quiet --bin module-manager --example demo
+bin=${CARGO_TARGET_DIR:-target}/debug
 # A fleet of three replicas (admin APIs on 127.0.0.1:9440, :9441, :9442) splitting the shards.
 # Without a StatefulSet every live member counts, and a stopped replica hands its shards over.
 replicas=3
@@ -24,7 +25,7 @@ for pid_file in "$state_dir"/operator-*.pid "$state_dir/operator.pid"; do
   rm -f "$pid_file"
 done
 for i in $(seq 0 $((replicas - 1))); do
-  setsid target/debug/module-manager run \
+  setsid "$bin/module-manager" run \
     --replica "module-manager-$i" \
     --chart-root . \
     --helm "$tools/helm-v$HELM_VERSION/helm" \
@@ -43,12 +44,12 @@ for i in $(seq 0 $((replicas - 1))); do
 done
 echo "fleet of $replicas replicas started; logs: $state_dir/operator-*.log"
 
-target/debug/examples/demo
+"$bin/examples/demo"
 # Members publish their load with each renewal (every 5 s): wait for one.
 sleep 5
 echo
 echo "The fleet (module-manager admin shards, last lines):"
-target/debug/module-manager admin shards | tail -n 7
+"$bin/module-manager" admin shards | tail -n 7
 
 cat <<MSG
 

@@ -27,6 +27,8 @@ use k8s_openapi::api::authorization::v1::{
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use prometheus_client::registry::Registry;
+
+use crate::metrics::Format;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, watch};
@@ -261,23 +263,25 @@ async fn readyz(State(state): State<AdminState>) -> Response {
     }
 }
 
-/// The OpenMetrics text exposition.
-async fn metrics(State(state): State<AdminState>) -> Result<Response, ApiError> {
-    let mut body = String::new();
-    prometheus_client::encoding::text::encode(&mut body, &state.registry).map_err(|e| {
+/// The metrics: OpenMetrics to clients that accept it (Prometheus asks for it first), the
+/// classic text format 0.0.4 to the others (`curl`, `promtool check metrics`).
+async fn metrics(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, ApiError> {
+    let format = Format::negotiate(
+        headers
+            .get_all(header::ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok()),
+    );
+    let body = crate::metrics::encode(&state.registry, format).map_err(|e| {
         error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("encode metrics: {e}"),
         )
     })?;
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response())
+    Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
 }
 
 /// Every member with a membership Lease, live or not, as this replica sees it.
@@ -608,12 +612,17 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<&str, (StatusCode, String)> {
     Ok(token)
 }
 
+/// The audience a drain caller's token must be issued for (TokenReview `spec.audiences`).
+pub const TOKEN_AUDIENCE: &str = "module-manager";
+
 /// Authenticates the request's bearer token (TokenReview) and authorizes the user to `verb` the
 /// non-resource `path` (SubjectAccessReview with the reviewed user, groups, uid and extra;
 /// `verb` is the lowercase HTTP method, as kube-rbac-proxy does). Answers the user, or the
 /// status to refuse with: `401` (no, malformed or rejected token), `403` (not allowed), `503`
 /// (no API client), `429` (too many reviews at once), `502`/`504` (the API server failed or did
-/// not answer within [`API_TIMEOUT`]). The token is never logged.
+/// not answer within [`API_TIMEOUT`]). Only tokens issued for the audience [`TOKEN_AUDIENCE`]
+/// are accepted (`kubectl create token NAME --audience module-manager`): a caller never hands a
+/// token the API server itself would accept to this endpoint. The token is never logged.
 pub async fn authorize(
     client: Option<&kube::Client>,
     headers: &HeaderMap,
@@ -631,7 +640,7 @@ pub async fn authorize(
     let review = TokenReview {
         spec: TokenReviewSpec {
             token: token.to_owned(),
-            audiences: None,
+            audiences: Some(vec![TOKEN_AUDIENCE.to_owned()]),
         },
         ..Default::default()
     };
@@ -644,7 +653,13 @@ pub async fn authorize(
     let user = status
         .user
         .filter(|u| u.username.as_deref().is_some_and(|n| !n.is_empty()));
-    let Some(user) = user.filter(|_| status.authenticated == Some(true)) else {
+    // An audience-aware server names the audience it matched; an empty list would mean the
+    // token is one for the API server itself, which callers must not hand to this endpoint.
+    let for_us = status
+        .audiences
+        .as_ref()
+        .is_some_and(|a| a.iter().any(|a| a == TOKEN_AUDIENCE));
+    let Some(user) = user.filter(|_| status.authenticated == Some(true) && for_us) else {
         tracing::info!(
             error = status.error.as_deref().unwrap_or_default(),
             path,
@@ -1046,7 +1061,7 @@ pub fn drain_table(answer: &DrainAnswer) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{QueueMetrics, ReconcileMetrics, RenderMetrics, ResultLabels};
+    use crate::metrics::ResultLabels;
     use crate::queue::{ShardQueue, WorkQueue};
     use crate::shard::membership::{MemberLoad, MemberView};
     use axum::http::Request;
@@ -1801,35 +1816,55 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn metrics_are_exposed_with_the_prefix() {
+    async fn metrics_are_exposed_with_the_prefix_in_both_formats() {
         let mut registry = crate::metrics::registry();
-        let reconcile = ReconcileMetrics::register(&mut registry);
-        let render = RenderMetrics::register(&mut registry);
-        let queue = QueueMetrics::register(&mut registry);
-        reconcile
+        let metrics = crate::metrics::Metrics::register(&mut registry);
+        metrics
+            .reconcile
             .reconciles
             .get_or_create(&ResultLabels {
                 result: "error",
                 category: "RenderError",
             })
             .inc();
-        render.cache_hits.inc();
-        queue.depth.set(7);
+        metrics.render.cache_hits.inc();
+        metrics.queue.depth.set(7);
         let router = router(state(registry, Members::default()));
-        let (status, content_type, body) = get(router, "/metrics").await;
-        assert_eq!(status, StatusCode::OK);
+
+        // Prometheus asks for OpenMetrics first.
+        let request = Request::builder()
+            .uri("/metrics")
+            .header(
+                header::ACCEPT,
+                "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+            )
+            .body(Body::empty())
+            .unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let content_type = response.headers()[header::CONTENT_TYPE].to_str().unwrap();
         assert!(content_type.starts_with("application/openmetrics-text"));
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body = String::from_utf8(body.to_vec()).unwrap();
         assert!(
             body.contains(
                 r#"module_manager_reconcile_passes_total{result="error",category="RenderError"} 1"#
             ),
             "{body}"
         );
+        assert!(body.contains("# TYPE module_manager_render_cache_hits counter"));
+        assert!(body.ends_with("# EOF\n"));
+
+        // Anyone else gets the classic text format.
+        let (status, content_type, body) = get(router, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(content_type.starts_with("text/plain; version=0.0.4"));
+        assert!(body.contains("# TYPE module_manager_render_cache_hits_total counter"));
         assert!(
             body.contains("module_manager_render_cache_hits_total 1"),
             "{body}"
         );
         assert!(body.contains("module_manager_queue_depth 7"), "{body}");
-        assert!(body.ends_with("# EOF\n"));
+        assert!(!body.contains("# EOF"));
     }
 }

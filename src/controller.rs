@@ -24,8 +24,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::api::Manifest;
-use crate::metrics::QueueMetrics;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{Manifest, State};
+use crate::metrics::{ManifestMetrics, QueueMetrics, StateLabels};
 use crate::queue::{QueueKey, WorkQueue, backoff};
 use crate::reconcile::{Context, Next, reconcile};
 use crate::shard::fence::Ownership;
@@ -148,6 +150,95 @@ impl Work {
 
     fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Seen>> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Work {
+    /// The cached Manifests of the shards `owns` accepts, counted by state (`census`). A
+    /// Manifest being labelled can sit in both caches for a moment: counted once.
+    pub fn census(&self, owns: impl Fn(u32) -> bool, now: Timestamp) -> Census {
+        let labelled = self.labelled.state();
+        let unlabelled = self.unlabelled.state();
+        let mut seen = std::collections::HashSet::new();
+        census(
+            labelled
+                .iter()
+                .chain(&unlabelled)
+                .filter(|m| self.shard_of(m).is_some_and(&owns))
+                .filter(|m| seen.insert(m.uid()))
+                .map(|m| m.as_ref()),
+            now,
+        )
+    }
+}
+
+/// Manifests counted by status state, and the age of the oldest deletion request.
+#[derive(Debug, Default, PartialEq)]
+pub struct Census {
+    /// State name (`Unknown` without a status yet) → count; every state is present.
+    pub by_state: BTreeMap<&'static str, i64>,
+    /// Age of the oldest `deletionTimestamp`, if any Manifest is being deleted.
+    pub oldest_deletion: Option<Duration>,
+}
+
+/// Counts `manifests` by state (pure).
+pub fn census<'a>(manifests: impl IntoIterator<Item = &'a Manifest>, now: Timestamp) -> Census {
+    let mut by_state: BTreeMap<&'static str, i64> = [
+        "Ready",
+        "Processing",
+        "Warning",
+        "Error",
+        "Deleting",
+        "Unknown",
+    ]
+    .into_iter()
+    .map(|state| (state, 0))
+    .collect();
+    let mut oldest_deletion: Option<Duration> = None;
+    for manifest in manifests {
+        let state = match manifest.status.as_ref().and_then(|s| s.state.as_ref()) {
+            Some(State::Ready) => "Ready",
+            Some(State::Processing) => "Processing",
+            Some(State::Warning) => "Warning",
+            Some(State::Error) => "Error",
+            Some(State::Deleting) => "Deleting",
+            None => "Unknown",
+        };
+        *by_state.entry(state).or_default() += 1;
+        if let Some(since) = &manifest.meta().deletion_timestamp {
+            let age = Duration::try_from(now.duration_since(since.0)).unwrap_or_default();
+            oldest_deletion = Some(oldest_deletion.map_or(age, |o| o.max(age)));
+        }
+    }
+    Census {
+        by_state,
+        oldest_deletion,
+    }
+}
+
+/// Publishes the census of this replica's Manifests every `interval`, until the task is dropped.
+pub async fn publish_census(
+    work: Work,
+    ownership: Arc<Ownership>,
+    metrics: ManifestMetrics,
+    interval: Duration,
+) {
+    let mut tick = tokio::time::interval(interval);
+    loop {
+        tick.tick().await;
+        // A fenced replica owns nothing it may act on: it reports nothing (another replica
+        // may own those shards now).
+        let in_time = ownership.in_time();
+        let census = work.census(|shard| in_time && ownership.wants(shard), Timestamp::now());
+        for (state, count) in census.by_state {
+            metrics
+                .by_state
+                .get_or_create(&StateLabels { state })
+                .set(count);
+        }
+        metrics
+            .oldest_deletion
+            .set(census.oldest_deletion.unwrap_or_default().as_secs_f64());
     }
 }
 
@@ -555,6 +646,41 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_census_counts_states_and_the_oldest_deletion() {
+        let now: Timestamp = "2026-11-30T12:00:00Z".parse().unwrap();
+        let manifest = |state: Option<State>, deleted_at: Option<&str>| {
+            let mut m = Manifest::new(
+                "m",
+                serde_json::from_value(serde_json::json!({
+                    "module": "x", "chart": {"path": "x"}
+                }))
+                .unwrap(),
+            );
+            m.status = state.map(|state| crate::api::ManifestStatus {
+                state: Some(state),
+                ..Default::default()
+            });
+            m.metadata.deletion_timestamp = deleted_at
+                .map(|t| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.parse().unwrap()));
+            m
+        };
+        let manifests = [
+            manifest(Some(State::Ready), None),
+            manifest(Some(State::Ready), None),
+            manifest(None, None),
+            manifest(Some(State::Deleting), Some("2026-11-30T11:50:00Z")),
+            manifest(Some(State::Deleting), Some("2026-11-30T11:59:00Z")),
+        ];
+        let counted = census(&manifests, now);
+        assert_eq!(counted.by_state["Ready"], 2);
+        assert_eq!(counted.by_state["Unknown"], 1);
+        assert_eq!(counted.by_state["Deleting"], 2);
+        assert_eq!(counted.by_state["Error"], 0, "every state is present");
+        assert_eq!(counted.oldest_deletion, Some(Duration::from_secs(600)));
+        assert_eq!(census(&manifests[..3], now).oldest_deletion, None);
+    }
 
     #[test]
     fn the_shard_watch_selects_the_owned_shards() {

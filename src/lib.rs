@@ -10,6 +10,7 @@ pub mod controller;
 pub mod log_check;
 pub mod metrics;
 pub mod plan;
+pub mod preflight;
 pub mod queue;
 pub mod readiness;
 pub mod reconcile;

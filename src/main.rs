@@ -10,7 +10,7 @@ use module_manager::admin::AdminState;
 use module_manager::apply::Cluster;
 use module_manager::chart_source::Limits;
 use module_manager::controller::{Controller, ControllerConfig};
-use module_manager::metrics::{FleetMetrics, QueueMetrics, ReconcileMetrics, RenderMetrics};
+use module_manager::metrics::Metrics;
 use module_manager::reconcile::Context;
 use module_manager::render::{HelmRenderer, RenderLimits};
 use module_manager::shard::ShardCount;
@@ -205,6 +205,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         "--renew-deadline-seconds must be longer than --renew-interval-seconds and shorter than --lease-duration-seconds"
     );
     let client = kube::Client::try_default().await?;
+    // Every permission the code uses, asked before anything starts: one error lists what is missing.
+    module_manager::preflight::check(
+        &client,
+        module_manager::preflight::Config {
+            fleet_namespace: &args.lease_namespace,
+            statefulset: args.statefulset.as_deref(),
+        },
+    )
+    .await?;
     let helm_home = match args.helm_home {
         Some(dir) => dir,
         None => std::env::temp_dir().join(format!("module-manager-helm-{}", std::process::id())),
@@ -215,14 +224,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
 
     let mut registry = module_manager::metrics::registry();
-    let render_metrics = RenderMetrics::register(&mut registry);
-    let reconcile_metrics = ReconcileMetrics::register(&mut registry);
-    let fleet_metrics = FleetMetrics::register(&mut registry);
+    let Metrics {
+        reconcile: reconcile_metrics,
+        render: render_metrics,
+        queue: queue_metrics,
+        fleet: fleet_metrics,
+        manifests: manifest_metrics,
+    } = Metrics::register(&mut registry);
     let config = ControllerConfig {
         concurrency: args.concurrency,
         drain_timeout: Duration::from_secs(args.drain_timeout_seconds),
         selector: args.manifest_selector.clone(),
-        metrics: QueueMetrics::register(&mut registry),
+        metrics: queue_metrics,
         ..Default::default()
     };
     if let Some(selector) = &args.manifest_selector {
@@ -300,8 +313,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ownership.clone()
     };
     let synced = config.synced.clone();
+    let census_ownership = controller_ownership.clone();
     let controller = Controller::new(ctx, config, controller_ownership);
     let work = controller.work();
+    let census = tokio::spawn(module_manager::controller::publish_census(
+        work.clone(),
+        census_ownership,
+        manifest_metrics,
+        Duration::from_secs(5),
+    ));
 
     let (fleet_tx, fleet_view) = tokio::sync::watch::channel(FleetView::default());
     let (members_tx, members) = tokio::sync::watch::channel(Members::default());
@@ -346,6 +366,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // SIGTERM: the controller stops dispatching and drains its passes; then the fleet loop
     // either keeps the shards (restart) or hands them over (leave).
     controller.run(shutdown_signal()).await?;
+    census.abort();
     let _ = stop_fleet.send(());
     let (mut fleet, exit) = fleet_task.await?;
     fleet.exit(exit).await;

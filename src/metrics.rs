@@ -5,6 +5,8 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
@@ -170,7 +172,7 @@ impl QueueMetrics {
 }
 
 /// Metrics of the fleet protocol (shards, Leases).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct FleetMetrics {
     /// Shards this replica holds (draining ones included).
     pub owned: Gauge,
@@ -188,8 +190,40 @@ pub struct FleetMetrics {
     pub released: Counter,
     /// Shard Lease writes that lost a compare-and-swap race.
     pub conflicts: Counter,
+    /// Membership Lease renewals that succeeded.
+    pub renewals: Counter,
     /// Membership Lease renewals that failed.
     pub renewal_failures: Counter,
+    /// Shards acquired from a holder known to be dead.
+    pub takeovers: Counter,
+    /// Time from a shard's release by its previous holder to its acquisition here.
+    pub handover_gap: Histogram,
+    /// Shards this replica held that another replica took over.
+    pub losses: Counter,
+    /// Losses found while this replica was still within its renew deadline: another replica
+    /// took a shard this one could still act on. Should stay 0 (`docs/metrics.md`).
+    pub ownership_violations: Counter,
+}
+
+impl Default for FleetMetrics {
+    fn default() -> Self {
+        Self {
+            owned: Gauge::default(),
+            draining: Gauge::default(),
+            unowned: Gauge::default(),
+            members_live: Gauge::default(),
+            fenced: Gauge::default(),
+            acquired: Counter::default(),
+            released: Counter::default(),
+            conflicts: Counter::default(),
+            renewals: Counter::default(),
+            renewal_failures: Counter::default(),
+            takeovers: Counter::default(),
+            handover_gap: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            losses: Counter::default(),
+            ownership_violations: Counter::default(),
+        }
+    }
 }
 
 impl FleetMetrics {
@@ -238,15 +272,214 @@ impl FleetMetrics {
             metrics.conflicts.clone(),
         );
         sub.register(
+            "lease_renewals",
+            "Membership Lease renewals that succeeded",
+            metrics.renewals.clone(),
+        );
+        sub.register(
             "lease_renewal_failures",
             "Membership Lease renewals that failed",
             metrics.renewal_failures.clone(),
         );
+        sub.register(
+            "shard_takeovers",
+            "Shards acquired by this replica from a holder known to be dead",
+            metrics.takeovers.clone(),
+        );
+        sub.register(
+            "handover_gap_seconds",
+            "Time from a shard's release by its previous holder to its acquisition by this replica",
+            metrics.handover_gap.clone(),
+        );
+        sub.register(
+            "shard_losses",
+            "Shards this replica held that another replica took over",
+            metrics.losses.clone(),
+        );
+        sub.register(
+            "ownership_violations",
+            "Shards taken over by another replica while this one could still act on them (should stay 0)",
+            metrics.ownership_violations.clone(),
+        );
         metrics
+    }
+}
+
+/// A Manifest state, as a metric label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// `Ready`, `Processing`, `Warning`, `Error`, `Deleting`, or `Unknown` (no status yet).
+    pub state: &'static str,
+}
+
+/// The Manifests in the shards this replica owns (refreshed every few seconds from the cache).
+#[derive(Clone, Debug, Default)]
+pub struct ManifestMetrics {
+    /// Manifests by status state.
+    pub by_state: Family<StateLabels, Gauge>,
+    /// Age of the oldest deletion request among them, 0 when none is being deleted.
+    pub oldest_deletion: Gauge<f64, AtomicU64>,
+}
+
+impl ManifestMetrics {
+    /// Registers `manifests` and `manifests_oldest_deletion_seconds` in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "manifests",
+            "Manifests in the shards this replica owns, by status state",
+            metrics.by_state.clone(),
+        );
+        registry.register(
+            "manifests_oldest_deletion_seconds",
+            "Age of the oldest deletionTimestamp among this replica's Manifests (0 when none)",
+            metrics.oldest_deletion.clone(),
+        );
+        metrics
+    }
+}
+
+/// The binary's version, as a label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+}
+
+/// Every component's metrics, registered exactly as the binary registers them.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    /// The reconcile pipeline.
+    pub reconcile: ReconcileMetrics,
+    /// The helm renderer and its cache.
+    pub render: RenderMetrics,
+    /// The work queue.
+    pub queue: QueueMetrics,
+    /// The fleet protocol.
+    pub fleet: FleetMetrics,
+    /// The Manifests this replica owns.
+    pub manifests: ManifestMetrics,
+}
+
+impl Metrics {
+    /// Registers everything in `registry` (made by [`registry`]), with `build_info`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "Always 1; the label carries the module-manager version",
+            build_info,
+        );
+        Self {
+            reconcile: ReconcileMetrics::register(registry),
+            render: RenderMetrics::register(registry),
+            queue: QueueMetrics::register(registry),
+            fleet: FleetMetrics::register(registry),
+            manifests: ManifestMetrics::register(registry),
+        }
     }
 }
 
 /// The root registry, `module_manager_…`.
 pub fn registry() -> Registry {
     Registry::with_prefix("module_manager")
+}
+
+/// The two exposition formats of `/metrics`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0 text (`application/openmetrics-text`), what Prometheus asks for first.
+    OpenMetrics,
+    /// The classic Prometheus text format 0.0.4 (`text/plain`), for `promtool check metrics`,
+    /// `curl` and older scrapers: a counter's `# HELP`/`# TYPE` name its `_total` series, no
+    /// `# EOF`.
+    PrometheusText,
+}
+
+impl Format {
+    /// The format a client asks for with its `Accept` header values: OpenMetrics when any
+    /// names it, else the classic text format.
+    pub fn negotiate<'a>(accept: impl IntoIterator<Item = &'a str>) -> Self {
+        if accept
+            .into_iter()
+            .any(|v| v.contains("application/openmetrics-text"))
+        {
+            Self::OpenMetrics
+        } else {
+            Self::PrometheusText
+        }
+    }
+
+    /// The `Content-Type` of this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Self::PrometheusText => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+}
+
+/// Encodes `registry` in `format` (prometheus-client's encoders).
+pub fn encode(registry: &Registry, format: Format) -> Result<String, std::fmt::Error> {
+    let mut text = String::new();
+    match format {
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut text, registry)?,
+        Format::PrometheusText => {
+            prometheus_client::encoding::prometheus_text::encode(&mut text, registry)?
+        }
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_format_names_counters_with_their_total_series() {
+        let mut registry = registry();
+        let metrics = Metrics::register(&mut registry);
+        metrics.reconcile.applied.inc();
+        metrics
+            .reconcile
+            .reconciles
+            .get_or_create(&ResultLabels {
+                result: "error",
+                category: "RenderError",
+            })
+            .inc();
+        let open = encode(&registry, Format::OpenMetrics).unwrap();
+        let text = encode(&registry, Format::PrometheusText).unwrap();
+        assert!(open.contains("# TYPE module_manager_reconcile_objects_applied counter\n"));
+        assert!(open.ends_with("# EOF\n"));
+        assert!(text.contains("# TYPE module_manager_reconcile_objects_applied_total counter\n"));
+        assert!(text.contains("module_manager_reconcile_objects_applied_total 1\n"));
+        assert!(text.contains(
+            "module_manager_reconcile_passes_total{result=\"error\",category=\"RenderError\"} 1\n"
+        ));
+        assert!(text.contains("# TYPE module_manager_reconcile_duration_seconds histogram\n"));
+        assert!(text.contains("module_manager_build_info{version="));
+        assert!(!text.contains("# EOF"));
+        // The same samples in both (histogram lines in another order).
+        let samples = |s: &str| -> std::collections::BTreeSet<String> {
+            s.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(samples(&open), samples(&text));
+    }
+
+    #[test]
+    fn openmetrics_only_for_clients_that_ask_for_it() {
+        let prometheus =
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
+        assert_eq!(Format::negotiate([prometheus]), Format::OpenMetrics);
+        assert_eq!(Format::negotiate(["*/*"]), Format::PrometheusText);
+        assert_eq!(Format::negotiate([]), Format::PrometheusText);
+    }
 }

@@ -94,6 +94,9 @@ pub enum ReconcileError {
     /// this replica lost the Manifest's shard during the pass: it stops writing at once.
     #[error(transparent)]
     Fenced(#[from] FenceLost),
+    /// the Manifest names a target cluster this version cannot reach.
+    #[error("{0}")]
+    Target(String),
 }
 
 impl ReconcileError {
@@ -108,6 +111,7 @@ impl ReconcileError {
             Self::JobFailed(_) => "JobFailed",
             Self::Kube(_) => "KubeError",
             Self::Fenced(_) => "Fenced",
+            Self::Target(_) => "TargetError",
         }
     }
 
@@ -116,7 +120,11 @@ impl ReconcileError {
         match self {
             // A kind the target does not serve (yet) may appear: its CRD may be installed later.
             Self::Plan(PlanError::UnknownKind(_)) => false,
-            Self::Chart(_) | Self::Values(_) | Self::Plan(_) | Self::JobFailed(_) => true,
+            Self::Chart(_)
+            | Self::Values(_)
+            | Self::Plan(_)
+            | Self::JobFailed(_)
+            | Self::Target(_) => true,
             Self::Render(e) => e.is_permanent(),
             Self::Apply(e) => e.is_permanent(),
             Self::ValuesSource(_) | Self::Kube(_) | Self::Fenced(_) => false,
@@ -258,6 +266,13 @@ async fn install(
     interval: Duration,
     recorded: &mut Option<Vec<InventoryEntry>>,
 ) -> Result<Option<Pass>, ReconcileError> {
+    if manifest.spec.target.is_some() {
+        // Installing onto the local cluster instead would put a module where its owner did
+        // not ask for it: refuse until remote targets are supported.
+        return Err(ReconcileError::Target(
+            "spec.target (a remote cluster) is not supported by this version of module-manager; nothing was applied".into(),
+        ));
+    }
     let uid = manifest.uid().unwrap_or_default();
     let shard = ctx.shards.shard_of(&uid).to_string();
     let has_finalizer = manifest.finalizers().iter().any(|f| f == FINALIZER);
@@ -303,6 +318,12 @@ async fn install(
     };
     let rendered = ctx.renderer.render(&request).await?;
     let mut plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
+    tracing::debug!(
+        crds = plan.crds.len(),
+        objects = plan.objects.len(),
+        digest = %rendered.digest,
+        "rendered"
+    );
     let values_digest = request.values_digest();
     // A spec change (release name, target namespace …) counts as a changed input too.
     let inputs_changed = previous.chart_digest.as_deref() != Some(request.chart.digest.as_str())
@@ -376,6 +397,7 @@ async fn install(
         &plan.objects,
     )
     .await?;
+    tracing::debug!(objects = applied.len(), "applied");
 
     // Prune what the new render lacks, unless the guard refuses.
     let gone = plan::to_prune(&previous.inventory, &inventory);
@@ -733,6 +755,7 @@ fn count_deletion(ctx: &Context, id: &InventoryEntry, outcome: &Deletion) {
     match outcome {
         Deletion::Deleted { .. } => {
             ctx.metrics.deleted.inc();
+            tracing::info!(object = %plan::describe(id), "deleted");
         }
         Deletion::Kept(reason) => {
             tracing::info!(object = %plan::describe(id), "left in place: {reason}")

@@ -192,13 +192,14 @@ impl HelmRenderer {
     pub async fn render(&self, request: &RenderRequest) -> Result<Arc<Rendered>, RenderError> {
         let key = request.cache_key(&self.version);
         if let Some(hit) = self.cache.get(&key) {
+            tracing::debug!(digest = %hit.digest, "render cache hit");
             return Ok(hit);
         }
         let started = std::time::Instant::now();
         let rendered = self.run(request).await;
-        self.metrics
-            .helm_duration
-            .observe(started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
+        self.metrics.helm_duration.observe(seconds);
+        tracing::debug!(seconds, ok = rendered.is_ok(), "helm template");
         let rendered = Arc::new(rendered.inspect_err(|_| {
             self.metrics.helm_failures.inc();
         })?);

@@ -172,6 +172,46 @@ impl Fleet {
         assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
     }
 
+    /// The replica's metrics (classic text format) from its admin API.
+    fn scrape(&self, ordinal: u32) -> String {
+        use std::io::{Read, Write};
+        let mut stream =
+            std::net::TcpStream::connect(("127.0.0.1", self.replicas[&ordinal].admin)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    /// The sum of the samples of metric `name` (all label sets) on replica `ordinal`.
+    fn metric(&self, ordinal: u32, name: &str) -> f64 {
+        self.scrape(ordinal)
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.split(['{', ' ']).next() == Some(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// The reasons of the Events about replica `ordinal`'s membership Lease.
+    async fn member_event_reasons(&self, ordinal: u32) -> Vec<String> {
+        let lease = format!("{}-member-{}", self.name, self.member(ordinal));
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(self.client.clone(), &self.namespace)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&lease))
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+
     fn kill(&mut self, ordinal: u32) {
         self.signal(ordinal, libc::SIGKILL);
         let mut replica = self.replicas.remove(&ordinal).unwrap();
@@ -481,6 +521,14 @@ async fn three_replicas_reconcile_every_manifest_and_scale_3_5_2_moving_only_wha
         );
     }
     fleet.wait_ready("after 3 → 5").await;
+    // The new members measured each handover gap (release → their acquisition); no takeovers.
+    for ordinal in [3, 4] {
+        assert!(fleet.metric(ordinal, "module_manager_fleet_handover_gap_seconds_count") > 0.0);
+        assert_eq!(
+            fleet.metric(ordinal, "module_manager_fleet_shard_takeovers_total"),
+            0.0
+        );
+    }
 
     // 5 → 2: the scaled-away members hand over before they exit.
     let before = fleet.holders().await;
@@ -568,6 +616,25 @@ async fn a_killed_replica_is_taken_over_and_a_stopped_one_does_not_act_on_lost_s
         resumed_log.contains("not renewed within the renew deadline"),
         "the resumed replica fenced itself"
     );
+    // It noticed the shards taken from it — as losses after its deadline, not as violations —
+    // with a metric and an Event on its membership Lease; the survivors counted takeovers.
+    let metric = |ordinal, name| fleet.metric(ordinal, name);
+    assert!(metric(2, "module_manager_fleet_shard_losses_total") > 0.0);
+    assert_eq!(
+        metric(2, "module_manager_fleet_ownership_violations_total"),
+        0.0
+    );
+    assert!(
+        metric(0, "module_manager_fleet_shard_takeovers_total")
+            + metric(1, "module_manager_fleet_shard_takeovers_total")
+            > 0.0
+    );
+    let reasons = fleet.member_event_reasons(2).await;
+    assert!(reasons.iter().any(|r| r == "ShardLost"), "{reasons:?}");
+    assert!(
+        !reasons.iter().any(|r| r == "OwnershipViolation"),
+        "{reasons:?}"
+    );
     fleet.assert_clean("kill -9 and SIGSTOP/SIGCONT").await;
 }
 
@@ -652,8 +719,27 @@ impl Fleet {
     }
 }
 
-/// A ServiceAccount token, optionally allowed to `post`/`delete` `/v1/drain`.
+/// A ServiceAccount token for the admin API's audience, optionally allowed to `post`/`delete`
+/// `/v1/drain`.
 async fn token(client: &Client, namespace: &str, name: &str, allowed: bool) -> String {
+    token_for(
+        client,
+        namespace,
+        name,
+        allowed,
+        &[module_manager::admin::TOKEN_AUDIENCE],
+    )
+    .await
+}
+
+/// A ServiceAccount token for `audiences` (none: the API server's own).
+async fn token_for(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    allowed: bool,
+    audiences: &[&str],
+) -> String {
     use k8s_openapi::api::authentication::v1::TokenRequest;
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -685,9 +771,10 @@ async fn token(client: &Client, namespace: &str, name: &str, allowed: bool) -> S
             .await
             .unwrap();
     }
-    let request: TokenRequest =
-        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))
-            .unwrap();
+    let request: TokenRequest = serde_json::from_value(
+        json!({"spec": {"audiences": audiences, "expirationSeconds": 3600}}),
+    )
+    .unwrap();
     accounts
         .create_token_request(name, &PostParams::default(), &request)
         .await
@@ -754,6 +841,10 @@ async fn any_replica_shows_the_fleet_and_drain_is_authorized_through_the_api_ser
     let weak = token(&fleet.client, &fleet.namespace, "viewer", false).await;
     let refused = fetch::<DrainAnswer>(&url, Method::POST, "/v1/drain", Some(&weak)).await;
     assert!(format!("{:#}", refused.unwrap_err()).contains("403"));
+    // An authorized account's token for the API server (not for this endpoint): refused.
+    let api_token = token_for(&fleet.client, &fleet.namespace, "api-only", true, &[]).await;
+    let refused = fetch::<DrainAnswer>(&url, Method::POST, "/v1/drain", Some(&api_token)).await;
+    assert!(format!("{:#}", refused.unwrap_err()).contains("401"));
     assert_eq!(
         fleet.holders().await,
         holders,

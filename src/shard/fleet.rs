@@ -121,6 +121,22 @@ pub fn assignment_members(
         .collect()
 }
 
+/// The shards in `held` (this replica's, with their epochs, after its previous successful
+/// round) that another replica took over, with that replica (pure). A takeover from this replica
+/// is exactly one change of holder: the Lease names another member at the held epoch + 1. Not
+/// losses: a shard still held, one this replica released (no holder at + 1; its release may have
+/// landed in a round that then failed), one released and acquired since (+ 2).
+pub fn lost_shards(held: &BTreeMap<u32, i32>, round: &Round, me: &str) -> BTreeMap<u32, String> {
+    held.iter()
+        .filter(|(k, _)| !round.owned.contains(k) && !round.released.contains(k))
+        .filter_map(|(k, epoch)| {
+            let record = round.records.get(k)?;
+            let holder = record.holder.as_deref().filter(|h| *h != me)?;
+            (record.epoch == epoch + 1).then(|| (*k, holder.to_owned()))
+        })
+        .collect()
+}
+
 /// A shard's state in the fleet view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -246,6 +262,11 @@ pub struct Fleet {
     desired: Option<DesiredOrdinals>,
     /// What the renewals announce (besides `draining` while `drain` is set).
     announce: watch::Sender<MemberState>,
+    /// The shards held after the last successful round, with their epochs (to notice the ones
+    /// taken away).
+    held: BTreeMap<u32, i32>,
+    /// For the `ShardLost`/`OwnershipViolation` Events on the membership Lease.
+    client: Client,
     /// The task renewing the membership Lease, and its stop switch.
     renewals: Option<(
         tokio::sync::oneshot::Sender<()>,
@@ -268,6 +289,8 @@ impl Fleet {
     ) -> Self {
         let namespace = config.membership.namespace.clone();
         Self {
+            client: client.clone(),
+            held: BTreeMap::new(),
             membership: Membership::new(client.clone(), config.membership.clone()),
             shard_leases: Api::namespaced(client.clone(), &namespace),
             statefulsets: Api::namespaced(client, &namespace),
@@ -387,7 +410,9 @@ impl Fleet {
                         _ = &mut stopped => break,
                     }
                     let state = announced(&drain, &announce.borrow_and_update());
-                    if !renewer.renew(state, Some(&work.load())).await {
+                    if renewer.renew(state, Some(&work.load())).await {
+                        metrics.renewals.inc();
+                    } else {
                         metrics.renewal_failures.inc();
                     }
                 }
@@ -466,6 +491,8 @@ impl Fleet {
         let desired_owners = super::assign(self.config.shards, &assigned);
         let work = self.work.clone();
         let ownership = self.ownership.clone();
+        // Before the round reads the Leases: a shard found taken was taken before this instant.
+        let was_in_time = self.ownership.in_time();
         let membership = &mut self.membership;
         // Bounded: a hung request must not stop the rounds (the renewals would go on, and the
         // replica would look alive while nobody works on its shards).
@@ -493,6 +520,11 @@ impl Fleet {
             Ok(round) => {
                 self.ownership
                     .set(round.epochs.clone(), round.draining.clone(), valid_until);
+                let lost = lost_shards(&self.held, &round, self.me());
+                self.held = round.epochs.clone();
+                if !lost.is_empty() {
+                    self.report_losses(&lost, was_in_time);
+                }
                 self.report(&round);
                 self.publish(Some(&round), &desired_owners, &assigned);
             }
@@ -512,11 +544,86 @@ impl Fleet {
                 "shard leases changed meanwhile; retrying next round"
             );
         }
+        self.metrics.takeovers.inc_by(round.takeovers.len() as u64);
+        // A release older than two lease durations was no handover (a fleet scaled to 0 and
+        // back, a shard nobody wanted): its age would only distort the gap.
+        let handover = 2 * self.config.membership.lease_duration;
+        for gap in round.handover_gaps.values().filter(|g| **g <= handover) {
+            self.metrics.handover_gap.observe(gap.as_secs_f64());
+        }
         self.metrics.acquired.inc_by(round.acquired.len() as u64);
         self.metrics.released.inc_by(round.released.len() as u64);
         self.metrics.conflicts.inc_by(round.conflicts.len() as u64);
         self.metrics.owned.set(round.owned.len() as i64);
         self.metrics.draining.set(round.draining.len() as i64);
+    }
+
+    /// Shards another replica took: a warning (and `ShardLost` Event) when this replica's
+    /// deadline had passed — the protocol working as designed after a crash, pause or partition —
+    /// an error (and `OwnershipViolation` Event) when it had not: then the other replica took a
+    /// shard this one could still act on, and both may have written the same objects. The Event
+    /// is published in a task of its own (bounded), so a hanging request never stalls the rounds.
+    fn report_losses(&self, lost: &BTreeMap<u32, String>, was_in_time: bool) {
+        let list = lost
+            .iter()
+            .map(|(shard, holder)| format!("{shard} (now {holder})"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.metrics.losses.inc_by(lost.len() as u64);
+        let (reason, note) = if was_in_time {
+            self.metrics.ownership_violations.inc_by(lost.len() as u64);
+            tracing::error!(
+                shards = %list,
+                "ownership violation: shards taken over while this replica was within its renew deadline"
+            );
+            (
+                "OwnershipViolation",
+                format!(
+                    "shards taken over while {} was within its renew deadline (both replicas may have acted): {list}",
+                    self.me()
+                ),
+            )
+        } else {
+            tracing::warn!(shards = %list, "shards lost: taken over by another replica");
+            (
+                "ShardLost",
+                format!(
+                    "{} lost shards after missing its renew deadline: {list}",
+                    self.me()
+                ),
+            )
+        };
+        let event = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: reason.into(),
+            note: Some(note.chars().take(1024).collect()),
+            action: "ShardRound".into(),
+            secondary: None,
+        };
+        let regarding = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("coordination.k8s.io/v1".into()),
+            kind: Some("Lease".into()),
+            namespace: Some(self.config.membership.namespace.clone()),
+            name: Some(self.config.membership.lease_name(self.me())),
+            ..Default::default()
+        };
+        // A fresh Recorder: kube's Recorder folds repeated reasons into a series it PATCHes
+        // (a permission the operator does not have) and keeps the first note.
+        let recorder = kube::runtime::events::Recorder::new(
+            self.client.clone(),
+            kube::runtime::events::Reporter {
+                controller: "module-manager".into(),
+                instance: Some(self.me().to_owned()),
+            },
+        );
+        let timeout = self.config.membership.renew_interval;
+        tokio::spawn(async move {
+            match tokio::time::timeout(timeout, recorder.publish(&event, &regarding)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("publish event {reason}: {e}"),
+                Err(_) => tracing::warn!("publish event {reason}: timed out"),
+            }
+        });
     }
 
     fn publish(&mut self, round: Option<&Round>, desired: &[String], assigned: &BTreeSet<String>) {
@@ -631,6 +738,39 @@ mod tests {
     }
 
     const GRACE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_shard_is_lost_only_when_another_took_it_from_this_replica() {
+        // Held after the previous round, at epoch 7 each.
+        let held: BTreeMap<u32, i32> = (1..=6).map(|k| (k, 7)).collect();
+        let record = |holder: Option<&str>, epoch| ShardLeaseRecord {
+            holder: holder.map(Into::into),
+            epoch,
+        };
+        let round = Round {
+            owned: [1].into(),
+            released: [2].into(),
+            records: [
+                (1, record(Some("mm-0"), 7)),
+                (2, record(None, 8)),
+                // Taken over from mm-0: one change of holder.
+                (3, record(Some("mm-1"), 8)),
+                // Released by mm-0 in a round that then timed out: not taken.
+                (4, record(None, 8)),
+                // Released by mm-0 (that round failed), then acquired by mm-2: a handover.
+                (5, record(Some("mm-2"), 9)),
+                // A release write of mm-0 that lost a race to its own earlier write.
+                (6, record(Some("mm-0"), 8)),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            lost_shards(&held, &round, "mm-0"),
+            BTreeMap::from([(3, "mm-1".to_owned())])
+        );
+        assert!(lost_shards(&BTreeMap::new(), &round, "mm-0").is_empty());
+    }
 
     #[test]
     fn desired_ordinals_are_exact_names() {

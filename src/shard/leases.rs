@@ -7,6 +7,7 @@
 //! its own membership Lease is renewed (self-fencing is the caller's duty).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -33,6 +34,11 @@ pub struct Round {
     pub draining: BTreeSet<u32>,
     /// Shards acquired in this round.
     pub acquired: BTreeSet<u32>,
+    /// Of those, the shards taken over from a holder known to be dead.
+    pub takeovers: BTreeSet<u32>,
+    /// Of those, the shards released by their previous holder: the time from that release
+    /// (the Lease's `renewTime`, written by the releasing replica's clock) to this acquisition.
+    pub handover_gaps: BTreeMap<u32, Duration>,
     /// Shards released in this round.
     pub released: BTreeSet<u32>,
     /// Shards whose write lost a compare-and-swap race (retried next round).
@@ -97,7 +103,18 @@ pub async fn sync_shards(
                 ShardAction::Acquire => set_holder(leases, fleet, &name, lease, Some(me))
                     .await
                     .map(|()| {
-                        tracing::info!(shard, epoch = epoch + 1, "shard acquired");
+                        match &state {
+                            ShardState::Orphaned(from) => {
+                                tracing::info!(shard, epoch = epoch + 1, from = %from, "shard acquired (takeover)");
+                                round.takeovers.insert(shard);
+                            }
+                            _ => {
+                                tracing::info!(shard, epoch = epoch + 1, "shard acquired");
+                                if let Some(gap) = lease.and_then(released_for) {
+                                    round.handover_gaps.insert(shard, gap);
+                                }
+                            }
+                        }
                         round.owned.insert(shard);
                         round.acquired.insert(shard);
                         round.epochs.insert(shard, epoch + 1);
@@ -138,6 +155,22 @@ pub async fn sync_shards(
         }
     }
     Ok(round)
+}
+
+/// How long ago a released shard's Lease was released (`None` for a Lease that was never held,
+/// or a release time ahead of this clock).
+fn released_for(lease: &Lease) -> Option<Duration> {
+    let spec = lease.spec.as_ref()?;
+    if spec
+        .holder_identity
+        .as_deref()
+        .is_some_and(|h| !h.is_empty())
+        || spec.acquire_time.is_none()
+    {
+        return None;
+    }
+    let released = spec.renew_time.as_ref()?;
+    Duration::try_from(Timestamp::now().duration_since(released.0)).ok()
 }
 
 fn record_of(lease: &Lease) -> ShardLeaseRecord {

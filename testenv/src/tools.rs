@@ -1,4 +1,4 @@
-//! Locates the pinned control-plane and helm binaries that `hack/build-tools.sh` builds.
+//! Locates the pinned control-plane, helm and kustomize binaries that `hack/build-tools.sh` builds.
 
 use std::path::{Path, PathBuf};
 
@@ -43,6 +43,9 @@ pub struct Tools {
     pub etcd: PathBuf,
     /// `helm`.
     pub helm: PathBuf,
+    /// `kustomize` (renders `deploy/`; like kwok, not required by [`Tools::locate`]: the tests
+    /// that use it check it).
+    pub kustomize: PathBuf,
 }
 
 impl Tools {
@@ -66,6 +69,12 @@ impl Tools {
             helm: tools
                 .join(format!("helm-v{}", pinned_version("HELM_VERSION")))
                 .join("helm"),
+            kustomize: tools
+                .join(format!(
+                    "kustomize-v{}",
+                    pinned_version("KUSTOMIZE_VERSION")
+                ))
+                .join("kustomize"),
         };
         for path in [
             &found.kube_apiserver,
@@ -90,5 +99,6 @@ mod tests {
         assert!(pinned_version("KUBERNETES_VERSION").starts_with("1."));
         assert!(pinned_version("ETCD_VERSION").starts_with("3.6."));
         assert!(pinned_version("HELM_VERSION").starts_with("4."));
+        assert!(pinned_version("KUSTOMIZE_VERSION").starts_with("5."));
     }
 }

@@ -1,0 +1,54 @@
+# syntax=docker/dockerfile:1
+# The module-manager image: the operator as a static binary (musl) and the pinned helm it renders
+# charts with, on distroless/static, running as the non-root user 65532. docs/deploy.md.
+#
+#   docker build -t <registry>/module-manager:<tag> .
+#
+# Versions: Rust from rust-toolchain.toml (the builder image's tag must match it), helm from
+# hack/versions.env (HELM_VERSION, the one place it is pinned), built from its Go module as
+# hack/build-tools.sh does.
+
+ARG RUST_IMAGE=docker.io/library/rust:1.95.0-bookworm
+ARG GO_IMAGE=docker.io/library/golang:1.26-bookworm
+ARG RUNTIME_IMAGE=gcr.io/distroless/static-debian12:nonroot
+
+# --- the operator: a static musl binary ---------------------------------------------------------
+FROM ${RUST_IMAGE} AS operator
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends musl-tools \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# rust-toolchain.toml first: rustup installs the pinned toolchain and the musl target once.
+COPY rust-toolchain.toml ./
+RUN rustup target add "$(uname -m)-unknown-linux-musl"
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    target="$(uname -m)-unknown-linux-musl" \
+ && cargo build --release --locked --target "$target" -p module-manager --bin module-manager \
+ && cp "target/$target/release/module-manager" /module-manager \
+ && mkdir /charts
+
+# --- helm, at the pinned version, from the Go module proxy --------------------------------------
+FROM ${GO_IMAGE} AS helm
+ENV CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
+COPY hack/versions.env /versions.env
+RUN --mount=type=cache,target=/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    . /versions.env \
+ && major="${HELM_VERSION%%.*}" \
+ && GOBIN=/out go install -trimpath \
+      -ldflags "-s -w -X helm.sh/helm/v${major}/internal/version.version=v${HELM_VERSION}" \
+      "helm.sh/helm/v${major}/cmd/helm@v${HELM_VERSION}" \
+ && /out/helm version --short | grep -qF "v${HELM_VERSION}"
+
+# --- the image ----------------------------------------------------------------------------------
+FROM ${RUNTIME_IMAGE}
+COPY --from=operator /module-manager /usr/local/bin/module-manager
+COPY --from=helm /out/helm /usr/local/bin/helm
+# The default chart root (--chart-root=/charts): empty. Build an image FROM this one with your
+# charts in /charts, or mount a volume there.
+COPY --from=operator --chown=65532:65532 /charts /charts
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/module-manager"]
+CMD ["--help"]

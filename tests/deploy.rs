@@ -1,0 +1,1137 @@
+//! The deployment (`deploy/`, rendered by the pinned kustomize, and the chart `helm/module-manager`,
+//! rendered by the pinned helm) against the real API server:
+//!
+//! - every object of both is accepted by a server-side apply with `dryRun=All` and strict field
+//!   validation, and the StatefulSet's pod passes the `restricted` Pod Security Standard;
+//! - the real binary, running as the deployed ServiceAccount (a token from the TokenRequest API)
+//!   with exactly the deployed RBAC, installs a module, serves the drain endpoint to the
+//!   deployed drain role only, deletes the module and leaves the fleet — without one forbidden
+//!   request;
+//! - the chart's RBAC grants every permission the preflight asks for;
+//! - a ServiceAccount without bindings makes the binary exit with the preflight's list.
+//!
+//! The ServiceMonitor and PrometheusRule need the Prometheus Operator's CRDs, which this
+//! repository does not build: [`MONITORING_CRDS`] are minimal CRDs written for this test after
+//! the Prometheus Operator's API reference (`monitoring.coreos.com/v1`): the fields the
+//! deployment uses, with their types. With strict field validation, a misspelled or misplaced
+//! field is rejected — and so is a real field they leave out (add it here when the deployment
+//! starts using it). What they do not reproduce is the rest of the operator's own schema.
+//!
+//! Runs in seconds: one control plane (with the ClusterRole aggregation controller) for the four
+//! tests, one operator process.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+    ValidationDirective,
+};
+use kube::discovery::{Discovery, Scope};
+use kube::{Client, ResourceExt};
+use module_manager::api::{Manifest, State};
+use module_manager::preflight;
+use serde_json::{Value, json};
+
+/// The namespace `deploy/` installs into.
+const NAMESPACE: &str = "module-manager";
+/// The chart is rendered as this release, in this namespace.
+const RELEASE: &str = "mm";
+const HELM_NAMESPACE: &str = "mm-helm";
+/// The field manager of the test's applies.
+const MANAGER: &str = "deploy-test";
+/// The smallest margin the termination grace must leave after the drain and the handover.
+const MIN_TERMINATION_MARGIN: i64 = 15;
+/// How long a step of a scenario may take before the test fails (a limit, never a measurement).
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+async fn control_plane() -> &'static testenv::ControlPlane {
+    testenv::shared(testenv::Options {
+        crd_files: vec![repo().join("crds/manifest.yaml")],
+        // ClusterRole aggregation fills in module-manager-modules; no workload controllers (no
+        // StatefulSet pods: the test runs the replica itself).
+        controller_manager: true,
+        controllers: Some("clusterrole-aggregation-controller,serviceaccount-controller".into()),
+        ..Default::default()
+    })
+    .await
+    .expect("control plane")
+}
+
+fn tools() -> testenv::Tools {
+    let tools = testenv::Tools::locate().expect("the pinned tools");
+    assert!(
+        tools.kustomize.is_file(),
+        "{} is missing: run `hack/build-tools.sh` (or `make tools`)",
+        tools.kustomize.display()
+    );
+    tools
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendering.
+
+/// Parses multi-document YAML into JSON values (empty documents skipped).
+fn documents(yaml: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_yaml_ng::Deserializer::from_str(yaml)
+        .map(|d| Value::deserialize(d).expect("valid YAML"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn run(command: &mut Command) -> String {
+    let output = command.output().expect("start the tool");
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// `kustomize build <repo>/<dir>`.
+fn kustomize(dir: &str) -> Vec<Value> {
+    documents(&run(Command::new(tools().kustomize)
+        .arg("build")
+        .arg(repo().join(dir))))
+}
+
+/// The pinned helm with a private home (as the operator runs it).
+fn helm(home: &Path) -> Command {
+    let mut command = Command::new(tools().helm);
+    command
+        .env_clear()
+        .env("HOME", home)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    command
+}
+
+/// `helm template mm helm/module-manager --namespace mm-helm --include-crds <args>`.
+fn helm_template(args: &[&str]) -> Vec<Value> {
+    let home = tempfile::tempdir().unwrap();
+    documents(&run(helm(home.path())
+        .args(["template", RELEASE])
+        .arg(repo().join("helm/module-manager"))
+        .args(["--namespace", HELM_NAMESPACE, "--include-crds"])
+        .args(args)))
+}
+
+/// Every monitoring toggle of the chart on.
+const ALL_MONITORING: &[&str] = &[
+    "--set",
+    "monitoring.serviceMonitor.enabled=true,monitoring.prometheusRule.enabled=true,monitoring.dashboards.enabled=true",
+];
+
+fn kind(object: &Value) -> &str {
+    object["kind"].as_str().unwrap_or_default()
+}
+
+fn name(object: &Value) -> &str {
+    object["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+fn find<'a>(objects: &'a [Value], kind_: &str, name_: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| kind(o) == kind_ && name(o) == name_)
+        .unwrap_or_else(|| panic!("no {kind_} {name_} in {:?}", kinds(objects)))
+}
+
+fn kinds(objects: &[Value]) -> BTreeSet<String> {
+    objects
+        .iter()
+        .map(|o| format!("{}/{}", kind(o), name(o)))
+        .collect()
+}
+
+/// `value` with every number as a float (`0` and `0.0` compare equal).
+fn numbers_as_floats(value: Value) -> Value {
+    match value {
+        Value::Number(n) => json!(n.as_f64().unwrap()),
+        Value::Array(items) => Value::Array(items.into_iter().map(numbers_as_floats).collect()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (k, numbers_as_floats(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// The `--name=value` argument of a container.
+fn flag<'a>(args: &'a [Value], name: &str) -> Option<&'a str> {
+    args.iter()
+        .filter_map(Value::as_str)
+        .filter_map(|a| a.strip_prefix(name)?.strip_prefix('='))
+        .next_back()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Structural checks, the same for kustomize and the chart.
+
+/// What both renderings must say about the fleet (`prefix`: `module-manager` or
+/// `mm-module-manager`).
+fn check_deployment(objects: &[Value], prefix: &str) {
+    for (kind_, suffix) in [
+        ("ServiceAccount", ""),
+        ("ClusterRole", ""),
+        ("ClusterRoleBinding", ""),
+        ("Role", ""),
+        ("RoleBinding", ""),
+        ("ClusterRole", "-modules"),
+        ("ClusterRoleBinding", "-modules"),
+        ("ClusterRole", "-modules-default"),
+        ("ClusterRole", "-drain"),
+        ("StatefulSet", ""),
+        ("Service", "-headless"),
+        ("Service", "-admin"),
+        ("PodDisruptionBudget", ""),
+        ("ServiceMonitor", ""),
+        ("PrometheusRule", ""),
+        ("ConfigMap", "-dashboards"),
+    ] {
+        find(objects, kind_, &format!("{prefix}{suffix}"));
+    }
+    // The CRD is the generated one (kustomize writes `0.0` as `0`: compared as numbers).
+    let crd = find(
+        objects,
+        "CustomResourceDefinition",
+        "manifests.modulemanager.io",
+    );
+    let generated = documents(&module_manager::api::manifest_crd_yaml());
+    assert!(
+        numbers_as_floats(crd.clone()) == numbers_as_floats(generated[0].clone()),
+        "the deployed CRD differs from `module-manager crd`: run `make crds`"
+    );
+
+    let sts = find(objects, "StatefulSet", prefix);
+    let spec = &sts["spec"];
+    assert_eq!(spec["replicas"], 3);
+    assert_eq!(spec["podManagementPolicy"], "Parallel");
+    let pod = &spec["template"]["spec"];
+    let labels = &spec["template"]["metadata"]["labels"];
+    assert_eq!(
+        &spec["selector"]["matchLabels"], labels,
+        "selector ≠ pod labels"
+    );
+    let headless = find(objects, "Service", spec["serviceName"].as_str().unwrap());
+    assert_eq!(headless["spec"]["clusterIP"], "None");
+    assert_eq!(headless["spec"]["selector"], *labels);
+    assert_eq!(
+        pod["serviceAccountName"], prefix,
+        "the pods run as the ServiceAccount the RBAC binds"
+    );
+
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1);
+    let container = &containers[0];
+    let args = container["args"].as_array().unwrap();
+    assert_eq!(args[0], "run");
+    assert_eq!(flag(args, "--shards"), Some("256"));
+    // Graceful termination: drain the passes, hand the shards over, then a margin.
+    let drain: i64 = flag(args, "--drain-timeout-seconds")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let handover: i64 = flag(args, "--handover-timeout-seconds")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let grace = pod["terminationGracePeriodSeconds"].as_i64().unwrap();
+    assert!(
+        grace >= drain + handover + MIN_TERMINATION_MARGIN,
+        "terminationGracePeriodSeconds {grace} < drain {drain} + handover {handover} + {MIN_TERMINATION_MARGIN}"
+    );
+    // The replica's identity comes from the downward API; the StatefulSet is this one.
+    let env = container["env"].as_array().unwrap();
+    let var = |n: &str| {
+        env.iter()
+            .find(|e| e["name"] == n)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        var("POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    assert_eq!(
+        var("POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    assert_eq!(var("STATEFULSET_NAME")["value"], *name(sts));
+    // Probes on the admin API's port.
+    let admin = flag(args, "--admin-address").unwrap();
+    let port = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "admin")
+        .expect("a port named admin");
+    assert_eq!(
+        admin.rsplit(':').next().unwrap(),
+        port["containerPort"].to_string()
+    );
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/livez");
+    assert_eq!(container["livenessProbe"]["httpGet"]["port"], "admin");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "admin");
+    assert!(container["resources"]["requests"]["memory"].is_string());
+    assert!(container["resources"]["limits"]["memory"].is_string());
+    // Non-root, read-only, no capabilities; helm's home on a writable emptyDir.
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let security = &container["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
+    let helm_home = flag(args, "--helm-home").expect("--helm-home");
+    let writable = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| {
+            pod["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["name"] == m["name"] && v["emptyDir"].is_object())
+        })
+        .any(|m| Path::new(helm_home).starts_with(m["mountPath"].as_str().unwrap()));
+    assert!(writable, "--helm-home {helm_home} is not on an emptyDir");
+
+    let pdb = find(objects, "PodDisruptionBudget", prefix);
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert_eq!(pdb["spec"]["selector"]["matchLabels"], *labels);
+
+    // The ServiceMonitor selects exactly the admin Service, on a port it has.
+    let monitor = find(objects, "ServiceMonitor", prefix);
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    let selected: Vec<&Value> = objects
+        .iter()
+        .filter(|o| kind(o) == "Service")
+        .filter(|s| {
+            selector
+                .iter()
+                .all(|(k, v)| s["metadata"]["labels"][k] == *v)
+        })
+        .collect();
+    assert_eq!(selected.len(), 1, "the ServiceMonitor selects {selected:?}");
+    assert_eq!(name(selected[0]), format!("{prefix}-admin"));
+    assert_eq!(selected[0]["spec"]["selector"], *labels);
+    let port_name = &monitor["spec"]["endpoints"][0]["port"];
+    assert!(
+        selected[0]["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == *port_name)
+    );
+    assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+
+    let dashboards = find(objects, "ConfigMap", &format!("{prefix}-dashboards"));
+    assert_eq!(dashboards["metadata"]["labels"]["grafana_dashboard"], "1");
+    let data = dashboards["data"].as_object().unwrap();
+    assert!(!data.is_empty());
+    for (file, text) in data {
+        let dashboard: Value = serde_json::from_str(text.as_str().unwrap())
+            .unwrap_or_else(|e| panic!("dashboard {file} is not JSON: {e}"));
+        assert!(dashboard["panels"].is_array(), "{file} has no panels");
+    }
+
+    // The aggregated role for the modules, and its default piece.
+    let modules = find(objects, "ClusterRole", &format!("{prefix}-modules"));
+    let aggregation = &modules["aggregationRule"]["clusterRoleSelectors"][0]["matchLabels"];
+    let piece = find(objects, "ClusterRole", &format!("{prefix}-modules-default"));
+    for (k, v) in aggregation.as_object().unwrap() {
+        assert_eq!(
+            piece["metadata"]["labels"][k], *v,
+            "the default piece is not aggregated"
+        );
+    }
+    assert!(
+        modules.get("rules").is_none(),
+        "an aggregated ClusterRole's rules belong to the aggregation controller"
+    );
+    let drain = find(objects, "ClusterRole", &format!("{prefix}-drain"));
+    assert_eq!(
+        drain["rules"],
+        json!([{"nonResourceURLs": ["/v1/drain"], "verbs": ["post", "delete"]}])
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The API server.
+
+/// Minimal ServiceMonitor and PrometheusRule CRDs (see the module documentation).
+const MONITORING_CRDS: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: servicemonitors.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: ServiceMonitor, listKind: ServiceMonitorList, plural: servicemonitors, singular: servicemonitor}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          required: [spec]
+          properties:
+            spec:
+              type: object
+              required: [selector]
+              properties:
+                jobLabel: {type: string}
+                selector:
+                  type: object
+                  properties:
+                    matchLabels: {type: object, additionalProperties: {type: string}}
+                    matchExpressions:
+                      type: array
+                      items:
+                        type: object
+                        required: [key, operator]
+                        properties:
+                          key: {type: string}
+                          operator: {type: string}
+                          values: {type: array, items: {type: string}}
+                namespaceSelector:
+                  type: object
+                  properties:
+                    any: {type: boolean}
+                    matchNames: {type: array, items: {type: string}}
+                endpoints:
+                  type: array
+                  items:
+                    type: object
+                    properties:
+                      port: {type: string}
+                      targetPort: {x-kubernetes-int-or-string: true, anyOf: [{type: integer}, {type: string}]}
+                      path: {type: string}
+                      scheme: {type: string, enum: [http, https, HTTP, HTTPS]}
+                      interval: {type: string, pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'}
+                      scrapeTimeout: {type: string, pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'}
+                      honorLabels: {type: boolean}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: prometheusrules.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: PrometheusRule, listKind: PrometheusRuleList, plural: prometheusrules, singular: prometheusrule}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          required: [spec]
+          properties:
+            spec:
+              type: object
+              properties:
+                groups:
+                  type: array
+                  items:
+                    type: object
+                    required: [name]
+                    properties:
+                      name: {type: string, minLength: 1}
+                      interval: {type: string, pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'}
+                      labels: {type: object, additionalProperties: {type: string}}
+                      limit: {type: integer}
+                      query_offset: {type: string}
+                      partial_response_strategy: {type: string}
+                      rules:
+                        type: array
+                        items:
+                          type: object
+                          required: [expr]
+                          properties:
+                            alert: {type: string}
+                            record: {type: string}
+                            expr: {x-kubernetes-int-or-string: true, anyOf: [{type: integer}, {type: string}]}
+                            for: {type: string, pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'}
+                            keep_firing_for: {type: string}
+                            labels: {type: object, additionalProperties: {type: string}}
+                            annotations: {type: object, additionalProperties: {type: string}}
+"#;
+
+async fn install_monitoring_crds(client: &Client) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), MONITORING_CRDS).unwrap();
+    testenv::install_crds(client, file.path())
+        .await
+        .expect("monitoring CRDs");
+}
+
+/// Server-side applies `objects` with strict field validation; answers a line per object the
+/// server refused. For real, ownership is not forced (a second apply must not conflict with a
+/// controller); a dry run forces it (it checks what the server accepts, while another test may
+/// have changed a field, e.g. the StatefulSet's replicas).
+async fn apply(client: &Client, objects: &[Value], dry_run: bool) -> Vec<String> {
+    let discovery = Discovery::new(client.clone())
+        .run_aggregated()
+        .await
+        .expect("discovery");
+    let params = PatchParams {
+        dry_run,
+        force: dry_run,
+        field_manager: Some(MANAGER.into()),
+        field_validation: Some(ValidationDirective::Strict),
+    };
+    let mut refused = Vec::new();
+    for object in objects {
+        let what = format!("{}/{}", kind(object), name(object));
+        let object: DynamicObject = serde_json::from_value(object.clone()).unwrap();
+        let types = object.types.clone().expect("apiVersion and kind");
+        let gvk = GroupVersionKind::try_from(&types).unwrap();
+        let Some((resource, capabilities)) = discovery.resolve_gvk(&gvk) else {
+            refused.push(format!("{what}: the API server does not serve {gvk:?}"));
+            continue;
+        };
+        let api: Api<DynamicObject> = match capabilities.scope {
+            Scope::Namespaced => Api::namespaced_with(
+                client.clone(),
+                object.metadata.namespace.as_deref().unwrap_or("default"),
+                &resource,
+            ),
+            Scope::Cluster => Api::all_with(client.clone(), &resource),
+        };
+        if let Err(e) = api
+            .patch(&object.name_any(), &params, &Patch::Apply(&object))
+            .await
+        {
+            refused.push(format!("{what}: {e}"));
+        }
+    }
+    refused
+}
+
+/// Creates (or keeps) a namespace labelled for the `restricted` Pod Security Standard.
+async fn restricted_namespace(client: &Client, name: &str) {
+    let namespace = json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}
+    });
+    let refused = apply(client, &[namespace], false).await;
+    assert!(refused.is_empty(), "{refused:?}");
+}
+
+/// A dry-run Pod from the StatefulSet's template: the `restricted` namespace admits it or not.
+async fn admit_pod(client: &Client, sts: &Value) -> Result<(), kube::Error> {
+    let template = &sts["spec"]["template"];
+    let mut metadata = template["metadata"].clone();
+    metadata["name"] = json!(format!("{}-0", name(sts)));
+    let pod =
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]});
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).unwrap();
+    let namespace = sts["metadata"]["namespace"].as_str().unwrap();
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), namespace)
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &pod,
+        )
+        .await
+        .map(drop)
+}
+
+/// A token for a ServiceAccount from the TokenRequest API (signed by the API server), for the
+/// API server itself.
+async fn token(client: &Client, namespace: &str, account: &str) -> String {
+    token_for(client, namespace, account, &[]).await
+}
+
+/// A token for the admin API's drain endpoint (its audience).
+async fn admin_token(client: &Client, namespace: &str, account: &str) -> String {
+    token_for(
+        client,
+        namespace,
+        account,
+        &[module_manager::admin::TOKEN_AUDIENCE],
+    )
+    .await
+}
+
+/// A ServiceAccount token for `audiences` (none: the API server's own).
+async fn token_for(client: &Client, namespace: &str, account: &str, audiences: &[&str]) -> String {
+    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
+    if accounts.get_opt(account).await.unwrap().is_none() {
+        let sa: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
+        accounts.create(&PostParams::default(), &sa).await.unwrap();
+    }
+    let request = json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600, "audiences": audiences}
+    });
+    let answer: TokenRequest = accounts
+        .create_subresource("token", account, &PostParams::default(), &request)
+        .await
+        .expect("TokenRequest");
+    answer.status.and_then(|s| s.token).expect("a token")
+}
+
+/// A kubeconfig for the control plane that authenticates with `token` only, written to
+/// `dir/<label>.kubeconfig`.
+async fn token_kubeconfig(dir: &Path, label: &str, token: &str) -> PathBuf {
+    let admin = control_plane().await.kubeconfig();
+    let mut config: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(admin).unwrap()).unwrap();
+    config["users"] = json!([{"name": "token", "user": {"token": token}}]);
+    config["contexts"][0]["context"]["user"] = json!("token");
+    let path = dir.join(format!("{label}.kubeconfig"));
+    std::fs::write(&path, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+/// Polls `probe` until it answers `Some`, failing after [`LIMIT`] with `context()`, which is
+/// also called on every poll (it may fail the test early).
+async fn eventually<T, F, Fut>(what: &str, context: impl Fn() -> String, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(answer) = probe().await {
+            return answer;
+        }
+        let context = context();
+        assert!(
+            start.elapsed() < LIMIT,
+            "{what}: not within {LIMIT:?}\n{context}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits for a process to exit; answers its status (`exit status: N`).
+async fn exited(process: &mut testenv::Proc) -> String {
+    let start = Instant::now();
+    loop {
+        if let Err(testenv::Error::Exited { status, .. }) = process.check_running() {
+            return status;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "the operator did not exit:\n{}",
+            process.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The operator binary with the deployed StatefulSet's arguments and environment, made local:
+/// the chart root is the test fixtures, helm the pinned one, the admin API on a free port.
+fn operator(sts: &Value, kubeconfig: &Path, helm_home: &Path, admin: u16) -> Command {
+    let pod = &sts["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let mut command = Command::new(env!("CARGO_BIN_EXE_module-manager"));
+    command
+        .env_clear()
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info,kube=warn");
+    for var in container["env"].as_array().unwrap() {
+        let value = match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("metadata.name") => format!("{}-0", name(sts)),
+            Some("metadata.namespace") => sts["metadata"]["namespace"].as_str().unwrap().into(),
+            Some(other) => panic!("unexpected fieldRef {other}"),
+            None => var["value"].as_str().unwrap().into(),
+        };
+        command.env(var["name"].as_str().unwrap(), value);
+    }
+    // The deployed arguments first; the local ones after them win (a later flag overrides).
+    command.args(
+        container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap()),
+    );
+    command
+        .arg(format!(
+            "--chart-root={}",
+            repo().join("tests/fixtures/charts").display()
+        ))
+        .arg(format!("--helm={}", tools().helm.display()))
+        .arg(format!("--helm-home={}", helm_home.display()))
+        .arg(format!("--admin-address=127.0.0.1:{admin}"));
+    command
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kustomize_and_chart_are_accepted_by_the_api_server() {
+    let client = control_plane().await.client().await.unwrap();
+    install_monitoring_crds(&client).await;
+
+    // The generated CRD (crds/ and the chart link to it) is up to date.
+    assert!(
+        std::fs::read_to_string(repo().join("deploy/base/crds/manifest.yaml")).unwrap()
+            == module_manager::api::manifest_crd_yaml(),
+        "deploy/base/crds/manifest.yaml is stale: run `make crds`"
+    );
+    let deployed = kustomize("deploy");
+    check_deployment(&deployed, "module-manager");
+    find(&deployed, "Namespace", NAMESPACE);
+    assert!(
+        deployed
+            .iter()
+            .filter(|o| kind(o) != "Namespace" && kind(o) != "CustomResourceDefinition")
+            .filter(|o| !kind(o).starts_with("Cluster"))
+            .all(|o| o["metadata"]["namespace"] == NAMESPACE),
+        "every namespaced object in {NAMESPACE}"
+    );
+    // deploy/base: the same without what needs the Prometheus Operator.
+    let base = kustomize("deploy/base");
+    assert!(base.iter().all(|o| {
+        !o["apiVersion"]
+            .as_str()
+            .unwrap()
+            .starts_with("monitoring.coreos.com/")
+    }));
+    assert!(base.iter().all(|o| deployed.contains(o)), "base ⊄ deploy/");
+
+    let chart = helm_template(ALL_MONITORING);
+    check_deployment(&chart, "mm-module-manager");
+    // Without the toggles, nothing that needs the Prometheus Operator or Grafana.
+    let plain = kinds(&helm_template(&[]));
+    assert!(
+        !plain.iter().any(|k| k.starts_with("ServiceMonitor/")
+            || k.starts_with("PrometheusRule/")
+            || k.ends_with("-dashboards")),
+        "{plain:?}"
+    );
+    // The chart's rules are the deployed ones, in one copy (a symlink).
+    let rule =
+        |objects: &[Value], prefix: &str| find(objects, "PrometheusRule", prefix)["spec"].clone();
+    assert_eq!(
+        rule(&chart, "mm-module-manager"),
+        rule(&deployed, "module-manager")
+    );
+    let dashboards = |objects: &[Value], prefix: &str| {
+        find(objects, "ConfigMap", &format!("{prefix}-dashboards"))["data"].clone()
+    };
+    assert_eq!(
+        dashboards(&chart, "mm-module-manager"),
+        dashboards(&deployed, "module-manager")
+    );
+
+    // The API server accepts every object (the namespaces must exist for a dry run).
+    restricted_namespace(&client, NAMESPACE).await;
+    restricted_namespace(&client, HELM_NAMESPACE).await;
+    let refused = apply(&client, &deployed, true).await;
+    assert!(
+        refused.is_empty(),
+        "deploy/ refused:\n{}",
+        refused.join("\n")
+    );
+    let refused = apply(&client, &chart, true).await;
+    assert!(
+        refused.is_empty(),
+        "the chart refused:\n{}",
+        refused.join("\n")
+    );
+
+    // The pods meet the restricted Pod Security Standard (the namespaces enforce it).
+    for (objects, sts) in [(&deployed, "module-manager"), (&chart, "mm-module-manager")] {
+        let sts = find(objects, "StatefulSet", sts);
+        admit_pod(&client, sts)
+            .await
+            .unwrap_or_else(|e| panic!("the pod of {} is refused: {e}", name(sts)));
+    }
+    // … and a pod that does not is refused, so the check above can fail.
+    let mut privileged = find(&deployed, "StatefulSet", "module-manager").clone();
+    privileged["spec"]["template"]["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] =
+        json!(true);
+    let error = admit_pod(&client, &privileged).await.unwrap_err();
+    assert!(
+        error.to_string().contains("allowPrivilegeEscalation"),
+        "{error}"
+    );
+
+    // `helm lint --strict` is clean.
+    let home = tempfile::tempdir().unwrap();
+    run(helm(home.path())
+        .args(["lint", "--strict"])
+        .arg(repo().join("helm/module-manager")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_runs_with_exactly_the_deployed_rbac() {
+    let control_plane = control_plane().await;
+    let client = control_plane.client().await.unwrap();
+    install_monitoring_crds(&client).await;
+
+    // The whole deployment, for real (no kubelet: the StatefulSet starts no pod). Applied twice:
+    // a second apply of the same configuration must not conflict with the aggregation
+    // controller (it owns the aggregated role's rules).
+    let deployed = kustomize("deploy");
+    restricted_namespace(&client, NAMESPACE).await;
+    let refused = apply(&client, &deployed, false).await;
+    assert!(refused.is_empty(), "{}", refused.join("\n"));
+    let roles = Api::<ClusterRole>::all(client.clone());
+    eventually("module-manager-modules aggregated", String::new, || async {
+        let role = roles.get("module-manager-modules").await.ok()?;
+        (!role.rules.unwrap_or_default().is_empty()).then_some(())
+    })
+    .await;
+    let refused = apply(&client, &deployed, false).await;
+    assert!(refused.is_empty(), "a second apply: {}", refused.join("\n"));
+
+    // The operator, as its ServiceAccount.
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = token_kubeconfig(
+        dir.path(),
+        "operator",
+        &token(&client, NAMESPACE, "module-manager").await,
+    )
+    .await;
+    let sts = find(&deployed, "StatefulSet", "module-manager");
+    let admin_port = free_port();
+    let log = dir.path().join("operator.log");
+    let mut process = testenv::Proc::spawn(
+        "module-manager",
+        operator(sts, &kubeconfig, &dir.path().join("helm"), admin_port),
+        &log,
+        testenv::Lifetime::TiedToThisProcess,
+    )
+    .unwrap();
+    let admin = format!("http://127.0.0.1:{admin_port}");
+    // The log so far; a forbidden request fails the test at once (no waiting for the limit).
+    let tail = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            !text.to_lowercase().contains("forbidden"),
+            "a request was forbidden:\n{text}"
+        );
+        text
+    };
+    use axum::http::Method;
+    use module_manager::admin::{DRAIN_PATH, fetch};
+    // Up: the admin API answers (an exit before, e.g. the preflight's, fails at once).
+    let start = Instant::now();
+    while fetch::<Value>(&admin, Method::GET, "/v1/shards", None)
+        .await
+        .is_err()
+    {
+        if let Err(e) = process.check_running() {
+            panic!("the operator exited: {e}");
+        }
+        assert!(start.elapsed() < LIMIT, "no admin API:\n{}", tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The drain endpoint: the deployed drain role allows it, nobody else.
+    let drainer_binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "deploy-test-drainer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "module-manager-drain"},
+        "subjects": [{"kind": "ServiceAccount", "name": "drainer", "namespace": NAMESPACE}]
+    });
+    assert!(apply(&client, &[drainer_binding], false).await.is_empty());
+    let drainer = admin_token(&client, NAMESPACE, "drainer").await;
+    let nobody = admin_token(&client, NAMESPACE, "nobody").await;
+    let answer: Value = fetch(&admin, Method::POST, DRAIN_PATH, Some(&drainer))
+        .await
+        .unwrap_or_else(|e| panic!("drain: {e}\n{}", tail()));
+    assert_eq!(answer, json!({"draining": true}));
+    let refused = fetch::<Value>(&admin, Method::POST, DRAIN_PATH, Some(&nobody))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("403"), "{refused}");
+    let answer: Value = fetch(&admin, Method::DELETE, DRAIN_PATH, Some(&drainer))
+        .await
+        .unwrap();
+    assert_eq!(answer, json!({"draining": false}));
+
+    // A module: installed, Ready, its ConfigMap there, an Event published.
+    let namespace = control_plane.namespace(&client, "deploy").await.unwrap();
+    let manifests = Api::<Manifest>::namespaced(client.clone(), &namespace);
+    let manifest: Manifest = serde_json::from_value(json!({
+        "apiVersion": "modulemanager.io/v1alpha1",
+        "kind": "Manifest",
+        "metadata": {"name": "tiny"},
+        "spec": {"module": "tiny", "chart": {"path": "tiny"}, "values": {"n": 7}}
+    }))
+    .unwrap();
+    manifests
+        .create(&PostParams::default(), &manifest)
+        .await
+        .unwrap();
+    let uid = eventually("the Manifest is Ready", tail, || async {
+        let m = manifests.get("tiny").await.ok()?;
+        let status = m.status.clone()?;
+        (status.state == Some(State::Ready) && status.observed_generation == m.metadata.generation)
+            .then(|| m.uid().unwrap())
+    })
+    .await;
+    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
+    let configmap = configmaps
+        .get("tiny")
+        .await
+        .expect("the module's ConfigMap");
+    assert_eq!(configmap.data.as_ref().unwrap()["n"], "7");
+    assert_eq!(configmap.labels()["modulemanager.io/manifest-uid"], uid);
+    let events = Api::<Event>::namespaced(client.clone(), &namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        events.items.iter().any(|e| e
+            .regarding
+            .as_ref()
+            .is_some_and(|r| r.uid.as_deref() == Some(uid.as_str()))
+            && e.reporting_controller.as_deref() == Some("module-manager")),
+        "no Event about the Manifest: {:?}",
+        events.items.iter().map(|e| &e.reason).collect::<Vec<_>>()
+    );
+
+    // Deleted: the module's objects go, then the finalizer.
+    manifests
+        .delete("tiny", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the Manifest is deleted", tail, || async {
+        manifests
+            .get_opt("tiny")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(configmaps.get_opt("tiny").await.unwrap().is_none());
+
+    // A scale-down to zero, then SIGTERM: the replica hands its shards over, deletes its
+    // membership Lease and exits cleanly.
+    Api::<StatefulSet>::namespaced(client.clone(), NAMESPACE)
+        .patch(
+            "module-manager",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .unwrap();
+    eventually("the replica sees the scale-down", tail, || async {
+        let shards: Value = fetch(&admin, Method::GET, "/v1/shards", None).await.ok()?;
+        (shards["desired_replicas"] == 0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        unsafe { libc::kill(process.pid() as i32, libc::SIGTERM) },
+        0
+    );
+    let status = exited(&mut process).await;
+    let log_text = tail();
+    assert_eq!(status, "exit status: 0", "{log_text}");
+    let leases = Api::<Lease>::namespaced(client.clone(), NAMESPACE);
+    assert!(
+        leases
+            .get_opt("module-manager-member-module-manager-0")
+            .await
+            .unwrap()
+            .is_none(),
+        "the membership Lease is left"
+    );
+    let held: Vec<String> = leases
+        .list(
+            &ListParams::default()
+                .labels("modulemanager.io/fleet=module-manager,modulemanager.io/lease=shard"),
+        )
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|l| {
+            l.spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                .is_some_and(|h| !h.is_empty())
+        })
+        .map(|l| l.name_any())
+        .collect();
+    assert!(held.is_empty(), "shard Leases still held: {held:?}");
+
+    // Not one request of the whole run was forbidden.
+    assert!(
+        log_text.contains("preflight: every permission granted"),
+        "{log_text}"
+    );
+    let forbidden: Vec<&str> = log_text
+        .lines()
+        .filter(|l| l.to_lowercase().contains("forbidden"))
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "forbidden requests:\n{}",
+        forbidden.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_rbac_grants_what_preflight_asks() {
+    let client = control_plane().await.client().await.unwrap();
+    let chart = helm_template(&[]);
+    restricted_namespace(&client, HELM_NAMESPACE).await;
+    let rbac: Vec<Value> = chart
+        .iter()
+        .filter(|o| {
+            kind(o) == "ServiceAccount"
+                || o["apiVersion"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("rbac.authorization.k8s.io/")
+        })
+        .cloned()
+        .collect();
+    let refused = apply(&client, &rbac, false).await;
+    assert!(refused.is_empty(), "{}", refused.join("\n"));
+    let dir = tempfile::tempdir().unwrap();
+    let account = "mm-module-manager";
+    let kubeconfig = token_kubeconfig(
+        dir.path(),
+        "chart",
+        &token(&client, HELM_NAMESPACE, account).await,
+    )
+    .await;
+    let as_operator = testenv::client_for(&kubeconfig).await.unwrap();
+    let checks = preflight::checks(preflight::Config {
+        fleet_namespace: HELM_NAMESPACE,
+        statefulset: Some(account),
+    });
+    assert_eq!(checks.len(), preflight::PERMISSIONS.len());
+    let missing = preflight::missing(&as_operator, &checks).await.unwrap();
+    assert!(
+        missing.is_empty(),
+        "{}",
+        preflight::report(None, &missing, checks.len())
+    );
+    // The modules' aggregated role reaches the operator (e.g. the ConfigMaps of a module).
+    let can_i = preflight::Check {
+        permission: preflight::Permission {
+            verb: "create",
+            group: "",
+            resource: "configmaps",
+            subresource: "",
+            scope: preflight::Scope::AllNamespaces,
+            when: preflight::When::Always,
+            why: "a module's ConfigMap",
+        },
+        namespace: Some("anywhere".into()),
+        name: None,
+    };
+    eventually(
+        "the chart's module role is aggregated",
+        String::new,
+        || async {
+            preflight::missing(&as_operator, std::slice::from_ref(&can_i))
+                .await
+                .unwrap()
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_its_rbac_the_operator_exits_with_the_missing_permissions() {
+    let control_plane = control_plane().await;
+    let client = control_plane.client().await.unwrap();
+    let namespace = control_plane.namespace(&client, "unbound").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = token_kubeconfig(
+        dir.path(),
+        "unbound",
+        &token(&client, &namespace, "unbound").await,
+    )
+    .await;
+    // The deployed StatefulSet's arguments, in a namespace where the account has no binding.
+    let mut sts = find(&kustomize("deploy"), "StatefulSet", "module-manager").clone();
+    sts["metadata"]["namespace"] = json!(namespace);
+    let log = dir.path().join("operator.log");
+    let mut process = testenv::Proc::spawn(
+        "module-manager",
+        operator(&sts, &kubeconfig, &dir.path().join("helm"), free_port()),
+        &log,
+        testenv::Lifetime::TiedToThisProcess,
+    )
+    .unwrap();
+    let status = exited(&mut process).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_ne!(status, "exit status: 0", "{text}");
+    let checks = preflight::checks(preflight::Config {
+        fleet_namespace: &namespace,
+        statefulset: Some("module-manager"),
+    });
+    let user = format!("system:serviceaccount:{namespace}:unbound");
+    assert!(
+        text.contains(&format!(
+            "preflight: {user:?} lacks {} of the {} permissions module-manager needs:",
+            checks.len(),
+            checks.len()
+        )),
+        "{text}"
+    );
+    for check in &checks {
+        assert!(
+            text.contains(&format!("  - {} (", check.describe())),
+            "{} not listed:\n{text}",
+            check.describe()
+        );
+    }
+    assert!(text.contains("deploy/base/rbac/operator.yaml"), "{text}");
+    // Nothing started: it stopped before joining the fleet.
+    let leases = Api::<Lease>::namespaced(client.clone(), &namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(leases.items.is_empty());
+}

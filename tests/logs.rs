@@ -1,0 +1,245 @@
+//! The operator's JSON logs, captured from the real binary reconciling real Manifests (install,
+//! upgrade with a prune, a render error, values from a Secret, deletion): every line a pass
+//! writes carries the component IDs (namespace, name, uid, module, shard, replica, reconcile
+//! id), every pipeline line is inside a pass, and no Secret value reaches the log.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use module_manager::api::{Manifest, State};
+use serde_json::{Value, json};
+
+/// The fields every line of a pass carries (from the controller's `reconcile` span).
+const COMPONENT_IDS: [&str; 7] = [
+    "namespace",
+    "name",
+    "uid",
+    "module",
+    "shard",
+    "replica",
+    "reconcile_id",
+];
+
+/// Log targets that only run inside a pass.
+const PIPELINE_TARGETS: [&str; 7] = [
+    "module_manager::reconcile",
+    "module_manager::render",
+    "module_manager::apply",
+    "module_manager::plan",
+    "module_manager::readiness",
+    "module_manager::chart_source",
+    "module_manager::values",
+];
+
+const SECRET_VALUE: &str = "s3cr3t-db-host-7f3a";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+async fn wait_for(
+    api: &Api<Manifest>,
+    name: &str,
+    what: &str,
+    done: impl Fn(Option<&Manifest>) -> bool,
+) {
+    let start = Instant::now();
+    loop {
+        let manifest = api.get_opt(name).await.unwrap();
+        if done(manifest.as_ref()) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "{name}: never {what}; last seen {:?}",
+            manifest.and_then(|m| m.status)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn in_state(state: State) -> impl Fn(Option<&Manifest>) -> bool {
+    move |m| {
+        m.and_then(|m| m.status.as_ref()).is_some_and(|s| {
+            s.state == Some(state) && s.observed_generation == m.unwrap().metadata.generation
+        })
+    }
+}
+
+/// The `reconcile` span of a JSON log line, if the line was written inside a pass.
+fn reconcile_span(line: &Value) -> Option<&Value> {
+    line["spans"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == "reconcile")
+}
+
+#[tokio::test]
+async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
+    let control_plane = testenv::shared(testenv::Options {
+        crd_files: vec![repo().join("crds/manifest.yaml")],
+        ..Default::default()
+    })
+    .await
+    .expect("control plane");
+    let client: Client = control_plane.client().await.unwrap();
+    let ns = control_plane.namespace(&client, "logs").await.unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("operator.log");
+    let replica = format!("{ns}-0");
+
+    let mut command = Command::new(env!("CARGO_BIN_EXE_module-manager"));
+    command
+        .current_dir(repo())
+        .env("KUBECONFIG", control_plane.kubeconfig())
+        .env("RUST_LOG", "info,module_manager=debug,kube=warn")
+        .args(["run", "--replica", &replica, "--chart-root", "."])
+        .arg("--helm")
+        .arg(testenv::Tools::locate().unwrap().helm)
+        .args(["--fleet", &ns, "--lease-namespace", &ns, "--shards", "16"])
+        .args(["--admin-address", "127.0.0.1:0"])
+        .args(["--manifest-selector", &format!("logs-test={ns}")]);
+    let mut operator = testenv::Proc::spawn(
+        "module-manager",
+        command,
+        &log,
+        testenv::Lifetime::TiedToThisProcess,
+    )
+    .unwrap();
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "db"},
+                "stringData": {"values.yaml": format!("dbHost: {SECRET_VALUE}\n")},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let manifests: Api<Manifest> = Api::namespaced(client.clone(), &ns);
+    let manifest = |name: &str, spec: Value| -> Manifest {
+        serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": name, "labels": {"logs-test": ns}},
+            "spec": spec,
+        }))
+        .unwrap()
+    };
+    let create = async |m: Manifest| {
+        manifests.create(&PostParams::default(), &m).await.unwrap();
+    };
+    // Install, then upgrade to a version that drops objects (prune).
+    create(manifest(
+        "catalog",
+        json!({"module": "catalog", "chart": {"path": "examples/charts/catalog-v1"}}),
+    ))
+    .await;
+    // Values from a Secret.
+    create(manifest(
+        "secret-values",
+        json!({"module": "db", "chart": {"path": "tests/fixtures/charts/needs-value"},
+               "valuesFrom": [{"kind": "Secret", "name": "db"}]}),
+    ))
+    .await;
+    // A render error.
+    create(manifest(
+        "broken",
+        json!({"module": "broken", "chart": {"path": "tests/fixtures/charts/needs-value"}}),
+    ))
+    .await;
+    wait_for(&manifests, "catalog", "Ready", in_state(State::Ready)).await;
+    wait_for(&manifests, "secret-values", "Ready", in_state(State::Ready)).await;
+    wait_for(&manifests, "broken", "Error", in_state(State::Error)).await;
+    manifests
+        .patch(
+            "catalog",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"chart": {"path": "examples/charts/catalog-v2"}}})),
+        )
+        .await
+        .unwrap();
+    wait_for(&manifests, "catalog", "upgraded", in_state(State::Ready)).await;
+    let uids: BTreeSet<String> = manifests
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|m| m.uid())
+        .collect();
+    for name in ["catalog", "secret-values", "broken"] {
+        manifests
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    for name in ["catalog", "secret-values", "broken"] {
+        wait_for(&manifests, name, "deleted", |m| m.is_none()).await;
+    }
+    operator.stop(Duration::from_secs(30));
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains(SECRET_VALUE),
+        "a Secret's value reached the log"
+    );
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let mut passes = BTreeSet::new();
+    let mut messages = BTreeSet::new();
+    for line in &lines {
+        let target = line["target"].as_str().unwrap_or_default();
+        let message = line["message"].as_str().unwrap_or_default();
+        let Some(span) = reconcile_span(line) else {
+            assert!(
+                !PIPELINE_TARGETS.iter().any(|t| target.starts_with(t)),
+                "a pipeline line outside a pass: {line}"
+            );
+            continue;
+        };
+        for field in COMPONENT_IDS {
+            let value = &span[field];
+            assert!(
+                !value.is_null() && value != "",
+                "{field} missing or empty: {line}"
+            );
+        }
+        assert!(uids.contains(span["uid"].as_str().unwrap()), "{line}");
+        assert_eq!(span["replica"], replica.as_str(), "{line}");
+        passes.insert(span["reconcile_id"].to_string());
+        messages.insert(message.split(':').next().unwrap_or_default().to_owned());
+    }
+    // The check above saw the lines it is about: every step of the scenario logged inside a
+    // pass, from the controller and from the pipeline.
+    for expected in [
+        "reconcile start",
+        "reconcile end",
+        "rendered",
+        "applied",
+        "deleted",
+        "helm template",
+        "reconcile failed",
+    ] {
+        assert!(
+            messages.contains(expected),
+            "no {expected:?} line inside a pass; messages seen: {messages:?}"
+        );
+    }
+    let starts = lines
+        .iter()
+        .filter(|l| l["message"] == "reconcile start")
+        .count();
+    assert_eq!(starts, passes.len(), "one reconcile id per pass");
+    assert!(passes.len() >= 6, "{passes:?}");
+}
