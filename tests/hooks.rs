@@ -120,12 +120,17 @@ fn finished(job: &Job) -> bool {
 }
 
 impl Harness {
+    /// Creates a Manifest of the hooks fixture chart with these values.
     async fn create(&self, name: &str, values: Value) {
+        self.create_from(name, CHART, values).await;
+    }
+
+    async fn create_from(&self, name: &str, chart: &str, values: Value) {
         let manifest: Manifest = serde_json::from_value(json!({
             "apiVersion": "modulemanager.io/v1alpha1",
             "kind": "Manifest",
             "metadata": {"name": name, "namespace": self.ns},
-            "spec": {"module": name, "chart": {"path": CHART}, "values": values, "interval": "2s"},
+            "spec": {"module": name, "chart": {"path": chart}, "values": values, "interval": "2s"},
         }))
         .unwrap();
         self.manifests
@@ -646,5 +651,70 @@ async fn delete_hooks_run_around_the_deletion_and_no_hook_object_is_left() {
         "every hook Job is deleted with the Manifest"
     );
     assert_eq!(h.config_map_version("db-app").await, None);
+    h.assert_no_pods().await;
+}
+
+#[tokio::test]
+async fn the_ledger_example_migrates_its_data_before_the_upgrade() {
+    let h = start("hook-ledger").await;
+    h.create_from("ledger", "examples/charts/ledger-v1", json!({}))
+        .await;
+    h.wait_state("ledger", State::Processing, "Progressing")
+        .await;
+    h.deployment_ready("ledger").await;
+    h.wait_state("ledger", State::Ready, "Ready").await;
+    let schema = async || {
+        h.config_maps()
+            .get("ledger")
+            .await
+            .unwrap()
+            .data
+            .unwrap()
+            .get("schemaVersion")
+            .cloned()
+    };
+    assert_eq!(schema().await.as_deref(), Some("1"));
+    assert!(
+        h.job_names().await.is_empty(),
+        "an install runs no migration"
+    );
+
+    h.patch_spec(
+        "ledger",
+        json!({"chart": {"path": "examples/charts/ledger-v2"}}),
+    )
+    .await;
+    let order = h
+        .run_jobs(1, async |_| {
+            assert_eq!(
+                schema().await.as_deref(),
+                Some("1"),
+                "version 1 until migrated"
+            );
+            assert!(
+                h.config_maps()
+                    .get_opt("ledger-migration")
+                    .await
+                    .unwrap()
+                    .is_some(),
+                "the script (weight -5) comes before the Job"
+            );
+        })
+        .await;
+    assert_eq!(order, ["ledger-migrate"]);
+    h.wait_state("ledger", State::Processing, "Progressing")
+        .await;
+    assert_eq!(schema().await.as_deref(), Some("2"));
+    h.deployment_ready("ledger").await;
+    let upgraded = h.wait_state("ledger", State::Ready, "Ready").await;
+    assert!(hook_objects(&upgraded).is_empty(), "hook-succeeded");
+    assert!(h.job_names().await.is_empty());
+    assert!(
+        h.config_maps()
+            .get_opt("ledger-migration")
+            .await
+            .unwrap()
+            .is_none()
+    );
     h.assert_no_pods().await;
 }
