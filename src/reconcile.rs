@@ -1027,10 +1027,10 @@ async fn delete(
                 run.message.clone().unwrap_or_default(),
             ));
         }
-        let deleting = |message: String, requeue, facts: Facts| Pass {
+        let deleting = |reason, message: String, requeue, facts: Facts| Pass {
             outcome: Outcome {
                 state: State::Deleting,
-                reason: "Deleting",
+                reason,
                 message,
                 rendered: None,
                 applied: None,
@@ -1047,7 +1047,12 @@ async fn delete(
                 .delete_hooks(run, &mut progress.hook_objects, HookEvent::PreDelete)
                 .await?
             {
-                return Ok(Some(deleting(message, HOOK_REQUEUE, progress.facts())));
+                return Ok(Some(deleting(
+                    "HookRunning",
+                    message,
+                    HOOK_REQUEUE,
+                    progress.facts(),
+                )));
             }
             hooks::advance(run);
         }
@@ -1071,7 +1076,12 @@ async fn delete(
                     "waiting for {} objects to be deleted: {first}",
                     remaining.len()
                 );
-                return Ok(Some(deleting(message, PROGRESS_REQUEUE, progress.facts())));
+                return Ok(Some(deleting(
+                    "Deleting",
+                    message,
+                    PROGRESS_REQUEUE,
+                    progress.facts(),
+                )));
             }
             hooks::advance(run);
         }
@@ -1082,7 +1092,12 @@ async fn delete(
                 .delete_hooks(run, &mut progress.hook_objects, HookEvent::PostDelete)
                 .await?
             {
-                return Ok(Some(deleting(message, HOOK_REQUEUE, progress.facts())));
+                return Ok(Some(deleting(
+                    "HookRunning",
+                    message,
+                    HOOK_REQUEUE,
+                    progress.facts(),
+                )));
             }
             hooks::advance(run);
         }
@@ -1107,7 +1122,12 @@ async fn delete(
                 "waiting for {} hook objects to be deleted: {first}",
                 remaining.len()
             );
-            return Ok(Some(deleting(message, PROGRESS_REQUEUE, progress.facts())));
+            return Ok(Some(deleting(
+                "Deleting",
+                message,
+                PROGRESS_REQUEUE,
+                progress.facts(),
+            )));
         }
     }
     let (reason, note) = match manifest.spec.deletion_policy {

@@ -421,14 +421,22 @@ async fn install_and_upgrade_run_their_hooks_in_order_around_the_objects() {
             );
             let marker = h.config_map_version("db-mm-marker").await;
             match job {
-                "db-zz-first" => assert_eq!(marker, None, "the ConfigMap hook runs second"),
-                _ => {
-                    assert_eq!(marker.as_deref(), Some("1"), "the ConfigMap hook ran");
+                "db-zz-first" => assert_eq!(
+                    marker, None,
+                    "the ConfigMap hook (weight 0) runs after zz-first (weight -5)"
+                ),
+                "db-aa-second" => {
+                    assert_eq!(
+                        marker.as_deref(),
+                        Some("1"),
+                        "the ConfigMap hook runs before the Job of equal weight (kind order)"
+                    );
                     assert!(
                         h.job_uid("db-zz-first").await.is_some(),
-                        "hook-succeeded deletes once the whole phase succeeded"
+                        "zz-first (weight -5) ran before aa-second, and hook-succeeded deletes it only once the whole phase succeeded"
                     );
                 }
+                other => panic!("unexpected hook Job {other}"),
             }
         })
         .await;
@@ -630,12 +638,12 @@ async fn delete_hooks_run_around_the_deletion_and_no_hook_object_is_left() {
             let app = h.config_map_version("db-app").await;
             if job == "db-drain" {
                 assert!(app.is_some(), "pre-delete runs before the objects go");
-                let deleting = h.manifests.get("db").await.unwrap();
-                assert_eq!(
-                    deleting.status.unwrap().state,
-                    Some(State::Deleting),
-                    "{job}"
-                );
+                let deleting = h
+                    .wait_for("db", "Deleting (HookRunning)", |m| {
+                        ready_condition(m).is_some_and(|(reason, _)| reason == "HookRunning")
+                    })
+                    .await;
+                assert_eq!(deleting.status.unwrap().state, Some(State::Deleting));
             } else {
                 assert!(app.is_none(), "post-delete runs once the objects are gone");
             }
@@ -717,4 +725,43 @@ async fn the_ledger_example_migrates_its_data_before_the_upgrade() {
             .is_none()
     );
     h.assert_no_pods().await;
+}
+
+#[tokio::test]
+async fn a_manifest_whose_chart_is_gone_is_deleted_without_its_delete_hooks() {
+    let h = start("hook-skip").await;
+    let hooks = json!([{"name": "drain", "events": "pre-delete"}]);
+    h.create("db", json!({"hooks": hooks})).await;
+    h.wait_state("db", State::Ready, "Ready").await;
+    h.patch_spec(
+        "db",
+        json!({"chart": {"path": "tests/fixtures/charts/nope"}}),
+    )
+    .await;
+    h.wait_state("db", State::Error, "ChartError").await;
+
+    h.manifests
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_until("the Manifest is gone", async || {
+        h.manifests.get_opt("db").await.unwrap().is_none()
+    })
+    .await;
+    assert_eq!(
+        h.config_map_version("db-app").await,
+        None,
+        "objects deleted"
+    );
+    assert!(h.job_names().await.is_empty(), "no delete hook ran");
+    let events = h.events("db").await;
+    for event in ["pre-delete", "post-delete"] {
+        assert!(
+            events.iter().any(|(kind, reason, note)| kind == "Warning"
+                && reason == "HookSkipped"
+                && note.starts_with(&format!("{event} hooks not run: "))
+                && note.contains("does not exist")),
+            "{event}: {events:?}"
+        );
+    }
 }
