@@ -313,13 +313,13 @@ async fn install(
         &request.release,
         &namespace,
     );
-    let run = progress.hook_run.insert(hooks::current_run(
+    let run = hooks::current_run(
         previous.hook_run.as_ref(),
         false,
         &inputs,
         manifest.meta().generation,
         !previous.inventory.is_empty(),
-    ));
+    );
     if run.phase == HookRunPhase::Failed {
         // Stays failed until the spec or the inputs change: nothing is applied meanwhile.
         return Err(ReconcileError::HookFailed(
@@ -331,6 +331,8 @@ async fn install(
     request.is_upgrade = run.operation == HookOperation::Upgrade;
     let rendered = ctx.renderer.render(&request).await?;
     let mut plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
+    // Recorded from here on: a render that fails does not replace the previous run.
+    let run = progress.hook_run.insert(run);
     // A spec change (release name, target namespace …) counts as a changed input too.
     let inputs_changed = previous.chart_digest.as_deref() != Some(request.chart.digest.as_str())
         || previous.values_digest.as_deref() != Some(values_digest.as_str())
@@ -1354,6 +1356,27 @@ mod tests {
         let cut = truncate(&long, 1023);
         assert_eq!(cut.len(), 1022);
         assert!(long.starts_with(cut));
+    }
+
+    #[test]
+    fn delete_hooks_are_skipped_only_when_the_render_cannot_be_made_for_good() {
+        assert!(cannot_render_for_good(&ReconcileError::ValuesSource(
+            "Secret s does not exist".into()
+        )));
+        assert!(cannot_render_for_good(&ReconcileError::Plan(
+            PlanError::Duplicate("Secret/s".into())
+        )));
+        assert!(!cannot_render_for_good(&ReconcileError::HookFailed(
+            "x".into()
+        )));
+        assert!(!cannot_render_for_good(&ReconcileError::Apply(
+            ApplyError::UnknownKind("Widget/w".into())
+        )));
+        assert!(ReconcileError::HookFailed("x".into()).is_permanent());
+        assert_eq!(
+            ReconcileError::HookFailed("x".into()).category(),
+            "HookFailed"
+        );
     }
 
     #[test]

@@ -598,6 +598,22 @@ async fn a_failed_or_timed_out_pre_upgrade_hook_stops_the_upgrade() {
         "hook-failed only: kept after success"
     );
 
+    // Bad input loses nothing: a render error leaves the finished run as it was, and going back
+    // to the same inputs runs no hook again (a new run would refuse the kept Job: it lacks
+    // before-hook-creation).
+    let done = hook_run(&h.manifests.get("db").await.unwrap());
+    let migrated = h.job_uid("db-migrate").await;
+    h.patch_spec(
+        "db",
+        json!({"chart": {"path": "tests/fixtures/charts/template-error"}}),
+    )
+    .await;
+    let broken = h.wait_state("db", State::Error, "RenderError").await;
+    assert_eq!(hook_run(&broken), done);
+    h.patch_spec("db", json!({"chart": {"path": CHART}})).await;
+    h.wait_state("db", State::Ready, "Ready").await;
+    assert_eq!(h.job_uid("db-migrate").await, migrated, "not run again");
+
     // A hook that does not finish within its timeout fails the same way.
     let slow = json!([{"name": "slow", "events": "pre-upgrade", "timeout": "2s"}]);
     h.patch_spec("db", json!({"values": {"hooks": slow, "version": "3"}}))
