@@ -67,6 +67,7 @@ async fn main() -> anyhow::Result<()> {
         replica: "bench".into(),
         shards: module_manager::shard::ShardCount::DEFAULT,
         metrics: Default::default(),
+        hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
         reporter: Reporter {
             controller: "module-manager".into(),
             instance: Some("bench".into()),

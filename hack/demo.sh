@@ -57,6 +57,8 @@ The control plane and the operator keep running. Try:
   export KUBECONFIG=$KUBECONFIG
   kubectl get manifests -A -w
   kubectl describe manifest -n default catalog
+  kubectl patch manifest -n default ledger --type merge \
+    -p '{"spec":{"chart":{"path":"examples/charts/ledger-v2"}}}'  # its migration Job runs first
   tail -f $state_dir/operator-0.log
   cargo run -q --bin module-manager -- admin shards               # who owns which shard
   cargo run -q --bin module-manager -- admin manifest default web # uid, shard, owner, state

@@ -224,6 +224,14 @@ impl Cluster {
         })
     }
 
+    /// The object as stored, if it exists.
+    pub async fn get(&self, id: &InventoryEntry) -> Result<Option<DynamicObject>, ApplyError> {
+        self.api_for(id)?
+            .get_opt(&id.name)
+            .await
+            .map_err(|e| ApplyError::from_kube(id, e))
+    }
+
     /// Refuses an object that already exists without this Manifest's label (or with another
     /// Manifest's), as Helm refuses to install over objects it does not own. Called for objects
     /// new to the inventory, before they are recorded, so a refused object is never recorded

@@ -7,6 +7,7 @@ pub mod api;
 pub mod apply;
 pub mod chart_source;
 pub mod controller;
+pub mod hooks;
 pub mod log_check;
 pub mod metrics;
 pub mod plan;

@@ -98,6 +98,10 @@ struct RunArgs {
     /// Limit on one helm render, in seconds.
     #[arg(long, default_value_t = 30)]
     render_timeout_seconds: u64,
+    /// How long a hook (a Job or Pod run by `helm.sh/hook`) may run before it counts as
+    /// failed, in seconds, unless its `modulemanager.io/hook-timeout` annotation says otherwise.
+    #[arg(long, default_value_t = 300)]
+    hook_timeout_seconds: u64,
     /// Number of virtual shards (a power of two); the same in every replica of a fleet.
     #[arg(long, default_value_t = 256, value_parser = parse_shards)]
     shards: u32,
@@ -302,6 +306,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         replica: args.replica,
         shards: fleet_config.shards,
         metrics: reconcile_metrics,
+        hook_timeout: Duration::from_secs(args.hook_timeout_seconds),
     });
     let ownership = Ownership::new();
     let controller_ownership = if args.fault_ignore_ownership {

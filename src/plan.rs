@@ -69,12 +69,16 @@ pub enum PlanError {
     #[error("{0} is rendered twice")]
     Duplicate(String),
     /// a hook annotation could not be read.
-    #[error("{object}: invalid helm.sh/hook-weight {weight:?}")]
-    HookWeight {
+    #[error("{object}: invalid {annotation} {value:?}: {expected}")]
+    HookAnnotation {
         /// The hook object.
         object: String,
-        /// The annotation's value.
-        weight: String,
+        /// The annotation.
+        annotation: &'static str,
+        /// Its value.
+        value: String,
+        /// What it may hold.
+        expected: &'static str,
     },
     /// the API server does not serve the object's kind.
     #[error("{0}: the target cluster does not serve this kind")]
@@ -90,17 +94,116 @@ pub struct RenderedObject {
     pub body: Value,
 }
 
+/// The Helm annotation that makes an object a hook: comma-separated events.
+pub const HOOK_ANNOTATION: &str = "helm.sh/hook";
+/// The hook's weight (an integer string; lower runs first; default 0).
+pub const HOOK_WEIGHT_ANNOTATION: &str = "helm.sh/hook-weight";
+/// The hook's delete policies (comma-separated; default `before-hook-creation`).
+pub const HOOK_DELETE_POLICY_ANNOTATION: &str = "helm.sh/hook-delete-policy";
+/// module-manager's own: how long a hook may run (`90s`, `10m`, `1h`) before it counts as failed.
+pub const HOOK_TIMEOUT_ANNOTATION: &str = "modulemanager.io/hook-timeout";
+
+/// When a hook runs (`helm.sh/hook`). Rollback hooks are accepted and never run: module-manager
+/// does not roll back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookEvent {
+    /// Before the objects of a first install are applied.
+    PreInstall,
+    /// After the objects of a first install are ready.
+    PostInstall,
+    /// Before the objects of an upgrade are applied.
+    PreUpgrade,
+    /// After the objects of an upgrade are ready.
+    PostUpgrade,
+    /// Before the objects are deleted.
+    PreDelete,
+    /// After the objects are gone.
+    PostDelete,
+    /// Helm's rollback (never run).
+    PreRollback,
+    /// Helm's rollback (never run).
+    PostRollback,
+}
+
+impl HookEvent {
+    /// The annotation value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PreInstall => "pre-install",
+            Self::PostInstall => "post-install",
+            Self::PreUpgrade => "pre-upgrade",
+            Self::PostUpgrade => "post-upgrade",
+            Self::PreDelete => "pre-delete",
+            Self::PostDelete => "post-delete",
+            Self::PreRollback => "pre-rollback",
+            Self::PostRollback => "post-rollback",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        [
+            Self::PreInstall,
+            Self::PostInstall,
+            Self::PreUpgrade,
+            Self::PostUpgrade,
+            Self::PreDelete,
+            Self::PostDelete,
+            Self::PreRollback,
+            Self::PostRollback,
+        ]
+        .into_iter()
+        .find(|e| e.as_str() == text)
+    }
+}
+
+/// When a hook object is deleted (`helm.sh/hook-delete-policy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeletePolicy {
+    /// The previous instance is deleted (and waited for) before the hook runs again.
+    BeforeHookCreation,
+    /// Deleted once every hook of its phase succeeded.
+    HookSucceeded,
+    /// Deleted when it fails.
+    HookFailed,
+}
+
+impl DeletePolicy {
+    fn parse(text: &str) -> Option<Self> {
+        match text {
+            "before-hook-creation" => Some(Self::BeforeHookCreation),
+            "hook-succeeded" => Some(Self::HookSucceeded),
+            "hook-failed" => Some(Self::HookFailed),
+            _ => None,
+        }
+    }
+}
+
 /// A Helm hook (a migration step) and when it runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hook {
     /// The hook object.
     pub object: RenderedObject,
-    /// Events it runs on (`pre-install`, `post-upgrade`, …).
-    pub events: Vec<String>,
+    /// Events it runs on.
+    pub events: Vec<HookEvent>,
     /// `helm.sh/hook-weight`: lower runs first.
     pub weight: i64,
-    /// `helm.sh/hook-delete-policy` entries.
-    pub delete_policies: Vec<String>,
+    /// `helm.sh/hook-delete-policy`; `[BeforeHookCreation]` when the annotation is absent or
+    /// empty, as in Helm.
+    pub delete_policies: Vec<DeletePolicy>,
+    /// `modulemanager.io/hook-timeout`, if set.
+    pub timeout: Option<std::time::Duration>,
+}
+
+impl Hook {
+    /// Whether the hook has this delete policy.
+    pub fn has_policy(&self, policy: DeletePolicy) -> bool {
+        self.delete_policies.contains(&policy)
+    }
+
+    /// Whether the hook runs on this event.
+    pub fn runs_on(&self, event: HookEvent) -> bool {
+        self.events.contains(&event)
+    }
 }
 
 /// A render split and ordered for applying.
@@ -222,7 +325,9 @@ fn annotation<'a>(object: &'a RenderedObject, key: &str) -> Option<&'a str> {
 }
 
 /// Splits objects into CRDs, hooks and the rest, each in the order they are applied.
-/// Test hooks (`test`, `test-success`) are dropped, as `helm template --skip-tests` would.
+/// Test hooks (`test`, `test-success`) are dropped, as `helm template --skip-tests` would. An
+/// object whose `helm.sh/hook` names Helm 2's `crd-install` is applied as a plain object (a CRD
+/// with the CRDs), as Argo CD does (Helm 3 skips it as an unknown hook).
 pub fn plan(objects: Vec<RenderedObject>) -> Result<Plan, PlanError> {
     let mut seen = BTreeSet::new();
     let mut plan = Plan::default();
@@ -230,31 +335,20 @@ pub fn plan(objects: Vec<RenderedObject>) -> Result<Plan, PlanError> {
         if !seen.insert(object.id.clone()) {
             return Err(PlanError::Duplicate(describe(&object.id)));
         }
-        if let Some(events) = annotation(&object, "helm.sh/hook") {
-            let events: Vec<String> = split_list(events)
-                .filter(|e| !e.starts_with("test"))
-                .collect();
-            if events.is_empty() {
-                continue;
+        let hook = match annotation(&object, HOOK_ANNOTATION) {
+            Some(events) if !split_list(events).any(|e| e == "crd-install") => {
+                let events: Vec<String> = split_list(events)
+                    .filter(|e| !e.starts_with("test"))
+                    .collect();
+                if events.is_empty() {
+                    continue; // only test hooks
+                }
+                Some(events)
             }
-            let weight = match annotation(&object, "helm.sh/hook-weight") {
-                None => 0,
-                Some(w) => w.trim().parse().map_err(|_| PlanError::HookWeight {
-                    object: describe(&object.id),
-                    weight: w.to_owned(),
-                })?,
-            };
-            let delete_policies = annotation(&object, "helm.sh/hook-delete-policy")
-                .map(split_list)
-                .into_iter()
-                .flatten()
-                .collect();
-            plan.hooks.push(Hook {
-                object,
-                events,
-                weight,
-                delete_policies,
-            });
+            _ => None,
+        };
+        if let Some(events) = hook {
+            plan.hooks.push(hook_of(object, &events)?);
         } else if is_crd(&object.id) {
             plan.crds.push(object);
         } else {
@@ -264,10 +358,80 @@ pub fn plan(objects: Vec<RenderedObject>) -> Result<Plan, PlanError> {
     plan.crds.sort_by(|a, b| a.id.name.cmp(&b.id.name));
     plan.objects
         .sort_by(|a, b| install_key(&a.id).cmp(&install_key(&b.id)));
-    plan.hooks.sort_by(|a, b| {
-        (a.weight, install_key(&a.object.id)).cmp(&(b.weight, install_key(&b.object.id)))
-    });
+    // Helm's order (`pkg/action/hooks.go`, `hookByWeight`): weight, then kind in install order
+    // (unknown kinds last, by kind), then name.
+    plan.hooks.sort_by(|a, b| hook_key(a).cmp(&hook_key(b)));
     Ok(plan)
+}
+
+fn hook_key(hook: &Hook) -> (i64, (usize, &str), &str, &str) {
+    let id = &hook.object.id;
+    (hook.weight, install_rank(&id.kind), &id.name, &id.namespace)
+}
+
+/// Reads a hook's annotations.
+fn hook_of(object: RenderedObject, events: &[String]) -> Result<Hook, PlanError> {
+    let invalid = |annotation, value: &str, expected| PlanError::HookAnnotation {
+        object: describe(&object.id),
+        annotation,
+        value: value.to_owned(),
+        expected,
+    };
+    let events = events
+        .iter()
+        .map(|e| {
+            HookEvent::parse(e).ok_or_else(|| invalid(
+                HOOK_ANNOTATION,
+                e,
+                "pre-install, post-install, pre-upgrade, post-upgrade, pre-delete, post-delete, pre-rollback, post-rollback, test",
+            ))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let weight = match annotation(&object, HOOK_WEIGHT_ANNOTATION) {
+        None => 0,
+        Some(w) => w
+            .trim()
+            .parse()
+            .map_err(|_| invalid(HOOK_WEIGHT_ANNOTATION, w, "an integer"))?,
+    };
+    let mut delete_policies = Vec::new();
+    for policy in annotation(&object, HOOK_DELETE_POLICY_ANNOTATION)
+        .map(split_list)
+        .into_iter()
+        .flatten()
+    {
+        delete_policies.push(DeletePolicy::parse(&policy).ok_or_else(|| {
+            invalid(
+                HOOK_DELETE_POLICY_ANNOTATION,
+                &policy,
+                "before-hook-creation, hook-succeeded, hook-failed",
+            )
+        })?);
+    }
+    if delete_policies.is_empty() {
+        delete_policies.push(DeletePolicy::BeforeHookCreation);
+    }
+    let timeout = match annotation(&object, HOOK_TIMEOUT_ANNOTATION) {
+        None => None,
+        Some(t) => Some(
+            crate::api::parse_interval(t.trim())
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    invalid(
+                        HOOK_TIMEOUT_ANNOTATION,
+                        t,
+                        "a positive duration such as 90s, 10m or 1h",
+                    )
+                })?,
+        ),
+    };
+    Ok(Hook {
+        object,
+        events,
+        weight,
+        delete_policies,
+        timeout,
+    })
 }
 
 fn split_list(list: &str) -> impl Iterator<Item = String> + '_ {
@@ -483,10 +647,21 @@ metadata:
             [("seed", -3), ("migrate", 5)],
             "ordered by weight; the test hook is dropped"
         );
-        assert_eq!(plan.hooks[1].events, ["pre-upgrade", "pre-install"]);
+        assert_eq!(
+            plan.hooks[1].events,
+            [HookEvent::PreUpgrade, HookEvent::PreInstall]
+        );
         assert_eq!(
             plan.hooks[1].delete_policies,
-            ["before-hook-creation", "hook-succeeded"]
+            [
+                DeletePolicy::BeforeHookCreation,
+                DeletePolicy::HookSucceeded
+            ]
+        );
+        assert_eq!(
+            plan.hooks[0].delete_policies,
+            [DeletePolicy::BeforeHookCreation],
+            "Helm's default"
         );
         assert_eq!(
             plan.inventory().len(),
@@ -521,11 +696,93 @@ metadata:
             plan(parse_documents(twice).unwrap()),
             Err(PlanError::Duplicate("Secret/s".into()))
         );
-        let weight = "apiVersion: v1\nkind: Secret\nmetadata: {name: s, annotations: {helm.sh/hook: pre-install, helm.sh/hook-weight: high}}\n";
-        assert!(matches!(
-            plan(parse_documents(weight).unwrap()),
-            Err(PlanError::HookWeight { .. })
-        ));
+        let hook = |annotations: &str| {
+            let doc = format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: s, annotations: {{{annotations}}}}}\n"
+            );
+            plan(parse_documents(&doc).unwrap())
+        };
+        for (annotations, named) in [
+            (
+                "helm.sh/hook: pre-install, helm.sh/hook-weight: high",
+                "helm.sh/hook-weight \"high\"",
+            ),
+            ("helm.sh/hook: pre-instal", "helm.sh/hook \"pre-instal\""),
+            (
+                "helm.sh/hook: pre-install, helm.sh/hook-delete-policy: hook-suceeded",
+                "helm.sh/hook-delete-policy \"hook-suceeded\"",
+            ),
+            (
+                "helm.sh/hook: pre-install, modulemanager.io/hook-timeout: \"5\"",
+                "modulemanager.io/hook-timeout \"5\"",
+            ),
+            (
+                "helm.sh/hook: pre-install, modulemanager.io/hook-timeout: 0s",
+                "modulemanager.io/hook-timeout \"0s\"",
+            ),
+        ] {
+            match hook(annotations) {
+                Err(e @ PlanError::HookAnnotation { .. }) => {
+                    let message = e.to_string();
+                    assert!(message.starts_with("Secret/s: invalid "), "{message}");
+                    assert!(message.contains(named), "{message}");
+                }
+                other => panic!("{annotations}: {other:?}"),
+            }
+        }
+        let timed = hook("helm.sh/hook: pre-install, modulemanager.io/hook-timeout: 90s").unwrap();
+        assert_eq!(
+            timed.hooks[0].timeout,
+            Some(std::time::Duration::from_secs(90))
+        );
+    }
+
+    #[test]
+    fn hooks_order_by_weight_then_kind_then_name_as_helm_does() {
+        let doc = |kind: &str, name: &str, weight: &str| {
+            format!(
+                "---\napiVersion: v1\nkind: {kind}\nmetadata: {{name: {name}, annotations: {{helm.sh/hook: post-install, helm.sh/hook-weight: \"{weight}\"}}}}\n"
+            )
+        };
+        let render = [
+            doc("Pod", "a-pod", "0"),
+            doc("ConfigMap", "z-config", "0"),
+            doc("ConfigMap", "b-config", "0"),
+            doc("Secret", "late", "10"),
+            doc("Widget", "w", "0"),
+            doc("Gadget", "g", "0"),
+            doc("Pod", "early", "-10"),
+        ]
+        .concat();
+        let plan = plan(parse_documents(&render).unwrap()).unwrap();
+        let order: Vec<&str> = plan
+            .hooks
+            .iter()
+            .map(|h| h.object.id.name.as_str())
+            .collect();
+        // weight first; at equal weight Helm's kind order (ConfigMap before Pod), unknown
+        // kinds last by kind; at equal kind the name.
+        assert_eq!(
+            order,
+            ["early", "b-config", "z-config", "a-pod", "g", "w", "late"]
+        );
+    }
+
+    #[test]
+    fn legacy_crd_install_hooks_are_plain_objects() {
+        let render = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.example.com, annotations: {helm.sh/hook: crd-install}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: c, annotations: {helm.sh/hook: "crd-install,pre-install"}}
+"#;
+        let plan = plan(parse_documents(render).unwrap()).unwrap();
+        assert!(plan.hooks.is_empty());
+        assert_eq!(plan.crds.len(), 1);
+        assert_eq!(plan.objects[0].id.name, "c");
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! Reconcile: the pipeline for one Manifest.
 //!
-//! read → resolve chart → values → render (cached) → plan (pure) → apply (CRDs first) →
-//! prune (guarded) → readiness → status. Deletion: finalizer, delete the inventory in reverse
-//! order, wait until it is gone, release. Every step has its own error type; a failed pass
-//! writes an `Error` status and a Warning Event and deletes nothing.
+//! read → resolve chart → values → render (cached) → plan (pure) → pre-install/pre-upgrade
+//! hooks → apply (CRDs first) → prune (guarded) → readiness → post-install/post-upgrade hooks →
+//! status. Deletion: finalizer, pre-delete hooks, delete the inventory in reverse order, wait
+//! until it is gone, post-delete hooks, delete the remaining hook objects, release. A hook Job
+//! that runs ends the pass (`Processing`, requeue); the run's progress is in `status.hookRun`.
+//! Every step has its own error type; a failed pass writes an `Error` status and a Warning
+//! Event and deletes nothing.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,12 +21,14 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Map, Value, json};
 
 use crate::api::{
-    DeletionPolicy, InventoryEntry, Manifest, State, ValuesReference, ValuesSourceKind,
+    DeletionPolicy, HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, RunningHook,
+    State, ValuesReference, ValuesSourceKind,
 };
-use crate::apply::{ApplyError, Cluster, Deletion};
+use crate::apply::{ApplyError, Cluster, Deletion, MANIFEST_UID_LABEL};
 use crate::chart_source::{self, Limits, SourceError};
+use crate::hooks::{self, Existing, HookState, Step};
 use crate::metrics::{ReconcileMetrics, ResultLabels};
-use crate::plan::{self, PlanError, PruneDecision, RenderedObject, Scope};
+use crate::plan::{self, Hook, HookEvent, PlanError, PruneDecision, RenderedObject, Scope};
 use crate::readiness::{Readiness, readiness};
 use crate::render::{HelmRenderer, RenderError, RenderRequest};
 use crate::shard::fence::{Fence, FenceLost};
@@ -40,6 +45,8 @@ const CRD_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
 const DISCOVERY_MAX_AGE: Duration = Duration::from_secs(300);
 /// Requeue while workloads roll out or objects are being deleted.
 const PROGRESS_REQUEUE: Duration = Duration::from_secs(5);
+/// Requeue while a hook (a Job) runs: a pass looks at it and returns.
+const HOOK_REQUEUE: Duration = Duration::from_secs(2);
 
 /// What a reconcile pass needs.
 pub struct Context {
@@ -62,6 +69,8 @@ pub struct Context {
     pub reporter: Reporter,
     /// Pipeline metrics.
     pub metrics: ReconcileMetrics,
+    /// How long a hook may run when its `modulemanager.io/hook-timeout` annotation does not say.
+    pub hook_timeout: Duration,
 }
 
 /// Why a pass failed.
@@ -85,9 +94,12 @@ pub enum ReconcileError {
     /// applying, reading or deleting an object failed.
     #[error(transparent)]
     Apply(#[from] ApplyError),
-    /// a migration Job failed.
+    /// a Job of the module failed.
     #[error("{0}")]
     JobFailed(String),
+    /// a hook failed or timed out: the operation stops.
+    #[error("{0}")]
+    HookFailed(String),
     /// a request about the Manifest itself (finalizer, status, values source) failed.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
@@ -109,6 +121,7 @@ impl ReconcileError {
             Self::Plan(_) => "PlanError",
             Self::Apply(_) => "ApplyError",
             Self::JobFailed(_) => "JobFailed",
+            Self::HookFailed(_) => "HookFailed",
             Self::Kube(_) => "KubeError",
             Self::Fenced(_) => "Fenced",
             Self::Target(_) => "TargetError",
@@ -124,6 +137,7 @@ impl ReconcileError {
             | Self::Values(_)
             | Self::Plan(_)
             | Self::JobFailed(_)
+            | Self::HookFailed(_)
             | Self::Target(_) => true,
             Self::Render(e) => e.is_permanent(),
             Self::Apply(e) => e.is_permanent(),
@@ -150,6 +164,27 @@ struct Pass {
     requeue: Duration,
 }
 
+/// What a pass has recorded so far (or will record), so that an error status written from the
+/// Manifest as read at the start keeps it: the inventory and the hook objects (written before
+/// anything is applied) and the hook run's progress.
+#[derive(Default)]
+struct Progress {
+    inventory: Option<Vec<InventoryEntry>>,
+    hook_objects: Option<Vec<InventoryEntry>>,
+    hook_run: Option<HookRun>,
+}
+
+impl Progress {
+    fn facts(&self) -> Facts {
+        Facts {
+            inventory: self.inventory.clone(),
+            hook_objects: self.hook_objects.clone(),
+            hook_run: self.hook_run.clone(),
+            ..Default::default()
+        }
+    }
+}
+
 /// Reconciles one Manifest; writes its status and Events. Never panics on bad input.
 pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> Next {
     let started = std::time::Instant::now();
@@ -171,15 +206,15 @@ async fn pass(
     fence: &Fence,
 ) -> (Next, &'static str, &'static str) {
     let interval = crate::api::interval(&manifest.spec).unwrap_or(Duration::from_secs(600));
-    // The inventory as this pass wrote it (before applying), so that an error status written
-    // from the Manifest as read at the start does not drop entries recorded since.
-    let mut recorded = None;
+    // What this pass recorded, so that an error status written from the Manifest as read at
+    // the start does not drop entries recorded since (nor the hook run's progress).
+    let mut progress = Progress::default();
     let result = if manifest.meta().deletion_timestamp.is_some() {
-        delete(&manifest, ctx, fence).await
+        delete(&manifest, ctx, fence, &mut progress).await
     } else if manifest.spec.suspend {
         return (Next::Idle, "suspended", "");
     } else {
-        install(&manifest, ctx, fence, interval, &mut recorded).await
+        install(&manifest, ctx, fence, interval, &mut progress).await
     };
     // The shard was lost during the pass (or is being lost now): the new owner writes the
     // status; this replica writes nothing more and does not requeue.
@@ -224,10 +259,7 @@ async fn pass(
                 permanent = error.is_permanent(),
                 "reconcile failed: {error}"
             );
-            let facts = Facts {
-                inventory: recorded,
-                ..Default::default()
-            };
+            let facts = progress.facts();
             // A pass that lost its shard meanwhile must not write over the new owner's status.
             if let Err(lost) = fence.check() {
                 tracing::warn!("not writing the error status: {lost}");
@@ -264,7 +296,7 @@ async fn install(
     ctx: &Context,
     fence: &Fence,
     interval: Duration,
-    recorded: &mut Option<Vec<InventoryEntry>>,
+    progress: &mut Progress,
 ) -> Result<Option<Pass>, ReconcileError> {
     if manifest.spec.target.is_some() {
         // Installing onto the local cluster instead would put a module where its owner did
@@ -281,41 +313,34 @@ async fn install(
         claim(manifest, ctx, &shard).await?;
     }
     let previous = manifest.status.clone().unwrap_or_default();
-    let namespace = manifest
-        .spec
-        .target_namespace
-        .clone()
-        .unwrap_or_else(|| manifest.namespace().unwrap_or_default());
+    let mut request = render_request(manifest, ctx).await?;
+    let namespace = request.namespace.clone();
+    let values_digest = request.values_digest();
 
-    // Resolve (blocking file I/O, off the async workers) and render.
-    let (source, root, limits) = (
-        manifest.spec.chart.clone(),
-        ctx.chart_root.clone(),
-        ctx.chart_limits,
+    // The hook run this pass works on: an install until something was applied, then upgrades;
+    // a run belongs to the chart, values, release and namespace it started with.
+    let inputs = hooks::inputs_digest(
+        &request.chart.digest,
+        &values_digest,
+        &request.release,
+        &namespace,
     );
-    let chart = tokio::task::spawn_blocking(move || chart_source::resolve(&source, &root, limits))
-        .await
-        .map_err(|e| {
-            ReconcileError::Chart(chart_source::SourceError::Io {
-                path: "chart".into(),
-                source: std::io::Error::other(e),
-            })
-        })??;
-    let values = gather_values(manifest, ctx).await?;
-    let surface = ctx.cluster.fresh_surface(DISCOVERY_MAX_AGE).await?;
-    let request = RenderRequest {
-        chart,
-        release: manifest
-            .spec
-            .release_name
-            .clone()
-            .unwrap_or_else(|| manifest.name_any()),
-        namespace: namespace.clone(),
-        values,
-        kube_version: surface.kube_version.clone(),
-        api_versions: surface.api_versions.clone(),
-        is_upgrade: !previous.inventory.is_empty(),
-    };
+    let run = hooks::current_run(
+        previous.hook_run.as_ref(),
+        false,
+        &inputs,
+        manifest.meta().generation,
+        !previous.inventory.is_empty(),
+    );
+    if run.phase == HookRunPhase::Failed {
+        // Stays failed until the spec or the inputs change: nothing is applied meanwhile.
+        return Err(ReconcileError::HookFailed(
+            run.message.clone().unwrap_or_default(),
+        ));
+    }
+    // Helm renders an install as an install: `--is-upgrade` only once the run is an upgrade
+    // (also on drift passes after an install, which re-apply what the install applied).
+    request.is_upgrade = run.operation == HookOperation::Upgrade;
     let rendered = ctx.renderer.render(&request).await?;
     let mut plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
     tracing::debug!(
@@ -324,20 +349,62 @@ async fn install(
         digest = %rendered.digest,
         "rendered"
     );
-    let values_digest = request.values_digest();
+    // Recorded from here on: a render that fails does not replace the previous run.
+    let run = progress.hook_run.insert(run);
     // A spec change (release name, target namespace …) counts as a changed input too.
     let inputs_changed = previous.chart_digest.as_deref() != Some(request.chart.digest.as_str())
         || previous.values_digest.as_deref() != Some(values_digest.as_str())
         || previous.applied_generation != manifest.meta().generation;
+    let scope = HookScope {
+        manifest,
+        ctx,
+        fence,
+        uid: uid.clone(),
+        manifest_namespace: manifest.namespace().unwrap_or_default(),
+        previous_hook_objects: &previous.hook_objects,
+    };
+    let pre_hooks = match hooks::event(run.operation, run.phase) {
+        Some(event) if run.phase == HookRunPhase::PreHooks => {
+            prepare_hooks(ctx, &plan.hooks, event, &namespace).await?
+        }
+        _ => Vec::new(),
+    };
 
     // The chart may bring its own target namespace (it is applied first, in install order).
-    if !plan
+    // Pre-hooks that run before it need it now (created with the Manifest's label, so the
+    // chart's Namespace object may take it over).
+    let chart_brings_namespace = plan
         .objects
         .iter()
-        .any(|o| o.id.kind == "Namespace" && o.id.group.is_empty() && o.id.name == namespace)
-    {
+        .any(|o| o.id.kind == "Namespace" && o.id.group.is_empty() && o.id.name == namespace);
+    if !chart_brings_namespace || !pre_hooks.is_empty() {
         fence.check()?;
         ensure_namespace(ctx, &namespace, &uid).await?;
+    }
+
+    // Pre-install or pre-upgrade hooks, before anything of this render is applied. A Job that
+    // runs ends the pass; the next one continues from `status.hookRun`.
+    if run.phase == HookRunPhase::PreHooks {
+        if let Some(event) = hooks::event(run.operation, run.phase)
+            && let PhaseOutcome::Waiting(message) = scope
+                .run_phase(run, &mut progress.hook_objects, &pre_hooks, event)
+                .await?
+        {
+            return Ok(Some(Pass {
+                outcome: Outcome {
+                    state: State::Processing,
+                    reason: "HookRunning",
+                    message,
+                    rendered: Some(true),
+                    applied: None,
+                    stalled: false,
+                    operation: None,
+                },
+                facts: progress.facts(),
+                requeue: HOOK_REQUEUE,
+            }));
+        }
+        hooks::advance(run);
     }
 
     // CRDs first: apply, wait for Established.
@@ -347,7 +414,7 @@ async fn install(
         ctx,
         fence,
         &previous.inventory,
-        recorded,
+        &mut progress.inventory,
         &plan.crds,
     )
     .await?;
@@ -393,7 +460,7 @@ async fn install(
         ctx,
         fence,
         &previous.inventory,
-        recorded,
+        &mut progress.inventory,
         &plan.objects,
     )
     .await?;
@@ -428,9 +495,35 @@ async fn install(
         }
     }
 
+    // Post-install or post-upgrade hooks, once every object is ready.
+    let was_done = run.phase == HookRunPhase::Done;
+    let mut hook_waiting = None;
+    if waiting.is_empty() {
+        if run.phase == HookRunPhase::Objects {
+            hooks::advance(run);
+        }
+        if let Some(event) = hooks::event(run.operation, run.phase) {
+            let post_hooks = prepare_hooks(ctx, &plan.hooks, event, &namespace).await?;
+            match scope
+                .run_phase(run, &mut progress.hook_objects, &post_hooks, event)
+                .await?
+            {
+                PhaseOutcome::Waiting(message) => hook_waiting = Some(message),
+                PhaseOutcome::Done => hooks::advance(run),
+            }
+        }
+    }
+    let finished = !was_done && run.phase == HookRunPhase::Done;
+    let operation_name = match run.operation {
+        HookOperation::Install => "Install",
+        HookOperation::Upgrade => "Upgrade",
+        HookOperation::Delete => "Delete",
+    };
+
     let changed = previous.rendered_digest.as_deref() != Some(rendered.digest.as_str())
-        || previous.observed_generation != manifest.meta().generation;
-    let (state, reason, message, requeue) = if let Some(refusal) = prune_refused {
+        || previous.observed_generation != manifest.meta().generation
+        || finished;
+    let (state, reason, message, mut requeue) = if let Some(refusal) = prune_refused {
         (State::Warning, "PruneRefused", refusal, interval)
     } else if let Some(first) = waiting.first() {
         (
@@ -439,6 +532,8 @@ async fn install(
             format!("waiting for {} objects: {first}", waiting.len()),
             PROGRESS_REQUEUE,
         )
+    } else if let Some(message) = hook_waiting.clone() {
+        (State::Processing, "HookRunning", message, HOOK_REQUEUE)
     } else {
         (
             State::Ready,
@@ -447,6 +542,9 @@ async fn install(
             interval,
         )
     };
+    if hook_waiting.is_some() {
+        requeue = requeue.min(HOOK_REQUEUE); // also while a prune refusal is shown
+    }
     let outcome = Outcome {
         state,
         reason,
@@ -454,7 +552,7 @@ async fn install(
         rendered: Some(true),
         applied: Some(true),
         stalled: false,
-        operation: changed.then(|| operation(manifest)),
+        operation: changed.then_some(operation_name),
     };
     let facts = Facts {
         chart_digest: Some(request.chart.digest.clone()),
@@ -462,12 +560,270 @@ async fn install(
         values_digest: Some(values_digest),
         applied_generation: manifest.meta().generation,
         inventory: Some(final_inventory),
+        hook_run: progress.hook_run.clone(),
+        hook_objects: progress.hook_objects.clone(),
     };
     Ok(Some(Pass {
         outcome,
         facts,
         requeue,
     }))
+}
+
+/// Resolves the chart (blocking file I/O, off the async workers), merges the values and reads
+/// the target's discovery: everything helm needs but `--is-upgrade` (left `false`).
+async fn render_request(
+    manifest: &Manifest,
+    ctx: &Context,
+) -> Result<RenderRequest, ReconcileError> {
+    let namespace = manifest
+        .spec
+        .target_namespace
+        .clone()
+        .unwrap_or_else(|| manifest.namespace().unwrap_or_default());
+    let (source, root, limits) = (
+        manifest.spec.chart.clone(),
+        ctx.chart_root.clone(),
+        ctx.chart_limits,
+    );
+    let chart = tokio::task::spawn_blocking(move || chart_source::resolve(&source, &root, limits))
+        .await
+        .map_err(|e| {
+            ReconcileError::Chart(chart_source::SourceError::Io {
+                path: "chart".into(),
+                source: std::io::Error::other(e),
+            })
+        })??;
+    let values = gather_values(manifest, ctx).await?;
+    let surface = ctx.cluster.fresh_surface(DISCOVERY_MAX_AGE).await?;
+    Ok(RenderRequest {
+        chart,
+        release: manifest
+            .spec
+            .release_name
+            .clone()
+            .unwrap_or_else(|| manifest.name_any()),
+        namespace,
+        values,
+        kube_version: surface.kube_version.clone(),
+        api_versions: surface.api_versions.clone(),
+        is_upgrade: false,
+    })
+}
+
+/// The hooks of `event`, in run order, with their namespaces assigned (discovery is refreshed
+/// once when a kind is unknown; a kind still unknown is an error, retried).
+async fn prepare_hooks(
+    ctx: &Context,
+    all: &[Hook],
+    event: HookEvent,
+    namespace: &str,
+) -> Result<Vec<Hook>, ReconcileError> {
+    let mut selected = hooks::hooks_for(all, event);
+    if selected
+        .iter()
+        .any(|h| ctx.cluster.surface().resolve(&h.object.id).is_none())
+    {
+        ctx.cluster.refresh_discovery().await?;
+    }
+    let surface = ctx.cluster.surface();
+    let mut objects: Vec<RenderedObject> = selected.iter().map(|h| h.object.clone()).collect();
+    plan::assign_namespaces(&mut objects, namespace, |id| {
+        surface.resolve(id).map(|(_, scope)| *scope)
+    })?;
+    for (hook, object) in selected.iter_mut().zip(objects) {
+        hook.object = object;
+    }
+    Ok(selected)
+}
+
+/// How a phase of hooks ended in this pass.
+enum PhaseOutcome {
+    /// Every hook succeeded (and the `hook-succeeded` ones were deleted).
+    Done,
+    /// A hook is running (or its previous instance is being deleted): requeue.
+    Waiting(String),
+}
+
+/// What running hooks needs from the pass.
+struct HookScope<'a> {
+    manifest: &'a Manifest,
+    ctx: &'a Context,
+    fence: &'a Fence,
+    uid: String,
+    manifest_namespace: String,
+    /// `status.hookObjects` as read at the start of the pass.
+    previous_hook_objects: &'a [InventoryEntry],
+}
+
+impl HookScope<'_> {
+    /// Runs the hooks of one phase as far as they go in this pass: each is started (its
+    /// previous instance deleted first when its policy says `before-hook-creation`), looked at,
+    /// and recorded as completed; a Job or Pod that has not finished ends the pass (`Waiting`);
+    /// one that failed or ran past its timeout fails the run. Once all succeeded, those with
+    /// `hook-succeeded` are deleted, in reverse order.
+    async fn run_phase(
+        &self,
+        run: &mut HookRun,
+        hook_objects: &mut Option<Vec<InventoryEntry>>,
+        hooks: &[Hook],
+        event: HookEvent,
+    ) -> Result<PhaseOutcome, ReconcileError> {
+        let event_name = event.as_str();
+        loop {
+            let (hook, object) = match hooks::next_step(hooks, run) {
+                Step::Finish(succeeded) => {
+                    for hook in succeeded {
+                        self.delete(hook_objects, &hook.object.id).await?;
+                    }
+                    return Ok(PhaseOutcome::Done);
+                }
+                Step::Start(hook) => {
+                    let id = &hook.object.id;
+                    // Recorded before it is applied: a hook object is never forgotten.
+                    self.record(hook_objects, id).await?;
+                    if let Some(existing) = self.ctx.cluster.get(id).await? {
+                        if existing.labels().get(MANIFEST_UID_LABEL) != Some(&self.uid) {
+                            return Err(ApplyError::NotOwned(plan::describe(id)).into());
+                        }
+                        match hooks::existing(hook) {
+                            Existing::Replace => match self.delete(hook_objects, id).await? {
+                                Deletion::Deleted { terminating: true } | Deletion::Terminating => {
+                                    return Ok(PhaseOutcome::Waiting(format!(
+                                        "{event_name} hook {}: waiting until its previous instance is deleted",
+                                        plan::describe(id)
+                                    )));
+                                }
+                                _ => {}
+                            },
+                            Existing::Update => {}
+                            Existing::Refuse(why) => {
+                                return Err(self.fail(run, hook_objects, hook, why).await);
+                            }
+                        }
+                    }
+                    self.fence.check()?;
+                    let applied = self.ctx.cluster.apply(&hook.object, &self.uid).await?;
+                    self.ctx.metrics.applied.inc();
+                    tracing::info!(hook = %plan::describe(id), event = event_name, "hook started");
+                    run.running = Some(RunningHook {
+                        object: id.clone(),
+                        uid: applied.uid().unwrap_or_default(),
+                        started: Time(Timestamp::now()),
+                    });
+                    (hook, applied)
+                }
+                Step::Watch(hook) => {
+                    let id = &hook.object.id;
+                    let expected = run.running.as_ref().map(|r| r.uid.as_str());
+                    match self.ctx.cluster.get(id).await? {
+                        Some(object) if object.uid().as_deref() == expected => (hook, object),
+                        _ => {
+                            let why = format!(
+                                "{event_name} hook {} was deleted or replaced before it was seen to finish",
+                                plan::describe(id)
+                            );
+                            return Err(self.fail(run, hook_objects, hook, why).await);
+                        }
+                    }
+                }
+            };
+            let id = &hook.object.id;
+            let body = serde_json::to_value(&object).unwrap_or(Value::Null);
+            match hooks::hook_state(id, &body) {
+                HookState::Succeeded => {
+                    tracing::info!(hook = %plan::describe(id), event = event_name, "hook succeeded");
+                    run.completed.push(id.clone());
+                    run.running = None;
+                }
+                HookState::Running(why) => {
+                    let limit = hooks::timeout(hook, self.ctx.hook_timeout);
+                    let started = run.running.as_ref().map(|r| r.started.clone());
+                    if started.is_some_and(|s| hooks::timed_out(&s, limit, &Time(Timestamp::now())))
+                    {
+                        let why = format!(
+                            "{event_name} hook {} did not finish within {limit:?}",
+                            plan::describe(id)
+                        );
+                        return Err(self.fail(run, hook_objects, hook, why).await);
+                    }
+                    let position = run.completed.len() + 1;
+                    return Ok(PhaseOutcome::Waiting(format!(
+                        "{event_name} hook {position} of {}: {why}",
+                        hooks.len()
+                    )));
+                }
+                HookState::Failed(why) => {
+                    let why = format!("{event_name} hook {why}");
+                    return Err(self.fail(run, hook_objects, hook, why).await);
+                }
+            }
+        }
+    }
+
+    /// Fails the run: the hook is deleted first when its policy says `hook-failed`.
+    async fn fail(
+        &self,
+        run: &mut HookRun,
+        hook_objects: &mut Option<Vec<InventoryEntry>>,
+        hook: &Hook,
+        why: String,
+    ) -> ReconcileError {
+        if hooks::delete_on_failure(hook)
+            && let Err(e) = self.delete(hook_objects, &hook.object.id).await
+        {
+            return e; // retried: the next pass sees the failure again
+        }
+        tracing::warn!(hook = %plan::describe(&hook.object.id), "hook failed: {why}");
+        hooks::fail(run, &why);
+        ReconcileError::HookFailed(why)
+    }
+
+    /// Adds a hook object to `status.hookObjects` (written at once) unless it is listed.
+    async fn record(
+        &self,
+        hook_objects: &mut Option<Vec<InventoryEntry>>,
+        id: &InventoryEntry,
+    ) -> Result<(), ReconcileError> {
+        let mut list = hook_objects
+            .clone()
+            .unwrap_or_else(|| self.previous_hook_objects.to_vec());
+        if !list.contains(id) {
+            list.push(id.clone());
+            self.fence.check()?;
+            patch_status(self.manifest, self.ctx, json!({ "hookObjects": list })).await?;
+            *hook_objects = Some(list);
+        }
+        Ok(())
+    }
+
+    /// Deletes a hook object (with the protections of any delete) and forgets it unless it is
+    /// still terminating. The list is written with the pass's status.
+    async fn delete(
+        &self,
+        hook_objects: &mut Option<Vec<InventoryEntry>>,
+        id: &InventoryEntry,
+    ) -> Result<Deletion, ReconcileError> {
+        let outcome = delete_object(
+            self.ctx,
+            self.fence,
+            id,
+            &self.manifest_namespace,
+            &self.uid,
+        )
+        .await?;
+        if !matches!(
+            outcome,
+            Deletion::Terminating | Deletion::Deleted { terminating: true }
+        ) {
+            let mut list = hook_objects
+                .clone()
+                .unwrap_or_else(|| self.previous_hook_objects.to_vec());
+            list.retain(|o| o != id);
+            *hook_objects = Some(list);
+        }
+        Ok(outcome)
+    }
 }
 
 /// Merges `valuesFrom` in order, then the inline values.
@@ -662,48 +1018,137 @@ async fn delete(
     manifest: &Manifest,
     ctx: &Context,
     fence: &Fence,
+    progress: &mut Progress,
 ) -> Result<Option<Pass>, ReconcileError> {
     if !manifest.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(None);
     }
     let uid = manifest.uid().unwrap_or_default();
     let manifest_namespace = manifest.namespace().unwrap_or_default();
-    let mut inventory = manifest
-        .status
-        .as_ref()
-        .map(|s| s.inventory.clone())
-        .unwrap_or_default();
-    if manifest.spec.deletion_policy == DeletionPolicy::Delete && !inventory.is_empty() {
-        plan::sort_for_deletion(&mut inventory);
-        // Objects still terminating; the next pass looks again (without deleting them twice).
-        let mut remaining = Vec::new();
-        for id in &inventory {
-            let outcome = delete_object(ctx, fence, id, &manifest_namespace, &uid).await?;
-            if matches!(
-                outcome,
-                Deletion::Terminating | Deletion::Deleted { terminating: true }
-            ) {
-                remaining.push(plan::describe(id));
-            }
+    let previous = manifest.status.clone().unwrap_or_default();
+    let mut inventory = previous.inventory.clone();
+    if manifest.spec.deletion_policy == DeletionPolicy::Delete {
+        let scope = HookScope {
+            manifest,
+            ctx,
+            fence,
+            uid: uid.clone(),
+            manifest_namespace: manifest_namespace.clone(),
+            previous_hook_objects: &previous.hook_objects,
+        };
+        let run = progress.hook_run.insert(hooks::current_run(
+            previous.hook_run.as_ref(),
+            true,
+            "",
+            manifest.meta().generation,
+            true,
+        ));
+        if run.phase == HookRunPhase::Failed {
+            return Err(ReconcileError::HookFailed(
+                run.message.clone().unwrap_or_default(),
+            ));
         }
-        if let Some(first) = remaining.first() {
-            let outcome = Outcome {
+        let deleting = |reason, message: String, requeue, facts: Facts| Pass {
+            outcome: Outcome {
                 state: State::Deleting,
-                reason: "Deleting",
-                message: format!(
-                    "waiting for {} objects to be deleted: {first}",
-                    remaining.len()
-                ),
+                reason,
+                message,
                 rendered: None,
                 applied: None,
                 stalled: false,
                 operation: None,
-            };
-            return Ok(Some(Pass {
-                outcome,
-                facts: Facts::default(),
-                requeue: PROGRESS_REQUEUE,
-            }));
+            },
+            facts,
+            requeue,
+        };
+
+        // Pre-delete hooks, before any object is deleted.
+        if run.phase == HookRunPhase::PreHooks {
+            if let Some(message) = scope
+                .delete_hooks(run, &mut progress.hook_objects, HookEvent::PreDelete)
+                .await?
+            {
+                return Ok(Some(deleting(
+                    "HookRunning",
+                    message,
+                    HOOK_REQUEUE,
+                    progress.facts(),
+                )));
+            }
+            hooks::advance(run);
+        }
+
+        if run.phase == HookRunPhase::Objects {
+            plan::sort_for_deletion(&mut inventory);
+            // Objects still terminating; the next pass looks again (without deleting them
+            // twice).
+            let mut remaining = Vec::new();
+            for id in &inventory {
+                let outcome = delete_object(ctx, fence, id, &manifest_namespace, &uid).await?;
+                if matches!(
+                    outcome,
+                    Deletion::Terminating | Deletion::Deleted { terminating: true }
+                ) {
+                    remaining.push(plan::describe(id));
+                }
+            }
+            if let Some(first) = remaining.first() {
+                let message = format!(
+                    "waiting for {} objects to be deleted: {first}",
+                    remaining.len()
+                );
+                return Ok(Some(deleting(
+                    "Deleting",
+                    message,
+                    PROGRESS_REQUEUE,
+                    progress.facts(),
+                )));
+            }
+            hooks::advance(run);
+        }
+
+        // Post-delete hooks, once the objects are gone.
+        if run.phase == HookRunPhase::PostHooks {
+            if let Some(message) = scope
+                .delete_hooks(run, &mut progress.hook_objects, HookEvent::PostDelete)
+                .await?
+            {
+                return Ok(Some(deleting(
+                    "HookRunning",
+                    message,
+                    HOOK_REQUEUE,
+                    progress.facts(),
+                )));
+            }
+            hooks::advance(run);
+        }
+
+        // Then every hook object still recorded (those the policies left, the delete hooks
+        // themselves): nothing is left behind once the Manifest is gone.
+        let mut left = progress
+            .hook_objects
+            .clone()
+            .unwrap_or_else(|| previous.hook_objects.clone());
+        plan::sort_for_deletion(&mut left);
+        let mut remaining = Vec::new();
+        for id in &left {
+            if let Deletion::Terminating | Deletion::Deleted { terminating: true } =
+                scope.delete(&mut progress.hook_objects, id).await?
+            {
+                remaining.push(plan::describe(id));
+            }
+        }
+        if let Some(first) = remaining.first() {
+            let message = format!(
+                "waiting for {} hook objects to be deleted: {first}",
+                remaining.len()
+            );
+            return Ok(Some(deleting(
+                "Deleting",
+                message,
+                PROGRESS_REQUEUE,
+                progress.facts(),
+            )));
         }
     }
     let (reason, note) = match manifest.spec.deletion_policy {
@@ -730,6 +1175,67 @@ async fn delete(
         .collect();
     set_finalizers(manifest, ctx, finalizers).await?;
     Ok(None)
+}
+
+impl HookScope<'_> {
+    /// Runs the pre-delete or post-delete hooks, rendered from the Manifest's current chart and
+    /// values. When that render cannot be made for good (the chart or a values source is gone,
+    /// the chart is broken), the deletion goes on without them and a Warning Event `HookSkipped`
+    /// says so: a Manifest whose chart was removed can still be deleted. `Some(message)` while
+    /// a hook runs.
+    async fn delete_hooks(
+        &self,
+        run: &mut HookRun,
+        hook_objects: &mut Option<Vec<InventoryEntry>>,
+        event: HookEvent,
+    ) -> Result<Option<String>, ReconcileError> {
+        let rendered = async {
+            let mut request = render_request(self.manifest, self.ctx).await?;
+            request.is_upgrade = !self
+                .manifest
+                .status
+                .as_ref()
+                .is_none_or(|s| s.inventory.is_empty());
+            let rendered = self.ctx.renderer.render(&request).await?;
+            let plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
+            prepare_hooks(self.ctx, &plan.hooks, event, &request.namespace).await
+        };
+        let hooks = match rendered.await {
+            Ok(hooks) => hooks,
+            Err(e) if cannot_render_for_good(&e) => {
+                let note = format!("{} hooks not run: {e}", event.as_str());
+                tracing::warn!(category = e.category(), "{note}");
+                self.fence.check()?;
+                publish(
+                    self.manifest,
+                    self.ctx,
+                    EventType::Warning,
+                    "HookSkipped",
+                    &note,
+                )
+                .await;
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        match self.run_phase(run, hook_objects, &hooks, event).await? {
+            PhaseOutcome::Done => Ok(None),
+            PhaseOutcome::Waiting(message) => Ok(Some(message)),
+        }
+    }
+}
+
+/// Whether a render for the delete hooks failed in a way retrying cannot fix (a missing values
+/// source counts: it may have been deleted together with the Manifest).
+fn cannot_render_for_good(error: &ReconcileError) -> bool {
+    match error {
+        ReconcileError::Chart(_)
+        | ReconcileError::ValuesSource(_)
+        | ReconcileError::Values(_)
+        | ReconcileError::Plan(_) => true,
+        ReconcileError::Render(e) => e.is_permanent(),
+        _ => false,
+    }
 }
 
 /// Deletes one object of the Manifest (pruning or deletion), unless it is protected; checks the
@@ -870,6 +1376,27 @@ mod tests {
         let cut = truncate(&long, 1023);
         assert_eq!(cut.len(), 1022);
         assert!(long.starts_with(cut));
+    }
+
+    #[test]
+    fn delete_hooks_are_skipped_only_when_the_render_cannot_be_made_for_good() {
+        assert!(cannot_render_for_good(&ReconcileError::ValuesSource(
+            "Secret s does not exist".into()
+        )));
+        assert!(cannot_render_for_good(&ReconcileError::Plan(
+            PlanError::Duplicate("Secret/s".into())
+        )));
+        assert!(!cannot_render_for_good(&ReconcileError::HookFailed(
+            "x".into()
+        )));
+        assert!(!cannot_render_for_good(&ReconcileError::Apply(
+            ApplyError::UnknownKind("Widget/w".into())
+        )));
+        assert!(ReconcileError::HookFailed("x".into()).is_permanent());
+        assert_eq!(
+            ReconcileError::HookFailed("x".into()).category(),
+            "HookFailed"
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::api::{InventoryEntry, LastOperation, ManifestStatus, State};
+use crate::api::{HookRun, InventoryEntry, LastOperation, ManifestStatus, State};
 
 /// What one reconcile pass found.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,6 +38,10 @@ pub struct Facts {
     pub applied_generation: Option<i64>,
     /// The inventory.
     pub inventory: Option<Vec<InventoryEntry>>,
+    /// The hook run's progress.
+    pub hook_run: Option<HookRun>,
+    /// The hook objects that may exist.
+    pub hook_objects: Option<Vec<InventoryEntry>>,
 }
 
 /// The status after a pass. Unchanged inputs give an equal status (so the caller can skip the
@@ -109,6 +113,8 @@ pub fn next_status(
         shard: shard.or(previous.shard),
         owner: Some(owner.to_owned()),
         last_operation,
+        hook_run: facts.hook_run.or(previous.hook_run),
+        hook_objects: facts.hook_objects.unwrap_or(previous.hook_objects),
     }
 }
 

@@ -80,6 +80,7 @@ async fn start(prefix: &str, limits: RenderLimits) -> Harness {
         replica: REPLICA.into(),
         shards: module_manager::shard::ShardCount::DEFAULT,
         metrics: Default::default(),
+        hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
         reporter: Reporter {
             controller: "module-manager".into(),
             instance: Some(REPLICA.into()),

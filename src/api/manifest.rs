@@ -244,6 +244,83 @@ pub struct ManifestStatus {
     /// The last operation module-manager performed on the module.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_operation: Option<LastOperation>,
+
+    /// Progress of the current (or last) install, upgrade or deletion through its Helm hooks:
+    /// which inputs it belongs to, which phase it is in, which hooks of that phase completed
+    /// and which one is running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook_run: Option<HookRun>,
+
+    /// Hook objects module-manager applied that may still exist (hooks are not part of the
+    /// inventory and are not pruned; these are deleted with the Manifest). Recorded before a
+    /// hook is applied.
+    #[serde(default)]
+    pub hook_objects: Vec<InventoryEntry>,
+}
+
+/// What a hook run does.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum HookOperation {
+    /// Nothing was applied yet: `pre-install` and `post-install` hooks.
+    Install,
+    /// Objects were applied before: `pre-upgrade` and `post-upgrade` hooks.
+    Upgrade,
+    /// The Manifest is being deleted: `pre-delete` and `post-delete` hooks.
+    Delete,
+}
+
+/// Where a hook run is.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum HookRunPhase {
+    /// Running the `pre-*` hooks; nothing of the new render is applied yet.
+    PreHooks,
+    /// Applying the objects and waiting for them to be ready (deletion: deleting them).
+    Objects,
+    /// Running the `post-*` hooks.
+    PostHooks,
+    /// Every step is done (deletion: the hook objects are being cleaned up).
+    Done,
+    /// A hook failed or timed out; retried when the inputs or the generation change.
+    Failed,
+}
+
+/// The progress of one install, upgrade or deletion through its hooks.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HookRun {
+    /// `Install`, `Upgrade` or `Delete`.
+    pub operation: HookOperation,
+    /// `sha256:` over the chart digest, the values digest, the release name and the target
+    /// namespace: a run belongs to these inputs, and a change of them starts a new run (empty
+    /// for `Delete`).
+    #[serde(default)]
+    pub inputs_digest: String,
+    /// The `metadata.generation` the run started at (a failed run is retried once it changes).
+    #[serde(default)]
+    pub generation: Option<i64>,
+    /// Where the run is.
+    pub phase: HookRunPhase,
+    /// Hooks of the current phase that completed, in order.
+    #[serde(default)]
+    pub completed: Vec<InventoryEntry>,
+    /// The hook of the current phase that is running.
+    #[serde(default)]
+    pub running: Option<RunningHook>,
+    /// Why the run failed.
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// A hook that was applied and has not finished yet.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunningHook {
+    /// The hook object.
+    pub object: InventoryEntry,
+    /// Its UID: a hook object replaced or deleted by someone else does not count as this run.
+    pub uid: String,
+    /// When module-manager applied it (its timeout counts from here).
+    pub started: Time,
 }
 
 /// Summary state of a module.

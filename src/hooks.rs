@@ -1,0 +1,565 @@
+//! Hooks (pure): Helm hooks as migration steps. Which run a pass works on (and whether it is an
+//! install, an upgrade or a deletion), which hooks a phase runs and in which order, what state a
+//! hook object is in, and what a phase does next. `reconcile.rs` carries the steps out.
+//!
+//! A run's progress lives in `status.hookRun`, so a pass never blocks on a hook: it applies the
+//! next hook, looks at it, records where it is and requeues while a Job runs; the next pass
+//! continues from there.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::{Value, json};
+
+use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry};
+use crate::plan::{DeletePolicy, Hook, HookEvent, describe};
+
+/// How long a hook may run when its `modulemanager.io/hook-timeout` does not say.
+pub const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The inputs an install or upgrade run belongs to: the chart, the values, the release name and
+/// the target namespace — not the render itself, so that neither `--is-upgrade` nor a template
+/// that renders differently each time (`randAlphaNum` after a restart emptied the render cache)
+/// nor a changed cluster capability runs the hooks again.
+pub fn inputs_digest(
+    chart_digest: &str,
+    values_digest: &str,
+    release: &str,
+    namespace: &str,
+) -> String {
+    crate::render::sha256(
+        json!([chart_digest, values_digest, release, namespace])
+            .to_string()
+            .as_bytes(),
+    )
+}
+
+/// The run a pass works on. The previous run continues when it is of the same kind (deleting
+/// or not) and belongs to the same inputs — unless it failed at an older generation: a failed
+/// run is retried only when the spec changes (or the inputs do). Otherwise a new run starts: a
+/// deletion; an install when nothing was applied yet (`installed` false: the inventory is
+/// empty); else an upgrade.
+pub fn current_run(
+    previous: Option<&HookRun>,
+    deleting: bool,
+    inputs_digest: &str,
+    generation: Option<i64>,
+    installed: bool,
+) -> HookRun {
+    let same_kind = |run: &HookRun| (run.operation == HookOperation::Delete) == deleting;
+    if let Some(run) = previous
+        && same_kind(run)
+        && run.inputs_digest == inputs_digest
+        && !(run.phase == HookRunPhase::Failed && run.generation != generation)
+    {
+        return run.clone();
+    }
+    let operation = if deleting {
+        HookOperation::Delete
+    } else if installed {
+        HookOperation::Upgrade
+    } else {
+        HookOperation::Install
+    };
+    HookRun {
+        operation,
+        inputs_digest: inputs_digest.to_owned(),
+        generation,
+        phase: HookRunPhase::PreHooks,
+        completed: Vec::new(),
+        running: None,
+        message: None,
+    }
+}
+
+/// The event a phase of an operation runs; `None` for the phases that run no hooks.
+pub fn event(operation: HookOperation, phase: HookRunPhase) -> Option<HookEvent> {
+    use HookOperation::*;
+    use HookRunPhase::*;
+    Some(match (operation, phase) {
+        (Install, PreHooks) => HookEvent::PreInstall,
+        (Install, PostHooks) => HookEvent::PostInstall,
+        (Upgrade, PreHooks) => HookEvent::PreUpgrade,
+        (Upgrade, PostHooks) => HookEvent::PostUpgrade,
+        (Delete, PreHooks) => HookEvent::PreDelete,
+        (Delete, PostHooks) => HookEvent::PostDelete,
+        (_, Objects | Done | Failed) => return None,
+    })
+}
+
+/// Moves a run to its next phase (`PreHooks` → `Objects` → `PostHooks` → `Done`), forgetting
+/// the completed hooks of the phase it leaves.
+pub fn advance(run: &mut HookRun) {
+    run.phase = match run.phase {
+        HookRunPhase::PreHooks => HookRunPhase::Objects,
+        HookRunPhase::Objects => HookRunPhase::PostHooks,
+        HookRunPhase::PostHooks | HookRunPhase::Done => HookRunPhase::Done,
+        HookRunPhase::Failed => HookRunPhase::Failed,
+    };
+    run.completed.clear();
+    run.running = None;
+}
+
+/// Marks a run failed.
+pub fn fail(run: &mut HookRun, message: &str) {
+    run.phase = HookRunPhase::Failed;
+    run.running = None;
+    run.message = Some(message.to_owned());
+}
+
+/// The hooks that run on `event`, in the plan's (Helm's) order: weight, kind, name.
+pub fn hooks_for(hooks: &[Hook], event: HookEvent) -> Vec<Hook> {
+    hooks.iter().filter(|h| h.runs_on(event)).cloned().collect()
+}
+
+/// Kinds that run to completion: a hook of one of them is waited for; any other kind is done
+/// once applied (as Helm's `WatchUntilReady` does for hooks).
+pub fn runs_to_completion(id: &InventoryEntry) -> bool {
+    matches!(
+        (id.group.as_str(), id.kind.as_str()),
+        ("batch", "Job") | ("", "Pod")
+    )
+}
+
+/// What a hook object's state is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HookState {
+    /// Still running; what is awaited.
+    Running(String),
+    /// Done.
+    Succeeded,
+    /// Failed for good; why.
+    Failed(String),
+}
+
+/// The state of a hook object as the server returned it: a Job is done when `Complete` and
+/// failed when `Failed`; a Pod when `Succeeded` or `Failed`; anything else once applied.
+pub fn hook_state(id: &InventoryEntry, object: &Value) -> HookState {
+    let condition = |kind: &str| {
+        object
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|c| {
+                c.iter()
+                    .find(|c| c["type"] == kind && c["status"] == "True")
+            })
+    };
+    match (id.group.as_str(), id.kind.as_str()) {
+        ("batch", "Job") => {
+            if let Some(failed) = condition("Failed") {
+                let why = [failed["reason"].as_str(), failed["message"].as_str()]
+                    .into_iter()
+                    .flatten()
+                    .filter(|s| !s.is_empty())
+                    .collect::<Vec<_>>()
+                    .join(": ");
+                HookState::Failed(format!("Job {} failed: {why}", id.name))
+            } else if condition("Complete").is_some() {
+                HookState::Succeeded
+            } else {
+                HookState::Running(format!("Job {} is not complete", id.name))
+            }
+        }
+        ("", "Pod") => match object.pointer("/status/phase").and_then(Value::as_str) {
+            Some("Succeeded") => HookState::Succeeded,
+            Some("Failed") => {
+                let why = object
+                    .pointer("/status/message")
+                    .or_else(|| object.pointer("/status/reason"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                HookState::Failed(format!("Pod {} failed: {why}", id.name))
+            }
+            phase => {
+                HookState::Running(format!("Pod {} is {}", id.name, phase.unwrap_or("Pending")))
+            }
+        },
+        _ => HookState::Succeeded,
+    }
+}
+
+/// Whether a hook started at `started` has run longer than `timeout` at `now`.
+pub fn timed_out(started: &Time, timeout: Duration, now: &Time) -> bool {
+    let elapsed = now.0.as_millisecond() - started.0.as_millisecond();
+    u128::try_from(elapsed).is_ok_and(|ms| ms >= timeout.as_millis())
+}
+
+/// What a phase does next.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step<'a> {
+    /// Start this hook: delete its previous instance if its policy says so, apply it.
+    Start(&'a Hook),
+    /// Look at this hook: it is the run's running one.
+    Watch(&'a Hook),
+    /// Every hook of the phase succeeded: delete these (`hook-succeeded`), in this order (the
+    /// reverse of the run order, as Helm does), then move on.
+    Finish(Vec<&'a Hook>),
+}
+
+/// The next step of the phase whose hooks are `hooks` (in run order): the first hook not
+/// completed yet is watched when it is the running one, else started; once all completed, the
+/// phase finishes.
+pub fn next_step<'a>(hooks: &'a [Hook], run: &HookRun) -> Step<'a> {
+    match hooks.iter().find(|h| !run.completed.contains(&h.object.id)) {
+        Some(hook) => match &run.running {
+            Some(running) if running.object == hook.object.id => Step::Watch(hook),
+            _ => Step::Start(hook),
+        },
+        None => Step::Finish(
+            hooks
+                .iter()
+                .rev()
+                .filter(|h| deletable(h) && h.has_policy(DeletePolicy::HookSucceeded))
+                .collect(),
+        ),
+    }
+}
+
+/// What to do with a hook that is about to start and already exists (from an earlier run).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// Delete it and wait until it is gone, then apply (`before-hook-creation`).
+    Replace,
+    /// Apply over it (a kind that does not run to completion: updated in place).
+    Update,
+    /// Refuse: a Job or Pod cannot run again in place; the message says what to do.
+    Refuse(String),
+}
+
+/// Decides about an existing instance of a hook that is about to start.
+pub fn existing(hook: &Hook) -> Existing {
+    if deletable(hook) && hook.has_policy(DeletePolicy::BeforeHookCreation) {
+        Existing::Replace
+    } else if runs_to_completion(&hook.object.id) {
+        Existing::Refuse(format!(
+            "{} exists from an earlier run and its helm.sh/hook-delete-policy lacks before-hook-creation; delete it to run the hook again",
+            describe(&hook.object.id)
+        ))
+    } else {
+        Existing::Update
+    }
+}
+
+/// Whether a failed hook is deleted (`hook-failed`).
+pub fn delete_on_failure(hook: &Hook) -> bool {
+    deletable(hook) && hook.has_policy(DeletePolicy::HookFailed)
+}
+
+/// Hook CRDs are never deleted by a policy (deleting one deletes every custom resource of its
+/// kind; Helm never does either).
+fn deletable(hook: &Hook) -> bool {
+    !(hook.object.id.kind == "CustomResourceDefinition"
+        && hook.object.id.group == "apiextensions.k8s.io")
+}
+
+/// The timeout of a hook: its annotation, else the default.
+pub fn timeout(hook: &Hook, default: Duration) -> Duration {
+    hook.timeout.unwrap_or(default)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::RunningHook;
+    use crate::plan::{parse_documents, plan};
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(seconds: i64) -> Time {
+        Time(Timestamp::from_second(seconds).unwrap())
+    }
+
+    const CHART: &str = r#"
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: migrate
+  annotations: {helm.sh/hook: "pre-upgrade", helm.sh/hook-weight: "5", helm.sh/hook-delete-policy: "before-hook-creation,hook-succeeded"}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: seed
+  annotations: {helm.sh/hook: "pre-install,pre-upgrade", helm.sh/hook-weight: "-1"}
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: backup
+  annotations: {helm.sh/hook: "pre-upgrade", helm.sh/hook-delete-policy: hook-failed}
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: smoke
+  annotations: {helm.sh/hook: "post-install,post-upgrade", helm.sh/hook-delete-policy: hook-succeeded}
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: drain
+  annotations: {helm.sh/hook: pre-delete}
+"#;
+
+    fn hooks() -> Vec<Hook> {
+        plan(parse_documents(CHART).unwrap()).unwrap().hooks
+    }
+
+    fn names(hooks: &[Hook]) -> Vec<&str> {
+        hooks.iter().map(|h| h.object.id.name.as_str()).collect()
+    }
+
+    fn run(operation: HookOperation, phase: HookRunPhase) -> HookRun {
+        HookRun {
+            operation,
+            inputs_digest: "sha256:a".into(),
+            generation: Some(1),
+            phase,
+            completed: vec![],
+            running: None,
+            message: None,
+        }
+    }
+
+    #[test]
+    fn a_new_run_is_an_install_until_something_was_applied() {
+        let install = current_run(None, false, "sha256:a", Some(1), false);
+        assert_eq!(install.operation, HookOperation::Install);
+        assert_eq!(install.phase, HookRunPhase::PreHooks);
+        let upgrade = current_run(None, false, "sha256:a", Some(1), true);
+        assert_eq!(upgrade.operation, HookOperation::Upgrade);
+        let delete = current_run(Some(&upgrade), true, "", Some(1), true);
+        assert_eq!(delete.operation, HookOperation::Delete);
+    }
+
+    #[test]
+    fn a_run_continues_for_the_same_inputs_and_restarts_for_new_ones() {
+        // An install that got as far as its objects: the next pass continues it, even though
+        // the inventory is no longer empty (it stays an install: post-install hooks follow).
+        let mut install = run(HookOperation::Install, HookRunPhase::Objects);
+        install.completed = vec![];
+        assert_eq!(
+            current_run(Some(&install), false, "sha256:a", Some(2), true),
+            install,
+            "a spec change that leaves the inputs alone does not restart a run"
+        );
+        let next = current_run(Some(&install), false, "sha256:b", Some(2), true);
+        assert_eq!(
+            (next.operation, next.phase, next.inputs_digest.as_str()),
+            (HookOperation::Upgrade, HookRunPhase::PreHooks, "sha256:b")
+        );
+        // A failed run stays failed for its generation, and is retried at a new one.
+        let mut failed = run(HookOperation::Upgrade, HookRunPhase::Failed);
+        failed.message = Some("Job migrate failed".into());
+        assert_eq!(
+            current_run(Some(&failed), false, "sha256:a", Some(1), true),
+            failed
+        );
+        let retry = current_run(Some(&failed), false, "sha256:a", Some(2), true);
+        assert_eq!(retry.phase, HookRunPhase::PreHooks);
+        assert_eq!(retry.generation, Some(2));
+        // A deletion never continues an install run, and continues its own.
+        let delete = current_run(Some(&install), true, "", Some(2), true);
+        assert_eq!(delete.operation, HookOperation::Delete);
+        let mut deleting = delete.clone();
+        deleting.phase = HookRunPhase::PostHooks;
+        assert_eq!(
+            current_run(Some(&deleting), true, "", Some(2), true),
+            deleting
+        );
+    }
+
+    #[test]
+    fn phases_select_the_hooks_of_their_operation_in_weight_order() {
+        let hooks = hooks();
+        let of = |op, phase| event(op, phase).map(|e| hooks_for(&hooks, e));
+        use HookOperation::*;
+        use HookRunPhase::*;
+        assert_eq!(names(&of(Install, PreHooks).unwrap()), ["seed"]);
+        assert_eq!(
+            names(&of(Upgrade, PreHooks).unwrap()),
+            ["seed", "backup", "migrate"],
+            "weight -1, then 0, then 5"
+        );
+        assert_eq!(names(&of(Install, PostHooks).unwrap()), ["smoke"]);
+        assert_eq!(names(&of(Upgrade, PostHooks).unwrap()), ["smoke"]);
+        assert_eq!(names(&of(Delete, PreHooks).unwrap()), ["drain"]);
+        assert!(of(Delete, PostHooks).unwrap().is_empty());
+        assert_eq!(of(Upgrade, Objects), None);
+        assert_eq!(of(Install, Done), None);
+    }
+
+    #[test]
+    fn a_phase_starts_watches_and_finishes_its_hooks_one_at_a_time() {
+        let phase = hooks_for(&hooks(), HookEvent::PreUpgrade);
+        let mut run = run(HookOperation::Upgrade, HookRunPhase::PreHooks);
+        assert_eq!(next_step(&phase, &run), Step::Start(&phase[0]));
+        run.completed.push(phase[0].object.id.clone());
+        assert_eq!(next_step(&phase, &run), Step::Start(&phase[1]));
+        let running = RunningHook {
+            object: phase[1].object.id.clone(),
+            uid: "u1".into(),
+            started: at(100),
+        };
+        run.running = Some(running);
+        assert_eq!(next_step(&phase, &run), Step::Watch(&phase[1]));
+        run.completed.push(phase[1].object.id.clone());
+        run.running = None;
+        run.completed.push(phase[2].object.id.clone());
+        // Only `migrate` asked for hook-succeeded; `backup` has hook-failed, `seed` the default.
+        assert_eq!(next_step(&phase, &run), Step::Finish(vec![&phase[2]]));
+
+        advance(&mut run);
+        assert_eq!(run.phase, HookRunPhase::Objects);
+        assert!(run.completed.is_empty());
+        advance(&mut run);
+        advance(&mut run);
+        assert_eq!(run.phase, HookRunPhase::Done);
+        fail(&mut run, "boom");
+        advance(&mut run);
+        assert_eq!(run.phase, HookRunPhase::Failed, "a failed run stays failed");
+    }
+
+    #[test]
+    fn succeeded_hooks_are_deleted_in_reverse_order() {
+        let two = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: a, annotations: {helm.sh/hook: post-install, helm.sh/hook-delete-policy: hook-succeeded, helm.sh/hook-weight: "1"}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: b, annotations: {helm.sh/hook: post-install, helm.sh/hook-delete-policy: hook-succeeded, helm.sh/hook-weight: "2"}}
+"#;
+        let hooks = plan(parse_documents(two).unwrap()).unwrap().hooks;
+        let mut run = run(HookOperation::Install, HookRunPhase::PostHooks);
+        run.completed = hooks.iter().map(|h| h.object.id.clone()).collect();
+        let Step::Finish(delete) = next_step(&hooks, &run) else {
+            panic!("not finished")
+        };
+        assert_eq!(
+            delete
+                .iter()
+                .map(|h| h.object.id.name.as_str())
+                .collect::<Vec<_>>(),
+            ["b", "a"]
+        );
+    }
+
+    #[test]
+    fn delete_policies_decide_about_earlier_instances_and_failures() {
+        let hooks = hooks();
+        let by_name = |n: &str| hooks.iter().find(|h| h.object.id.name == n).unwrap();
+        assert_eq!(existing(by_name("migrate")), Existing::Replace);
+        assert_eq!(
+            existing(by_name("drain")),
+            Existing::Replace,
+            "no annotation: before-hook-creation"
+        );
+        assert!(
+            matches!(existing(by_name("backup")), Existing::Refuse(m) if m.contains("Job/backup"))
+        );
+        let mut config_map = by_name("seed").clone();
+        config_map.delete_policies = vec![DeletePolicy::HookSucceeded];
+        assert_eq!(existing(&config_map), Existing::Update);
+        assert!(delete_on_failure(by_name("backup")));
+        assert!(!delete_on_failure(by_name("migrate")));
+        let crd = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: a.b.c, annotations: {helm.sh/hook: pre-install, helm.sh/hook-delete-policy: "hook-succeeded,hook-failed"}}
+"#;
+        let crd = &plan(parse_documents(crd).unwrap()).unwrap().hooks;
+        let mut run = run(HookOperation::Install, HookRunPhase::PreHooks);
+        run.completed = vec![crd[0].object.id.clone()];
+        assert_eq!(
+            next_step(crd, &run),
+            Step::Finish(vec![]),
+            "a CRD is never deleted"
+        );
+        assert!(!delete_on_failure(&crd[0]));
+        assert_eq!(existing(&crd[0]), Existing::Update);
+    }
+
+    #[test]
+    fn jobs_and_pods_are_waited_for_and_the_rest_is_done_once_applied() {
+        let id = |group: &str, kind: &str| InventoryEntry {
+            group: group.into(),
+            version: "v1".into(),
+            kind: kind.into(),
+            namespace: "ns".into(),
+            name: "x".into(),
+        };
+        let job = id("batch", "Job");
+        assert!(matches!(
+            hook_state(&job, &json!({})),
+            HookState::Running(_)
+        ));
+        let complete = json!({"status": {"conditions": [
+            {"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}]}});
+        assert_eq!(hook_state(&job, &complete), HookState::Succeeded);
+        let not_yet = json!({"status": {"conditions": [{"type": "Complete", "status": "False"}]}});
+        assert!(matches!(hook_state(&job, &not_yet), HookState::Running(_)));
+        let failed = json!({"status": {"conditions": [{"type": "Failed", "status": "True",
+            "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]}});
+        assert_eq!(
+            hook_state(&job, &failed),
+            HookState::Failed(
+                "Job x failed: BackoffLimitExceeded: Job has reached the specified backoff limit"
+                    .into()
+            )
+        );
+        let pod = id("", "Pod");
+        assert!(
+            matches!(hook_state(&pod, &json!({"status": {"phase": "Running"}})), HookState::Running(m) if m.contains("Running"))
+        );
+        assert_eq!(
+            hook_state(&pod, &json!({"status": {"phase": "Succeeded"}})),
+            HookState::Succeeded
+        );
+        assert!(matches!(
+            hook_state(&pod, &json!({"status": {"phase": "Failed"}})),
+            HookState::Failed(_)
+        ));
+        assert_eq!(
+            hook_state(&id("", "ConfigMap"), &json!({})),
+            HookState::Succeeded
+        );
+        assert!(runs_to_completion(&job) && runs_to_completion(&pod));
+        assert!(!runs_to_completion(&id("apps", "Job")));
+    }
+
+    #[test]
+    fn timeouts_count_from_the_start() {
+        let five = Duration::from_secs(5);
+        assert!(!timed_out(&at(100), five, &at(104)));
+        assert!(timed_out(&at(100), five, &at(105)));
+        assert!(
+            !timed_out(&at(100), five, &at(90)),
+            "a clock behind the start is not a timeout"
+        );
+        let hooks = hooks();
+        assert_eq!(
+            timeout(&hooks[0], DEFAULT_HOOK_TIMEOUT),
+            DEFAULT_HOOK_TIMEOUT
+        );
+        let mut with = hooks[0].clone();
+        with.timeout = Some(five);
+        assert_eq!(timeout(&with, DEFAULT_HOOK_TIMEOUT), five);
+    }
+
+    #[test]
+    fn the_inputs_digest_covers_each_input() {
+        let base = inputs_digest("sha256:c", "sha256:v", "r", "ns");
+        assert!(base.starts_with("sha256:"));
+        assert_eq!(base, inputs_digest("sha256:c", "sha256:v", "r", "ns"));
+        for other in [
+            inputs_digest("sha256:C", "sha256:v", "r", "ns"),
+            inputs_digest("sha256:c", "sha256:V", "r", "ns"),
+            inputs_digest("sha256:c", "sha256:v", "R", "ns"),
+            inputs_digest("sha256:c", "sha256:v", "r", "NS"),
+            inputs_digest("sha256:c", "sha256:vr", "", "ns"),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
+}

@@ -1,0 +1,783 @@
+//! Helm hooks (migration steps) on a real kube-apiserver (with the garbage-collector and
+//! namespace controllers of kube-controller-manager) and the real helm binary.
+//!
+//! There is no kubelet and no Job controller (`--controllers` leaves `job` out, so nothing fights
+//! the status writes below, and no Pod is ever created — each test checks that): where a hook
+//! Job finishes, the test writes its status through the status subresource as the Job
+//! controller would, with the fields the API server's Job status validation demands.
+//!
+//! The chart is `tests/fixtures/charts/hooks`: each test says through values which hooks it
+//! renders (name, events, kind, weight, delete policy, timeout).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::Reporter;
+use kube::{Client, ResourceExt};
+use module_manager::api::{HookOperation, HookRun, HookRunPhase, Manifest, State};
+use module_manager::apply::Cluster;
+use module_manager::controller::{self, ControllerConfig};
+use module_manager::reconcile::Context;
+use module_manager::render::{HelmRenderer, RenderLimits};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+const REPLICA: &str = "test-replica";
+const CHART: &str = "tests/fixtures/charts/hooks";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .canonicalize()
+        .unwrap()
+}
+
+/// An operator running in this test's namespace, stopped when dropped.
+struct Harness {
+    client: Client,
+    ns: String,
+    manifests: Api<Manifest>,
+    stop: Option<oneshot::Sender<()>>,
+    _helm_home: tempfile::TempDir,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn start(prefix: &str) -> Harness {
+    let control_plane = testenv::shared(testenv::Options {
+        controller_manager: true,
+        // No `job` controller: the tests play it (it would create Pods and rewrite the status).
+        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
+        crd_files: vec![repo().join("crds/manifest.yaml")],
+        ..Default::default()
+    })
+    .await
+    .expect("control plane");
+    let client = control_plane.client().await.unwrap();
+    let ns = control_plane.namespace(&client, prefix).await.unwrap();
+    let helm_home = tempfile::tempdir().unwrap();
+    let helm = testenv::Tools::locate().unwrap().helm;
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        cluster: Cluster::connect(client.clone()).await.unwrap(),
+        renderer: HelmRenderer::new(
+            helm,
+            helm_home.path().to_owned(),
+            RenderLimits::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap(),
+        chart_root: repo(),
+        chart_limits: Default::default(),
+        replica: REPLICA.into(),
+        shards: module_manager::shard::ShardCount::DEFAULT,
+        metrics: Default::default(),
+        hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
+        reporter: Reporter {
+            controller: "module-manager".into(),
+            instance: Some(REPLICA.into()),
+        },
+    });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let config = ControllerConfig {
+        concurrency: 2,
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    tokio::spawn(controller::run(ctx, config, async move {
+        let _ = stopped.await;
+    }));
+    Harness {
+        manifests: Api::namespaced(client.clone(), &ns),
+        client,
+        ns,
+        stop: Some(stop),
+        _helm_home: helm_home,
+    }
+}
+
+/// A Job's state as the test sees it.
+fn finished(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+        })
+}
+
+impl Harness {
+    /// Creates a Manifest of the hooks fixture chart with these values.
+    async fn create(&self, name: &str, values: Value) {
+        self.create_from(name, CHART, values).await;
+    }
+
+    async fn create_from(&self, name: &str, chart: &str, values: Value) {
+        let manifest: Manifest = serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {"module": name, "chart": {"path": chart}, "values": values, "interval": "2s"},
+        }))
+        .unwrap();
+        self.manifests
+            .create(&PostParams::default(), &manifest)
+            .await
+            .unwrap();
+    }
+
+    async fn patch_spec(&self, name: &str, spec: Value) {
+        self.manifests
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": spec })),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Waits until the Manifest satisfies `done` (60 s), showing its status on failure.
+    async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let manifest = self.manifests.get(name).await.unwrap();
+            if done(&manifest) {
+                return manifest;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}: timed out waiting for {what}; status: {:#?}",
+                manifest.status
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits for the current generation to be reconciled into `state` with `reason`.
+    async fn wait_state(&self, name: &str, state: State, reason: &str) -> Manifest {
+        self.wait_for(name, &format!("{state:?} ({reason})"), |m| {
+            let status = m.status.clone().unwrap_or_default();
+            status.state == Some(state)
+                && status.observed_generation == m.metadata.generation
+                && ready_condition(m).is_some_and(|(r, _)| r == reason)
+        })
+        .await
+    }
+
+    async fn wait_until(&self, what: &str, mut done: impl AsyncFnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done().await {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn config_maps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    async fn job_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .jobs()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|j| j.metadata.deletion_timestamp.is_none())
+            .map(|j| j.name_any())
+            .collect();
+        names.sort();
+        names
+    }
+
+    async fn job_uid(&self, name: &str) -> Option<String> {
+        self.jobs()
+            .get_opt(name)
+            .await
+            .unwrap()
+            .and_then(|j| j.uid())
+    }
+
+    async fn config_map_version(&self, name: &str) -> Option<String> {
+        self.config_maps()
+            .get_opt(name)
+            .await
+            .unwrap()
+            .and_then(|cm| cm.data?.get("version").cloned())
+    }
+
+    /// Waits until some Job has not finished, and returns the names of all such Jobs.
+    async fn unfinished_jobs(&self) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let jobs = self
+                .jobs()
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items;
+            let running: Vec<String> = jobs
+                .iter()
+                .filter(|j| !finished(j) && j.metadata.deletion_timestamp.is_none())
+                .map(|j| j.name_any())
+                .collect();
+            if !running.is_empty() {
+                return running;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for a hook Job to run; Jobs: {:?}",
+                jobs.iter().map(|j| j.name_any()).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Plays the Job controller for `count` hook Jobs: each time exactly one Job may be
+    /// unfinished; `check` looks at the cluster while it runs; then it is completed. Returns the
+    /// Jobs in the order they ran.
+    async fn run_jobs(&self, count: usize, mut check: impl AsyncFnMut(&str)) -> Vec<String> {
+        let mut order = Vec::new();
+        for _ in 0..count {
+            let running = self.unfinished_jobs().await;
+            assert_eq!(
+                running.len(),
+                1,
+                "one hook at a time; ran so far: {order:?}"
+            );
+            let name = running.into_iter().next().unwrap();
+            check(&name).await;
+            self.finish_job(&name, true).await;
+            order.push(name);
+        }
+        order
+    }
+
+    /// Writes the status the Job controller writes when a Job's only Pod succeeded (`Complete`)
+    /// or the Job ran out of retries (`Failed`). The API server's Job status validation (1.36,
+    /// found by trying) demands `startTime` once a Job has finished; for `Complete=True` a
+    /// `SuccessCriteriaMet=True` condition and `completionTime`; for `Failed=True` a
+    /// `FailureTarget=True` condition and no `completionTime`. The counters (`succeeded`,
+    /// `failed`, …) are not demanded; they are written as the controller would.
+    async fn finish_job(&self, name: &str, succeeded: bool) {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let condition = |kind: &str, reason: &str, message: &str| {
+            json!({"type": kind, "status": "True", "reason": reason, "message": message,
+                "lastProbeTime": now, "lastTransitionTime": now})
+        };
+        let status = if succeeded {
+            json!({
+                "startTime": now,
+                "completionTime": now,
+                "succeeded": 1,
+                "active": 0,
+                "ready": 0,
+                "terminating": 0,
+                "conditions": [
+                    condition("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods"),
+                    condition("Complete", "CompletionsReached", "Reached expected number of succeeded pods"),
+                ],
+            })
+        } else {
+            json!({
+                "startTime": now,
+                "failed": 1,
+                "active": 0,
+                "ready": 0,
+                "terminating": 0,
+                "conditions": [
+                    condition("FailureTarget", "BackoffLimitExceeded", "Job has reached the specified backoff limit"),
+                    condition("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"),
+                ],
+            })
+        };
+        self.jobs()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "status": status })),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("mark Job {name} finished: {e}"));
+    }
+
+    /// Plays the Deployment controller: the Deployment has rolled out.
+    async fn deployment_ready(&self, name: &str) {
+        let deployments = Api::<Deployment>::namespaced(self.client.clone(), &self.ns);
+        let generation = deployments.get(name).await.unwrap().metadata.generation;
+        let status = json!({"status": {"observedGeneration": generation, "replicas": 1,
+            "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}});
+        deployments
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+
+    /// Events about `manifest` as (type, reason, note).
+    async fn events(&self, manifest: &str) -> Vec<(String, String, String)> {
+        let events = Api::<Event>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        events
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(manifest))
+            .map(|e| {
+                (
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    /// No Pod was ever created: no Job controller ran to fight the test's status writes.
+    async fn assert_no_pods(&self) {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        assert!(pods.items.is_empty(), "a Job controller is running");
+    }
+}
+
+/// The Ready condition's (reason, message).
+fn ready_condition(manifest: &Manifest) -> Option<(String, String)> {
+    let status = manifest.status.as_ref()?;
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+    Some((ready.reason.clone(), ready.message.clone()))
+}
+
+fn hook_run(manifest: &Manifest) -> HookRun {
+    manifest
+        .status
+        .as_ref()
+        .and_then(|s| s.hook_run.clone())
+        .expect("status.hookRun")
+}
+
+fn hook_objects(manifest: &Manifest) -> Vec<String> {
+    let mut names: Vec<String> = manifest
+        .status
+        .as_ref()
+        .map(|s| {
+            s.hook_objects
+                .iter()
+                .map(|o| format!("{}/{}", o.kind, o.name))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn install_and_upgrade_run_their_hooks_in_order_around_the_objects() {
+    let h = start("hook-order").await;
+    // Weight first (zz-first), then Helm's kind order at equal weight (the ConfigMap before
+    // the Job, although "aa" < "mm"), then the name.
+    let hooks = json!([
+        {"name": "aa-second", "events": "pre-install,pre-upgrade"},
+        {"name": "mm-marker", "kind": "ConfigMap", "events": "pre-install,pre-upgrade"},
+        {"name": "zz-first", "events": "pre-install,pre-upgrade", "weight": -5,
+         "policy": "before-hook-creation,hook-succeeded"},
+        {"name": "post-install", "events": "post-install"},
+        {"name": "post-upgrade", "events": "post-upgrade"},
+    ]);
+    h.create(
+        "db",
+        json!({"hooks": hooks, "version": "1", "deployment": true}),
+    )
+    .await;
+
+    // Pre-install: one hook at a time; nothing of the chart is applied meanwhile.
+    let order = h
+        .run_jobs(2, async |job| {
+            assert_eq!(
+                h.config_map_version("db-app").await,
+                None,
+                "{job}: no object before the pre-install hooks are done"
+            );
+            let marker = h.config_map_version("db-mm-marker").await;
+            match job {
+                "db-zz-first" => assert_eq!(
+                    marker, None,
+                    "the ConfigMap hook (weight 0) runs after zz-first (weight -5)"
+                ),
+                "db-aa-second" => {
+                    assert_eq!(
+                        marker.as_deref(),
+                        Some("1"),
+                        "the ConfigMap hook runs before the Job of equal weight (kind order)"
+                    );
+                    assert!(
+                        h.job_uid("db-zz-first").await.is_some(),
+                        "zz-first (weight -5) ran before aa-second, and hook-succeeded deletes it only once the whole phase succeeded"
+                    );
+                }
+                other => panic!("unexpected hook Job {other}"),
+            }
+        })
+        .await;
+    assert_eq!(order, ["db-zz-first", "db-aa-second"]);
+
+    // The objects, then the post-install hook once they are ready.
+    let progressing = h.wait_state("db", State::Processing, "Progressing").await;
+    assert_eq!(hook_run(&progressing).phase, HookRunPhase::Objects);
+    assert_eq!(h.config_map_version("db-app").await.as_deref(), Some("1"));
+    assert!(
+        h.job_uid("db-post-install").await.is_none(),
+        "post-install waits for the Deployment"
+    );
+    h.deployment_ready("db-app").await;
+    let order = h.run_jobs(1, async |_| {}).await;
+    assert_eq!(order, ["db-post-install"]);
+    let installed = h.wait_state("db", State::Ready, "Ready").await;
+    let run = hook_run(&installed);
+    assert_eq!(
+        (run.operation, run.phase),
+        (HookOperation::Install, HookRunPhase::Done)
+    );
+    assert_eq!(
+        installed
+            .status
+            .as_ref()
+            .unwrap()
+            .last_operation
+            .as_ref()
+            .unwrap()
+            .operation,
+        "Install"
+    );
+    assert_eq!(
+        h.job_names().await,
+        ["db-aa-second", "db-post-install"],
+        "zz-first (hook-succeeded) is deleted; post-upgrade did not run"
+    );
+    assert_eq!(
+        hook_objects(&installed),
+        [
+            "ConfigMap/db-mm-marker",
+            "Job/db-aa-second",
+            "Job/db-post-install"
+        ],
+        "what the policies left is recorded"
+    );
+    let first_second = h.job_uid("db-aa-second").await.unwrap();
+    let post_install = h.job_uid("db-post-install").await.unwrap();
+
+    // Upgrade: the pre-upgrade hooks run again while the old objects stay untouched.
+    h.patch_spec(
+        "db",
+        json!({"values": {"hooks": hooks, "version": "2", "deployment": true}}),
+    )
+    .await;
+    let order = h
+        .run_jobs(2, async |job| {
+            assert_eq!(
+                h.config_map_version("db-app").await.as_deref(),
+                Some("1"),
+                "{job}: the old objects stay until the pre-upgrade hooks are done"
+            );
+            let marker = h.config_map_version("db-mm-marker").await;
+            let expected = if job == "db-zz-first" { "1" } else { "2" };
+            assert_eq!(marker.as_deref(), Some(expected), "{job}");
+        })
+        .await;
+    assert_eq!(order, ["db-zz-first", "db-aa-second"]);
+    h.wait_state("db", State::Processing, "Progressing").await;
+    assert_eq!(h.config_map_version("db-app").await.as_deref(), Some("2"));
+    h.deployment_ready("db-app").await;
+    let order = h.run_jobs(1, async |_| {}).await;
+    assert_eq!(order, ["db-post-upgrade"]);
+    let upgraded = h.wait_state("db", State::Ready, "Ready").await;
+    let run = hook_run(&upgraded);
+    assert_eq!(
+        (run.operation, run.phase),
+        (HookOperation::Upgrade, HookRunPhase::Done)
+    );
+    assert_eq!(
+        upgraded
+            .status
+            .as_ref()
+            .unwrap()
+            .last_operation
+            .as_ref()
+            .unwrap()
+            .operation,
+        "Upgrade"
+    );
+    assert_ne!(
+        h.job_uid("db-aa-second").await.unwrap(),
+        first_second,
+        "before-hook-creation: a new Job"
+    );
+    assert_eq!(
+        h.job_uid("db-post-install").await.unwrap(),
+        post_install,
+        "post-install does not run on an upgrade"
+    );
+    h.assert_no_pods().await;
+}
+
+#[tokio::test]
+async fn a_failed_or_timed_out_pre_upgrade_hook_stops_the_upgrade() {
+    let h = start("hook-failure").await;
+    let migrate = json!([{"name": "migrate", "events": "pre-upgrade", "policy": "hook-failed"}]);
+    h.create("db", json!({"hooks": migrate, "version": "1"}))
+        .await;
+    // An install runs no pre-upgrade hook.
+    let installed = h.wait_state("db", State::Ready, "Ready").await;
+    assert_eq!(hook_run(&installed).operation, HookOperation::Install);
+    assert!(h.job_names().await.is_empty());
+    let inventory = installed.status.clone().unwrap().inventory;
+
+    // The migration fails: nothing of version 2 is applied, the Job is deleted (hook-failed).
+    h.patch_spec("db", json!({"values": {"hooks": migrate, "version": "2"}}))
+        .await;
+    let running = h.unfinished_jobs().await;
+    assert_eq!(running, ["db-migrate"]);
+    h.finish_job("db-migrate", false).await;
+    let failed = h.wait_state("db", State::Error, "HookFailed").await;
+    let (_, message) = ready_condition(&failed).unwrap();
+    assert!(
+        message.contains("pre-upgrade hook Job db-migrate failed: BackoffLimitExceeded"),
+        "{message}"
+    );
+    let status = failed.status.clone().unwrap();
+    assert_eq!(status.inventory, inventory, "the inventory is kept");
+    assert_eq!(
+        hook_run(&failed).phase,
+        HookRunPhase::Failed,
+        "recorded: the next pass does not run it again"
+    );
+    assert_eq!(h.config_map_version("db-app").await.as_deref(), Some("1"));
+    h.wait_until("the failed Job is deleted", async || {
+        h.job_names().await.is_empty()
+    })
+    .await;
+    assert!(hook_objects(&h.manifests.get("db").await.unwrap()).is_empty());
+    let events = h.events("db").await;
+    assert!(
+        events.iter().any(|(kind, reason, note)| kind == "Warning"
+            && reason == "HookFailed"
+            && note.contains("db-migrate")),
+        "{events:?}"
+    );
+
+    // A spec change retries the run (here one that leaves the inputs alone).
+    h.patch_spec("db", json!({"interval": "3s"})).await;
+    assert_eq!(h.unfinished_jobs().await, ["db-migrate"]);
+    h.finish_job("db-migrate", true).await;
+    h.wait_state("db", State::Ready, "Ready").await;
+    assert_eq!(h.config_map_version("db-app").await.as_deref(), Some("2"));
+    assert_eq!(
+        h.job_names().await,
+        ["db-migrate"],
+        "hook-failed only: kept after success"
+    );
+
+    // Bad input loses nothing: a render error leaves the finished run as it was, and going back
+    // to the same inputs runs no hook again (a new run would refuse the kept Job: it lacks
+    // before-hook-creation).
+    let done = hook_run(&h.manifests.get("db").await.unwrap());
+    let migrated = h.job_uid("db-migrate").await;
+    h.patch_spec(
+        "db",
+        json!({"chart": {"path": "tests/fixtures/charts/template-error"}}),
+    )
+    .await;
+    let broken = h.wait_state("db", State::Error, "RenderError").await;
+    assert_eq!(hook_run(&broken), done);
+    h.patch_spec("db", json!({"chart": {"path": CHART}})).await;
+    h.wait_state("db", State::Ready, "Ready").await;
+    assert_eq!(h.job_uid("db-migrate").await, migrated, "not run again");
+
+    // A hook that does not finish within its timeout fails the same way.
+    let slow = json!([{"name": "slow", "events": "pre-upgrade", "timeout": "2s"}]);
+    h.patch_spec("db", json!({"values": {"hooks": slow, "version": "3"}}))
+        .await;
+    let timed_out = h.wait_state("db", State::Error, "HookFailed").await;
+    let (_, message) = ready_condition(&timed_out).unwrap();
+    assert!(
+        message.contains("pre-upgrade hook Job/") && message.contains("did not finish within 2s"),
+        "{message}"
+    );
+    assert_eq!(h.config_map_version("db-app").await.as_deref(), Some("2"));
+    assert!(
+        h.job_uid("db-slow").await.is_some(),
+        "no hook-failed policy: the Job stays for a person to look at"
+    );
+    h.assert_no_pods().await;
+}
+
+#[tokio::test]
+async fn delete_hooks_run_around_the_deletion_and_no_hook_object_is_left() {
+    let h = start("hook-delete").await;
+    let hooks = json!([
+        {"name": "setup", "events": "pre-install"},
+        {"name": "drain", "events": "pre-delete"},
+        {"name": "goodbye", "events": "post-delete", "policy": "hook-succeeded"},
+    ]);
+    h.create("db", json!({"hooks": hooks})).await;
+    assert_eq!(h.run_jobs(1, async |_| {}).await, ["db-setup"]);
+    let installed = h.wait_state("db", State::Ready, "Ready").await;
+    assert_eq!(hook_objects(&installed), ["Job/db-setup"]);
+
+    h.manifests
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    let order = h
+        .run_jobs(2, async |job| {
+            let app = h.config_map_version("db-app").await;
+            if job == "db-drain" {
+                assert!(app.is_some(), "pre-delete runs before the objects go");
+                let deleting = h
+                    .wait_for("db", "Deleting (HookRunning)", |m| {
+                        ready_condition(m).is_some_and(|(reason, _)| reason == "HookRunning")
+                    })
+                    .await;
+                assert_eq!(deleting.status.unwrap().state, Some(State::Deleting));
+            } else {
+                assert!(app.is_none(), "post-delete runs once the objects are gone");
+            }
+        })
+        .await;
+    assert_eq!(order, ["db-drain", "db-goodbye"]);
+    h.wait_until("the Manifest is gone", async || {
+        h.manifests.get_opt("db").await.unwrap().is_none()
+    })
+    .await;
+    assert!(
+        h.job_names().await.is_empty(),
+        "every hook Job is deleted with the Manifest"
+    );
+    assert_eq!(h.config_map_version("db-app").await, None);
+    h.assert_no_pods().await;
+}
+
+#[tokio::test]
+async fn the_ledger_example_migrates_its_data_before_the_upgrade() {
+    let h = start("hook-ledger").await;
+    h.create_from("ledger", "examples/charts/ledger-v1", json!({}))
+        .await;
+    h.wait_state("ledger", State::Processing, "Progressing")
+        .await;
+    h.deployment_ready("ledger").await;
+    h.wait_state("ledger", State::Ready, "Ready").await;
+    let schema = async || {
+        h.config_maps()
+            .get("ledger")
+            .await
+            .unwrap()
+            .data
+            .unwrap()
+            .get("schemaVersion")
+            .cloned()
+    };
+    assert_eq!(schema().await.as_deref(), Some("1"));
+    assert!(
+        h.job_names().await.is_empty(),
+        "an install runs no migration"
+    );
+
+    h.patch_spec(
+        "ledger",
+        json!({"chart": {"path": "examples/charts/ledger-v2"}}),
+    )
+    .await;
+    let order = h
+        .run_jobs(1, async |_| {
+            assert_eq!(
+                schema().await.as_deref(),
+                Some("1"),
+                "version 1 until migrated"
+            );
+            assert!(
+                h.config_maps()
+                    .get_opt("ledger-migration")
+                    .await
+                    .unwrap()
+                    .is_some(),
+                "the script (weight -5) comes before the Job"
+            );
+        })
+        .await;
+    assert_eq!(order, ["ledger-migrate"]);
+    h.wait_state("ledger", State::Processing, "Progressing")
+        .await;
+    assert_eq!(schema().await.as_deref(), Some("2"));
+    h.deployment_ready("ledger").await;
+    let upgraded = h.wait_state("ledger", State::Ready, "Ready").await;
+    assert!(hook_objects(&upgraded).is_empty(), "hook-succeeded");
+    assert!(h.job_names().await.is_empty());
+    assert!(
+        h.config_maps()
+            .get_opt("ledger-migration")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    h.assert_no_pods().await;
+}
+
+#[tokio::test]
+async fn a_manifest_whose_chart_is_gone_is_deleted_without_its_delete_hooks() {
+    let h = start("hook-skip").await;
+    let hooks = json!([{"name": "drain", "events": "pre-delete"}]);
+    h.create("db", json!({"hooks": hooks})).await;
+    h.wait_state("db", State::Ready, "Ready").await;
+    h.patch_spec(
+        "db",
+        json!({"chart": {"path": "tests/fixtures/charts/nope"}}),
+    )
+    .await;
+    h.wait_state("db", State::Error, "ChartError").await;
+
+    h.manifests
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_until("the Manifest is gone", async || {
+        h.manifests.get_opt("db").await.unwrap().is_none()
+    })
+    .await;
+    assert_eq!(
+        h.config_map_version("db-app").await,
+        None,
+        "objects deleted"
+    );
+    assert!(h.job_names().await.is_empty(), "no delete hook ran");
+    let events = h.events("db").await;
+    for event in ["pre-delete", "post-delete"] {
+        assert!(
+            events.iter().any(|(kind, reason, note)| kind == "Warning"
+                && reason == "HookSkipped"
+                && note.starts_with(&format!("{event} hooks not run: "))
+                && note.contains("does not exist")),
+            "{event}: {events:?}"
+        );
+    }
+}
