@@ -17,5 +17,6 @@ pub mod reconcile;
 pub mod render;
 pub mod shard;
 pub mod status;
+pub mod target;
 pub mod telemetry;
 pub mod values;

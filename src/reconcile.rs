@@ -29,6 +29,7 @@ use crate::render::{HelmRenderer, RenderError, RenderRequest};
 use crate::shard::fence::{Fence, FenceLost};
 use crate::shard::{SHARD_LABEL, ShardCount};
 use crate::status::{Facts, Outcome, next_status};
+use crate::target::{self, TargetClients, TargetError};
 use crate::values::{self, ValuesError};
 
 /// The finalizer that keeps a Manifest until its objects are gone.
@@ -45,8 +46,10 @@ const PROGRESS_REQUEUE: Duration = Duration::from_secs(5);
 pub struct Context {
     /// The cluster holding the Manifests, their values sources and Events.
     pub client: Client,
-    /// The cluster modules are applied to.
+    /// The local cluster: modules without `spec.target` are applied to it.
     pub cluster: Cluster,
+    /// Clients of remote targets (`spec.target`), cached per kubeconfig Secret.
+    pub targets: TargetClients,
     /// The helm renderer (with its cache).
     pub renderer: HelmRenderer,
     /// Local chart paths resolve under this directory (absolute, canonical).
@@ -94,9 +97,9 @@ pub enum ReconcileError {
     /// this replica lost the Manifest's shard during the pass: it stops writing at once.
     #[error(transparent)]
     Fenced(#[from] FenceLost),
-    /// the Manifest names a target cluster this version cannot reach.
-    #[error("{0}")]
-    Target(String),
+    /// the target cluster cannot be used (Secret, kubeconfig, connection).
+    #[error(transparent)]
+    Target(#[from] TargetError),
 }
 
 impl ReconcileError {
@@ -111,7 +114,7 @@ impl ReconcileError {
             Self::JobFailed(_) => "JobFailed",
             Self::Kube(_) => "KubeError",
             Self::Fenced(_) => "Fenced",
-            Self::Target(_) => "TargetError",
+            Self::Target(e) => e.category(),
         }
     }
 
@@ -120,12 +123,9 @@ impl ReconcileError {
         match self {
             // A kind the target does not serve (yet) may appear: its CRD may be installed later.
             Self::Plan(PlanError::UnknownKind(_)) => false,
-            Self::Chart(_)
-            | Self::Values(_)
-            | Self::Plan(_)
-            | Self::JobFailed(_)
-            | Self::Target(_) => true,
+            Self::Chart(_) | Self::Values(_) | Self::Plan(_) | Self::JobFailed(_) => true,
             Self::Render(e) => e.is_permanent(),
+            Self::Target(e) => e.is_permanent(),
             Self::Apply(e) => e.is_permanent(),
             Self::ValuesSource(_) | Self::Kube(_) | Self::Fenced(_) => false,
         }
@@ -266,13 +266,6 @@ async fn install(
     interval: Duration,
     recorded: &mut Option<Vec<InventoryEntry>>,
 ) -> Result<Option<Pass>, ReconcileError> {
-    if manifest.spec.target.is_some() {
-        // Installing onto the local cluster instead would put a module where its owner did
-        // not ask for it: refuse until remote targets are supported.
-        return Err(ReconcileError::Target(
-            "spec.target (a remote cluster) is not supported by this version of module-manager; nothing was applied".into(),
-        ));
-    }
     let uid = manifest.uid().unwrap_or_default();
     let shard = ctx.shards.shard_of(&uid).to_string();
     let has_finalizer = manifest.finalizers().iter().any(|f| f == FINALIZER);
@@ -280,6 +273,23 @@ async fn install(
         fence.check()?;
         claim(manifest, ctx, &shard).await?;
     }
+    // The cluster the module goes to: the local one, or the remote target of `spec.target`.
+    let cluster = target::resolve(manifest, ctx).await?;
+    let result = install_on(manifest, ctx, &cluster, fence, interval, recorded).await;
+    cluster.observe(ctx, result)
+}
+
+/// Installs or upgrades the module on `cluster` (everything but the Manifest, its status and
+/// Events, which stay on the local cluster).
+async fn install_on(
+    manifest: &Manifest,
+    ctx: &Context,
+    cluster: &Cluster,
+    fence: &Fence,
+    interval: Duration,
+    recorded: &mut Option<Vec<InventoryEntry>>,
+) -> Result<Option<Pass>, ReconcileError> {
+    let uid = manifest.uid().unwrap_or_default();
     let previous = manifest.status.clone().unwrap_or_default();
     let namespace = manifest
         .spec
@@ -302,7 +312,7 @@ async fn install(
             })
         })??;
     let values = gather_values(manifest, ctx).await?;
-    let surface = ctx.cluster.fresh_surface(DISCOVERY_MAX_AGE).await?;
+    let surface = cluster.fresh_surface(DISCOVERY_MAX_AGE).await?;
     let request = RenderRequest {
         chart,
         release: manifest
@@ -337,7 +347,7 @@ async fn install(
         .any(|o| o.id.kind == "Namespace" && o.id.group.is_empty() && o.id.name == namespace)
     {
         fence.check()?;
-        ensure_namespace(ctx, &namespace, &uid).await?;
+        ensure_namespace(cluster, &namespace, &uid).await?;
     }
 
     // CRDs first: apply, wait for Established.
@@ -345,6 +355,7 @@ async fn install(
     apply_all(
         manifest,
         ctx,
+        cluster,
         fence,
         &previous.inventory,
         recorded,
@@ -353,16 +364,16 @@ async fn install(
     .await?;
     if !plan.crds.is_empty() {
         let names: Vec<String> = plan.crds.iter().map(|c| c.id.name.clone()).collect();
-        ctx.cluster
+        cluster
             .wait_established(&names, CRD_ESTABLISH_TIMEOUT)
             .await?;
     }
     // Kinds discovery does not know yet (from these CRDs, or installed since by someone else):
     // refresh. The API server publishes a new CRD's group in discovery shortly *after* the CRD is
     // Established, so kinds of this chart's own CRDs are waited for a little.
-    let unknown = |o: &&RenderedObject| ctx.cluster.surface().resolve(&o.id).is_none();
+    let unknown = |o: &&RenderedObject| cluster.surface().resolve(&o.id).is_none();
     if plan.objects.iter().any(|o| unknown(&o)) {
-        ctx.cluster.refresh_discovery().await?;
+        cluster.refresh_discovery().await?;
         let crd_groups: Vec<&str> = plan
             .crds
             .iter()
@@ -377,10 +388,10 @@ async fn install(
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            ctx.cluster.refresh_discovery().await?;
+            cluster.refresh_discovery().await?;
         }
     }
-    let surface = ctx.cluster.surface();
+    let surface = cluster.surface();
     plan::assign_namespaces(&mut plan.objects, &namespace, |id| {
         surface.resolve(id).map(|(_, scope)| *scope)
     })?;
@@ -391,6 +402,7 @@ async fn install(
     let applied = apply_all(
         manifest,
         ctx,
+        cluster,
         fence,
         &previous.inventory,
         recorded,
@@ -406,7 +418,7 @@ async fn install(
         PruneDecision::Prune(gone) => {
             let manifest_namespace = manifest.namespace().unwrap_or_default();
             for id in &gone {
-                delete_object(ctx, fence, id, &manifest_namespace, &uid).await?;
+                delete_object(ctx, cluster, fence, id, &manifest_namespace, &uid).await?;
             }
             None
         }
@@ -530,9 +542,14 @@ async fn read_values_source(
 /// Creates the target namespace when missing. It is not part of the module's inventory (never
 /// deleted with it), but carries the Manifest's label, so a later chart version that brings
 /// this Namespace itself may take it over.
-async fn ensure_namespace(ctx: &Context, name: &str, uid: &str) -> Result<(), ReconcileError> {
-    let namespaces = Api::<Namespace>::all(ctx.cluster.client().clone());
-    if namespaces.get_opt(name).await?.is_none() {
+async fn ensure_namespace(cluster: &Cluster, name: &str, uid: &str) -> Result<(), ReconcileError> {
+    let namespaces = Api::<Namespace>::all(cluster.client().clone());
+    // Errors are the target's (an apply on it), so that a remote target's failures are told apart.
+    let failed = |source| ApplyError::Api {
+        object: format!("Namespace {name}"),
+        source,
+    };
+    if namespaces.get_opt(name).await.map_err(failed)?.is_none() {
         let namespace = Namespace {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
@@ -546,7 +563,7 @@ async fn ensure_namespace(ctx: &Context, name: &str, uid: &str) -> Result<(), Re
         match namespaces.create(&PostParams::default(), &namespace).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(failed(e).into()),
         }
     }
     Ok(())
@@ -558,18 +575,19 @@ async fn ensure_namespace(ctx: &Context, name: &str, uid: &str) -> Result<(), Re
 async fn apply_all(
     manifest: &Manifest,
     ctx: &Context,
+    cluster: &Cluster,
     fence: &Fence,
     previous: &[InventoryEntry],
     recorded: &mut Option<Vec<InventoryEntry>>,
     objects: &[RenderedObject],
 ) -> Result<Vec<(InventoryEntry, DynamicObject)>, ReconcileError> {
     let uid = manifest.uid().unwrap_or_default();
-    adopt_check(ctx, &uid, previous, objects).await?;
+    adopt_check(cluster, &uid, previous, objects).await?;
     record_inventory(manifest, ctx, fence, previous, recorded, objects).await?;
     let mut applied = Vec::with_capacity(objects.len());
     for object in objects {
         fence.check()?;
-        applied.push((object.id.clone(), ctx.cluster.apply(object, &uid).await?));
+        applied.push((object.id.clone(), cluster.apply(object, &uid).await?));
         ctx.metrics.applied.inc();
     }
     Ok(applied)
@@ -578,13 +596,13 @@ async fn apply_all(
 /// Refuses, before anything is recorded or applied, objects new to the inventory that already
 /// exist and are not this Manifest's.
 async fn adopt_check(
-    ctx: &Context,
+    cluster: &Cluster,
     uid: &str,
     previous: &[InventoryEntry],
     objects: &[RenderedObject],
 ) -> Result<(), ReconcileError> {
     for object in objects.iter().filter(|o| !previous.contains(&o.id)) {
-        ctx.cluster.check_adoptable(object, uid).await?;
+        cluster.check_adoptable(object, uid).await?;
     }
     Ok(())
 }
@@ -674,11 +692,19 @@ async fn delete(
         .map(|s| s.inventory.clone())
         .unwrap_or_default();
     if manifest.spec.deletion_policy == DeletionPolicy::Delete && !inventory.is_empty() {
+        let cluster = match target::resolve(manifest, ctx).await {
+            // The target cannot be named any more: release rather than wait forever.
+            Err(ReconcileError::Target(gone)) if gone.target_gone() => {
+                return release_target_gone(manifest, ctx, fence, &gone, inventory.len()).await;
+            }
+            result => result?,
+        };
         plan::sort_for_deletion(&mut inventory);
         // Objects still terminating; the next pass looks again (without deleting them twice).
         let mut remaining = Vec::new();
         for id in &inventory {
-            let outcome = delete_object(ctx, fence, id, &manifest_namespace, &uid).await?;
+            let deleted = delete_object(ctx, &cluster, fence, id, &manifest_namespace, &uid).await;
+            let outcome = cluster.observe(ctx, deleted)?;
             if matches!(
                 outcome,
                 Deletion::Terminating | Deletion::Deleted { terminating: true }
@@ -732,10 +758,39 @@ async fn delete(
     Ok(None)
 }
 
+/// Releases a Manifest being deleted whose target can no longer be named (its kubeconfig Secret or
+/// key is gone, or the kubeconfig is refused): the module's objects on the target are left, with a
+/// Warning Event `TargetGone`, instead of keeping the Manifest forever.
+async fn release_target_gone(
+    manifest: &Manifest,
+    ctx: &Context,
+    fence: &Fence,
+    gone: &TargetError,
+    objects: usize,
+) -> Result<Option<Pass>, ReconcileError> {
+    let note = format!(
+        "{gone}: released without deleting; {objects} objects may be left on the target cluster (labelled {}={})",
+        crate::apply::MANIFEST_UID_LABEL,
+        manifest.uid().unwrap_or_default()
+    );
+    tracing::warn!("{note}");
+    fence.check()?;
+    publish(manifest, ctx, EventType::Warning, "TargetGone", &note).await;
+    let finalizers = manifest
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    set_finalizers(manifest, ctx, finalizers).await?;
+    Ok(None)
+}
+
 /// Deletes one object of the Manifest (pruning or deletion), unless it is protected; checks the
 /// fence first and counts or logs the outcome.
 async fn delete_object(
     ctx: &Context,
+    cluster: &Cluster,
     fence: &Fence,
     id: &InventoryEntry,
     manifest_namespace: &str,
@@ -744,7 +799,7 @@ async fn delete_object(
     fence.check()?;
     let outcome = match plan::protected(id, manifest_namespace) {
         Some(reason) => Deletion::Kept(reason),
-        None => ctx.cluster.delete(id, uid).await?,
+        None => cluster.delete(id, uid).await?,
     };
     count_deletion(ctx, id, &outcome);
     Ok(outcome)
