@@ -133,9 +133,9 @@ pub enum TargetError {
 fn connection_message(server: &str, secret: &str, failure: Failure, detail: &str) -> String {
     match failure {
         Failure::Unreachable => format!("target {server} is unreachable: {detail}"),
-        Failure::Unauthorized => format!(
-            "target {server} does not accept the credentials in Secret {secret} (401 Unauthorized; {detail})"
-        ),
+        Failure::Unauthorized => {
+            format!("target {server} does not accept the credentials in Secret {secret}: {detail}")
+        }
         Failure::Tls => format!(
             "target {server}: TLS handshake failed: {detail} (check certificate-authority-data and the client certificate in Secret {secret})"
         ),
@@ -434,7 +434,8 @@ fn check_server(server: &str) -> Result<(), &'static str> {
 /// `None` for answers about the request (403, 404, 422, 500 …).
 pub fn classify(error: &kube::Error) -> Option<(Failure, String)> {
     if let kube::Error::Api(status) = error {
-        return (status.code == 401).then(|| (Failure::Unauthorized, status.reason.clone()));
+        return (status.code == 401)
+            .then(|| (Failure::Unauthorized, "401 Unauthorized".to_owned()));
     }
     // Walk the whole chain, also into `io::Error`s (whose `source()` skips their inner error).
     let mut stack: Vec<&(dyn StdError + 'static)> = vec![error];
