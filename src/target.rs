@@ -609,9 +609,22 @@ impl TargetClients {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Drops idle and excess clients.
+    fn prune(&self, entries: &mut HashMap<SecretKey, Entry>, now: Instant) {
+        let used: Vec<(SecretKey, Instant)> = entries
+            .iter()
+            .map(|(k, e)| (k.clone(), e.last_used))
+            .collect();
+        for stale in to_evict(&used, now, self.settings.max_clients, self.settings.idle) {
+            entries.remove(&stale);
+        }
+        self.metrics.clients.set(entries.len() as i64);
+    }
+
     /// The cached client for this Secret version, if any (and marks it used).
     fn cached(&self, key: &SecretKey, fingerprint: &Fingerprint) -> Option<(Arc<Cluster>, String)> {
         let mut entries = self.lock();
+        self.prune(&mut entries, Instant::now());
         let entry = entries
             .get_mut(key)
             .filter(|e| &e.fingerprint == fingerprint)?;
@@ -639,13 +652,14 @@ impl TargetClients {
                 last_used: now,
             },
         );
-        let used: Vec<(SecretKey, Instant)> = entries
-            .iter()
-            .map(|(k, e)| (k.clone(), e.last_used))
-            .collect();
-        for stale in to_evict(&used, now, self.settings.max_clients, self.settings.idle) {
-            entries.remove(&stale);
-        }
+        self.prune(&mut entries, now);
+    }
+
+    /// Drops the client of a Secret key whatever version it was built from (the Secret is gone or
+    /// no longer usable: that client must not be used again).
+    fn forget(&self, key: &SecretKey) {
+        let mut entries = self.lock();
+        entries.remove(key);
         self.metrics.clients.set(entries.len() as i64);
     }
 
@@ -661,7 +675,7 @@ impl TargetClients {
         self.metrics.clients.set(entries.len() as i64);
     }
 
-    /// Counts a target error (and logs it without secret material).
+    /// Counts a target error.
     fn count(&self, error: &TargetError) {
         self.metrics
             .errors
@@ -680,7 +694,9 @@ impl TargetClients {
         let secret = Api::<Secret>::namespaced(local.clone(), &key.namespace)
             .get_opt(&key.name)
             .await?;
+        // The Secret cannot be used: neither can a client built from an earlier version of it.
         let fail = |error: TargetError| {
+            self.forget(&key);
             self.count(&error);
             Err(ReconcileError::Target(error))
         };
