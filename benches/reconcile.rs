@@ -55,6 +55,7 @@ async fn main() -> anyhow::Result<()> {
     let ctx = Context {
         client: client.clone(),
         cluster: Cluster::connect(client.clone()).await?,
+        targets: Default::default(),
         renderer: HelmRenderer::new(
             testenv::Tools::locate()?.helm,
             helm_home.path().to_owned(),

@@ -18,5 +18,6 @@ pub mod reconcile;
 pub mod render;
 pub mod shard;
 pub mod status;
+pub mod target;
 pub mod telemetry;
 pub mod values;

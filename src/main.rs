@@ -17,6 +17,7 @@ use module_manager::shard::ShardCount;
 use module_manager::shard::fence::Ownership;
 use module_manager::shard::fleet::{Fleet, FleetConfig, FleetView};
 use module_manager::shard::membership::{Members, MembershipConfig};
+use module_manager::target::{TargetClients, TargetSettings};
 use module_manager::telemetry::{self, LogFormat};
 
 #[derive(Parser)]
@@ -145,6 +146,16 @@ struct RunArgs {
     /// shard ownership. Never use it in a fleet.
     #[arg(long, hide = true)]
     fault_ignore_ownership: bool,
+    /// Remote targets (`spec.target`): timeout of a connection (TCP and TLS handshake), in seconds.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
+    target_connect_timeout_seconds: u64,
+    /// Remote targets: timeout of reading or writing a request, in seconds.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=300))]
+    target_request_timeout_seconds: u64,
+    /// Remote targets: most clients cached at once (one per kubeconfig Secret key; the least
+    /// recently used is dropped first).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    target_clients: u64,
     /// Address of the admin API (`/livez`, `/readyz`, `/metrics`).
     #[arg(long, default_value = "127.0.0.1:9440")]
     admin_address: std::net::SocketAddr,
@@ -234,6 +245,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         queue: queue_metrics,
         fleet: fleet_metrics,
         manifests: manifest_metrics,
+        target: target_metrics,
     } = Metrics::register(&mut registry);
     let config = ControllerConfig {
         concurrency: args.concurrency,
@@ -298,6 +310,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let ctx = Arc::new(Context {
         cluster: Cluster::connect(client.clone()).await?,
+        targets: TargetClients::new(
+            TargetSettings {
+                max_clients: args.target_clients as usize,
+                connect_timeout: Duration::from_secs(args.target_connect_timeout_seconds),
+                request_timeout: Duration::from_secs(args.target_request_timeout_seconds),
+                ..Default::default()
+            },
+            target_metrics,
+        ),
         reporter,
         client: client.clone(),
         renderer,

@@ -305,6 +305,46 @@ impl FleetMetrics {
     }
 }
 
+/// A remote target error's kind, as a metric label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetErrorLabels {
+    /// `secret`, `refused`, `unreachable`, `auth` or `tls` (never the server or the Secret).
+    pub reason: &'static str,
+}
+
+/// Metrics of remote targets (`spec.target`).
+#[derive(Clone, Debug, Default)]
+pub struct TargetMetrics {
+    /// Remote target errors by reason.
+    pub errors: Family<TargetErrorLabels, Counter>,
+    /// Remote target clients cached now.
+    pub clients: Gauge,
+}
+
+impl TargetMetrics {
+    /// Registers under `target_…` in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        let sub = registry.sub_registry_with_prefix("target");
+        sub.register(
+            "errors",
+            "Remote target errors by reason: secret (Secret or key missing), refused (kubeconfig refused), unreachable, auth (401), tls",
+            metrics.errors.clone(),
+        );
+        sub.register(
+            "clients",
+            "Remote target clients cached (one per kubeconfig Secret key in use)",
+            metrics.clients.clone(),
+        );
+        // Every reason from the start (at 0), so that rates and alerts see the series before the
+        // first error.
+        for reason in crate::target::ERROR_REASONS {
+            let _ = metrics.errors.get_or_create(&TargetErrorLabels { reason });
+        }
+        metrics
+    }
+}
+
 /// A Manifest state, as a metric label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
@@ -358,6 +398,8 @@ pub struct Metrics {
     pub fleet: FleetMetrics,
     /// The Manifests this replica owns.
     pub manifests: ManifestMetrics,
+    /// Remote targets.
+    pub target: TargetMetrics,
 }
 
 impl Metrics {
@@ -380,6 +422,7 @@ impl Metrics {
             queue: QueueMetrics::register(registry),
             fleet: FleetMetrics::register(registry),
             manifests: ManifestMetrics::register(registry),
+            target: TargetMetrics::register(registry),
         }
     }
 }
@@ -463,6 +506,16 @@ mod tests {
         ));
         assert!(text.contains("# TYPE module_manager_reconcile_duration_seconds histogram\n"));
         assert!(text.contains("module_manager_build_info{version="));
+        // Remote target errors exist at 0 for every reason from the start.
+        for reason in crate::target::ERROR_REASONS {
+            assert!(
+                text.contains(&format!(
+                    "module_manager_target_errors_total{{reason=\"{reason}\"}} 0\n"
+                )),
+                "{reason}"
+            );
+        }
+        assert!(text.contains("module_manager_target_clients 0\n"));
         assert!(!text.contains("# EOF"));
         // The same samples in both (histogram lines in another order).
         let samples = |s: &str| -> std::collections::BTreeSet<String> {

@@ -157,7 +157,7 @@ pub const PERMISSIONS: &[Permission] = &[
         "",
         "secrets",
         Scope::AllNamespaces,
-        "values from Secrets (valuesFrom)",
+        "values from Secrets (valuesFrom) and target kubeconfigs (spec.target)",
     ),
     permission(
         "get",

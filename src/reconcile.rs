@@ -34,6 +34,7 @@ use crate::render::{HelmRenderer, RenderError, RenderRequest};
 use crate::shard::fence::{Fence, FenceLost};
 use crate::shard::{SHARD_LABEL, ShardCount};
 use crate::status::{Facts, Outcome, next_status};
+use crate::target::{self, TargetClients, TargetError};
 use crate::values::{self, ValuesError};
 
 /// The finalizer that keeps a Manifest until its objects are gone.
@@ -52,8 +53,10 @@ const HOOK_REQUEUE: Duration = Duration::from_secs(2);
 pub struct Context {
     /// The cluster holding the Manifests, their values sources and Events.
     pub client: Client,
-    /// The cluster modules are applied to.
+    /// The local cluster: modules without `spec.target` are applied to it.
     pub cluster: Cluster,
+    /// Clients of remote targets (`spec.target`), cached per kubeconfig Secret.
+    pub targets: TargetClients,
     /// The helm renderer (with its cache).
     pub renderer: HelmRenderer,
     /// Local chart paths resolve under this directory (absolute, canonical).
@@ -106,9 +109,9 @@ pub enum ReconcileError {
     /// this replica lost the Manifest's shard during the pass: it stops writing at once.
     #[error(transparent)]
     Fenced(#[from] FenceLost),
-    /// the Manifest names a target cluster this version cannot reach.
-    #[error("{0}")]
-    Target(String),
+    /// the target cluster cannot be used (Secret, kubeconfig, connection).
+    #[error(transparent)]
+    Target(#[from] TargetError),
 }
 
 impl ReconcileError {
@@ -124,7 +127,7 @@ impl ReconcileError {
             Self::HookFailed(_) => "HookFailed",
             Self::Kube(_) => "KubeError",
             Self::Fenced(_) => "Fenced",
-            Self::Target(_) => "TargetError",
+            Self::Target(e) => e.category(),
         }
     }
 
@@ -137,9 +140,9 @@ impl ReconcileError {
             | Self::Values(_)
             | Self::Plan(_)
             | Self::JobFailed(_)
-            | Self::HookFailed(_)
-            | Self::Target(_) => true,
+            | Self::HookFailed(_) => true,
             Self::Render(e) => e.is_permanent(),
+            Self::Target(e) => e.is_permanent(),
             Self::Apply(e) => e.is_permanent(),
             Self::ValuesSource(_) | Self::Kube(_) | Self::Fenced(_) => false,
         }
@@ -298,13 +301,6 @@ async fn install(
     interval: Duration,
     progress: &mut Progress,
 ) -> Result<Option<Pass>, ReconcileError> {
-    if manifest.spec.target.is_some() {
-        // Installing onto the local cluster instead would put a module where its owner did
-        // not ask for it: refuse until remote targets are supported.
-        return Err(ReconcileError::Target(
-            "spec.target (a remote cluster) is not supported by this version of module-manager; nothing was applied".into(),
-        ));
-    }
     let uid = manifest.uid().unwrap_or_default();
     let shard = ctx.shards.shard_of(&uid).to_string();
     let has_finalizer = manifest.finalizers().iter().any(|f| f == FINALIZER);
@@ -312,8 +308,25 @@ async fn install(
         fence.check()?;
         claim(manifest, ctx, &shard).await?;
     }
+    // The cluster the module goes to: the local one, or the remote target of `spec.target`.
+    let cluster = target::resolve(manifest, ctx).await?;
+    let result = install_on(manifest, ctx, &cluster, fence, interval, progress).await;
+    cluster.observe(ctx, result)
+}
+
+/// Installs or upgrades the module on `cluster` (everything but the Manifest, its status and
+/// Events, which stay on the local cluster).
+async fn install_on(
+    manifest: &Manifest,
+    ctx: &Context,
+    cluster: &Cluster,
+    fence: &Fence,
+    interval: Duration,
+    progress: &mut Progress,
+) -> Result<Option<Pass>, ReconcileError> {
+    let uid = manifest.uid().unwrap_or_default();
     let previous = manifest.status.clone().unwrap_or_default();
-    let mut request = render_request(manifest, ctx).await?;
+    let mut request = render_request(manifest, ctx, cluster).await?;
     let namespace = request.namespace.clone();
     let values_digest = request.values_digest();
 
@@ -358,6 +371,7 @@ async fn install(
     let scope = HookScope {
         manifest,
         ctx,
+        cluster,
         fence,
         uid: uid.clone(),
         manifest_namespace: manifest.namespace().unwrap_or_default(),
@@ -365,7 +379,7 @@ async fn install(
     };
     let pre_hooks = match hooks::event(run.operation, run.phase) {
         Some(event) if run.phase == HookRunPhase::PreHooks => {
-            prepare_hooks(ctx, &plan.hooks, event, &namespace).await?
+            prepare_hooks(cluster, &plan.hooks, event, &namespace).await?
         }
         _ => Vec::new(),
     };
@@ -379,7 +393,7 @@ async fn install(
         .any(|o| o.id.kind == "Namespace" && o.id.group.is_empty() && o.id.name == namespace);
     if !chart_brings_namespace || !pre_hooks.is_empty() {
         fence.check()?;
-        ensure_namespace(ctx, &namespace, &uid).await?;
+        ensure_namespace(cluster, &namespace, &uid).await?;
     }
 
     // Pre-install or pre-upgrade hooks, before anything of this render is applied. A Job that
@@ -412,6 +426,7 @@ async fn install(
     apply_all(
         manifest,
         ctx,
+        cluster,
         fence,
         &previous.inventory,
         &mut progress.inventory,
@@ -420,16 +435,16 @@ async fn install(
     .await?;
     if !plan.crds.is_empty() {
         let names: Vec<String> = plan.crds.iter().map(|c| c.id.name.clone()).collect();
-        ctx.cluster
+        cluster
             .wait_established(&names, CRD_ESTABLISH_TIMEOUT)
             .await?;
     }
     // Kinds discovery does not know yet (from these CRDs, or installed since by someone else):
     // refresh. The API server publishes a new CRD's group in discovery shortly *after* the CRD is
     // Established, so kinds of this chart's own CRDs are waited for a little.
-    let unknown = |o: &&RenderedObject| ctx.cluster.surface().resolve(&o.id).is_none();
+    let unknown = |o: &&RenderedObject| cluster.surface().resolve(&o.id).is_none();
     if plan.objects.iter().any(|o| unknown(&o)) {
-        ctx.cluster.refresh_discovery().await?;
+        cluster.refresh_discovery().await?;
         let crd_groups: Vec<&str> = plan
             .crds
             .iter()
@@ -444,10 +459,10 @@ async fn install(
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            ctx.cluster.refresh_discovery().await?;
+            cluster.refresh_discovery().await?;
         }
     }
-    let surface = ctx.cluster.surface();
+    let surface = cluster.surface();
     plan::assign_namespaces(&mut plan.objects, &namespace, |id| {
         surface.resolve(id).map(|(_, scope)| *scope)
     })?;
@@ -458,6 +473,7 @@ async fn install(
     let applied = apply_all(
         manifest,
         ctx,
+        cluster,
         fence,
         &previous.inventory,
         &mut progress.inventory,
@@ -473,7 +489,7 @@ async fn install(
         PruneDecision::Prune(gone) => {
             let manifest_namespace = manifest.namespace().unwrap_or_default();
             for id in &gone {
-                delete_object(ctx, fence, id, &manifest_namespace, &uid).await?;
+                delete_object(ctx, cluster, fence, id, &manifest_namespace, &uid).await?;
             }
             None
         }
@@ -503,7 +519,7 @@ async fn install(
             hooks::advance(run);
         }
         if let Some(event) = hooks::event(run.operation, run.phase) {
-            let post_hooks = prepare_hooks(ctx, &plan.hooks, event, &namespace).await?;
+            let post_hooks = prepare_hooks(cluster, &plan.hooks, event, &namespace).await?;
             match scope
                 .run_phase(run, &mut progress.hook_objects, &post_hooks, event)
                 .await?
@@ -575,6 +591,7 @@ async fn install(
 async fn render_request(
     manifest: &Manifest,
     ctx: &Context,
+    cluster: &Cluster,
 ) -> Result<RenderRequest, ReconcileError> {
     let namespace = manifest
         .spec
@@ -595,7 +612,7 @@ async fn render_request(
             })
         })??;
     let values = gather_values(manifest, ctx).await?;
-    let surface = ctx.cluster.fresh_surface(DISCOVERY_MAX_AGE).await?;
+    let surface = cluster.fresh_surface(DISCOVERY_MAX_AGE).await?;
     Ok(RenderRequest {
         chart,
         release: manifest
@@ -614,7 +631,7 @@ async fn render_request(
 /// The hooks of `event`, in run order, with their namespaces assigned (discovery is refreshed
 /// once when a kind is unknown; a kind still unknown is an error, retried).
 async fn prepare_hooks(
-    ctx: &Context,
+    cluster: &Cluster,
     all: &[Hook],
     event: HookEvent,
     namespace: &str,
@@ -622,11 +639,11 @@ async fn prepare_hooks(
     let mut selected = hooks::hooks_for(all, event);
     if selected
         .iter()
-        .any(|h| ctx.cluster.surface().resolve(&h.object.id).is_none())
+        .any(|h| cluster.surface().resolve(&h.object.id).is_none())
     {
-        ctx.cluster.refresh_discovery().await?;
+        cluster.refresh_discovery().await?;
     }
-    let surface = ctx.cluster.surface();
+    let surface = cluster.surface();
     let mut objects: Vec<RenderedObject> = selected.iter().map(|h| h.object.clone()).collect();
     plan::assign_namespaces(&mut objects, namespace, |id| {
         surface.resolve(id).map(|(_, scope)| *scope)
@@ -649,6 +666,8 @@ enum PhaseOutcome {
 struct HookScope<'a> {
     manifest: &'a Manifest,
     ctx: &'a Context,
+    /// The cluster the module (and its hooks) go to.
+    cluster: &'a Cluster,
     fence: &'a Fence,
     uid: String,
     manifest_namespace: String,
@@ -682,7 +701,7 @@ impl HookScope<'_> {
                     let id = &hook.object.id;
                     // Recorded before it is applied: a hook object is never forgotten.
                     self.record(hook_objects, id).await?;
-                    if let Some(existing) = self.ctx.cluster.get(id).await? {
+                    if let Some(existing) = self.cluster.get(id).await? {
                         if existing.labels().get(MANIFEST_UID_LABEL) != Some(&self.uid) {
                             return Err(ApplyError::NotOwned(plan::describe(id)).into());
                         }
@@ -703,7 +722,7 @@ impl HookScope<'_> {
                         }
                     }
                     self.fence.check()?;
-                    let applied = self.ctx.cluster.apply(&hook.object, &self.uid).await?;
+                    let applied = self.cluster.apply(&hook.object, &self.uid).await?;
                     self.ctx.metrics.applied.inc();
                     tracing::info!(hook = %plan::describe(id), event = event_name, "hook started");
                     run.running = Some(RunningHook {
@@ -716,7 +735,7 @@ impl HookScope<'_> {
                 Step::Watch(hook) => {
                     let id = &hook.object.id;
                     let expected = run.running.as_ref().map(|r| r.uid.as_str());
-                    match self.ctx.cluster.get(id).await? {
+                    match self.cluster.get(id).await? {
                         Some(object) if object.uid().as_deref() == expected => (hook, object),
                         _ => {
                             let why = format!(
@@ -806,6 +825,7 @@ impl HookScope<'_> {
     ) -> Result<Deletion, ReconcileError> {
         let outcome = delete_object(
             self.ctx,
+            self.cluster,
             self.fence,
             id,
             &self.manifest_namespace,
@@ -886,9 +906,14 @@ async fn read_values_source(
 /// Creates the target namespace when missing. It is not part of the module's inventory (never
 /// deleted with it), but carries the Manifest's label, so a later chart version that brings
 /// this Namespace itself may take it over.
-async fn ensure_namespace(ctx: &Context, name: &str, uid: &str) -> Result<(), ReconcileError> {
-    let namespaces = Api::<Namespace>::all(ctx.cluster.client().clone());
-    if namespaces.get_opt(name).await?.is_none() {
+async fn ensure_namespace(cluster: &Cluster, name: &str, uid: &str) -> Result<(), ReconcileError> {
+    let namespaces = Api::<Namespace>::all(cluster.client().clone());
+    // Errors are the target's (an apply on it), so that a remote target's failures are told apart.
+    let failed = |source| ApplyError::Api {
+        object: format!("Namespace {name}"),
+        source,
+    };
+    if namespaces.get_opt(name).await.map_err(failed)?.is_none() {
         let namespace = Namespace {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
@@ -902,7 +927,7 @@ async fn ensure_namespace(ctx: &Context, name: &str, uid: &str) -> Result<(), Re
         match namespaces.create(&PostParams::default(), &namespace).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(failed(e).into()),
         }
     }
     Ok(())
@@ -914,18 +939,19 @@ async fn ensure_namespace(ctx: &Context, name: &str, uid: &str) -> Result<(), Re
 async fn apply_all(
     manifest: &Manifest,
     ctx: &Context,
+    cluster: &Cluster,
     fence: &Fence,
     previous: &[InventoryEntry],
     recorded: &mut Option<Vec<InventoryEntry>>,
     objects: &[RenderedObject],
 ) -> Result<Vec<(InventoryEntry, DynamicObject)>, ReconcileError> {
     let uid = manifest.uid().unwrap_or_default();
-    adopt_check(ctx, &uid, previous, objects).await?;
+    adopt_check(cluster, &uid, previous, objects).await?;
     record_inventory(manifest, ctx, fence, previous, recorded, objects).await?;
     let mut applied = Vec::with_capacity(objects.len());
     for object in objects {
         fence.check()?;
-        applied.push((object.id.clone(), ctx.cluster.apply(object, &uid).await?));
+        applied.push((object.id.clone(), cluster.apply(object, &uid).await?));
         ctx.metrics.applied.inc();
     }
     Ok(applied)
@@ -934,13 +960,13 @@ async fn apply_all(
 /// Refuses, before anything is recorded or applied, objects new to the inventory that already
 /// exist and are not this Manifest's.
 async fn adopt_check(
-    ctx: &Context,
+    cluster: &Cluster,
     uid: &str,
     previous: &[InventoryEntry],
     objects: &[RenderedObject],
 ) -> Result<(), ReconcileError> {
     for object in objects.iter().filter(|o| !previous.contains(&o.id)) {
-        ctx.cluster.check_adoptable(object, uid).await?;
+        cluster.check_adoptable(object, uid).await?;
     }
     Ok(())
 }
@@ -1023,132 +1049,23 @@ async fn delete(
     if !manifest.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(None);
     }
-    let uid = manifest.uid().unwrap_or_default();
-    let manifest_namespace = manifest.namespace().unwrap_or_default();
     let previous = manifest.status.clone().unwrap_or_default();
-    let mut inventory = previous.inventory.clone();
-    if manifest.spec.deletion_policy == DeletionPolicy::Delete {
-        let scope = HookScope {
-            manifest,
-            ctx,
-            fence,
-            uid: uid.clone(),
-            manifest_namespace: manifest_namespace.clone(),
-            previous_hook_objects: &previous.hook_objects,
+    let inventory = previous.inventory.clone();
+    // Nothing was ever applied (no object, no hook object): nothing to remove, no target to
+    // contact, no delete hooks to run.
+    let applied = !previous.inventory.is_empty() || !previous.hook_objects.is_empty();
+    if manifest.spec.deletion_policy == DeletionPolicy::Delete && applied {
+        let cluster = match target::resolve(manifest, ctx).await {
+            // The target cannot be named any more: release rather than wait forever.
+            Err(ReconcileError::Target(gone)) if gone.target_gone() => {
+                let objects = previous.inventory.len() + previous.hook_objects.len();
+                return release_target_gone(manifest, ctx, fence, &gone, objects).await;
+            }
+            result => result?,
         };
-        let run = progress.hook_run.insert(hooks::current_run(
-            previous.hook_run.as_ref(),
-            true,
-            "",
-            manifest.meta().generation,
-            true,
-        ));
-        if run.phase == HookRunPhase::Failed {
-            return Err(ReconcileError::HookFailed(
-                run.message.clone().unwrap_or_default(),
-            ));
-        }
-        let deleting = |reason, message: String, requeue, facts: Facts| Pass {
-            outcome: Outcome {
-                state: State::Deleting,
-                reason,
-                message,
-                rendered: None,
-                applied: None,
-                stalled: false,
-                operation: None,
-            },
-            facts,
-            requeue,
-        };
-
-        // Pre-delete hooks, before any object is deleted.
-        if run.phase == HookRunPhase::PreHooks {
-            if let Some(message) = scope
-                .delete_hooks(run, &mut progress.hook_objects, HookEvent::PreDelete)
-                .await?
-            {
-                return Ok(Some(deleting(
-                    "HookRunning",
-                    message,
-                    HOOK_REQUEUE,
-                    progress.facts(),
-                )));
-            }
-            hooks::advance(run);
-        }
-
-        if run.phase == HookRunPhase::Objects {
-            plan::sort_for_deletion(&mut inventory);
-            // Objects still terminating; the next pass looks again (without deleting them
-            // twice).
-            let mut remaining = Vec::new();
-            for id in &inventory {
-                let outcome = delete_object(ctx, fence, id, &manifest_namespace, &uid).await?;
-                if matches!(
-                    outcome,
-                    Deletion::Terminating | Deletion::Deleted { terminating: true }
-                ) {
-                    remaining.push(plan::describe(id));
-                }
-            }
-            if let Some(first) = remaining.first() {
-                let message = format!(
-                    "waiting for {} objects to be deleted: {first}",
-                    remaining.len()
-                );
-                return Ok(Some(deleting(
-                    "Deleting",
-                    message,
-                    PROGRESS_REQUEUE,
-                    progress.facts(),
-                )));
-            }
-            hooks::advance(run);
-        }
-
-        // Post-delete hooks, once the objects are gone.
-        if run.phase == HookRunPhase::PostHooks {
-            if let Some(message) = scope
-                .delete_hooks(run, &mut progress.hook_objects, HookEvent::PostDelete)
-                .await?
-            {
-                return Ok(Some(deleting(
-                    "HookRunning",
-                    message,
-                    HOOK_REQUEUE,
-                    progress.facts(),
-                )));
-            }
-            hooks::advance(run);
-        }
-
-        // Then every hook object still recorded (those the policies left, the delete hooks
-        // themselves): nothing is left behind once the Manifest is gone.
-        let mut left = progress
-            .hook_objects
-            .clone()
-            .unwrap_or_else(|| previous.hook_objects.clone());
-        plan::sort_for_deletion(&mut left);
-        let mut remaining = Vec::new();
-        for id in &left {
-            if let Deletion::Terminating | Deletion::Deleted { terminating: true } =
-                scope.delete(&mut progress.hook_objects, id).await?
-            {
-                remaining.push(plan::describe(id));
-            }
-        }
-        if let Some(first) = remaining.first() {
-            let message = format!(
-                "waiting for {} hook objects to be deleted: {first}",
-                remaining.len()
-            );
-            return Ok(Some(deleting(
-                "Deleting",
-                message,
-                PROGRESS_REQUEUE,
-                progress.facts(),
-            )));
+        let removed = delete_on(manifest, ctx, &cluster, fence, progress, &previous).await;
+        if let Some(pass) = cluster.observe(ctx, removed)? {
+            return Ok(Some(pass));
         }
     }
     let (reason, note) = match manifest.spec.deletion_policy {
@@ -1177,6 +1094,146 @@ async fn delete(
     Ok(None)
 }
 
+/// The deletion on `cluster`: the pre-delete hooks, the inventory (reverse install order), the
+/// post-delete hooks, then every hook object still recorded. `Some(pass)` while a hook runs or
+/// an object is still terminating; `None` once everything is gone.
+async fn delete_on(
+    manifest: &Manifest,
+    ctx: &Context,
+    cluster: &Cluster,
+    fence: &Fence,
+    progress: &mut Progress,
+    previous: &crate::api::ManifestStatus,
+) -> Result<Option<Pass>, ReconcileError> {
+    let uid = manifest.uid().unwrap_or_default();
+    let manifest_namespace = manifest.namespace().unwrap_or_default();
+    let mut inventory = previous.inventory.clone();
+    let scope = HookScope {
+        manifest,
+        ctx,
+        cluster,
+        fence,
+        uid: uid.clone(),
+        manifest_namespace: manifest_namespace.clone(),
+        previous_hook_objects: &previous.hook_objects,
+    };
+    let run = progress.hook_run.insert(hooks::current_run(
+        previous.hook_run.as_ref(),
+        true,
+        "",
+        manifest.meta().generation,
+        true,
+    ));
+    if run.phase == HookRunPhase::Failed {
+        return Err(ReconcileError::HookFailed(
+            run.message.clone().unwrap_or_default(),
+        ));
+    }
+    let deleting = |reason, message: String, requeue, facts: Facts| Pass {
+        outcome: Outcome {
+            state: State::Deleting,
+            reason,
+            message,
+            rendered: None,
+            applied: None,
+            stalled: false,
+            operation: None,
+        },
+        facts,
+        requeue,
+    };
+
+    // Pre-delete hooks, before any object is deleted.
+    if run.phase == HookRunPhase::PreHooks {
+        if let Some(message) = scope
+            .delete_hooks(run, &mut progress.hook_objects, HookEvent::PreDelete)
+            .await?
+        {
+            return Ok(Some(deleting(
+                "HookRunning",
+                message,
+                HOOK_REQUEUE,
+                progress.facts(),
+            )));
+        }
+        hooks::advance(run);
+    }
+
+    if run.phase == HookRunPhase::Objects {
+        plan::sort_for_deletion(&mut inventory);
+        // Objects still terminating; the next pass looks again (without deleting them
+        // twice).
+        let mut remaining = Vec::new();
+        for id in &inventory {
+            let outcome = delete_object(ctx, cluster, fence, id, &manifest_namespace, &uid).await?;
+            if matches!(
+                outcome,
+                Deletion::Terminating | Deletion::Deleted { terminating: true }
+            ) {
+                remaining.push(plan::describe(id));
+            }
+        }
+        if let Some(first) = remaining.first() {
+            let message = format!(
+                "waiting for {} objects to be deleted: {first}",
+                remaining.len()
+            );
+            return Ok(Some(deleting(
+                "Deleting",
+                message,
+                PROGRESS_REQUEUE,
+                progress.facts(),
+            )));
+        }
+        hooks::advance(run);
+    }
+
+    // Post-delete hooks, once the objects are gone.
+    if run.phase == HookRunPhase::PostHooks {
+        if let Some(message) = scope
+            .delete_hooks(run, &mut progress.hook_objects, HookEvent::PostDelete)
+            .await?
+        {
+            return Ok(Some(deleting(
+                "HookRunning",
+                message,
+                HOOK_REQUEUE,
+                progress.facts(),
+            )));
+        }
+        hooks::advance(run);
+    }
+
+    // Then every hook object still recorded (those the policies left, the delete hooks
+    // themselves): nothing is left behind once the Manifest is gone.
+    let mut left = progress
+        .hook_objects
+        .clone()
+        .unwrap_or_else(|| previous.hook_objects.clone());
+    plan::sort_for_deletion(&mut left);
+    let mut remaining = Vec::new();
+    for id in &left {
+        if let Deletion::Terminating | Deletion::Deleted { terminating: true } =
+            scope.delete(&mut progress.hook_objects, id).await?
+        {
+            remaining.push(plan::describe(id));
+        }
+    }
+    if let Some(first) = remaining.first() {
+        let message = format!(
+            "waiting for {} hook objects to be deleted: {first}",
+            remaining.len()
+        );
+        return Ok(Some(deleting(
+            "Deleting",
+            message,
+            PROGRESS_REQUEUE,
+            progress.facts(),
+        )));
+    }
+    Ok(None)
+}
+
 impl HookScope<'_> {
     /// Runs the pre-delete or post-delete hooks, rendered from the Manifest's current chart and
     /// values. When that render cannot be made for good (the chart or a values source is gone,
@@ -1190,7 +1247,7 @@ impl HookScope<'_> {
         event: HookEvent,
     ) -> Result<Option<String>, ReconcileError> {
         let rendered = async {
-            let mut request = render_request(self.manifest, self.ctx).await?;
+            let mut request = render_request(self.manifest, self.ctx, self.cluster).await?;
             request.is_upgrade = !self
                 .manifest
                 .status
@@ -1198,7 +1255,7 @@ impl HookScope<'_> {
                 .is_none_or(|s| s.inventory.is_empty());
             let rendered = self.ctx.renderer.render(&request).await?;
             let plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
-            prepare_hooks(self.ctx, &plan.hooks, event, &request.namespace).await
+            prepare_hooks(self.cluster, &plan.hooks, event, &request.namespace).await
         };
         let hooks = match rendered.await {
             Ok(hooks) => hooks,
@@ -1238,10 +1295,39 @@ fn cannot_render_for_good(error: &ReconcileError) -> bool {
     }
 }
 
+/// Releases a Manifest being deleted whose target can no longer be named (its kubeconfig Secret or
+/// key is gone, or the kubeconfig is refused): the module's objects on the target are left, with a
+/// Warning Event `TargetGone`, instead of keeping the Manifest forever.
+async fn release_target_gone(
+    manifest: &Manifest,
+    ctx: &Context,
+    fence: &Fence,
+    gone: &TargetError,
+    objects: usize,
+) -> Result<Option<Pass>, ReconcileError> {
+    let note = format!(
+        "{gone}: released without deleting; {objects} objects may be left on the target cluster (labelled {}={})",
+        crate::apply::MANIFEST_UID_LABEL,
+        manifest.uid().unwrap_or_default()
+    );
+    tracing::warn!("{note}");
+    fence.check()?;
+    publish(manifest, ctx, EventType::Warning, "TargetGone", &note).await;
+    let finalizers = manifest
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    set_finalizers(manifest, ctx, finalizers).await?;
+    Ok(None)
+}
+
 /// Deletes one object of the Manifest (pruning or deletion), unless it is protected; checks the
 /// fence first and counts or logs the outcome.
 async fn delete_object(
     ctx: &Context,
+    cluster: &Cluster,
     fence: &Fence,
     id: &InventoryEntry,
     manifest_namespace: &str,
@@ -1250,7 +1336,7 @@ async fn delete_object(
     fence.check()?;
     let outcome = match plan::protected(id, manifest_namespace) {
         Some(reason) => Deletion::Kept(reason),
-        None => ctx.cluster.delete(id, uid).await?,
+        None => cluster.delete(id, uid).await?,
     };
     count_deletion(ctx, id, &outcome);
     Ok(outcome)

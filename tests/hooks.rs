@@ -85,6 +85,7 @@ async fn start(prefix: &str) -> Harness {
         shards: module_manager::shard::ShardCount::DEFAULT,
         metrics: Default::default(),
         hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
+        targets: Default::default(),
         reporter: Reporter {
             controller: "module-manager".into(),
             instance: Some(REPLICA.into()),

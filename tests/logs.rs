@@ -1,7 +1,8 @@
 //! The operator's JSON logs, captured from the real binary reconciling real Manifests (install,
-//! upgrade with a prune, a render error, values from a Secret, deletion): every line a pass
-//! writes carries the component IDs (namespace, name, uid, module, shard, replica, reconcile
-//! id), every pipeline line is inside a pass, and no Secret value reaches the log.
+//! upgrade with a prune, a render error, values from a Secret, a remote target reached through a
+//! kubeconfig Secret and one whose kubeconfig is refused, deletion): every line a pass writes
+//! carries the component IDs (namespace, name, uid, module, shard, replica, reconcile id), every
+//! pipeline line is inside a pass, and no Secret value or credential reaches the log.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -26,8 +27,9 @@ const COMPONENT_IDS: [&str; 7] = [
 ];
 
 /// Log targets that only run inside a pass.
-const PIPELINE_TARGETS: [&str; 7] = [
+const PIPELINE_TARGETS: [&str; 8] = [
     "module_manager::reconcile",
+    "module_manager::target",
     "module_manager::render",
     "module_manager::apply",
     "module_manager::plan",
@@ -37,6 +39,8 @@ const PIPELINE_TARGETS: [&str; 7] = [
 ];
 
 const SECRET_VALUE: &str = "s3cr3t-db-host-7f3a";
+/// The token of a refused kubeconfig (it must not be logged either).
+const CANARY_TOKEN: &str = "canary-token-5e8dd1e3";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -124,6 +128,45 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
         )
         .await
         .unwrap();
+    // A remote target: this same cluster, reached through a kubeconfig Secret holding a real
+    // token of a ServiceAccount; and a kubeconfig that is refused (exec), with a token too.
+    let token = target_token(&client, &ns).await;
+    let admin: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(control_plane.kubeconfig()).unwrap())
+            .unwrap();
+    let kubeconfig = |user: Value| {
+        serde_yaml_ng::to_string(&json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "target",
+            "contexts": [{"name": "target", "context": {"cluster": "target", "user": "deployer"}}],
+            "clusters": [{"name": "target", "cluster": {
+                "server": control_plane.endpoints().server,
+                "certificate-authority-data": admin["clusters"][0]["cluster"]["certificate-authority-data"],
+            }}],
+            "users": [{"name": "deployer", "user": user}],
+        }))
+        .unwrap()
+    };
+    for (name, user) in [
+        ("target", json!({ "token": token })),
+        (
+            "refused",
+            json!({"token": CANARY_TOKEN, "exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "true"}}),
+        ),
+    ] {
+        secrets
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name},
+                    "stringData": {"kubeconfig": kubeconfig(user)},
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
     let manifests: Api<Manifest> = Api::namespaced(client.clone(), &ns);
     let manifest = |name: &str, spec: Value| -> Manifest {
         serde_json::from_value(json!({
@@ -156,9 +199,24 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
         json!({"module": "broken", "chart": {"path": "tests/fixtures/charts/needs-value"}}),
     ))
     .await;
+    // On a remote target, and with a refused kubeconfig.
+    create(manifest(
+        "remote",
+        json!({"module": "remote", "chart": {"path": "tests/fixtures/charts/tiny"},
+               "target": {"kubeconfigSecretRef": {"name": "target"}}}),
+    ))
+    .await;
+    create(manifest(
+        "refused",
+        json!({"module": "refused", "chart": {"path": "tests/fixtures/charts/tiny"},
+               "target": {"kubeconfigSecretRef": {"name": "refused"}}}),
+    ))
+    .await;
     wait_for(&manifests, "catalog", "Ready", in_state(State::Ready)).await;
     wait_for(&manifests, "secret-values", "Ready", in_state(State::Ready)).await;
     wait_for(&manifests, "broken", "Error", in_state(State::Error)).await;
+    wait_for(&manifests, "remote", "Ready", in_state(State::Ready)).await;
+    wait_for(&manifests, "refused", "Error", in_state(State::Error)).await;
     manifests
         .patch(
             "catalog",
@@ -176,13 +234,14 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
         .iter()
         .filter_map(|m| m.uid())
         .collect();
-    for name in ["catalog", "secret-values", "broken"] {
+    let all = ["catalog", "secret-values", "broken", "remote", "refused"];
+    for name in all {
         manifests
             .delete(name, &DeleteParams::default())
             .await
             .unwrap();
     }
-    for name in ["catalog", "secret-values", "broken"] {
+    for name in all {
         wait_for(&manifests, name, "deleted", |m| m.is_none()).await;
     }
     operator.stop(Duration::from_secs(30));
@@ -192,6 +251,12 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
         !text.contains(SECRET_VALUE),
         "a Secret's value reached the log"
     );
+    for credential in [token.as_str(), CANARY_TOKEN] {
+        assert!(
+            !text.contains(credential),
+            "a kubeconfig's token reached the log"
+        );
+    }
     let lines: Vec<Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
@@ -230,6 +295,7 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
         "deleted",
         "helm template",
         "reconcile failed",
+        "connecting to a target cluster",
     ] {
         assert!(
             messages.contains(expected),
@@ -242,4 +308,43 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
         .count();
     assert_eq!(starts, passes.len(), "one reconcile id per pass");
     assert!(passes.len() >= 6, "{passes:?}");
+}
+
+/// A token of a new ServiceAccount in `ns` bound to `cluster-admin` (for the remote target).
+async fn target_token(client: &Client, ns: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "deployer"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("{ns}-deployer")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "deployer", "namespace": ns}],
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    accounts
+        .create_token_request("deployer", &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.token)
+        .expect("a token")
 }

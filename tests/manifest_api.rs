@@ -156,6 +156,72 @@ async fn cel_rule_requires_exactly_one_chart_source() {
 }
 
 #[tokio::test]
+async fn cel_rule_keeps_the_target_immutable() {
+    let (_, api) = setup("target").await;
+    let patch = |name: &'static str, spec: serde_json::Value| {
+        let api = api.clone();
+        async move {
+            api.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": spec })),
+            )
+            .await
+        }
+    };
+    let immutable = |result: Result<Manifest, kube::Error>| match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            assert!(
+                status.message.contains("spec.target is immutable"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("expected the server to refuse the change of target, got {other:?}"),
+    };
+    let remote = json!({"kubeconfigSecretRef": {"name": "remote"}});
+
+    // Local → remote is refused; other changes are not.
+    api.create(&PostParams::default(), &manifest("local", path_chart()))
+        .await
+        .unwrap();
+    immutable(patch("local", json!({ "target": remote })).await);
+    patch("local", json!({"values": {"replicaCount": 3}}))
+        .await
+        .unwrap();
+
+    // Remote → another Secret, another key, or local is refused.
+    let mut m = manifest("remote", path_chart());
+    m.spec.target = Some(serde_json::from_value(remote.clone()).unwrap());
+    let created = api.create(&PostParams::default(), &m).await.unwrap();
+    assert_eq!(
+        created.spec.target.unwrap().kubeconfig_secret_ref.key,
+        "kubeconfig",
+        "the key defaults to kubeconfig"
+    );
+    immutable(
+        patch(
+            "remote",
+            json!({"target": {"kubeconfigSecretRef": {"name": "other"}}}),
+        )
+        .await,
+    );
+    immutable(
+        patch(
+            "remote",
+            json!({"target": {"kubeconfigSecretRef": {"name": "remote", "key": "other"}}}),
+        )
+        .await,
+    );
+    immutable(patch("remote", json!({ "target": null })).await);
+    // Restating the same target (with or without the default key) is no change.
+    patch("remote", json!({ "target": remote, "suspend": true }))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
 async fn status_subresource_round_trips() {
     let (_, api) = setup("status").await;
     api.create(&PostParams::default(), &manifest("web", path_chart()))

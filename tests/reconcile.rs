@@ -67,6 +67,7 @@ async fn start(prefix: &str, limits: RenderLimits) -> Harness {
     let ctx = Arc::new(Context {
         client: client.clone(),
         cluster: Cluster::connect(client.clone()).await.unwrap(),
+        targets: Default::default(),
         renderer: HelmRenderer::new(
             helm,
             helm_home.path().to_owned(),
@@ -540,13 +541,6 @@ async fn bad_input_is_reported_and_deletes_nothing() {
             "ValuesError",
             "Secret absent does not exist",
         ),
-        (
-            "a remote target (not supported yet): not installed locally instead",
-            json!({"chart": {"path": "examples/charts/catalog-v1"}, "valuesFrom": null,
-                   "target": {"kubeconfigSecretRef": {"name": "remote"}}}),
-            "TargetError",
-            "not supported",
-        ),
     ];
     for (case, spec, category, expected) in cases {
         h.patch_spec("catalog", spec).await;
@@ -585,7 +579,7 @@ async fn bad_input_is_reported_and_deletes_nothing() {
     }
 
     // Fixing the input recovers.
-    h.patch_spec("catalog", json!({"chart": {"path": "examples/charts/catalog-v1"}, "valuesFrom": null, "target": null, "values": {"greeting": "hi"}}))
+    h.patch_spec("catalog", json!({"chart": {"path": "examples/charts/catalog-v1"}, "valuesFrom": null, "values": {"greeting": "hi"}}))
         .await;
     h.wait_state("catalog", State::Ready).await;
 }

@@ -31,6 +31,10 @@ use serde::{Deserialize, Serialize};
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.target) == has(oldSelf.target) && (!has(self.target) || self.target == oldSelf.target)")
+        .message("spec.target is immutable: the inventory lists objects on the target it was installed to; to move a module to another cluster, delete this Manifest (deletionPolicy Orphan keeps the objects) and create a new one")
+)]
 pub struct ManifestSpec {
     /// Name of the module. One Manifest per module per target cluster.
     #[schemars(length(min = 1, max = 253))]
@@ -69,6 +73,7 @@ pub struct ManifestSpec {
     pub values_from: Vec<ValuesReference>,
 
     /// The cluster to install onto. Omitted means the cluster module-manager runs in.
+    /// Immutable: set it when the Manifest is created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<Target>,
 
@@ -162,8 +167,11 @@ pub enum ValuesSourceKind {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Target {
-    /// A Secret in the Manifest's namespace holding a kubeconfig for the target cluster.
-    /// Kubeconfigs that use `exec`, `auth-provider` or file paths are refused.
+    /// A Secret in the Manifest's namespace holding a kubeconfig for the target cluster (its
+    /// current context is used). Only inline credentials are accepted: `token`,
+    /// `client-certificate-data`/`client-key-data`, `certificate-authority-data`; kubeconfigs
+    /// that use `exec`, `auth-provider`, file paths, `username`/`password`,
+    /// `insecure-skip-tls-verify` or `proxy-url`, or an `http://` server, are refused.
     pub kubeconfig_secret_ref: SecretKeyRef,
 }
 

@@ -1,0 +1,1059 @@
+//! Remote targets on two real control planes: the shared one of this test binary holds the
+//! Manifests (the "local" cluster, where module-manager runs), a second one started here is the
+//! remote target, reached through kubeconfigs stored in Secrets on the local cluster — tokens of
+//! ServiceAccounts of the remote cluster, or its admin client certificate, always inline.
+//!
+//! No test replaces either API server: an unreachable target is a closed port or a listener that
+//! never answers, a bad credential is a token the remote API server refuses.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::Kubeconfig;
+use kube::runtime::events::Reporter;
+use kube::{Client, ResourceExt};
+use module_manager::api::{Manifest, State};
+use module_manager::apply::Cluster;
+use module_manager::controller::{self, ControllerConfig};
+use module_manager::metrics::{TargetErrorLabels, TargetMetrics};
+use module_manager::reconcile::Context;
+use module_manager::render::HelmRenderer;
+use module_manager::target::{TargetClients, TargetSettings};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{OnceCell, oneshot};
+
+const REPLICA: &str = "test-replica";
+/// A token that must never appear in a status, an Event or a log line.
+const CANARY_TOKEN: &str = "canary-token-d41d8cd98f00b204";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .canonicalize()
+        .unwrap()
+}
+
+static REMOTE: OnceCell<testenv::ControlPlane> = OnceCell::const_new();
+
+/// The remote cluster: a second control plane (its own directory, ports and certificates),
+/// shared by the tests of this binary and stopped when it exits.
+async fn remote_plane() -> &'static testenv::ControlPlane {
+    REMOTE
+        .get_or_init(|| async {
+            let plane = testenv::ControlPlane::start(testenv::Options::default())
+                .await
+                .expect("remote control plane");
+            // SAFETY: registering a plain extern "C" function has no preconditions.
+            unsafe { libc::atexit(stop_remote) };
+            plane
+        })
+        .await
+}
+
+extern "C" fn stop_remote() {
+    if let Some(plane) = REMOTE.get() {
+        plane.stop();
+    }
+}
+
+/// An operator reconciling this test's namespace of the local cluster, stopped when dropped.
+struct Harness {
+    local: Client,
+    remote: Client,
+    remote_plane: &'static testenv::ControlPlane,
+    ns: String,
+    manifests: Api<Manifest>,
+    ctx: Arc<Context>,
+    stop: Option<oneshot::Sender<()>>,
+    _helm_home: tempfile::TempDir,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn start(prefix: &str) -> Harness {
+    let local_plane = testenv::shared(testenv::Options {
+        crd_files: vec![repo().join("crds/manifest.yaml")],
+        ..Default::default()
+    })
+    .await
+    .expect("local control plane");
+    let remote_plane = remote_plane().await;
+    let local = local_plane.client().await.unwrap();
+    let remote = remote_plane.client().await.unwrap();
+    let ns = local_plane.namespace(&local, prefix).await.unwrap();
+    let helm_home = tempfile::tempdir().unwrap();
+    let helm = testenv::Tools::locate().unwrap().helm;
+    let ctx = Arc::new(Context {
+        client: local.clone(),
+        cluster: Cluster::connect(local.clone()).await.unwrap(),
+        // Short timeouts: a silent target fails within seconds.
+        hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
+        targets: TargetClients::new(
+            TargetSettings {
+                connect_timeout: Duration::from_secs(2),
+                request_timeout: Duration::from_secs(5),
+                ..Default::default()
+            },
+            TargetMetrics::default(),
+        ),
+        renderer: HelmRenderer::new(
+            helm,
+            helm_home.path().to_owned(),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap(),
+        chart_root: repo(),
+        chart_limits: Default::default(),
+        replica: REPLICA.into(),
+        shards: module_manager::shard::ShardCount::DEFAULT,
+        metrics: Default::default(),
+        reporter: Reporter {
+            controller: "module-manager".into(),
+            instance: Some(REPLICA.into()),
+        },
+    });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let config = ControllerConfig {
+        concurrency: 4,
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    tokio::spawn(controller::run(ctx.clone(), config, async move {
+        let _ = stopped.await;
+    }));
+    Harness {
+        manifests: Api::namespaced(local.clone(), &ns),
+        local,
+        remote,
+        remote_plane,
+        ns,
+        ctx,
+        stop: Some(stop),
+        _helm_home: helm_home,
+    }
+}
+
+/// A field of the first cluster or user of a control plane's admin kubeconfig (testenv writes
+/// every credential inline), e.g. `clusters/certificate-authority-data`.
+fn admin_kubeconfig_field(plane: &testenv::ControlPlane, section: &str, field: &str) -> String {
+    let text = std::fs::read_to_string(plane.kubeconfig()).unwrap();
+    let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+    let entry = if section == "clusters" {
+        "cluster"
+    } else {
+        "user"
+    };
+    config[section][0][entry][field]
+        .as_str()
+        .unwrap_or_else(|| panic!("{section} {field} in the admin kubeconfig"))
+        .to_owned()
+}
+
+/// A kubeconfig for `server`, trusting `ca_data` (base64 PEM), with the given user fields.
+fn kubeconfig(server: &str, ca_data: &str, user: Value) -> String {
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "remote",
+        "contexts": [{"name": "remote", "context": {"cluster": "remote", "user": "deployer"}}],
+        "clusters": [{"name": "remote", "cluster": {"server": server, "certificate-authority-data": ca_data}}],
+        "users": [{"name": "deployer", "user": user}],
+    });
+    serde_yaml_ng::to_string(&config).unwrap()
+}
+
+impl Harness {
+    fn remote_server(&self) -> String {
+        self.remote_plane.endpoints().server.clone()
+    }
+
+    fn remote_ca(&self) -> String {
+        admin_kubeconfig_field(self.remote_plane, "clusters", "certificate-authority-data")
+    }
+
+    /// A kubeconfig for the remote cluster with `user`.
+    fn remote_kubeconfig(&self, user: Value) -> String {
+        kubeconfig(&self.remote_server(), &self.remote_ca(), user)
+    }
+
+    /// Creates a ServiceAccount `name` on the remote cluster, bound to `cluster-admin`, and
+    /// returns a kubeconfig with a token for it.
+    async fn service_account_kubeconfig(&self, name: &str) -> String {
+        self.remote_kubeconfig(json!({ "token": self.service_account_token(name).await }))
+    }
+
+    /// Creates a ServiceAccount `name` on the remote cluster, bound to `cluster-admin`, and
+    /// returns a token for it.
+    async fn service_account_token(&self, name: &str) -> String {
+        let accounts = Api::<ServiceAccount>::namespaced(self.remote.clone(), "default");
+        let account: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        accounts
+            .create(&PostParams::default(), &account)
+            .await
+            .unwrap();
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}],
+        }))
+        .unwrap();
+        Api::<ClusterRoleBinding>::all(self.remote.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        accounts
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.token)
+            .expect("a token")
+    }
+
+    /// Creates or replaces the Secret `name` (local cluster, this namespace) with a `kubeconfig` key.
+    async fn put_secret(&self, name: &str, kubeconfig: &str) {
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            data: Some(
+                [(
+                    "kubeconfig".to_owned(),
+                    ByteString(kubeconfig.as_bytes().to_vec()),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        };
+        Api::<Secret>::namespaced(self.local.clone(), &self.ns)
+            .patch(
+                name,
+                &PatchParams::apply("test").force(),
+                &Patch::Apply(&secret),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn delete_secret(&self, name: &str) {
+        Api::<Secret>::namespaced(self.local.clone(), &self.ns)
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    /// A Manifest of `chart` targeting the cluster in Secret `secret` (`None`: local), installed
+    /// into a namespace named like this test's local namespace.
+    fn manifest(&self, name: &str, chart: &str, secret: Option<&str>, values: Value) -> Manifest {
+        let mut spec = json!({
+            "module": name,
+            "chart": {"path": chart},
+            "values": values,
+            "interval": "2s",
+        });
+        if let Some(secret) = secret {
+            spec["target"] = json!({"kubeconfigSecretRef": {"name": secret}});
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    async fn create(&self, manifest: &Manifest) {
+        self.manifests
+            .create(&PostParams::default(), manifest)
+            .await
+            .unwrap();
+    }
+
+    async fn patch_spec(&self, name: &str, spec: Value) {
+        self.manifests
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": spec })),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Waits until the Manifest satisfies `done` (90 s), showing its status on failure.
+    async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let manifest = self.manifests.get(name).await.unwrap();
+            if done(&manifest) {
+                return manifest;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}: timed out waiting for {what}; status: {:#?}",
+                manifest.status
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits for the current generation to be reconciled into `state`.
+    async fn wait_state(&self, name: &str, state: State) -> Manifest {
+        self.wait_for(name, &format!("{state:?}"), |m| {
+            let status = m.status.clone().unwrap_or_default();
+            status.state == Some(state) && status.observed_generation == m.metadata.generation
+        })
+        .await
+    }
+
+    /// Waits for an `Error` whose Ready condition has `reason` and a message containing `text`.
+    async fn wait_error(&self, name: &str, reason: &str, text: &str) -> Manifest {
+        self.wait_for(name, &format!("Error {reason} {text:?}"), |m| {
+            let status = m.status.clone().unwrap_or_default();
+            status.state == Some(State::Error)
+                && ready_condition(m)
+                    .is_some_and(|(r, message)| r == reason && message.contains(text))
+        })
+        .await
+    }
+
+    async fn wait_until(&self, what: &str, mut done: impl AsyncFnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !done().await {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn delete_and_wait(&self, name: &str) {
+        self.manifests
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+        self.wait_until(&format!("{name} is gone"), async || {
+            self.manifests.get_opt(name).await.unwrap().is_none()
+        })
+        .await;
+    }
+
+    /// ConfigMap `name` in the namespace named like this test's, on the remote cluster.
+    async fn remote_config_map(&self, name: &str) -> Option<ConfigMap> {
+        Api::<ConfigMap>::namespaced(self.remote.clone(), &self.ns)
+            .get_opt(name)
+            .await
+            .unwrap()
+    }
+
+    /// Names of the ConfigMaps in this test's namespace on the local cluster.
+    async fn local_config_maps(&self) -> Vec<String> {
+        Api::<ConfigMap>::namespaced(self.local.clone(), &self.ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|c| c.name_any())
+            .collect()
+    }
+
+    async fn remote_namespace_exists(&self) -> bool {
+        Api::<Namespace>::all(self.remote.clone())
+            .get_opt(&self.ns)
+            .await
+            .unwrap()
+            .is_some()
+    }
+
+    /// Events about `manifest` as (type, reason, note).
+    async fn events(&self, manifest: &str) -> Vec<(String, String, String)> {
+        Api::<Event>::namespaced(self.local.clone(), &self.ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(manifest))
+            .map(|e| {
+                (
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    fn target_errors(&self, reason: &'static str) -> u64 {
+        self.ctx
+            .targets
+            .metrics()
+            .errors
+            .get_or_create(&TargetErrorLabels { reason })
+            .get()
+    }
+}
+
+/// The Ready condition's (reason, message).
+fn ready_condition(manifest: &Manifest) -> Option<(String, String)> {
+    let status = manifest.status.as_ref()?;
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+    Some((ready.reason.clone(), ready.message.clone()))
+}
+
+/// Whether the Manifest's status says its error is permanent (condition Stalled=True).
+fn stalled(manifest: &Manifest) -> bool {
+    manifest.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Stalled" && c.status == "True")
+    })
+}
+
+fn data(config_map: &ConfigMap, key: &str) -> Option<String> {
+    config_map.data.as_ref()?.get(key).cloned()
+}
+
+fn inventory(manifest: &Manifest) -> Vec<String> {
+    manifest
+        .status
+        .as_ref()
+        .map(|s| {
+            s.inventory
+                .iter()
+                .map(|e| format!("{}/{}/{}", e.kind, e.namespace, e.name))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[tokio::test]
+async fn a_module_is_installed_upgraded_repaired_and_deleted_on_the_remote_cluster_only() {
+    let h = start("remote-lifecycle").await;
+    h.put_secret(
+        "remote",
+        &h.service_account_kubeconfig(&format!("{}-deployer", h.ns))
+            .await,
+    )
+    .await;
+    h.create(&h.manifest(
+        "catalog",
+        "examples/charts/catalog-v1",
+        Some("remote"),
+        json!({"greeting": "hi"}),
+    ))
+    .await;
+    let installed = h.wait_state("catalog", State::Ready).await;
+    let uid = installed.uid().unwrap();
+    assert_eq!(
+        inventory(&installed),
+        [
+            format!("ConfigMap/{}/catalog-legacy-settings", h.ns),
+            format!("ConfigMap/{}/catalog-settings", h.ns),
+        ],
+        "the inventory lists the objects on the target"
+    );
+    // On the remote cluster: the namespace (created there) and the objects, labelled.
+    let settings = h
+        .remote_config_map("catalog-settings")
+        .await
+        .expect("on the remote");
+    assert_eq!(data(&settings, "greeting").as_deref(), Some("hi"));
+    assert_eq!(
+        settings.labels().get("modulemanager.io/manifest-uid"),
+        Some(&uid)
+    );
+    assert!(
+        h.remote_config_map("catalog-legacy-settings")
+            .await
+            .is_some()
+    );
+    // On the local cluster: nothing but the Manifest and its status.
+    assert_eq!(h.local_config_maps().await, Vec::<String>::new());
+
+    // Upgrade: version 2 changes one object and drops the other, on the remote cluster.
+    h.patch_spec(
+        "catalog",
+        json!({"chart": {"path": "examples/charts/catalog-v2"}, "values": {"greeting": "hello again"}}),
+    )
+    .await;
+    let upgraded = h.wait_state("catalog", State::Ready).await;
+    assert_eq!(
+        inventory(&upgraded),
+        [format!("ConfigMap/{}/catalog-settings", h.ns)]
+    );
+    let settings = h.remote_config_map("catalog-settings").await.unwrap();
+    assert_eq!(data(&settings, "version").as_deref(), Some("2"));
+    assert_eq!(data(&settings, "greeting").as_deref(), Some("hello again"));
+    assert!(
+        h.remote_config_map("catalog-legacy-settings")
+            .await
+            .is_none(),
+        "pruned on the remote cluster"
+    );
+    assert_eq!(h.local_config_maps().await, Vec::<String>::new());
+
+    // Drift on the remote cluster is repaired there.
+    Api::<ConfigMap>::namespaced(h.remote.clone(), &h.ns)
+        .delete("catalog-settings", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_until("the remote ConfigMap is re-created", async || {
+        h.remote_config_map("catalog-settings").await.is_some()
+    })
+    .await;
+
+    // Deletion removes the objects from the remote cluster.
+    h.delete_and_wait("catalog").await;
+    assert!(h.remote_config_map("catalog-settings").await.is_none());
+    assert!(
+        h.events("catalog")
+            .await
+            .iter()
+            .any(|(kind, reason, _)| kind == "Normal" && reason == "Deleted")
+    );
+    assert_eq!(h.local_config_maps().await, Vec::<String>::new());
+    // One client served every pass; no target error happened.
+    assert_eq!(h.ctx.targets.len(), 1);
+    for reason in module_manager::target::ERROR_REASONS {
+        assert_eq!(h.target_errors(reason), 0, "{reason}");
+    }
+}
+
+#[tokio::test]
+async fn a_rotated_secret_gets_a_new_client_and_the_old_credential_is_not_used() {
+    let h = start("remote-rotation").await;
+    let old_account = format!("{}-old", h.ns);
+    let old = h.service_account_kubeconfig(&old_account).await;
+    h.put_secret("remote", &old).await;
+    h.create(&h.manifest(
+        "tiny",
+        "tests/fixtures/charts/tiny",
+        Some("remote"),
+        json!({"n": 1}),
+    ))
+    .await;
+    h.wait_state("tiny", State::Ready).await;
+    assert_eq!(
+        data(&h.remote_config_map("tiny").await.unwrap(), "n").as_deref(),
+        Some("1")
+    );
+
+    // Rotate: a token of another ServiceAccount; then revoke the old one.
+    let new = h.service_account_kubeconfig(&format!("{}-new", h.ns)).await;
+    h.put_secret("remote", &new).await;
+    Api::<ServiceAccount>::namespaced(h.remote.clone(), "default")
+        .delete(&old_account, &DeleteParams::default())
+        .await
+        .unwrap();
+    // The old token is refused by the remote cluster from now on.
+    let old_client = Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            Kubeconfig::from_yaml(&old).unwrap(),
+            &Default::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    h.wait_until("the old token is revoked", async || {
+        matches!(
+            Api::<ConfigMap>::namespaced(old_client.clone(), &h.ns).get_opt("tiny").await,
+            Err(kube::Error::Api(status)) if status.code == 401
+        )
+    })
+    .await;
+
+    // The next passes (drift, then an upgrade) use the new credential.
+    h.patch_spec("tiny", json!({"values": {"n": 2}})).await;
+    h.wait_state("tiny", State::Ready).await;
+    assert_eq!(
+        data(&h.remote_config_map("tiny").await.unwrap(), "n").as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        h.target_errors("auth"),
+        0,
+        "the old client was never used after the rotation (it would have met a 401)"
+    );
+    let events = h.events("tiny").await;
+    assert!(
+        !events
+            .iter()
+            .any(|(_, reason, _)| reason.starts_with("Target")),
+        "{events:?}"
+    );
+    assert_eq!(h.ctx.targets.len(), 1, "the old client was replaced");
+}
+
+#[tokio::test]
+async fn unreachable_or_refusing_targets_back_off_without_affecting_other_manifests() {
+    let h = start("remote-unreachable").await;
+    let ca = h.remote_ca();
+    let token = json!({ "token": CANARY_TOKEN });
+    // Nothing listens.
+    let closed = format!("https://127.0.0.1:{}", closed_port());
+    h.put_secret("closed", &kubeconfig(&closed, &ca, token.clone()))
+        .await;
+    // Accepts connections and never answers (no TLS handshake): the connect timeout ends it.
+    let silent_listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = format!("https://{}", silent_listener.local_addr().unwrap());
+    let held = std::thread::spawn(move || {
+        let mut connections = Vec::new();
+        while let Ok((stream, _)) = silent_listener.accept() {
+            connections.push(stream);
+        }
+    });
+    h.put_secret("silent", &kubeconfig(&silent, &ca, token.clone()))
+        .await;
+    // The real remote server, trusted through the wrong CA (the local cluster's).
+    let local_plane = testenv::shared(Default::default()).await.unwrap();
+    let local_ca = admin_kubeconfig_field(local_plane, "clusters", "certificate-authority-data");
+    h.put_secret(
+        "wrong-ca",
+        &kubeconfig(&h.remote_server(), &local_ca, token.clone()),
+    )
+    .await;
+    // The real remote server with a token it does not know.
+    h.put_secret("bad-token", &h.remote_kubeconfig(token.clone()))
+        .await;
+    // And one good target.
+    let good_token = h.service_account_token(&format!("{}-good", h.ns)).await;
+    h.put_secret("good", &h.remote_kubeconfig(json!({ "token": good_token })))
+        .await;
+    // The good target again, through a proxy that will stop passing bytes (a partition).
+    let paused = Arc::new(AtomicBool::new(false));
+    let upstream = server_address(&h.remote_server());
+    let frozen = format!("https://{}", pausable_proxy(upstream, paused.clone()).await);
+    h.put_secret(
+        "frozen",
+        &kubeconfig(&frozen, &ca, json!({ "token": good_token })),
+    )
+    .await;
+
+    let server = h.remote_server();
+    let targets = [
+        (
+            "closed",
+            "TargetUnreachable",
+            closed.as_str(),
+            "Connection refused",
+        ),
+        ("silent", "TargetUnreachable", silent.as_str(), "elapsed"),
+        (
+            "wrong-ca",
+            "TargetAuthError",
+            server.as_str(),
+            "certificate",
+        ),
+        (
+            "bad-token",
+            "TargetAuthError",
+            server.as_str(),
+            "401 Unauthorized",
+        ),
+    ];
+    for (name, ..) in targets {
+        h.create(&h.manifest(name, "tests/fixtures/charts/tiny", Some(name), json!({})))
+            .await;
+    }
+    h.create(&h.manifest(
+        "good",
+        "tests/fixtures/charts/tiny",
+        Some("good"),
+        json!({}),
+    ))
+    .await;
+    h.create(&h.manifest("local", "tests/fixtures/charts/tiny", None, json!({})))
+        .await;
+    h.create(&h.manifest(
+        "frozen",
+        "tests/fixtures/charts/tiny",
+        Some("frozen"),
+        json!({}),
+    ))
+    .await;
+
+    // The others are unaffected: Ready on their clusters.
+    h.wait_state("good", State::Ready).await;
+    h.wait_state("local", State::Ready).await;
+    h.wait_state("frozen", State::Ready).await;
+    assert!(h.remote_config_map("good").await.is_some());
+    assert_eq!(h.local_config_maps().await, ["local"]);
+
+    // The frozen target stops answering on its open connections: the request timeout ends the
+    // pass (without it the worker would wait forever), the client is kept, and the Manifest
+    // recovers once the target answers again.
+    paused.store(true, Ordering::Relaxed);
+    let failed = h.wait_error("frozen", "TargetUnreachable", &frozen).await;
+    let (_, message) = ready_condition(&failed).unwrap();
+    assert!(message.contains("timed out"), "{message}");
+    assert_eq!(
+        h.ctx.targets.len(),
+        2,
+        "the clients of good and frozen: an unreachable target keeps its client"
+    );
+    paused.store(false, Ordering::Relaxed);
+    h.wait_state("frozen", State::Ready).await;
+    h.wait_state("good", State::Ready).await;
+
+    for (name, reason, server, detail) in targets {
+        let failed = h.wait_error(name, reason, detail).await;
+        let (_, message) = ready_condition(&failed).unwrap();
+        assert!(
+            message.contains(server),
+            "{name}: names the server: {message}"
+        );
+        assert!(!message.contains(CANARY_TOKEN), "{name}: {message}");
+        assert!(
+            !stalled(&failed),
+            "{name}: transient, retried with backoff: {:#?}",
+            failed.status
+        );
+        // Retried passes publish no new Event while the message stays the same.
+        let events = h.events(name).await;
+        let warnings: Vec<_> = events.iter().filter(|(_, r, _)| r == reason).collect();
+        assert_eq!(warnings.len(), 1, "{name}: one Warning Event: {events:?}");
+        assert!(
+            events
+                .iter()
+                .all(|(_, _, note)| !note.contains(CANARY_TOKEN))
+        );
+    }
+    for reason in ["unreachable", "tls", "auth"] {
+        assert!(h.target_errors(reason) > 0, "{reason} counted");
+    }
+    // Only targets whose discovery succeeded are cached.
+    assert_eq!(h.ctx.targets.len(), 2);
+    drop(held);
+}
+
+/// `127.0.0.1:<port>` of an `https://127.0.0.1:<port>` server.
+fn server_address(server: &str) -> SocketAddr {
+    server.trim_start_matches("https://").parse().unwrap()
+}
+
+/// A TCP proxy to `upstream` that stops passing bytes (both ways, connections held open) while
+/// `paused` is set: a target that stops answering, as in a network partition.
+async fn pausable_proxy(upstream: SocketAddr, paused: Arc<AtomicBool>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let paused = paused.clone();
+            tokio::spawn(async move {
+                let Ok(outbound) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let (from_client, to_client) = inbound.into_split();
+                let (from_server, to_server) = outbound.into_split();
+                tokio::join!(
+                    pipe(from_client, to_server, paused.clone()),
+                    pipe(from_server, to_client, paused)
+                );
+            });
+        }
+    });
+    address
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    paused: Arc<AtomicBool>,
+) {
+    let mut buffer = vec![0; 16 * 1024];
+    loop {
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // Bytes that arrive while paused are held back until the pause ends.
+        while paused.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if to.write_all(&buffer[..read]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn deleting_while_the_target_is_unreachable_retries_until_orphaned() {
+    let h = start("remote-unreachable-delete").await;
+    h.put_secret(
+        "remote",
+        &h.service_account_kubeconfig(&format!("{}-deployer", h.ns))
+            .await,
+    )
+    .await;
+    h.create(&h.manifest(
+        "tiny",
+        "tests/fixtures/charts/tiny",
+        Some("remote"),
+        json!({}),
+    ))
+    .await;
+    h.wait_state("tiny", State::Ready).await;
+
+    // The target becomes unreachable, then the Manifest is deleted.
+    let closed = format!("https://127.0.0.1:{}", closed_port());
+    h.put_secret(
+        "remote",
+        &kubeconfig(&closed, &h.remote_ca(), json!({"token": "x"})),
+    )
+    .await;
+    h.manifests
+        .delete("tiny", &DeleteParams::default())
+        .await
+        .unwrap();
+    let failed = h.wait_error("tiny", "TargetUnreachable", &closed).await;
+    assert!(failed.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        failed
+            .status
+            .as_ref()
+            .and_then(|s| s.last_operation.as_ref())
+            .map(|o| o.operation.as_str()),
+        Some("Delete")
+    );
+    assert!(
+        h.remote_config_map("tiny").await.is_some(),
+        "nothing deleted"
+    );
+
+    // The way out: deletionPolicy Orphan releases it without the target.
+    h.patch_spec("tiny", json!({"deletionPolicy": "Orphan"}))
+        .await;
+    h.wait_until("the Manifest is gone", async || {
+        h.manifests.get_opt("tiny").await.unwrap().is_none()
+    })
+    .await;
+    assert!(
+        h.events("tiny")
+            .await
+            .iter()
+            .any(|(_, reason, _)| reason == "Orphaned")
+    );
+    assert!(
+        h.remote_config_map("tiny").await.is_some(),
+        "left on the target"
+    );
+}
+
+/// Writes an executable script that creates the file named by its first argument, then prints
+/// an ExecCredential with `token`: a kubeconfig that ran it would get in.
+fn marker_script(dir: &Path, token: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("credential.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ntouch \"$1\"\necho '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":\"ExecCredential\",\"status\":{{\"token\":\"{token}\"}}}}'\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+#[tokio::test]
+async fn kubeconfigs_that_run_commands_or_read_files_are_refused_and_never_run() {
+    let h = start("remote-refused").await;
+    let dir = tempfile::tempdir().unwrap();
+    let valid_token = h.service_account_token(&format!("{}-deployer", h.ns)).await;
+    let valid = h.remote_kubeconfig(json!({ "token": valid_token }));
+    let script = marker_script(dir.path(), &valid_token);
+    // The script works: run directly, it leaves its marker.
+    let probe = dir.path().join("probe");
+    assert!(
+        std::process::Command::new(&script)
+            .arg(&probe)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(probe.exists());
+    let marker = dir.path().join("marker");
+    // Files a kubeconfig could name, all holding working credentials.
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &valid_token).unwrap();
+    let admin_file = |field: &str, file: &str| {
+        use base64::Engine;
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(admin_kubeconfig_field(h.remote_plane, "users", field))
+            .unwrap();
+        let path = dir.path().join(file);
+        std::fs::write(&path, pem).unwrap();
+        path
+    };
+    let cert_file = admin_file("client-certificate-data", "admin.crt");
+    let key_file = admin_file("client-key-data", "admin.key");
+    let ca_file = h.remote_plane.endpoints().dir.join("serving-ca.crt");
+    assert!(ca_file.exists());
+
+    let cases = [
+        (
+            "exec",
+            h.remote_kubeconfig(json!({
+                "token": CANARY_TOKEN,
+                "exec": {
+                    "apiVersion": "client.authentication.k8s.io/v1",
+                    "command": script,
+                    "args": [marker],
+                    "interactiveMode": "Never",
+                },
+            })),
+        ),
+        (
+            "token-file",
+            h.remote_kubeconfig(json!({"tokenFile": token_file})),
+        ),
+        (
+            "cert-files",
+            h.remote_kubeconfig(json!({"client-certificate": cert_file, "client-key": key_file})),
+        ),
+        ("ca-file", {
+            let config = json!({
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "remote",
+                "contexts": [{"name": "remote", "context": {"cluster": "remote", "user": "deployer"}}],
+                "clusters": [{"name": "remote", "cluster": {"server": h.remote_server(), "certificate-authority": ca_file}}],
+                "users": [{"name": "deployer", "user": {"token": valid_token}}],
+            });
+            serde_yaml_ng::to_string(&config).unwrap()
+        }),
+        ("not-yaml", format!("{CANARY_TOKEN}: [unclosed\n")),
+    ];
+    let expected = [
+        ("exec", "sets exec"),
+        ("token-file", "sets tokenFile"),
+        ("cert-files", "sets client-certificate"),
+        ("ca-file", "sets certificate-authority"),
+        ("not-yaml", "not a valid kubeconfig"),
+    ];
+    for (name, config) in &cases {
+        h.put_secret(name, config).await;
+        h.create(&h.manifest(name, "tests/fixtures/charts/tiny", Some(name), json!({})))
+            .await;
+    }
+    for (name, text) in expected {
+        let failed = h.wait_error(name, "TargetError", text).await;
+        let (_, message) = ready_condition(&failed).unwrap();
+        assert!(message.contains("is refused"), "{message}");
+        assert!(
+            stalled(&failed),
+            "{name}: permanent until the Secret changes"
+        );
+        let events = h.events(name).await;
+        assert!(
+            events.iter().any(|(kind, reason, note)| kind == "Warning"
+                && reason == "TargetError"
+                && note.contains(text)),
+            "{name}: {events:?}"
+        );
+        for secret in [CANARY_TOKEN, valid_token.as_str()] {
+            assert!(!message.contains(secret), "{name}: {message}");
+            assert!(events.iter().all(|(_, _, note)| !note.contains(secret)));
+        }
+    }
+    assert!(!marker.exists(), "the exec command was never run");
+    assert!(
+        !h.remote_namespace_exists().await,
+        "nothing reached the remote cluster"
+    );
+    assert_eq!(h.local_config_maps().await, Vec::<String>::new());
+    assert!(h.ctx.targets.is_empty(), "no client was built");
+    assert!(
+        h.target_errors("refused") >= cases.len() as u64,
+        "every refusal counted"
+    );
+
+    // A Secret that does not exist yet is retried with backoff until it appears.
+    h.create(&h.manifest(
+        "later",
+        "tests/fixtures/charts/tiny",
+        Some("later"),
+        json!({}),
+    ))
+    .await;
+    let missing = h
+        .wait_error("later", "TargetError", "Secret later does not exist")
+        .await;
+    assert!(!stalled(&missing), "a missing Secret is retried");
+    h.put_secret("later", &valid).await;
+    h.wait_state("later", State::Ready).await;
+    assert!(h.remote_config_map("later").await.is_some());
+}
+
+#[tokio::test]
+async fn deleting_a_manifest_whose_secret_is_gone_releases_it_with_an_event() {
+    let h = start("remote-gone").await;
+    h.put_secret(
+        "remote",
+        &h.service_account_kubeconfig(&format!("{}-deployer", h.ns))
+            .await,
+    )
+    .await;
+    h.create(&h.manifest(
+        "tiny",
+        "tests/fixtures/charts/tiny",
+        Some("remote"),
+        json!({}),
+    ))
+    .await;
+    let installed = h.wait_state("tiny", State::Ready).await;
+    assert!(h.remote_config_map("tiny").await.is_some());
+
+    h.delete_secret("remote").await;
+    h.delete_and_wait("tiny").await;
+    let events = h.events("tiny").await;
+    let gone = events
+        .iter()
+        .find(|(kind, reason, _)| kind == "Warning" && reason == "TargetGone")
+        .unwrap_or_else(|| panic!("a TargetGone Warning: {events:?}"));
+    assert!(
+        gone.2.contains("Secret remote does not exist"),
+        "{}",
+        gone.2
+    );
+    assert!(gone.2.contains(&installed.uid().unwrap()), "{}", gone.2);
+    assert!(
+        h.remote_config_map("tiny").await.is_some(),
+        "the objects on the target are left"
+    );
+}
