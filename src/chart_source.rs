@@ -10,6 +10,11 @@ use sha2::{Digest, Sha256};
 
 use crate::api::ChartSource;
 
+pub mod remote;
+pub mod version;
+
+pub use remote::{FetchError, FetchStats, RemoteCharts, RemoteConfig};
+
 /// Bounds on what a chart may contain.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -28,7 +33,8 @@ impl Default for Limits {
     }
 }
 
-/// Why a chart could not be resolved. All of these are bad input: they wait for a spec change.
+/// Why a chart could not be resolved. All but some remote fetch errors are bad input: they wait
+/// for a spec change (see [`SourceError::is_permanent`]).
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// the chart path does not exist.
@@ -78,6 +84,25 @@ pub enum SourceError {
         /// The error.
         source: std::io::Error,
     },
+    /// a chart from a repository or registry could not be fetched or failed a check.
+    #[error("{origin}: {error}")]
+    Fetch {
+        /// Which chart from where (URLs without credentials or query).
+        origin: String,
+        /// What went wrong.
+        error: FetchError,
+    },
+}
+
+impl SourceError {
+    /// Bad input (waits for a spec change) as opposed to an unreachable or failing server
+    /// (retried with backoff).
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Self::Fetch { error, .. } => error.is_permanent(),
+            _ => true,
+        }
+    }
 }
 
 /// A chart on local disk, identified by its content.

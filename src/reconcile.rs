@@ -21,7 +21,7 @@ use crate::api::{
     DeletionPolicy, InventoryEntry, Manifest, State, ValuesReference, ValuesSourceKind,
 };
 use crate::apply::{ApplyError, Cluster, Deletion};
-use crate::chart_source::{self, Limits, SourceError};
+use crate::chart_source::{Limits, RemoteCharts, SourceError};
 use crate::metrics::{ReconcileMetrics, ResultLabels};
 use crate::plan::{self, PlanError, PruneDecision, RenderedObject, Scope};
 use crate::readiness::{Readiness, readiness};
@@ -53,6 +53,8 @@ pub struct Context {
     pub chart_root: PathBuf,
     /// Chart size limits.
     pub chart_limits: Limits,
+    /// Fetches charts from Helm repositories and OCI registries (and caches them on disk).
+    pub remote_charts: RemoteCharts,
     /// This replica's name (written to `status.owner`).
     pub replica: String,
     /// The fleet's number of virtual shards (a Manifest's shard is stamped as a label and
@@ -116,7 +118,9 @@ impl ReconcileError {
         match self {
             // A kind the target does not serve (yet) may appear: its CRD may be installed later.
             Self::Plan(PlanError::UnknownKind(_)) => false,
-            Self::Chart(_) | Self::Values(_) | Self::Plan(_) | Self::JobFailed(_) => true,
+            // An unreachable repository or registry is retried; bad charts are not.
+            Self::Chart(e) => e.is_permanent(),
+            Self::Values(_) | Self::Plan(_) | Self::JobFailed(_) => true,
             Self::Render(e) => e.is_permanent(),
             Self::Apply(e) => e.is_permanent(),
             Self::ValuesSource(_) | Self::Kube(_) | Self::Fenced(_) => false,
@@ -272,20 +276,12 @@ async fn install(
         .clone()
         .unwrap_or_else(|| manifest.namespace().unwrap_or_default());
 
-    // Resolve (blocking file I/O, off the async workers) and render.
-    let (source, root, limits) = (
-        manifest.spec.chart.clone(),
-        ctx.chart_root.clone(),
-        ctx.chart_limits,
-    );
-    let chart = tokio::task::spawn_blocking(move || chart_source::resolve(&source, &root, limits))
-        .await
-        .map_err(|e| {
-            ReconcileError::Chart(chart_source::SourceError::Io {
-                path: "chart".into(),
-                source: std::io::Error::other(e),
-            })
-        })??;
+    // Resolve (network fetches async; file I/O, hashing and archive checks on blocking threads)
+    // and render.
+    let chart = ctx
+        .remote_charts
+        .resolve(&manifest.spec.chart, &ctx.chart_root, ctx.chart_limits)
+        .await?;
     let values = gather_values(manifest, ctx).await?;
     let surface = ctx.cluster.fresh_surface(DISCOVERY_MAX_AGE).await?;
     let request = RenderRequest {
