@@ -9,8 +9,9 @@ TESTENV := $(CARGO) run --quiet -p testenv --bin testenv --
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-setup: tools ## Everything the tests and the demo need: the pinned Rust toolchain and the tools
+setup: tools ## Everything the tests and the demo need: the pinned Rust toolchain, the tools and docker-registry
 	@hack/ensure-rust.sh >/dev/null
+	@hack/ensure-docker-registry.sh >/dev/null
 
 tools: ## Build the pinned kube-apiserver, kube-controller-manager, etcd and helm (cached in ~/.cache/module-manager)
 	@hack/build-tools.sh >/dev/null

@@ -13,7 +13,7 @@ use crate::api::ChartSource;
 pub mod remote;
 pub mod version;
 
-pub use remote::{FetchError, FetchStats, RemoteCharts, RemoteConfig};
+pub use remote::{FetchError, FetchStats, RemoteCharts, RemoteConfig, ensure_crypto_provider};
 
 /// Bounds on what a chart may contain.
 #[derive(Clone, Copy, Debug)]

@@ -220,6 +220,13 @@ struct IndexEntry {
     urls: Vec<String>,
 }
 
+/// Installs rustls' ring provider as the process default unless one is installed: reqwest and
+/// oci-client are built without a provider of their own (kube uses ring; aws-lc-rs would be a
+/// second one to build). Call it before building any other reqwest or oci-client client.
+pub fn ensure_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Fetches, verifies and caches remote charts; resolves local ones too.
 pub struct RemoteCharts {
     config: RemoteConfig,
@@ -234,9 +241,7 @@ pub struct RemoteCharts {
 impl RemoteCharts {
     /// Clients for `config`. Installs rustls' ring provider as the process default if none is.
     pub fn new(config: RemoteConfig) -> Result<Self, FetchError> {
-        // reqwest and oci-client are built without a crypto provider of their own (kube brings
-        // ring; aws-lc-rs would be a second one to build).
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        ensure_crypto_provider();
         let max_redirects = config.max_redirects;
         let policy = reqwest::redirect::Policy::custom(move |attempt| {
             let from_https = attempt
