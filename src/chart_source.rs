@@ -73,8 +73,9 @@ pub enum SourceError {
         /// What went wrong.
         source: std::io::Error,
     },
-    /// this source type is not supported yet.
-    #[error("chart source {0} is not supported yet; use chart.path")]
+    /// not one local path: a remote source ([`RemoteCharts::resolve`] fetches those), or not
+    /// exactly one source.
+    #[error("{0}")]
     Unsupported(&'static str),
     /// reading the chart failed.
     #[error("read chart {path:?}: {source}")]
@@ -122,11 +123,12 @@ pub fn resolve(
 ) -> Result<ResolvedChart, SourceError> {
     match (&source.path, &source.repository, &source.oci) {
         (Some(path), None, None) => resolve_path(path, root, limits),
-        (None, Some(_), None) => Err(SourceError::Unsupported("repository")),
-        (None, None, Some(_)) => Err(SourceError::Unsupported("oci")),
+        (None, Some(_), None) | (None, None, Some(_)) => Err(SourceError::Unsupported(
+            "a repository or OCI chart is fetched by RemoteCharts::resolve, not read from disk",
+        )),
         // The CRD's CEL rule makes this unreachable through the API server.
         _ => Err(SourceError::Unsupported(
-            "with more or less than one of path, repository, oci",
+            "exactly one chart source must be set: path, repository (with name and version), or oci",
         )),
     }
 }

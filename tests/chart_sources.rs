@@ -131,6 +131,9 @@ fn index_yaml(entries: &[(&str, &str, &str, &str)]) -> Vec<u8> {
 enum Reply {
     Body(Vec<u8>),
     Redirect(String),
+    Status(StatusCode),
+    /// Accept the request, never answer.
+    Hang,
 }
 
 #[derive(Clone, Default)]
@@ -151,11 +154,14 @@ impl RepoServer {
         async fn serve(State(files): State<Files>, uri: Uri) -> Response {
             let path = uri.path().to_owned();
             *files.hits.lock().unwrap().entry(path.clone()).or_default() += 1;
-            match files.replies.lock().unwrap().get(&path).cloned() {
+            let reply = files.replies.lock().unwrap().get(&path).cloned();
+            match reply {
                 Some(Reply::Body(bytes)) => bytes.into_response(),
                 Some(Reply::Redirect(to)) => {
                     (StatusCode::FOUND, [(header::LOCATION, to)]).into_response()
                 }
+                Some(Reply::Status(status)) => status.into_response(),
+                Some(Reply::Hang) => std::future::pending().await,
                 None => StatusCode::NOT_FOUND.into_response(),
             }
         }
@@ -183,6 +189,14 @@ impl RepoServer {
             .lock()
             .unwrap()
             .insert(path.into(), Reply::Redirect(to.into()));
+    }
+
+    fn reply(&self, path: &str, reply: Reply) {
+        self.files
+            .replies
+            .lock()
+            .unwrap()
+            .insert(path.into(), reply);
     }
 
     fn hits(&self, path: &str) -> usize {
@@ -724,6 +738,27 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
             "{case}: {error:?}"
         );
     }
+    // A server in trouble is retried: 5xx, and no answer within the fetch timeout.
+    server.reply(
+        "/flaky/index.yaml",
+        Reply::Status(StatusCode::SERVICE_UNAVAILABLE),
+    );
+    server.reply("/silent/index.yaml", Reply::Hang);
+    let impatient = RemoteCharts::new(RemoteConfig {
+        timeout: Duration::from_secs(1),
+        ..RemoteConfig::new(cache.path().to_owned())
+    })
+    .unwrap();
+    for (path, expected) in [
+        ("/flaky", "/flaky/index.yaml answered HTTP 503"),
+        ("/silent", "the fetch did not finish within 1s"),
+    ] {
+        let source = from_repository(&format!("{base}{path}"), "catalog", "1.0.0");
+        let error = resolve(&impatient, &source, small).await.unwrap_err();
+        assert!(error.to_string().contains(expected), "{error}");
+        assert!(!error.is_permanent(), "{error}");
+    }
+
     let cached: Vec<_> = std::fs::read_dir(cache.path())
         .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
         .unwrap_or_default();

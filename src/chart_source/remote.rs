@@ -330,7 +330,7 @@ impl RemoteCharts {
                 self.bounded(origin, self.fetch_from_registry(reference, limits))
                     .await
             }
-            _ => {
+            (Some(_), None, None) => {
                 let (source, root) = (source.clone(), root.to_owned());
                 tokio::task::spawn_blocking(move || super::resolve(&source, &root, limits))
                     .await
@@ -339,6 +339,8 @@ impl RemoteCharts {
                         source: std::io::Error::other(e),
                     })?
             }
+            // The CRD's CEL rule makes this unreachable through the API server.
+            _ => super::resolve(source, root, limits),
         }
     }
 
@@ -613,6 +615,7 @@ impl RemoteCharts {
             }
             check(&shown, &bytes, limits)?;
             let path = cache.store(&hex, &bytes)?;
+            tracing::info!(from = %shown, digest = %format!("sha256:{hex}"), bytes = bytes.len(), "fetched a chart archive");
             Ok(ResolvedChart {
                 digest: format!("sha256:{hex}"),
                 path,
@@ -954,9 +957,9 @@ fn oci_error(error: OciDistributionError, timeout: Duration) -> FetchError {
             message: "the registry requires credentials; only anonymous pulls are supported".into(),
             transient: false,
         },
-        E::DigestError(e) => FetchError::DigestMismatch {
-            expected: "the published digest".into(),
-            actual: bounded_text(&e.to_string()),
+        E::DigestError(e) => FetchError::Registry {
+            message: format!("digest mismatch: {}", bounded_text(&e.to_string())),
+            transient: false,
         },
         other => FetchError::Registry {
             message: bounded_text(&other.to_string()),
