@@ -1190,6 +1190,22 @@ mod tests {
         assert!(FetchError::MediaType("x".into()).is_permanent());
     }
 
+    /// A registry may send more than the layer's declared size: the sink stops at the limit.
+    #[tokio::test]
+    async fn the_layer_sink_refuses_more_than_its_limit() {
+        use tokio::io::AsyncWriteExt;
+        let mut sink = Capped {
+            buffer: Vec::new(),
+            max: 10,
+            exceeded: false,
+        };
+        sink.write_all(b"0123456789").await.unwrap();
+        assert!(!sink.exceeded);
+        assert!(sink.write_all(b"x").await.is_err());
+        assert!(sink.exceeded);
+        assert_eq!(sink.buffer, b"0123456789");
+    }
+
     #[test]
     fn the_cache_evicts_the_least_recently_used_and_drops_corrupt_files() {
         let dir = tempfile::tempdir().unwrap();
