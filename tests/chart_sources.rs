@@ -130,6 +130,8 @@ fn index_yaml(entries: &[(&str, &str, &str, &str)]) -> Vec<u8> {
 #[derive(Clone)]
 enum Reply {
     Body(Vec<u8>),
+    /// A body with a `Docker-Content-Digest` header.
+    Digested(Vec<u8>, String),
     Redirect(String),
     Status(StatusCode),
     /// Accept the request, never answer.
@@ -157,6 +159,9 @@ impl RepoServer {
             let reply = files.replies.lock().unwrap().get(&path).cloned();
             match reply {
                 Some(Reply::Body(bytes)) => bytes.into_response(),
+                Some(Reply::Digested(bytes, digest)) => {
+                    ([("docker-content-digest", digest)], bytes).into_response()
+                }
                 Some(Reply::Redirect(to)) => {
                     (StatusCode::FOUND, [(header::LOCATION, to)]).into_response()
                 }
@@ -880,6 +885,67 @@ async fn an_oci_chart_is_pulled_from_a_real_registry_and_cached() {
             error,
             SourceError::Fetch { ref error, .. } if !matches!(error, FetchError::Chart(_))
         ));
+    }
+}
+
+/// A registry that lies: the test's HTTP server answering the distribution API with hostile
+/// content (a real registry refuses to store such manifests).
+#[tokio::test]
+async fn a_hostile_registry_is_refused() {
+    let server = RepoServer::start().await;
+    let host = server.url.trim_start_matches("http://").to_owned();
+    server.put("/v2/", "{}");
+    let helm_manifest = |layer_digest: &str, size: usize| {
+        json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.cncf.helm.config.v1+json",
+                       "digest": format!("sha256:{}", sha256(b"{}")), "size": 2},
+            "layers": [{"mediaType": "application/vnd.cncf.helm.chart.content.v1.tar+gzip",
+                        "digest": layer_digest, "size": size}],
+        })
+        .to_string()
+        .into_bytes()
+    };
+    server.put("/v2/charts/huge/manifests/1.0.0", vec![b' '; 5 << 20]);
+    let body = helm_manifest(&format!("sha256:{}", sha256(b"x")), 1);
+    server.reply(
+        "/v2/charts/lying/manifests/1.0.0",
+        Reply::Digested(body, format!("sha256:{}", "0".repeat(64))),
+    );
+    server.put(
+        "/v2/charts/index/manifests/1.0.0",
+        json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+               "manifests": []})
+        .to_string(),
+    );
+    // A layer that claims 100 bytes and sends 2 MiB.
+    let big = vec![7u8; 2 << 20];
+    let big_digest = format!("sha256:{}", sha256(&big));
+    server.put(
+        "/v2/charts/big/manifests/1.0.0",
+        helm_manifest(&big_digest, 100),
+    );
+    server.put(&format!("/v2/charts/big/blobs/{big_digest}"), big);
+
+    let cache = tempfile::tempdir().unwrap();
+    let charts = remote(cache.path());
+    let small = Limits {
+        max_files: 100,
+        max_bytes: 1 << 20,
+    };
+    for (chart, expected) in [
+        ("huge", "exceeds the limit of 4194304 bytes"),
+        ("lying", "digest mismatch"),
+        ("index", "is an image index, not a Helm chart"),
+        ("big", "chart layer exceeds the limit of 1048576 bytes"),
+    ] {
+        let reference = format!("oci://{host}/charts/{chart}:1.0.0");
+        let error = resolve(&charts, &from_oci(&reference), small)
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains(expected), "{chart}: {error}");
+        assert!(error.is_permanent(), "{chart}: {error}");
     }
 }
 

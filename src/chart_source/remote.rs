@@ -16,11 +16,11 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use oci_client::Reference;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::manifest::OciManifest;
 use oci_client::secrets::RegistryAuth;
+use oci_client::{Reference, RegistryOperation};
 use reqwest::Url;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -35,6 +35,18 @@ pub const HELM_CHART_MEDIA_TYPE: &str = "application/vnd.cncf.helm.chart.content
 /// Media type of a chart's provenance layer (allowed beside the chart, not read).
 pub const HELM_PROVENANCE_MEDIA_TYPE: &str = "application/vnd.cncf.helm.chart.provenance.v1.prov";
 
+/// Most bytes of an OCI manifest (what the OCI distribution spec asks registries to accept).
+const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
+/// The manifest media types asked for: image manifests (a chart is one) and indexes (refused
+/// with a clear message).
+const MANIFEST_MEDIA_TYPES: &[&str] = &[
+    oci_client::manifest::OCI_IMAGE_MEDIA_TYPE,
+    oci_client::manifest::IMAGE_MANIFEST_MEDIA_TYPE,
+    oci_client::manifest::OCI_IMAGE_INDEX_MEDIA_TYPE,
+    oci_client::manifest::IMAGE_MANIFEST_LIST_MEDIA_TYPE,
+];
+const CREDENTIALS_NEEDED: &str =
+    "the registry requires credentials; only anonymous pulls are supported";
 /// Most `index.yaml` documents kept in memory (the oldest is dropped).
 const MAX_CACHED_INDEXES: usize = 64;
 /// Most characters of a server's message quoted in an error.
@@ -450,10 +462,22 @@ impl RemoteCharts {
 
     /// GETs `url`, refusing more than `max` bytes.
     async fn get_bounded(&self, url: &Url, max: u64) -> Result<Vec<u8>, FetchError> {
+        let (body, _) = self
+            .send_bounded(self.http.get(url.clone()), url, max)
+            .await?;
+        Ok(body)
+    }
+
+    /// Sends `request` (for `url`), refusing an answer of more than `max` bytes; returns the
+    /// body and the headers.
+    async fn send_bounded(
+        &self,
+        request: reqwest::RequestBuilder,
+        url: &Url,
+        max: u64,
+    ) -> Result<(Vec<u8>, reqwest::header::HeaderMap), FetchError> {
         let shown = shown(url);
-        let mut response = self
-            .http
-            .get(url.clone())
+        let mut response = request
             .send()
             .await
             .map_err(|e| request_error(&shown, e, self.config.timeout))?;
@@ -471,6 +495,7 @@ impl RemoteCharts {
         if response.content_length().is_some_and(|length| length > max) {
             return Err(too_large());
         }
+        let headers = response.headers().clone();
         let mut body = Vec::new();
         while let Some(chunk) = response
             .chunk()
@@ -482,7 +507,80 @@ impl RemoteCharts {
             }
             body.extend_from_slice(&chunk);
         }
-        Ok(body)
+        Ok((body, headers))
+    }
+
+    /// The image manifest of `reference`, read within [`MAX_MANIFEST_BYTES`] (oci-client would
+    /// read any size) and checked against a digest in the reference and the registry's
+    /// `Docker-Content-Digest`. oci-client does the registry's token dance (anonymous) and keeps
+    /// the token for the blob pull.
+    async fn pull_manifest(
+        &self,
+        client: &oci_client::Client,
+        reference: &Reference,
+        plain_http: bool,
+    ) -> Result<OciManifest, FetchError> {
+        let token = client
+            .auth(reference, &RegistryAuth::Anonymous, RegistryOperation::Pull)
+            .await
+            .map_err(|e| oci_error(e, self.config.timeout))?;
+        let target = reference
+            .digest()
+            .or(reference.tag())
+            .expect("oci_reference requires a tag or digest");
+        let url = Url::parse(&format!(
+            "{}://{}/v2/{}/manifests/{target}",
+            if plain_http { "http" } else { "https" },
+            reference.resolve_registry(),
+            reference.repository(),
+        ))
+        .map_err(|e| FetchError::Reference(format!("invalid OCI reference: {e}")))?;
+        let mut request = self
+            .http
+            .get(url.clone())
+            .header(reqwest::header::ACCEPT, MANIFEST_MEDIA_TYPES.join(", "));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        self.counters
+            .manifest_requests
+            .fetch_add(1, Ordering::Relaxed);
+        let (body, headers) = match self.send_bounded(request, &url, MAX_MANIFEST_BYTES).await {
+            Ok(answer) => answer,
+            Err(FetchError::Status { status: 404, .. }) => {
+                return Err(FetchError::Registry {
+                    message: "not found in the registry".into(),
+                    transient: false,
+                });
+            }
+            Err(FetchError::Status {
+                status: 401 | 403, ..
+            }) => {
+                return Err(FetchError::Registry {
+                    message: CREDENTIALS_NEEDED.into(),
+                    transient: false,
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let actual = format!("{:x}", Sha256::digest(&body));
+        let published = headers
+            .get("docker-content-digest")
+            .and_then(|v| v.to_str().ok())
+            .filter(|d| d.starts_with("sha256:"));
+        for expected in [reference.digest(), published].into_iter().flatten() {
+            let expected = sha256_hex(expected)?;
+            if expected != actual {
+                return Err(FetchError::DigestMismatch {
+                    expected,
+                    actual: actual.clone(),
+                });
+            }
+        }
+        serde_json::from_slice(&body).map_err(|e| FetchError::Registry {
+            message: format!("not an OCI manifest: {}", bounded_text(&e.to_string())),
+            transient: false,
+        })
     }
 
     async fn fetch_from_registry(
@@ -491,18 +589,13 @@ impl RemoteCharts {
         limits: Limits,
     ) -> Result<ResolvedChart, FetchError> {
         let reference = oci_reference(text)?;
-        let client = if self.plain_http(reference.registry()) {
+        let plain = self.plain_http(reference.registry());
+        let client = if plain {
             &self.oci_http
         } else {
             &self.oci_https
         };
-        self.counters
-            .manifest_requests
-            .fetch_add(1, Ordering::Relaxed);
-        let (manifest, _) = client
-            .pull_manifest(&reference, &RegistryAuth::Anonymous)
-            .await
-            .map_err(|e| oci_error(e, self.config.timeout))?;
+        let manifest = self.pull_manifest(client, &reference, plain).await?;
         let manifest = match manifest {
             OciManifest::Image(manifest) => manifest,
             OciManifest::ImageIndex(_) => {
@@ -946,7 +1039,7 @@ fn oci_error(error: OciDistributionError, timeout: Duration) -> FetchError {
                 message: if not_found {
                     "not found in the registry".into()
                 } else if denied {
-                    "the registry requires credentials; only anonymous pulls are supported".into()
+                    CREDENTIALS_NEEDED.into()
                 } else {
                     bounded_text(&envelope.to_string())
                 },
@@ -954,7 +1047,7 @@ fn oci_error(error: OciDistributionError, timeout: Duration) -> FetchError {
             }
         }
         E::UnauthorizedError { .. } | E::AuthenticationFailure(_) => FetchError::Registry {
-            message: "the registry requires credentials; only anonymous pulls are supported".into(),
+            message: CREDENTIALS_NEEDED.into(),
             transient: false,
         },
         E::DigestError(e) => FetchError::Registry {
