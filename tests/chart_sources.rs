@@ -816,6 +816,18 @@ async fn an_oci_chart_is_pulled_from_a_real_registry_and_cached() {
         (3, 2, 1),
         "the pinned pull needed the manifest only"
     );
+    // Within the index time to live a tag needs no manifest request, and a digest never again.
+    for reference in [
+        format!("oci://{host}/charts/catalog:1.0.0"),
+        format!("oci://{host}/charts/catalog@{manifest_digest}"),
+    ] {
+        let again = resolve(&charts, &from_oci(&reference), limits)
+            .await
+            .unwrap();
+        assert_eq!(again, v1, "{reference}");
+    }
+    let stats = charts.stats();
+    assert_eq!((stats.manifest_requests, stats.cache_hits), (3, 3));
 
     // Bad references and artifacts.
     registry

@@ -49,6 +49,8 @@ const CREDENTIALS_NEEDED: &str =
     "the registry requires credentials; only anonymous pulls are supported";
 /// Most `index.yaml` documents kept in memory (the oldest is dropped).
 const MAX_CACHED_INDEXES: usize = 64;
+/// Most OCI references whose layer digest is kept in memory.
+const MAX_CACHED_REFERENCES: usize = 1024;
 /// Most characters of a server's message quoted in an error.
 const MAX_QUOTE: usize = 300;
 
@@ -239,6 +241,41 @@ pub fn ensure_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// Recent answers by key, each valid for a time to live; beyond `max` the oldest is dropped.
+struct Recent<V> {
+    entries: Mutex<HashMap<String, (Instant, V)>>,
+    max: usize,
+}
+
+impl<V: Clone> Recent<V> {
+    fn new(max: usize) -> Self {
+        Self {
+            entries: Mutex::default(),
+            max,
+        }
+    }
+
+    fn get(&self, key: &str, ttl: Duration) -> Option<V> {
+        let entries = self.entries.lock().unwrap();
+        let (at, value) = entries.get(key)?;
+        (at.elapsed() < ttl).then(|| value.clone())
+    }
+
+    fn put(&self, key: String, value: V) {
+        let mut entries = self.entries.lock().unwrap();
+        if entries.len() >= self.max
+            && !entries.contains_key(&key)
+            && let Some(oldest) = entries
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(k, _)| k.clone())
+        {
+            entries.remove(&oldest);
+        }
+        entries.insert(key, (Instant::now(), value));
+    }
+}
+
 /// Fetches, verifies and caches remote charts; resolves local ones too.
 pub struct RemoteCharts {
     config: RemoteConfig,
@@ -246,7 +283,11 @@ pub struct RemoteCharts {
     http: reqwest::Client,
     oci_https: oci_client::Client,
     oci_http: oci_client::Client,
-    indexes: Mutex<HashMap<String, (Instant, Arc<Index>)>>,
+    /// Parsed `index.yaml` by URL, for `index_ttl`.
+    indexes: Recent<Arc<Index>>,
+    /// The chart layer's digest by OCI reference: for `index_ttl` for a tag, for good for a
+    /// digest (what it names cannot change).
+    layers: Recent<String>,
     counters: Counters,
 }
 
@@ -299,7 +340,8 @@ impl RemoteCharts {
             oci_http: oci(ClientProtocol::Http)?,
             http,
             config,
-            indexes: Mutex::default(),
+            indexes: Recent::new(MAX_CACHED_INDEXES),
+            layers: Recent::new(MAX_CACHED_REFERENCES),
             counters: Counters::default(),
         })
     }
@@ -434,10 +476,8 @@ impl RemoteCharts {
     async fn index(&self, base: &Url) -> Result<Arc<Index>, FetchError> {
         let url = index_url(base);
         let key = url.as_str().to_owned();
-        if let Some((at, index)) = self.indexes.lock().unwrap().get(&key)
-            && at.elapsed() < self.config.index_ttl
-        {
-            return Ok(index.clone());
+        if let Some(index) = self.indexes.get(&key, self.config.index_ttl) {
+            return Ok(index);
         }
         let bytes = self.get_bounded(&url, self.config.max_index_bytes).await?;
         self.counters
@@ -447,16 +487,7 @@ impl RemoteCharts {
             .await
             .map_err(|e| FetchError::BadIndex(e.to_string()))??;
         let index = Arc::new(index);
-        let mut indexes = self.indexes.lock().unwrap();
-        if indexes.len() >= MAX_CACHED_INDEXES
-            && let Some(oldest) = indexes
-                .iter()
-                .min_by_key(|(_, (at, _))| *at)
-                .map(|(k, _)| k.clone())
-        {
-            indexes.remove(&oldest);
-        }
-        indexes.insert(key, (Instant::now(), index.clone()));
+        self.indexes.put(key, index.clone());
         Ok(index)
     }
 
@@ -595,7 +626,36 @@ impl RemoteCharts {
         } else {
             &self.oci_https
         };
-        let manifest = self.pull_manifest(client, &reference, plain).await?;
+        // A reference resolved moments ago (a tag) or ever (a digest) needs no manifest.
+        let key = format!("{plain}:{}", reference.whole());
+        let ttl = match reference.digest() {
+            Some(_) => Duration::MAX,
+            None => self.config.index_ttl,
+        };
+        if let Some(hex) = self.layers.get(&key, ttl)
+            && let Some(chart) = self.cached(&hex, limits).await?
+        {
+            return Ok(chart);
+        }
+        let chart = self
+            .fetch_layer(client, &reference, plain, text, limits)
+            .await?;
+        let hex = chart.digest.trim_start_matches("sha256:").to_owned();
+        self.layers.put(key, hex);
+        Ok(chart)
+    }
+
+    /// Pulls the manifest, checks it is a Helm chart, and takes its archive from the cache or
+    /// the registry.
+    async fn fetch_layer(
+        &self,
+        client: &oci_client::Client,
+        reference: &Reference,
+        plain: bool,
+        text: &str,
+        limits: Limits,
+    ) -> Result<ResolvedChart, FetchError> {
+        let manifest = self.pull_manifest(client, reference, plain).await?;
         let manifest = match manifest {
             OciManifest::Image(manifest) => manifest,
             OciManifest::ImageIndex(_) => {
@@ -644,7 +704,7 @@ impl RemoteCharts {
             max: limits.max_bytes,
             exceeded: false,
         };
-        let pulled = client.pull_blob(&reference, layer, &mut out).await;
+        let pulled = client.pull_blob(reference, layer, &mut out).await;
         if out.exceeded {
             return Err(FetchError::TooLarge {
                 what: "chart layer".into(),
