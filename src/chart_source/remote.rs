@@ -830,7 +830,7 @@ impl tokio::io::AsyncWrite for Capped {
     }
 }
 
-/// Verified archives on disk, `sha256-<hex>.tgz`, bounded in total size.
+/// Verified archives on disk, `sha256-<hex>.tgz`, bounded in total size; temporary files of interrupted writes go after an hour.
 #[derive(Clone, Debug)]
 struct ChartCache {
     dir: PathBuf,
@@ -902,8 +902,19 @@ impl ChartCache {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return;
         };
+        let entries: Vec<_> = entries.filter_map(Result::ok).collect();
+        // Temporary files of writes that never finished (a crash) go after an hour.
+        for entry in &entries {
+            let stale = entry.metadata().and_then(|m| m.modified()).is_ok_and(|at| {
+                at.elapsed()
+                    .is_ok_and(|age| age > Duration::from_secs(3600))
+            });
+            if entry.file_name().to_string_lossy().ends_with(".tmp") && stale {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
         let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
-            .filter_map(Result::ok)
+            .iter()
             .filter(|e| e.file_name().to_string_lossy().starts_with("sha256-"))
             .filter_map(|e| {
                 let metadata = e.metadata().ok()?;
@@ -1380,6 +1391,18 @@ mod tests {
             builder.into_inner().unwrap().finish().unwrap()
         };
         let limits = Limits::default();
+        // Leftovers of interrupted writes: one from two hours ago, one under way.
+        std::fs::create_dir_all(&cache.dir).unwrap();
+        let (stale, fresh) = (cache.dir.join(".a.1.0.tmp"), cache.dir.join(".b.1.1.tmp"));
+        std::fs::write(&stale, b"partial").unwrap();
+        std::fs::write(&fresh, b"partial").unwrap();
+        let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+        std::fs::File::options()
+            .append(true)
+            .open(&stale)
+            .unwrap()
+            .set_modified(two_hours_ago)
+            .unwrap();
         let mut hexes = Vec::new();
         for n in 0..3 {
             let bytes = archive(n);
@@ -1391,6 +1414,10 @@ mod tests {
         assert!(
             hexes.iter().map(|(_, l)| l).sum::<usize>() > 2500,
             "the test overflows"
+        );
+        assert!(
+            !stale.exists() && fresh.exists(),
+            "stale temporary files go"
         );
         // The first (oldest) went; the newest stayed.
         assert!(cache.lookup(&hexes[0].0, limits).unwrap().is_none());
