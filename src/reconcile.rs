@@ -853,5 +853,23 @@ mod tests {
             ReconcileError::ValuesSource("x".into()).category(),
             "ValuesError"
         );
+        // A repository that does not answer is retried; a bad chart from it is not.
+        let fetch = |error| {
+            ReconcileError::Chart(SourceError::Fetch {
+                origin: "chart web 1.0.0 from http://charts.example.com".into(),
+                error,
+            })
+        };
+        let unreachable = fetch(crate::chart_source::FetchError::Unreachable {
+            url: "http://charts.example.com/index.yaml".into(),
+            reason: "connection refused".into(),
+        });
+        assert!(!unreachable.is_permanent());
+        assert_eq!(unreachable.category(), "ChartError");
+        let mismatch = fetch(crate::chart_source::FetchError::DigestMismatch {
+            expected: "a".into(),
+            actual: "b".into(),
+        });
+        assert!(mismatch.is_permanent());
     }
 }

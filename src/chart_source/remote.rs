@@ -991,18 +991,26 @@ fn index_url(base: &Url) -> Url {
     url
 }
 
-/// A chart URL from the index: absolute, or relative to the repository URL (taken as a
-/// directory, as Helm's `ResolveReferenceURL` does).
+/// A chart URL from the index: absolute, or relative to the repository URL taken as a
+/// directory and with the repository URL's query, as Helm's `ResolveReferenceURL` does.
 fn chart_url(base: &Url, reference: &str) -> Result<Url, FetchError> {
-    let mut directory = base.clone();
-    directory.set_path(&format!("{}/", base.path().trim_end_matches('/')));
-    directory.set_query(None);
-    let url = directory.join(reference).map_err(|e| {
+    let bad = |e: url::ParseError| {
         FetchError::BadIndex(format!(
             "chart URL {:?} is not a URL: {e}",
             bounded_text(reference)
         ))
-    })?;
+    };
+    let url = match Url::parse(reference) {
+        Ok(absolute) => absolute,
+        Err(url::ParseError::RelativeUrlWithoutBase) => {
+            let mut directory = base.clone();
+            directory.set_path(&format!("{}/", base.path().trim_end_matches('/')));
+            let mut url = directory.join(reference).map_err(bad)?;
+            url.set_query(base.query());
+            url
+        }
+        Err(e) => return Err(bad(e)),
+    };
     checked_url(url, "chart")
 }
 
@@ -1222,6 +1230,22 @@ mod tests {
                 .unwrap()
                 .as_str(),
             "https://cdn.example.org/web-1.0.0.tgz?sig=abc"
+        );
+        // The repository's query goes with relative chart URLs only (Helm does the same).
+        let with_query = repository_url("https://example.com/charts?key=k").unwrap();
+        assert_eq!(
+            index_url(&with_query).as_str(),
+            "https://example.com/charts/index.yaml?key=k"
+        );
+        assert_eq!(
+            chart_url(&with_query, "web-1.0.0.tgz").unwrap().as_str(),
+            "https://example.com/charts/web-1.0.0.tgz?key=k"
+        );
+        assert_eq!(
+            chart_url(&with_query, "https://cdn.example.org/web.tgz")
+                .unwrap()
+                .as_str(),
+            "https://cdn.example.org/web.tgz"
         );
         assert!(chart_url(&base, "file:///etc/passwd").is_err());
         assert!(chart_url(&base, "http://u:p@example.com/x.tgz").is_err());
