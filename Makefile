@@ -9,9 +9,10 @@ TESTENV := $(CARGO) run --quiet -p testenv --bin testenv --
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-setup: tools ## Everything the tests and the demo need: the pinned Rust toolchain, the tools and promtool
+setup: tools ## Everything the tests and the demo need: the pinned Rust toolchain, the tools, promtool and docker-registry
 	@hack/ensure-rust.sh >/dev/null
 	@hack/ensure-promtool.sh >/dev/null
+	@hack/ensure-docker-registry.sh >/dev/null
 
 tools: ## Build the pinned kube-apiserver, kube-controller-manager, etcd, helm, kwok and kustomize (cached in ~/.cache/module-manager)
 	@hack/build-tools.sh >/dev/null

@@ -10,7 +10,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::events::Reporter;
 use module_manager::api::{Manifest, State};
 use module_manager::apply::Cluster;
-use module_manager::chart_source::{self, Limits};
+use module_manager::chart_source::{self, Limits, RemoteCharts, RemoteConfig};
 use module_manager::reconcile::{Context, reconcile};
 use module_manager::render::{HelmRenderer, RenderLimits, RenderRequest};
 use serde_json::json;
@@ -65,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
         .await?,
         chart_root: repo(),
         chart_limits: Limits::default(),
+        remote_charts: RemoteCharts::new(RemoteConfig::new(helm_home.path().join("charts")))?,
         replica: "bench".into(),
         shards: module_manager::shard::ShardCount::DEFAULT,
         metrics: Default::default(),

@@ -10,6 +10,11 @@ use sha2::{Digest, Sha256};
 
 use crate::api::ChartSource;
 
+pub mod remote;
+pub mod version;
+
+pub use remote::{FetchError, FetchStats, RemoteCharts, RemoteConfig, ensure_crypto_provider};
+
 /// Bounds on what a chart may contain.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -28,7 +33,8 @@ impl Default for Limits {
     }
 }
 
-/// Why a chart could not be resolved. All of these are bad input: they wait for a spec change.
+/// Why a chart could not be resolved. All but some remote fetch errors are bad input: they wait
+/// for a spec change (see [`SourceError::is_permanent`]).
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// the chart path does not exist.
@@ -67,8 +73,9 @@ pub enum SourceError {
         /// What went wrong.
         source: std::io::Error,
     },
-    /// this source type is not supported yet.
-    #[error("chart source {0} is not supported yet; use chart.path")]
+    /// not one local path: a remote source ([`RemoteCharts::resolve`] fetches those), or not
+    /// exactly one source.
+    #[error("{0}")]
     Unsupported(&'static str),
     /// reading the chart failed.
     #[error("read chart {path:?}: {source}")]
@@ -78,6 +85,25 @@ pub enum SourceError {
         /// The error.
         source: std::io::Error,
     },
+    /// a chart from a repository or registry could not be fetched or failed a check.
+    #[error("{origin}: {error}")]
+    Fetch {
+        /// Which chart from where (URLs without credentials or query).
+        origin: String,
+        /// What went wrong.
+        error: FetchError,
+    },
+}
+
+impl SourceError {
+    /// Bad input (waits for a spec change) as opposed to an unreachable or failing server
+    /// (retried with backoff).
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Self::Fetch { error, .. } => error.is_permanent(),
+            _ => true,
+        }
+    }
 }
 
 /// A chart on local disk, identified by its content.
@@ -97,11 +123,12 @@ pub fn resolve(
 ) -> Result<ResolvedChart, SourceError> {
     match (&source.path, &source.repository, &source.oci) {
         (Some(path), None, None) => resolve_path(path, root, limits),
-        (None, Some(_), None) => Err(SourceError::Unsupported("repository")),
-        (None, None, Some(_)) => Err(SourceError::Unsupported("oci")),
+        (None, Some(_), None) | (None, None, Some(_)) => Err(SourceError::Unsupported(
+            "a repository or OCI chart is fetched by RemoteCharts::resolve, not read from disk",
+        )),
         // The CRD's CEL rule makes this unreachable through the API server.
         _ => Err(SourceError::Unsupported(
-            "with more or less than one of path, repository, oci",
+            "exactly one chart source must be set: path, repository (with name and version), or oci",
         )),
     }
 }

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use kube::runtime::events::Reporter;
 use module_manager::admin::AdminState;
 use module_manager::apply::Cluster;
-use module_manager::chart_source::Limits;
+use module_manager::chart_source::{Limits, RemoteCharts, RemoteConfig};
 use module_manager::controller::{Controller, ControllerConfig};
 use module_manager::metrics::Metrics;
 use module_manager::reconcile::Context;
@@ -87,6 +87,21 @@ struct RunArgs {
     /// refused. Required: a default such as the working directory could be `/`.
     #[arg(long)]
     chart_root: PathBuf,
+    /// Directory of the chart archives fetched from Helm repositories and OCI registries,
+    /// verified and kept by digest; `module-manager-charts` in the temporary directory when
+    /// omitted.
+    #[arg(long, env = "MODULE_MANAGER_CHART_CACHE")]
+    chart_cache_dir: Option<PathBuf>,
+    /// Most bytes of archives kept in the chart cache; the least recently used go first.
+    #[arg(long, default_value_t = 1024 * 1024 * 1024)]
+    chart_cache_max_bytes: u64,
+    /// Limit on fetching one remote chart (index or manifest, archive, checks), in seconds.
+    #[arg(long, default_value_t = 60)]
+    chart_fetch_timeout_seconds: u64,
+    /// An OCI registry (`host` or `host:port`) to pull from over plain HTTP; repeatable.
+    /// Loopback registries always are; every other one needs HTTPS.
+    #[arg(long = "insecure-registry")]
+    insecure_registries: Vec<String>,
     /// The helm binary.
     #[arg(long, env = "MODULE_MANAGER_HELM", default_value = "helm")]
     helm: PathBuf,
@@ -264,7 +279,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let renderer = HelmRenderer::new(args.helm.clone(), helm_home, limits, render_metrics).await?;
     let chart_root = args.chart_root.canonicalize()?;
-    tracing::info!(replica = %args.replica, helm = renderer.version(), chart_root = %chart_root.display(), "starting");
+    let chart_cache = args
+        .chart_cache_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("module-manager-charts"));
+    tracing::info!(replica = %args.replica, helm = renderer.version(), chart_root = %chart_root.display(), chart_cache = %chart_cache.display(), "starting");
+    let remote_charts = RemoteCharts::new(RemoteConfig {
+        cache_max_bytes: args.chart_cache_max_bytes,
+        timeout: Duration::from_secs(args.chart_fetch_timeout_seconds.max(1)),
+        insecure_registries: args.insecure_registries.clone(),
+        ..RemoteConfig::new(chart_cache)
+    })?;
 
     if let Some(name) = &args.statefulset {
         // A StatefulSet that cannot be read, or a replica that is not one of its ordinals, would
@@ -324,6 +349,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         renderer,
         chart_root,
         chart_limits: Limits::default(),
+        remote_charts,
         replica: args.replica,
         shards: fleet_config.shards,
         metrics: reconcile_metrics,

@@ -25,7 +25,7 @@ use crate::api::{
     State, ValuesReference, ValuesSourceKind,
 };
 use crate::apply::{ApplyError, Cluster, Deletion, MANIFEST_UID_LABEL};
-use crate::chart_source::{self, Limits, SourceError};
+use crate::chart_source::{Limits, RemoteCharts, SourceError};
 use crate::hooks::{self, Existing, HookState, Step};
 use crate::metrics::{ReconcileMetrics, ResultLabels};
 use crate::plan::{self, Hook, HookEvent, PlanError, PruneDecision, RenderedObject, Scope};
@@ -63,6 +63,8 @@ pub struct Context {
     pub chart_root: PathBuf,
     /// Chart size limits.
     pub chart_limits: Limits,
+    /// Fetches charts from Helm repositories and OCI registries (and caches them on disk).
+    pub remote_charts: RemoteCharts,
     /// This replica's name (written to `status.owner`).
     pub replica: String,
     /// The fleet's number of virtual shards (a Manifest's shard is stamped as a label and
@@ -136,11 +138,9 @@ impl ReconcileError {
         match self {
             // A kind the target does not serve (yet) may appear: its CRD may be installed later.
             Self::Plan(PlanError::UnknownKind(_)) => false,
-            Self::Chart(_)
-            | Self::Values(_)
-            | Self::Plan(_)
-            | Self::JobFailed(_)
-            | Self::HookFailed(_) => true,
+            // An unreachable repository or registry is retried; bad charts are not.
+            Self::Chart(e) => e.is_permanent(),
+            Self::Values(_) | Self::Plan(_) | Self::JobFailed(_) | Self::HookFailed(_) => true,
             Self::Render(e) => e.is_permanent(),
             Self::Target(e) => e.is_permanent(),
             Self::Apply(e) => e.is_permanent(),
@@ -598,19 +598,11 @@ async fn render_request(
         .target_namespace
         .clone()
         .unwrap_or_else(|| manifest.namespace().unwrap_or_default());
-    let (source, root, limits) = (
-        manifest.spec.chart.clone(),
-        ctx.chart_root.clone(),
-        ctx.chart_limits,
-    );
-    let chart = tokio::task::spawn_blocking(move || chart_source::resolve(&source, &root, limits))
-        .await
-        .map_err(|e| {
-            ReconcileError::Chart(chart_source::SourceError::Io {
-                path: "chart".into(),
-                source: std::io::Error::other(e),
-            })
-        })??;
+    // Resolve (network fetches async; file I/O, hashing and archive checks on blocking threads).
+    let chart = ctx
+        .remote_charts
+        .resolve(&manifest.spec.chart, &ctx.chart_root, ctx.chart_limits)
+        .await?;
     let values = gather_values(manifest, ctx).await?;
     let surface = cluster.fresh_surface(DISCOVERY_MAX_AGE).await?;
     Ok(RenderRequest {
@@ -1493,5 +1485,23 @@ mod tests {
             ReconcileError::ValuesSource("x".into()).category(),
             "ValuesError"
         );
+        // A repository that does not answer is retried; a bad chart from it is not.
+        let fetch = |error| {
+            ReconcileError::Chart(SourceError::Fetch {
+                origin: "chart web 1.0.0 from http://charts.example.com".into(),
+                error,
+            })
+        };
+        let unreachable = fetch(crate::chart_source::FetchError::Unreachable {
+            url: "http://charts.example.com/index.yaml".into(),
+            reason: "connection refused".into(),
+        });
+        assert!(!unreachable.is_permanent());
+        assert_eq!(unreachable.category(), "ChartError");
+        let mismatch = fetch(crate::chart_source::FetchError::DigestMismatch {
+            expected: "a".into(),
+            actual: "b".into(),
+        });
+        assert!(mismatch.is_permanent());
     }
 }

@@ -512,14 +512,20 @@ async fn three_replicas_reconcile_every_manifest_and_scale_3_5_2_moving_only_wha
         let owner = after[k].0.as_deref();
         owner == Some(&fleet.member(3)) || owner == Some(&fleet.member(4))
     }));
-    // Each moved shard changed hands once (released, acquired): no flapping.
+    // No flapping: each moved shard changed hands once (released, acquired) — or twice when
+    // one newcomer was live before the other (a loaded machine starts them seconds apart): the
+    // first takes a share of a 4-member assignment, and hands part of it to the second. It
+    // never went back to an old member (the final owners are the newcomers, above).
+    let mut via_other_newcomer = 0;
     for k in &moved_up {
-        assert_eq!(
-            after[k].1,
-            before[k].1 + 2,
-            "shard {k} changed hands more than once"
+        let changes = (after[k].1 - before[k].1) / 2;
+        assert!(
+            changes == 1 || changes == 2,
+            "shard {k} changed hands {changes} times"
         );
+        via_other_newcomer += usize::from(changes == 2);
     }
+    eprintln!("FLEET scale 3→5: {via_other_newcomer} shards moved through the other newcomer");
     fleet.wait_ready("after 3 → 5").await;
     // The new members measured each handover gap (release → their acquisition); no takeovers.
     for ordinal in [3, 4] {

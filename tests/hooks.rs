@@ -85,6 +85,10 @@ async fn start(prefix: &str) -> Harness {
         shards: module_manager::shard::ShardCount::DEFAULT,
         metrics: Default::default(),
         hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
+        remote_charts: module_manager::chart_source::RemoteCharts::new(
+            module_manager::chart_source::RemoteConfig::new(helm_home.path().join("charts")),
+        )
+        .unwrap(),
         targets: Default::default(),
         reporter: Reporter {
             controller: "module-manager".into(),

@@ -17,6 +17,7 @@ use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::apply::Cluster;
+use module_manager::chart_source::{RemoteCharts, RemoteConfig};
 use module_manager::controller::{self, ControllerConfig};
 use module_manager::reconcile::Context;
 use module_manager::render::{HelmRenderer, RenderLimits};
@@ -39,6 +40,7 @@ struct Harness {
     ctx: Arc<Context>,
     stop: Option<oneshot::Sender<()>>,
     _helm_home: tempfile::TempDir,
+    _chart_cache: tempfile::TempDir,
 }
 
 impl Drop for Harness {
@@ -63,6 +65,7 @@ async fn start(prefix: &str, limits: RenderLimits) -> Harness {
     let client = control_plane.client().await.unwrap();
     let ns = control_plane.namespace(&client, prefix).await.unwrap();
     let helm_home = tempfile::tempdir().unwrap();
+    let chart_cache = tempfile::tempdir().unwrap();
     let helm = testenv::Tools::locate().unwrap().helm;
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -78,6 +81,7 @@ async fn start(prefix: &str, limits: RenderLimits) -> Harness {
         .unwrap(),
         chart_root: repo(),
         chart_limits: Default::default(),
+        remote_charts: RemoteCharts::new(RemoteConfig::new(chart_cache.path().to_owned())).unwrap(),
         replica: REPLICA.into(),
         shards: module_manager::shard::ShardCount::DEFAULT,
         metrics: Default::default(),
@@ -103,6 +107,7 @@ async fn start(prefix: &str, limits: RenderLimits) -> Harness {
         ctx,
         stop: Some(stop),
         _helm_home: helm_home,
+        _chart_cache: chart_cache,
     }
 }
 

@@ -103,6 +103,10 @@ async fn start(prefix: &str) -> Harness {
         cluster: Cluster::connect(local.clone()).await.unwrap(),
         // Short timeouts: a silent target fails within seconds.
         hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
+        remote_charts: module_manager::chart_source::RemoteCharts::new(
+            module_manager::chart_source::RemoteConfig::new(helm_home.path().join("charts")),
+        )
+        .unwrap(),
         targets: TargetClients::new(
             TargetSettings {
                 connect_timeout: Duration::from_secs(2),

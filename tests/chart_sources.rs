@@ -1,0 +1,1404 @@
+//! Charts from Helm HTTP repositories and OCI registries, against real servers started here:
+//! an HTTP server in this process serving what each test puts in it (charts packaged and
+//! indexed by the pinned helm, or broken on purpose), and Debian's `docker-registry` on a
+//! loopback port with charts pushed by `helm push` (and one pushed by `oci-client` with the wrong
+//! media types). The resolver is tested directly, then the whole pipeline on a real API server.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::Reporter;
+use kube::{Client, ResourceExt};
+use module_manager::api::{ChartSource, Manifest, State as ModuleState};
+use module_manager::apply::Cluster;
+use module_manager::chart_source::{
+    FetchError, Limits, RemoteCharts, RemoteConfig, ResolvedChart, SourceError,
+};
+use module_manager::controller::{self, ControllerConfig};
+use module_manager::reconcile::Context;
+use module_manager::render::{HelmRenderer, RenderLimits};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .canonicalize()
+        .unwrap()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+// ---------------------------------------------------------------------------------------------
+// helm, run as a tool with private directories
+
+fn helm(home: &Path, args: &[&str]) -> String {
+    let output = Command::new(testenv::Tools::locate().expect("tools built").helm)
+        .args(args)
+        .env_clear()
+        .env("HOME", home)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .expect("helm runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "helm {args:?}: {text}");
+    text
+}
+
+/// catalog 1.0.0 and 2.0.0 packaged by helm, and the `index.yaml` `helm repo index` wrote for
+/// them (relative URLs).
+struct Packaged {
+    v1: Vec<u8>,
+    v2: Vec<u8>,
+    index: Vec<u8>,
+}
+
+fn packaged() -> &'static Packaged {
+    static PACKAGED: OnceLock<Packaged> = OnceLock::new();
+    PACKAGED.get_or_init(|| {
+        let home = tempfile::tempdir().unwrap();
+        let out = home.path().join("repo");
+        let out_dir = out.to_str().unwrap();
+        for chart in ["catalog-v1", "catalog-v2"] {
+            let path = repo().join("examples/charts").join(chart);
+            helm(
+                home.path(),
+                &["package", path.to_str().unwrap(), "-d", out_dir],
+            );
+        }
+        helm(home.path(), &["repo", "index", out_dir]);
+        Packaged {
+            v1: std::fs::read(out.join("catalog-1.0.0.tgz")).unwrap(),
+            v2: std::fs::read(out.join("catalog-2.0.0.tgz")).unwrap(),
+            index: std::fs::read(out.join("index.yaml")).unwrap(),
+        }
+    })
+}
+
+/// A gzipped tar; entry names are written raw so that hostile ones (`..`, `/`) can be built.
+fn tgz(entries: &[(&str, tar::EntryType, &[u8])]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::default(),
+    ));
+    for (path, kind, content) in entries {
+        let mut header = tar::Header::new_gnu();
+        header.as_gnu_mut().unwrap().name[..path.len()].copy_from_slice(path.as_bytes());
+        header.set_entry_type(*kind);
+        header.set_size(content.len() as u64);
+        header.set_mode(0o644);
+        if kind.is_symlink() {
+            header.set_link_name("/etc/passwd").unwrap();
+        }
+        header.set_cksum();
+        builder.append(&header, *content).unwrap();
+    }
+    builder.into_inner().unwrap().finish().unwrap()
+}
+
+/// An `index.yaml` with one entry per `(chart, version, digest, url)`.
+fn index_yaml(entries: &[(&str, &str, &str, &str)]) -> Vec<u8> {
+    let mut text = String::from("apiVersion: v1\nentries:\n");
+    for (chart, version, digest, url) in entries {
+        text.push_str(&format!(
+            "  {chart}:\n  - name: {chart}\n    version: {version}\n    digest: {digest}\n    urls:\n    - {url}\n"
+        ));
+    }
+    text.into_bytes()
+}
+
+// ---------------------------------------------------------------------------------------------
+// an HTTP chart repository in this process
+
+#[derive(Clone)]
+enum Reply {
+    Body(Vec<u8>),
+    /// A body with a `Docker-Content-Digest` header.
+    Digested(Vec<u8>, String),
+    Redirect(String),
+    Status(StatusCode),
+    /// Accept the request, never answer.
+    Hang,
+}
+
+#[derive(Clone, Default)]
+struct Files {
+    replies: Arc<Mutex<HashMap<String, Reply>>>,
+    hits: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// Serves whatever the test puts at a path; counts requests per path.
+struct RepoServer {
+    url: String,
+    files: Files,
+}
+
+impl RepoServer {
+    async fn start() -> Self {
+        module_manager::chart_source::ensure_crypto_provider();
+        async fn serve(State(files): State<Files>, uri: Uri) -> Response {
+            let path = uri.path().to_owned();
+            *files.hits.lock().unwrap().entry(path.clone()).or_default() += 1;
+            let reply = files.replies.lock().unwrap().get(&path).cloned();
+            match reply {
+                Some(Reply::Body(bytes)) => bytes.into_response(),
+                Some(Reply::Digested(bytes, digest)) => {
+                    ([("docker-content-digest", digest)], bytes).into_response()
+                }
+                Some(Reply::Redirect(to)) => {
+                    (StatusCode::FOUND, [(header::LOCATION, to)]).into_response()
+                }
+                Some(Reply::Status(status)) => status.into_response(),
+                Some(Reply::Hang) => std::future::pending().await,
+                None => StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+        let files = Files::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let app = axum::Router::new()
+            .fallback(serve)
+            .with_state(files.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, files }
+    }
+
+    fn put(&self, path: &str, bytes: impl Into<Vec<u8>>) {
+        self.files
+            .replies
+            .lock()
+            .unwrap()
+            .insert(path.into(), Reply::Body(bytes.into()));
+    }
+
+    fn redirect(&self, path: &str, to: &str) {
+        self.files
+            .replies
+            .lock()
+            .unwrap()
+            .insert(path.into(), Reply::Redirect(to.into()));
+    }
+
+    fn reply(&self, path: &str, reply: Reply) {
+        self.files
+            .replies
+            .lock()
+            .unwrap()
+            .insert(path.into(), reply);
+    }
+
+    fn hits(&self, path: &str) -> usize {
+        self.files
+            .hits
+            .lock()
+            .unwrap()
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The helm-built repository at `/charts`.
+    fn publish_catalog(&self) -> String {
+        let charts = packaged();
+        self.put("/charts/index.yaml", charts.index.clone());
+        self.put("/charts/catalog-1.0.0.tgz", charts.v1.clone());
+        self.put("/charts/catalog-2.0.0.tgz", charts.v2.clone());
+        format!("{}/charts", self.url)
+    }
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+// ---------------------------------------------------------------------------------------------
+// a real OCI registry: Debian's docker-registry
+
+struct Registry {
+    /// `127.0.0.1:<port>`.
+    host: String,
+    _process: testenv::Proc,
+    dir: tempfile::TempDir,
+}
+
+fn docker_registry() -> PathBuf {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("docker-registry"))
+        .find(|path| path.is_file())
+        .expect(
+            "docker-registry is not installed: run `make setup` (hack/ensure-docker-registry.sh)",
+        )
+}
+
+impl Registry {
+    async fn start() -> Self {
+        module_manager::chart_source::ensure_crypto_provider();
+        let binary = docker_registry();
+        let dir = tempfile::tempdir().unwrap();
+        let mut last = String::new();
+        // A port picked here may be taken before the registry binds it: try a few.
+        for _ in 0..5 {
+            let host = format!("127.0.0.1:{}", closed_port());
+            let config = dir.path().join("config.yml");
+            std::fs::write(
+                &config,
+                format!(
+                    "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {host}\n",
+                    dir.path().join("data").display()
+                ),
+            )
+            .unwrap();
+            let mut command = Command::new(&binary);
+            command.arg("serve").arg(&config);
+            let mut process = testenv::Proc::spawn(
+                "docker-registry",
+                command,
+                &dir.path().join("registry.log"),
+                testenv::Lifetime::TiedToThisProcess,
+            )
+            .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline && process.check_running().is_ok() {
+                if let Ok(response) = reqwest::get(format!("http://{host}/v2/")).await
+                    && response.status().is_success()
+                {
+                    return Self {
+                        host,
+                        _process: process,
+                        dir,
+                    };
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            last = process.log_tail();
+        }
+        panic!("docker-registry did not start: {last}");
+    }
+
+    /// `helm push` of a packaged chart to `oci://<host>/charts`; returns the manifest digest.
+    fn push(&self, tgz: &[u8], name: &str) -> String {
+        let file = self.dir.path().join(name);
+        std::fs::write(&file, tgz).unwrap();
+        let home = tempfile::tempdir().unwrap();
+        let output = helm(
+            home.path(),
+            &[
+                "push",
+                file.to_str().unwrap(),
+                &format!("oci://{}/charts", self.host),
+                "--plain-http",
+            ],
+        );
+        output
+            .lines()
+            .find_map(|l| l.strip_prefix("Digest: "))
+            .unwrap_or_else(|| panic!("no digest in {output}"))
+            .trim()
+            .to_owned()
+    }
+
+    /// Pushes the catalog chart's archive as a plain OCI image (not Helm's media types).
+    async fn push_as_image(&self, tgz: &[u8], repository: &str) {
+        let client = oci_client::Client::new(oci_client::client::ClientConfig {
+            protocol: oci_client::client::ClientProtocol::Http,
+            ..Default::default()
+        });
+        let reference: oci_client::Reference =
+            format!("{}/{repository}:1.0.0", self.host).parse().unwrap();
+        let layer = oci_client::client::ImageLayer::new(
+            tgz.to_vec(),
+            oci_client::manifest::IMAGE_LAYER_GZIP_MEDIA_TYPE.to_owned(),
+            None,
+        );
+        let config = oci_client::client::Config::new(
+            b"{}".to_vec(),
+            oci_client::manifest::IMAGE_CONFIG_MEDIA_TYPE.to_owned(),
+            None,
+        );
+        client
+            .push(
+                &reference,
+                &[layer],
+                config,
+                &oci_client::secrets::RegistryAuth::Anonymous,
+                None,
+            )
+            .await
+            .expect("push with oci-client");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the resolver on its own
+
+fn remote(cache: &Path) -> RemoteCharts {
+    RemoteCharts::new(RemoteConfig::new(cache.to_owned())).unwrap()
+}
+
+fn from_repository(repository: &str, name: &str, version: &str) -> ChartSource {
+    ChartSource {
+        repository: Some(repository.into()),
+        name: Some(name.into()),
+        version: Some(version.into()),
+        ..Default::default()
+    }
+}
+
+fn from_oci(reference: &str) -> ChartSource {
+    ChartSource {
+        oci: Some(reference.into()),
+        ..Default::default()
+    }
+}
+
+async fn resolve(
+    remote: &RemoteCharts,
+    source: &ChartSource,
+    limits: Limits,
+) -> Result<ResolvedChart, SourceError> {
+    remote.resolve(source, &repo(), limits).await
+}
+
+#[tokio::test]
+async fn a_repository_chart_is_resolved_verified_and_cached_by_digest() {
+    let server = RepoServer::start().await;
+    let repository = server.publish_catalog();
+    let cache = tempfile::tempdir().unwrap();
+    let charts = remote(cache.path());
+    let limits = Limits::default();
+
+    let exact = resolve(
+        &charts,
+        &from_repository(&repository, "catalog", "1.0.0"),
+        limits,
+    )
+    .await
+    .unwrap();
+    assert_eq!(exact.digest, format!("sha256:{}", sha256(&packaged().v1)));
+    assert_eq!(std::fs::read(&exact.path).unwrap(), packaged().v1);
+    assert!(exact.path.starts_with(cache.path()));
+    for (range, expected) in [
+        ("^1", &packaged().v1),
+        (">=1.0 <3", &packaged().v2),
+        ("2.x", &packaged().v2),
+        ("~1.0.0 || ~2.0.0", &packaged().v2),
+    ] {
+        let chart = resolve(
+            &charts,
+            &from_repository(&repository, "catalog", range),
+            limits,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            chart.digest,
+            format!("sha256:{}", sha256(expected)),
+            "{range}"
+        );
+    }
+    // One index download within its time to live; each archive downloaded once.
+    assert_eq!(server.hits("/charts/index.yaml"), 1);
+    assert_eq!(server.hits("/charts/catalog-1.0.0.tgz"), 1);
+    assert_eq!(server.hits("/charts/catalog-2.0.0.tgz"), 1);
+    assert_eq!(charts.stats().cache_hits, 3);
+
+    // Another resolver on the same cache directory (a restarted replica), with the index not
+    // kept in memory: the index is fetched again, the archive is not.
+    let restarted = RemoteCharts::new(RemoteConfig {
+        index_ttl: Duration::ZERO,
+        ..RemoteConfig::new(cache.path().to_owned())
+    })
+    .unwrap();
+    let again = resolve(
+        &restarted,
+        &from_repository(&repository, "catalog", "1.0.0"),
+        limits,
+    )
+    .await
+    .unwrap();
+    assert_eq!(again, exact);
+    assert_eq!(server.hits("/charts/index.yaml"), 2);
+    assert_eq!(
+        server.hits("/charts/catalog-1.0.0.tgz"),
+        1,
+        "served from the disk cache"
+    );
+    assert_eq!(restarted.stats().archive_downloads, 0);
+
+    // URLs in the index may point elsewhere (absolute), and a repository may redirect.
+    server.put(
+        "/elsewhere/index.yaml",
+        index_yaml(&[(
+            "catalog",
+            "1.0.0",
+            &sha256(&packaged().v2), // a different archive: v2's, published as 1.0.0
+            &format!("{}/moved/catalog.tgz", server.url),
+        )]),
+    );
+    server.redirect("/moved/catalog.tgz", "/charts/catalog-2.0.0.tgz");
+    let moved = resolve(
+        &charts,
+        &from_repository(&format!("{}/elsewhere/", server.url), "catalog", "1.0.0"),
+        limits,
+    )
+    .await
+    .unwrap();
+    assert_eq!(moved.digest, format!("sha256:{}", sha256(&packaged().v2)));
+}
+
+/// Each bad repository or archive: its error (naming the repository), permanent or not, and
+/// nothing of it in the cache.
+#[tokio::test]
+async fn bad_repositories_and_archives_fail_with_clear_errors() {
+    let server = RepoServer::start().await;
+    let good = server.publish_catalog();
+    let base = server.url.clone();
+    let cache = tempfile::tempdir().unwrap();
+    let charts = RemoteCharts::new(RemoteConfig {
+        max_index_bytes: 64 * 1024,
+        ..RemoteConfig::new(cache.path().to_owned())
+    })
+    .unwrap();
+    let file = tar::EntryType::Regular;
+    let chart_yaml: &[u8] = b"apiVersion: v2\nname: evil\nversion: 1.0.0\n";
+
+    server.put("/broken/index.yaml", "apiVersion: v1\nentries: {catalog: [");
+    server.put(
+        "/html/index.yaml",
+        "<html><body>Not a repository</body></html>",
+    );
+    server.put("/huge/index.yaml", vec![b'#'; 65 * 1024]);
+    // The index says v1's digest; the server has v2's archive under v1's name.
+    server.put("/mismatch/index.yaml", packaged().index.clone());
+    server.put("/mismatch/catalog-1.0.0.tgz", packaged().v2.clone());
+    let hostile = [
+        (
+            "dotdot",
+            tgz(&[
+                ("evil/Chart.yaml", file, chart_yaml),
+                ("evil/../../etc/x", file, b"x"),
+            ]),
+        ),
+        ("absolute", tgz(&[("/etc/evil", file, b"x")])),
+        (
+            "link",
+            tgz(&[
+                ("evil/Chart.yaml", file, chart_yaml),
+                ("evil/templates/l", tar::EntryType::Symlink, b""),
+            ]),
+        ),
+        (
+            "bomb",
+            tgz(&[
+                ("evil/Chart.yaml", file, chart_yaml),
+                ("evil/big", file, &vec![0u8; 4 << 20]),
+            ]),
+        ),
+        ("notgzip", b"this is not a gzip stream".to_vec()),
+    ];
+    let mut entries = Vec::new();
+    for (name, bytes) in &hostile {
+        server.put(&format!("/hostile/{name}.tgz"), bytes.clone());
+        entries.push((*name, "1.0.0", sha256(bytes), format!("{name}.tgz")));
+    }
+    entries.push(("nodigest", "1.0.0", "''".into(), "x.tgz".into()));
+    entries.push((
+        "baddigest",
+        "1.0.0",
+        "../../../etc/passwd".into(),
+        "x.tgz".into(),
+    ));
+    entries.push((
+        "fileurl",
+        "1.0.0",
+        sha256(b"x"),
+        "file:///etc/passwd".into(),
+    ));
+    entries.push(("gone", "1.0.0", sha256(b"x"), "gone.tgz".into()));
+    entries.push(("looping", "1.0.0", sha256(b"x"), "loop.tgz".into()));
+    let borrowed: Vec<(&str, &str, &str, &str)> = entries
+        .iter()
+        .map(|(n, v, d, u)| (*n, *v, d.as_str(), u.as_str()))
+        .collect();
+    server.put("/hostile/index.yaml", index_yaml(&borrowed));
+    server.redirect("/hostile/loop.tgz", "/hostile/loop.tgz");
+    let closed = format!("http://127.0.0.1:{}/charts", closed_port());
+    let small = Limits {
+        max_files: 100,
+        max_bytes: 1 << 20,
+    };
+
+    let mismatch = format!(
+        "digest mismatch: expected sha256:{}",
+        sha256(&packaged().v1)
+    );
+    let cases: Vec<(&str, ChartSource, Limits, &str, bool)> = vec![
+        (
+            "malformed index",
+            from_repository(&format!("{base}/broken"), "catalog", "1.0.0"),
+            small,
+            "malformed index.yaml",
+            true,
+        ),
+        (
+            "not an index",
+            from_repository(&format!("{base}/html"), "catalog", "1.0.0"),
+            small,
+            "malformed index.yaml",
+            true,
+        ),
+        (
+            "oversized index",
+            from_repository(&format!("{base}/huge"), "catalog", "1.0.0"),
+            small,
+            "exceeds the limit of 65536 bytes",
+            true,
+        ),
+        (
+            "no index",
+            from_repository(&format!("{base}/nothing"), "catalog", "1.0.0"),
+            small,
+            "answered HTTP 404",
+            true,
+        ),
+        (
+            "unknown chart",
+            from_repository(&good, "nope", "1.0.0"),
+            small,
+            "has no chart \"nope\" (it has 1 charts: catalog)",
+            true,
+        ),
+        (
+            "unknown version",
+            from_repository(&good, "catalog", "9.9.9"),
+            small,
+            "no version matches \"9.9.9\" (available: 2.0.0, 1.0.0)",
+            true,
+        ),
+        (
+            "no match",
+            from_repository(&good, "catalog", "^3"),
+            small,
+            "no version matches \"^3\"",
+            true,
+        ),
+        (
+            "bad range",
+            from_repository(&good, "catalog", ">>1"),
+            small,
+            "not a version of the chart nor a valid range",
+            true,
+        ),
+        (
+            "digest mismatch",
+            from_repository(&format!("{base}/mismatch"), "catalog", "1.0.0"),
+            small,
+            &mismatch,
+            true,
+        ),
+        (
+            "../ in the archive",
+            from_repository(&format!("{base}/hostile"), "dotdot", "1.0.0"),
+            small,
+            "escapes the chart",
+            true,
+        ),
+        (
+            "absolute path",
+            from_repository(&format!("{base}/hostile"), "absolute", "1.0.0"),
+            small,
+            "escapes the chart",
+            true,
+        ),
+        (
+            "symlink",
+            from_repository(&format!("{base}/hostile"), "link", "1.0.0"),
+            small,
+            "is not a regular file",
+            true,
+        ),
+        (
+            "unpacks too large",
+            from_repository(&format!("{base}/hostile"), "bomb", "1.0.0"),
+            small,
+            "exceeds the limit of 1048576 bytes",
+            true,
+        ),
+        (
+            "download too large",
+            from_repository(&good, "catalog", "1.0.0"),
+            Limits {
+                max_files: 100,
+                max_bytes: 100,
+            },
+            "exceeds the limit of 100 bytes",
+            true,
+        ),
+        (
+            "not gzip",
+            from_repository(&format!("{base}/hostile"), "notgzip", "1.0.0"),
+            small,
+            "is not a valid .tgz",
+            true,
+        ),
+        (
+            "no digest",
+            from_repository(&format!("{base}/hostile"), "nodigest", "1.0.0"),
+            small,
+            "is not a sha256 digest",
+            true,
+        ),
+        (
+            "digest as a path",
+            from_repository(&format!("{base}/hostile"), "baddigest", "1.0.0"),
+            small,
+            "is not a sha256 digest",
+            true,
+        ),
+        (
+            "file URL",
+            from_repository(&format!("{base}/hostile"), "fileurl", "1.0.0"),
+            small,
+            "only http and https",
+            true,
+        ),
+        (
+            "archive gone",
+            from_repository(&format!("{base}/hostile"), "gone", "1.0.0"),
+            small,
+            "hostile/gone.tgz answered HTTP 404",
+            true,
+        ),
+        (
+            "redirect loop",
+            from_repository(&format!("{base}/hostile"), "looping", "1.0.0"),
+            small,
+            "more than 5 redirects",
+            true,
+        ),
+        (
+            "file repository",
+            from_repository("file:///etc", "catalog", "1.0.0"),
+            small,
+            "only http and https",
+            true,
+        ),
+        (
+            "credentials",
+            from_repository(
+                &format!("http://user:s3cret@{}/charts", &base[7..]),
+                "catalog",
+                "1.0.0",
+            ),
+            small,
+            "carries credentials",
+            true,
+        ),
+        (
+            "unreachable",
+            from_repository(&closed, "catalog", "1.0.0"),
+            small,
+            "is unreachable",
+            false,
+        ),
+    ];
+    for (case, source, limits, expected, permanent) in cases {
+        let error = resolve(&charts, &source, limits).await.unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains(expected), "{case}: {message}");
+        assert_eq!(error.is_permanent(), permanent, "{case}: {message}");
+        assert!(!message.contains("s3cret"), "{case}: {message}");
+        if let Some(repository) = source.repository.as_deref().filter(|r| !r.contains('@')) {
+            assert!(
+                message.contains(repository.trim_end_matches('/')),
+                "{case}: {message}"
+            );
+        }
+        assert!(
+            matches!(error, SourceError::Fetch { .. }),
+            "{case}: {error:?}"
+        );
+    }
+    // A server in trouble is retried: 5xx, and no answer within the fetch timeout.
+    server.reply(
+        "/flaky/index.yaml",
+        Reply::Status(StatusCode::SERVICE_UNAVAILABLE),
+    );
+    server.reply("/silent/index.yaml", Reply::Hang);
+    let impatient = RemoteCharts::new(RemoteConfig {
+        timeout: Duration::from_secs(1),
+        ..RemoteConfig::new(cache.path().to_owned())
+    })
+    .unwrap();
+    for (path, expected) in [
+        ("/flaky", "/flaky/index.yaml answered HTTP 503"),
+        ("/silent", "the fetch did not finish within 1s"),
+    ] {
+        let source = from_repository(&format!("{base}{path}"), "catalog", "1.0.0");
+        let error = resolve(&impatient, &source, small).await.unwrap_err();
+        assert!(error.to_string().contains(expected), "{error}");
+        assert!(!error.is_permanent(), "{error}");
+    }
+
+    let cached: Vec<_> = std::fs::read_dir(cache.path())
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(cached.is_empty(), "nothing bad was cached: {cached:?}");
+}
+
+#[tokio::test]
+async fn an_oci_chart_is_pulled_from_a_real_registry_and_cached() {
+    let registry = Registry::start().await;
+    let manifest_digest = registry.push(&packaged().v1, "catalog-1.0.0.tgz");
+    registry.push(&packaged().v2, "catalog-2.0.0.tgz");
+    let cache = tempfile::tempdir().unwrap();
+    let charts = remote(cache.path());
+    let limits = Limits::default();
+    let host = &registry.host;
+
+    let v1 = resolve(
+        &charts,
+        &from_oci(&format!("oci://{host}/charts/catalog:1.0.0")),
+        limits,
+    )
+    .await
+    .unwrap();
+    // The chart layer is the archive helm packaged, byte for byte.
+    assert_eq!(v1.digest, format!("sha256:{}", sha256(&packaged().v1)));
+    assert_eq!(std::fs::read(&v1.path).unwrap(), packaged().v1);
+    let v2 = resolve(
+        &charts,
+        &from_oci(&format!("oci://{host}/charts/catalog:2.0.0")),
+        limits,
+    )
+    .await
+    .unwrap();
+    assert_eq!(v2.digest, format!("sha256:{}", sha256(&packaged().v2)));
+    let pinned = resolve(
+        &charts,
+        &from_oci(&format!("oci://{host}/charts/catalog@{manifest_digest}")),
+        limits,
+    )
+    .await
+    .unwrap();
+    assert_eq!(pinned, v1);
+    let stats = charts.stats();
+    assert_eq!(
+        (
+            stats.manifest_requests,
+            stats.archive_downloads,
+            stats.cache_hits
+        ),
+        (3, 2, 1),
+        "the pinned pull needed the manifest only"
+    );
+    // Within the index time to live a tag needs no manifest request, and a digest never again.
+    for reference in [
+        format!("oci://{host}/charts/catalog:1.0.0"),
+        format!("oci://{host}/charts/catalog@{manifest_digest}"),
+    ] {
+        let again = resolve(&charts, &from_oci(&reference), limits)
+            .await
+            .unwrap();
+        assert_eq!(again, v1, "{reference}");
+    }
+    let stats = charts.stats();
+    assert_eq!((stats.manifest_requests, stats.cache_hits), (3, 3));
+
+    // Bad references and artifacts.
+    registry
+        .push_as_image(&packaged().v1, "images/catalog")
+        .await;
+    let missing = format!("sha256:{}", "0".repeat(64));
+    let closed = format!("127.0.0.1:{}", closed_port());
+    let cases = [
+        (
+            format!("oci://{host}/images/catalog:1.0.0"),
+            limits,
+            "is not a Helm chart's",
+            true,
+        ),
+        (
+            format!("oci://{host}/charts/catalog:9.9.9"),
+            limits,
+            "not found in the registry",
+            true,
+        ),
+        (
+            format!("oci://{host}/charts/catalog@{missing}"),
+            limits,
+            "not found in the registry",
+            true,
+        ),
+        (
+            format!("oci://{host}/charts/nothing:1.0.0"),
+            limits,
+            "not found in the registry",
+            true,
+        ),
+        (
+            format!("oci://{host}/charts/catalog"),
+            limits,
+            "names no tag or digest",
+            true,
+        ),
+        (
+            format!("oci://{host}/charts/catalog:2.0.0"),
+            Limits {
+                max_files: 100,
+                max_bytes: 100,
+            },
+            "exceeds the limit of 100 bytes",
+            true,
+        ),
+        (
+            format!("oci://{closed}/charts/catalog:1.0.0"),
+            limits,
+            "is unreachable",
+            false,
+        ),
+    ];
+    for (reference, limits, expected, permanent) in cases {
+        let error = resolve(&charts, &from_oci(&reference), limits)
+            .await
+            .unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains(expected), "{reference}: {message}");
+        assert!(
+            message.contains(&reference),
+            "names the reference: {message}"
+        );
+        assert_eq!(error.is_permanent(), permanent, "{reference}: {message}");
+        assert!(matches!(
+            error,
+            SourceError::Fetch { ref error, .. } if !matches!(error, FetchError::Chart(_))
+        ));
+    }
+}
+
+/// A registry that lies: the test's HTTP server answering the distribution API with hostile
+/// content (a real registry refuses to store such manifests).
+#[tokio::test]
+async fn a_hostile_registry_is_refused() {
+    let server = RepoServer::start().await;
+    let host = server.url.trim_start_matches("http://").to_owned();
+    server.put("/v2/", "{}");
+    let helm_manifest = |layer_digest: &str, size: usize| {
+        json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.cncf.helm.config.v1+json",
+                       "digest": format!("sha256:{}", sha256(b"{}")), "size": 2},
+            "layers": [{"mediaType": "application/vnd.cncf.helm.chart.content.v1.tar+gzip",
+                        "digest": layer_digest, "size": size}],
+        })
+        .to_string()
+        .into_bytes()
+    };
+    server.put("/v2/charts/huge/manifests/1.0.0", vec![b' '; 5 << 20]);
+    let body = helm_manifest(&format!("sha256:{}", sha256(b"x")), 1);
+    server.reply(
+        "/v2/charts/lying/manifests/1.0.0",
+        Reply::Digested(body, format!("sha256:{}", "0".repeat(64))),
+    );
+    server.put(
+        "/v2/charts/index/manifests/1.0.0",
+        json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+               "manifests": []})
+        .to_string(),
+    );
+    // A layer that claims 100 bytes and sends 2 MiB.
+    let big = vec![7u8; 2 << 20];
+    let big_digest = format!("sha256:{}", sha256(&big));
+    server.put(
+        "/v2/charts/big/manifests/1.0.0",
+        helm_manifest(&big_digest, 100),
+    );
+    server.put(&format!("/v2/charts/big/blobs/{big_digest}"), big);
+
+    let cache = tempfile::tempdir().unwrap();
+    let charts = remote(cache.path());
+    let small = Limits {
+        max_files: 100,
+        max_bytes: 1 << 20,
+    };
+    for (chart, expected) in [
+        ("huge", "exceeds the limit of 4194304 bytes"),
+        ("lying", "digest mismatch"),
+        ("index", "is an image index, not a Helm chart"),
+        ("big", "chart layer exceeds the limit of 1048576 bytes"),
+    ] {
+        let reference = format!("oci://{host}/charts/{chart}:1.0.0");
+        let error = resolve(&charts, &from_oci(&reference), small)
+            .await
+            .unwrap_err();
+        assert!(error.to_string().contains(expected), "{chart}: {error}");
+        assert!(error.is_permanent(), "{chart}: {error}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the whole pipeline on a real API server
+
+/// An operator running in this test's namespace, stopped when dropped.
+struct Harness {
+    client: Client,
+    ns: String,
+    manifests: Api<Manifest>,
+    stop: Option<oneshot::Sender<()>>,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn start(prefix: &str) -> Harness {
+    let control_plane = testenv::shared(testenv::Options {
+        controller_manager: true,
+        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
+        crd_files: vec![repo().join("crds/manifest.yaml")],
+        ..Default::default()
+    })
+    .await
+    .expect("control plane");
+    let client = control_plane.client().await.unwrap();
+    let ns = control_plane.namespace(&client, prefix).await.unwrap();
+    let (helm_home, chart_cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        cluster: Cluster::connect(client.clone()).await.unwrap(),
+        renderer: HelmRenderer::new(
+            testenv::Tools::locate().unwrap().helm,
+            helm_home.path().to_owned(),
+            RenderLimits::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap(),
+        chart_root: repo(),
+        chart_limits: Default::default(),
+        remote_charts: remote(chart_cache.path()),
+        hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
+        targets: Default::default(),
+        replica: "test-replica".into(),
+        shards: module_manager::shard::ShardCount::DEFAULT,
+        metrics: Default::default(),
+        reporter: Reporter {
+            controller: "module-manager".into(),
+            instance: Some("test-replica".into()),
+        },
+    });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let config = ControllerConfig {
+        concurrency: 2,
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    tokio::spawn(controller::run(ctx, config, async move {
+        let _ = stopped.await;
+    }));
+    Harness {
+        manifests: Api::namespaced(client.clone(), &ns),
+        client,
+        ns,
+        stop: Some(stop),
+        _dirs: (helm_home, chart_cache),
+    }
+}
+
+impl Harness {
+    async fn create(&self, name: &str, chart: Value, values: Value) {
+        let manifest: Manifest = serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {"module": name, "chart": chart, "values": values, "interval": "2s"},
+        }))
+        .unwrap();
+        self.manifests
+            .create(&PostParams::default(), &manifest)
+            .await
+            .unwrap();
+    }
+
+    /// Replaces `spec.chart` (a merge patch would keep the fields of the previous source).
+    async fn set_chart(&self, name: &str, chart: Value) {
+        let patch = json!({"spec": {"chart": {
+            "path": null, "repository": null, "name": null, "version": null, "oci": null,
+        }}});
+        let mut patch = patch;
+        for (key, value) in chart.as_object().unwrap() {
+            patch["spec"]["chart"][key] = value.clone();
+        }
+        self.manifests
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let manifest = self.manifests.get(name).await.unwrap();
+            if done(&manifest) {
+                return manifest;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}: timed out waiting for {what}; status: {:#?}",
+                manifest.status
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn wait_state(&self, name: &str, state: ModuleState) -> Manifest {
+        self.wait_for(name, &format!("{state:?}"), |m| {
+            let status = m.status.clone().unwrap_or_default();
+            status.state == Some(state) && status.observed_generation == m.metadata.generation
+        })
+        .await
+    }
+
+    async fn config_map_data(&self, name: &str, key: &str) -> Option<String> {
+        Api::<ConfigMap>::namespaced(self.client.clone(), &self.ns)
+            .get_opt(name)
+            .await
+            .unwrap()
+            .and_then(|cm| cm.data?.get(key).cloned())
+    }
+
+    /// Events about `manifest` as (type, reason, note).
+    async fn events(&self, manifest: &str) -> Vec<(String, String, String)> {
+        let events = Api::<Event>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        events
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(manifest))
+            .map(|e| {
+                (
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn inventory_names(manifest: &Manifest) -> Vec<String> {
+    let status = manifest.status.clone().unwrap_or_default();
+    status
+        .inventory
+        .iter()
+        .map(|e| format!("{}/{}", e.kind, e.name))
+        .collect()
+}
+
+fn condition(manifest: &Manifest, type_: &str) -> Option<(String, String, String)> {
+    let status = manifest.status.clone().unwrap_or_default();
+    status
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status, c.reason, c.message))
+}
+
+/// Installs catalog 1.0.0, upgrades it to 2.0.0 (which drops one object), through `source`.
+async fn install_and_upgrade(h: &Harness, v1: Value, v2: Value) {
+    h.create("catalog", v1, json!({"greeting": "hi"})).await;
+    let installed = h.wait_state("catalog", ModuleState::Ready).await;
+    assert_eq!(
+        inventory_names(&installed),
+        [
+            "ConfigMap/catalog-legacy-settings",
+            "ConfigMap/catalog-settings"
+        ]
+    );
+    assert_eq!(
+        installed.status.unwrap().chart_digest,
+        Some(format!("sha256:{}", sha256(&packaged().v1)))
+    );
+    assert_eq!(
+        h.config_map_data("catalog-settings", "version")
+            .await
+            .as_deref(),
+        Some("1")
+    );
+
+    h.set_chart("catalog", v2).await;
+    let upgraded = h.wait_state("catalog", ModuleState::Ready).await;
+    assert_eq!(inventory_names(&upgraded), ["ConfigMap/catalog-settings"]);
+    let status = upgraded.status.unwrap();
+    assert_eq!(
+        status.chart_digest,
+        Some(format!("sha256:{}", sha256(&packaged().v2)))
+    );
+    assert_eq!(status.last_operation.unwrap().operation, "Upgrade");
+    assert_eq!(
+        h.config_map_data("catalog-settings", "version")
+            .await
+            .as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        h.config_map_data("catalog-legacy-settings", "format").await,
+        None,
+        "pruned"
+    );
+    assert_eq!(
+        h.config_map_data("catalog-settings", "greeting")
+            .await
+            .as_deref(),
+        Some("hi")
+    );
+}
+
+#[tokio::test]
+async fn a_module_installs_and_upgrades_from_a_helm_repository() {
+    let server = RepoServer::start().await;
+    let repository = server.publish_catalog();
+    let h = start("http-repo").await;
+    install_and_upgrade(
+        &h,
+        json!({"repository": repository, "name": "catalog", "version": "1.0.0"}),
+        json!({"repository": repository, "name": "catalog", "version": ">=1.0 <3"}),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_module_installs_and_upgrades_from_an_oci_registry() {
+    let registry = Registry::start().await;
+    registry.push(&packaged().v1, "catalog-1.0.0.tgz");
+    registry.push(&packaged().v2, "catalog-2.0.0.tgz");
+    let h = start("oci").await;
+    install_and_upgrade(
+        &h,
+        json!({"oci": format!("oci://{}/charts/catalog:1.0.0", registry.host)}),
+        json!({"oci": format!("oci://{}/charts/catalog:2.0.0", registry.host)}),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn bad_remote_sources_are_reported_and_delete_nothing() {
+    let server = RepoServer::start().await;
+    let good = server.publish_catalog();
+    let base = server.url.clone();
+    let registry = Registry::start().await;
+    registry
+        .push_as_image(&packaged().v1, "images/catalog")
+        .await;
+    let h = start("bad-remote").await;
+    h.create(
+        "catalog",
+        json!({"repository": good, "name": "catalog", "version": "1.0.0"}),
+        json!({"greeting": "hi"}),
+    )
+    .await;
+    h.wait_state("catalog", ModuleState::Ready).await;
+
+    let file = tar::EntryType::Regular;
+    let chart_yaml: &[u8] = b"apiVersion: v2\nname: evil\nversion: 1.0.0\n";
+    server.put("/broken/index.yaml", "apiVersion: v1\nentries: {catalog: [");
+    // The digest of v1 is cached (the module runs it): publish one no archive has.
+    server.put(
+        "/mismatch/index.yaml",
+        index_yaml(&[(
+            "catalog",
+            "1.0.0",
+            &sha256(b"published"),
+            "catalog-1.0.0.tgz",
+        )]),
+    );
+    server.put("/mismatch/catalog-1.0.0.tgz", packaged().v2.clone());
+    // Unpacks to 21 MiB, over the default limit of 20 MiB, from a few KiB.
+    let bomb = tgz(&[
+        ("evil/Chart.yaml", file, chart_yaml),
+        ("evil/big", file, &vec![0u8; 21 << 20]),
+    ]);
+    let hostile = [
+        (
+            "dotdot",
+            tgz(&[
+                ("evil/Chart.yaml", file, chart_yaml),
+                ("evil/../../etc/x", file, b"x"),
+            ]),
+        ),
+        ("absolute", tgz(&[("/etc/evil", file, b"x")])),
+        (
+            "link",
+            tgz(&[
+                ("evil/Chart.yaml", file, chart_yaml),
+                ("evil/templates/l", tar::EntryType::Symlink, b""),
+            ]),
+        ),
+        ("bomb", bomb),
+    ];
+    let mut entries = Vec::new();
+    for (name, bytes) in &hostile {
+        server.put(&format!("/hostile/{name}.tgz"), bytes.clone());
+        entries.push((*name, sha256(bytes)));
+    }
+    let index: Vec<(&str, &str, &str, String)> = entries
+        .iter()
+        .map(|(name, digest)| (*name, "1.0.0", digest.as_str(), format!("{name}.tgz")))
+        .collect();
+    let borrowed: Vec<(&str, &str, &str, &str)> = index
+        .iter()
+        .map(|(n, v, d, u)| (*n, *v, *d, u.as_str()))
+        .collect();
+    server.put("/hostile/index.yaml", index_yaml(&borrowed));
+    let closed = format!("http://127.0.0.1:{}/charts", closed_port());
+    let repo = |path: &str, name: &str, version: &str| json!({"repository": format!("{base}{path}"), "name": name, "version": version});
+
+    let cases = [
+        (
+            "malformed index.yaml",
+            repo("/broken", "catalog", "1.0.0"),
+            "malformed index.yaml",
+            true,
+        ),
+        (
+            "unknown version",
+            repo("/charts", "catalog", "9.9.9"),
+            "no version matches \"9.9.9\"",
+            true,
+        ),
+        (
+            "digest mismatch",
+            repo("/mismatch", "catalog", "1.0.0"),
+            "digest mismatch",
+            true,
+        ),
+        (
+            "../ in the archive",
+            repo("/hostile", "dotdot", "1.0.0"),
+            "escapes the chart",
+            true,
+        ),
+        (
+            "absolute path in the archive",
+            repo("/hostile", "absolute", "1.0.0"),
+            "escapes the chart",
+            true,
+        ),
+        (
+            "link in the archive",
+            repo("/hostile", "link", "1.0.0"),
+            "is not a regular file",
+            true,
+        ),
+        (
+            "oversized archive",
+            repo("/hostile", "bomb", "1.0.0"),
+            "exceeds the limit of 20971520 bytes",
+            true,
+        ),
+        (
+            "wrong media type",
+            json!({"oci": format!("oci://{}/images/catalog:1.0.0", registry.host)}),
+            "is not a Helm chart's",
+            true,
+        ),
+        (
+            "unreachable host",
+            json!({"repository": closed, "name": "catalog", "version": "1.0.0"}),
+            "is unreachable",
+            false,
+        ),
+    ];
+    for (case, chart, expected, permanent) in cases {
+        h.set_chart("catalog", chart.clone()).await;
+        let failed = h
+            .wait_for("catalog", case, |m| {
+                let status = m.status.clone().unwrap_or_default();
+                status.state == Some(ModuleState::Error)
+                    && status.observed_generation == m.metadata.generation
+                    && condition(m, "Ready").is_some_and(|(_, reason, message)| {
+                        reason == "ChartError" && message.contains(expected)
+                    })
+            })
+            .await;
+        let (_, _, message) = condition(&failed, "Ready").unwrap();
+        let origin = chart["repository"]
+            .as_str()
+            .or(chart["oci"].as_str())
+            .unwrap();
+        assert!(
+            message.contains(origin),
+            "{case}: names the source: {message}"
+        );
+        let stalled = condition(&failed, "Stalled").unwrap().0;
+        assert_eq!(stalled == "True", permanent, "{case}: permanent? {message}");
+        assert_eq!(
+            inventory_names(&failed).len(),
+            2,
+            "{case}: the inventory is kept"
+        );
+        assert_eq!(
+            h.config_map_data("catalog-settings", "version")
+                .await
+                .as_deref(),
+            Some("1"),
+            "{case}: nothing changed"
+        );
+        assert_eq!(
+            h.config_map_data("catalog-legacy-settings", "format")
+                .await
+                .as_deref(),
+            Some("xml"),
+            "{case}: nothing pruned"
+        );
+        let events = h.events("catalog").await;
+        assert!(
+            events.iter().any(|(kind, reason, note)| kind == "Warning"
+                && reason == "ChartError"
+                && note.contains(expected)),
+            "{case}: a Warning Event ChartError mentioning {expected:?}; got {events:?}"
+        );
+    }
+
+    // Fixing the source recovers.
+    h.set_chart(
+        "catalog",
+        json!({"repository": good, "name": "catalog", "version": "1.0.0"}),
+    )
+    .await;
+    let ready = h.wait_state("catalog", ModuleState::Ready).await;
+    assert_eq!(inventory_names(&ready).len(), 2);
+    assert!(ready.uid().is_some());
+}
