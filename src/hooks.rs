@@ -34,11 +34,62 @@ pub fn inputs_digest(
     )
 }
 
+/// The annotation stamped on every hook object a run applies: `<event>/<run id>`.
+pub const RUN_ANNOTATION: &str = "modulemanager.io/hook-run";
+
+/// The stamp of the hook objects `run` applies for `event` (the event tells a hook that runs
+/// both before and after the objects of one run apart).
+pub fn stamp(run: &HookRun, event: HookEvent) -> String {
+    format!("{}/{}", event.as_str(), run.id)
+}
+
+/// A run's id: its operation, inputs digest and starting generation, chained to the previous
+/// run's id — so that going back to earlier inputs (a values ConfigMap edited back, at the same
+/// generation) is a new run, while a pass that recomputes the same new run after its first pass
+/// failed to record it finds the same id.
+pub fn run_id(
+    operation: HookOperation,
+    inputs_digest: &str,
+    generation: Option<i64>,
+    previous: Option<&str>,
+) -> String {
+    let hash = crate::render::sha256(
+        json!([
+            format!("{operation:?}"),
+            inputs_digest,
+            generation,
+            previous
+        ])
+        .to_string()
+        .as_bytes(),
+    );
+    let hex = hash.trim_start_matches("sha256:");
+    hex[..hex.len().min(16)].to_owned()
+}
+
+/// Whether the module counts as installed for a new run (an upgrade, not an install): once an
+/// install run got past its objects (`PostHooks`, `Done`), or an upgrade run was started. A
+/// run that failed says no more where it stopped: then, as before hook runs were recorded
+/// (no previous run), objects in the inventory count.
+pub fn installed(previous: Option<&HookRun>, inventory_empty: bool) -> bool {
+    match previous {
+        Some(run) => match (run.operation, run.phase) {
+            (HookOperation::Upgrade, _) => true,
+            (HookOperation::Install, HookRunPhase::PostHooks | HookRunPhase::Done) => true,
+            (HookOperation::Install, HookRunPhase::Failed) | (HookOperation::Delete, _) => {
+                !inventory_empty
+            }
+            (HookOperation::Install, _) => false,
+        },
+        None => !inventory_empty,
+    }
+}
+
 /// The run a pass works on. The previous run continues when it is of the same kind (deleting
-/// or not) and belongs to the same inputs — unless it failed at an older generation: a failed
-/// run is retried only when the spec changes (or the inputs do). Otherwise a new run starts: a
-/// deletion; an install when nothing was applied yet (`installed` false: the inventory is
-/// empty); else an upgrade.
+/// or not) and belongs to the same inputs — unless it failed at another generation: a failed
+/// run is retried only when the spec changes after the failure (or the inputs do). Otherwise a
+/// new run starts: a deletion; an install when nothing was installed yet (`installed`, see
+/// [`installed`]); else an upgrade.
 pub fn current_run(
     previous: Option<&HookRun>,
     deleting: bool,
@@ -52,7 +103,12 @@ pub fn current_run(
         && run.inputs_digest == inputs_digest
         && !(run.phase == HookRunPhase::Failed && run.generation != generation)
     {
-        return run.clone();
+        let mut run = run.clone();
+        if run.id.is_empty() {
+            // A run recorded before runs had ids: one derived from what it recorded.
+            run.id = run_id(run.operation, &run.inputs_digest, run.generation, None);
+        }
+        return run;
     }
     let operation = if deleting {
         HookOperation::Delete
@@ -62,6 +118,12 @@ pub fn current_run(
         HookOperation::Install
     };
     HookRun {
+        id: run_id(
+            operation,
+            inputs_digest,
+            generation,
+            previous.map(|p| p.id.as_str()),
+        ),
         operation,
         inputs_digest: inputs_digest.to_owned(),
         generation,
@@ -100,9 +162,10 @@ pub fn advance(run: &mut HookRun) {
     run.running = None;
 }
 
-/// Marks a run failed.
-pub fn fail(run: &mut HookRun, message: &str) {
+/// Marks a run failed at `generation` (it is retried once the generation differs from it).
+pub fn fail(run: &mut HookRun, message: &str, generation: Option<i64>) {
     run.phase = HookRunPhase::Failed;
+    run.generation = generation;
     run.running = None;
     run.message = Some(message.to_owned());
 }
@@ -215,9 +278,12 @@ pub fn next_step<'a>(hooks: &'a [Hook], run: &HookRun) -> Step<'a> {
     }
 }
 
-/// What to do with a hook that is about to start and already exists (from an earlier run).
+/// What to do with a hook that is about to start and already exists.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Existing {
+    /// It was applied by this very run (its stamp says so) in a pass that could not record
+    /// it: it is the running (or finished) hook, neither deleted nor applied again.
+    Adopt,
     /// Delete it and wait until it is gone, then apply (`before-hook-creation`).
     Replace,
     /// Apply over it (a kind that does not run to completion: updated in place).
@@ -226,9 +292,12 @@ pub enum Existing {
     Refuse(String),
 }
 
-/// Decides about an existing instance of a hook that is about to start.
-pub fn existing(hook: &Hook) -> Existing {
-    if deletable(hook) && hook.has_policy(DeletePolicy::BeforeHookCreation) {
+/// Decides about an existing instance of a hook that is about to start; `this_run`: it carries
+/// this run's stamp for this event and is not being deleted.
+pub fn existing(hook: &Hook, this_run: bool) -> Existing {
+    if this_run {
+        Existing::Adopt
+    } else if deletable(hook) && hook.has_policy(DeletePolicy::BeforeHookCreation) {
         Existing::Replace
     } else if runs_to_completion(&hook.object.id) {
         Existing::Refuse(format!(
@@ -310,6 +379,7 @@ metadata:
 
     fn run(operation: HookOperation, phase: HookRunPhase) -> HookRun {
         HookRun {
+            id: "r1".into(),
             operation,
             inputs_digest: "sha256:a".into(),
             generation: Some(1),
@@ -414,7 +484,7 @@ metadata:
         advance(&mut run);
         advance(&mut run);
         assert_eq!(run.phase, HookRunPhase::Done);
-        fail(&mut run, "boom");
+        fail(&mut run, "boom", Some(1));
         advance(&mut run);
         assert_eq!(run.phase, HookRunPhase::Failed, "a failed run stays failed");
     }
@@ -449,18 +519,25 @@ metadata: {name: b, annotations: {helm.sh/hook: post-install, helm.sh/hook-delet
     fn delete_policies_decide_about_earlier_instances_and_failures() {
         let hooks = hooks();
         let by_name = |n: &str| hooks.iter().find(|h| h.object.id.name == n).unwrap();
-        assert_eq!(existing(by_name("migrate")), Existing::Replace);
+        assert_eq!(existing(by_name("migrate"), false), Existing::Replace);
         assert_eq!(
-            existing(by_name("drain")),
+            existing(by_name("drain"), false),
             Existing::Replace,
             "no annotation: before-hook-creation"
         );
         assert!(
-            matches!(existing(by_name("backup")), Existing::Refuse(m) if m.contains("Job/backup"))
+            matches!(existing(by_name("backup"), false), Existing::Refuse(m) if m.contains("Job/backup"))
         );
         let mut config_map = by_name("seed").clone();
         config_map.delete_policies = vec![DeletePolicy::HookSucceeded];
-        assert_eq!(existing(&config_map), Existing::Update);
+        assert_eq!(existing(&config_map, false), Existing::Update);
+        for name in ["migrate", "drain", "backup", "seed"] {
+            assert_eq!(
+                existing(by_name(name), true),
+                Existing::Adopt,
+                "{name}: applied by this run: adopted, whatever the policy"
+            );
+        }
         assert!(delete_on_failure(by_name("backup")));
         assert!(!delete_on_failure(by_name("migrate")));
         let crd = r#"
@@ -477,7 +554,7 @@ metadata: {name: a.b.c, annotations: {helm.sh/hook: pre-install, helm.sh/hook-de
             "a CRD is never deleted"
         );
         assert!(!delete_on_failure(&crd[0]));
-        assert_eq!(existing(&crd[0]), Existing::Update);
+        assert_eq!(existing(&crd[0], false), Existing::Update);
     }
 
     #[test]
@@ -561,5 +638,77 @@ metadata: {name: a.b.c, annotations: {helm.sh/hook: pre-install, helm.sh/hook-de
         ] {
             assert_ne!(base, other);
         }
+    }
+
+    #[test]
+    fn a_run_id_is_the_same_when_recomputed_and_new_for_every_new_run() {
+        let first = current_run(None, false, "sha256:a", Some(1), false);
+        // The pass that started it could not record it: the next pass computes the same run.
+        assert_eq!(first, current_run(None, false, "sha256:a", Some(1), false));
+        assert_eq!(first.id.len(), 16);
+        let mut done = first.clone();
+        done.phase = HookRunPhase::Done;
+        let b = current_run(Some(&done), false, "sha256:b", Some(1), true);
+        assert_ne!(b.id, first.id);
+        let mut b_done = b.clone();
+        b_done.phase = HookRunPhase::Done;
+        // Back to the first inputs at the same generation (a values ConfigMap edited back): a
+        // new run, with a new id, so the first run's hook objects are not taken as its own.
+        let again = current_run(Some(&b_done), false, "sha256:a", Some(1), true);
+        assert_eq!(again.phase, HookRunPhase::PreHooks);
+        assert_ne!(again.id, first.id);
+        assert_ne!(again.id, b.id);
+        // A run recorded without an id gets one derived from what it recorded.
+        let mut legacy = done.clone();
+        legacy.id = String::new();
+        let continued = current_run(Some(&legacy), false, "sha256:a", Some(2), true);
+        assert!(!continued.id.is_empty());
+        assert_eq!(
+            continued.id,
+            current_run(Some(&legacy), false, "sha256:a", Some(3), true).id
+        );
+        // Stamps tell the events of one run apart.
+        assert_eq!(
+            stamp(&first, HookEvent::PreInstall),
+            format!("pre-install/{}", first.id)
+        );
+        assert_ne!(
+            stamp(&first, HookEvent::PreInstall),
+            stamp(&first, HookEvent::PostInstall)
+        );
+    }
+
+    #[test]
+    fn a_failed_run_is_retried_only_after_a_change_made_after_the_failure() {
+        // Started at generation 1; `interval` edited during the run (generation 2); failed then.
+        let mut run = run(HookOperation::Upgrade, HookRunPhase::PreHooks);
+        fail(&mut run, "Job migrate failed", Some(2));
+        assert_eq!(
+            current_run(Some(&run), false, "sha256:a", Some(2), true),
+            run,
+            "no retry nobody asked for"
+        );
+        let retry = current_run(Some(&run), false, "sha256:a", Some(3), true);
+        assert_eq!(
+            (retry.phase, retry.generation),
+            (HookRunPhase::PreHooks, Some(3))
+        );
+        assert_ne!(retry.id, run.id);
+    }
+
+    #[test]
+    fn an_install_stays_an_install_until_its_objects_were_applied() {
+        use HookOperation::*;
+        use HookRunPhase::*;
+        assert!(!installed(None, true));
+        assert!(installed(None, false), "recorded before hook runs existed");
+        // The first apply was rejected (the inventory was recorded before it): still an install.
+        assert!(!installed(Some(&run(Install, Objects)), false));
+        assert!(!installed(Some(&run(Install, PreHooks)), false));
+        assert!(installed(Some(&run(Install, PostHooks)), false));
+        assert!(installed(Some(&run(Install, Done)), true));
+        assert!(installed(Some(&run(Upgrade, PreHooks)), true));
+        assert!(installed(Some(&run(Install, Failed)), false));
+        assert!(!installed(Some(&run(Install, Failed)), true));
     }
 }

@@ -208,6 +208,19 @@ async fn pass(
     ctx: &Context,
     fence: &Fence,
 ) -> (Next, &'static str, &'static str) {
+    // The Manifest as stored now, not as the watch cache has it: a pass decides from
+    // `status.hookRun` and `status.hookObjects` (which hook to start, which objects may exist),
+    // and a cache that lags behind the last pass's status write would start a hook again or
+    // drop a recorded hook object (the status is written whole). One GET per pass.
+    let manifest = match manifest_api(&manifest, ctx)
+        .get_opt(&manifest.name_any())
+        .await
+    {
+        Ok(Some(fresh)) if fresh.uid() == manifest.uid() => Arc::new(fresh),
+        // Deleted meanwhile, or re-created under a new UID (queued under its own key).
+        Ok(_) => return (Next::Idle, "done", ""),
+        Err(e) => return (Next::Retry(e.into()), "error", "KubeError"),
+    };
     let interval = crate::api::interval(&manifest.spec).unwrap_or(Duration::from_secs(600));
     // What this pass recorded, so that an error status written from the Manifest as read at
     // the start does not drop entries recorded since (nor the hook run's progress).
@@ -343,7 +356,7 @@ async fn install_on(
         false,
         &inputs,
         manifest.meta().generation,
-        !previous.inventory.is_empty(),
+        hooks::installed(previous.hook_run.as_ref(), previous.inventory.is_empty()),
     );
     if run.phase == HookRunPhase::Failed {
         // Stays failed until the spec or the inputs change: nothing is applied meanwhile.
@@ -398,27 +411,26 @@ async fn install_on(
 
     // Pre-install or pre-upgrade hooks, before anything of this render is applied. A Job that
     // runs ends the pass; the next one continues from `status.hookRun`.
-    if run.phase == HookRunPhase::PreHooks {
-        if let Some(event) = hooks::event(run.operation, run.phase)
-            && let PhaseOutcome::Waiting(message) = scope
-                .run_phase(run, &mut progress.hook_objects, &pre_hooks, event)
-                .await?
-        {
-            return Ok(Some(Pass {
-                outcome: Outcome {
-                    state: State::Processing,
-                    reason: "HookRunning",
-                    message,
-                    rendered: Some(true),
-                    applied: None,
-                    stalled: false,
-                    operation: None,
-                },
-                facts: progress.facts(),
-                requeue: HOOK_REQUEUE,
-            }));
-        }
-        hooks::advance(run);
+    // The phase moves on (and is saved) when its hooks are done.
+    if run.phase == HookRunPhase::PreHooks
+        && let Some(event) = hooks::event(run.operation, run.phase)
+        && let PhaseOutcome::Waiting(message) = scope
+            .run_phase(run, &mut progress.hook_objects, &pre_hooks, event)
+            .await?
+    {
+        return Ok(Some(Pass {
+            outcome: Outcome {
+                state: State::Processing,
+                reason: "HookRunning",
+                message,
+                rendered: Some(true),
+                applied: None,
+                stalled: false,
+                operation: None,
+            },
+            facts: progress.facts(),
+            requeue: HOOK_REQUEUE,
+        }));
     }
 
     // CRDs first: apply, wait for Established.
@@ -525,7 +537,7 @@ async fn install_on(
                 .await?
             {
                 PhaseOutcome::Waiting(message) => hook_waiting = Some(message),
-                PhaseOutcome::Done => hooks::advance(run),
+                PhaseOutcome::Done => {}
             }
         }
     }
@@ -648,7 +660,8 @@ async fn prepare_hooks(
 
 /// How a phase of hooks ended in this pass.
 enum PhaseOutcome {
-    /// Every hook succeeded (and the `hook-succeeded` ones were deleted).
+    /// Every hook succeeded: the run moved to its next phase (and the `hook-succeeded` ones
+    /// were deleted).
     Done,
     /// A hook is running (or its previous instance is being deleted): requeue.
     Waiting(String),
@@ -671,8 +684,15 @@ impl HookScope<'_> {
     /// Runs the hooks of one phase as far as they go in this pass: each is started (its
     /// previous instance deleted first when its policy says `before-hook-creation`), looked at,
     /// and recorded as completed; a Job or Pod that has not finished ends the pass (`Waiting`);
-    /// one that failed or ran past its timeout fails the run. Once all succeeded, those with
-    /// `hook-succeeded` are deleted, in reverse order.
+    /// one that failed or ran past its timeout fails the run. Once all succeeded, the run moves
+    /// to its next phase — saved in `status.hookRun` *before* those with `hook-succeeded` are
+    /// deleted (in reverse order), so that a pass that ends without writing its status never
+    /// looks for a hook it deleted itself.
+    ///
+    /// Every hook object is stamped with the run (`modulemanager.io/hook-run`); a hook about to
+    /// start whose object carries this run's stamp was started by a pass that could not record
+    /// it (a crash, a lost status write, a lost shard): it is adopted as the running hook, never
+    /// deleted nor started again.
     async fn run_phase(
         &self,
         run: &mut HookRun,
@@ -681,9 +701,15 @@ impl HookScope<'_> {
         event: HookEvent,
     ) -> Result<PhaseOutcome, ReconcileError> {
         let event_name = event.as_str();
+        let stamp = hooks::stamp(run, event);
+        let deleting = matches!(event, HookEvent::PreDelete | HookEvent::PostDelete);
         loop {
             let (hook, object) = match hooks::next_step(hooks, run) {
                 Step::Finish(succeeded) => {
+                    hooks::advance(run);
+                    if !succeeded.is_empty() {
+                        self.save_run(run).await?;
+                    }
                     for hook in succeeded {
                         self.delete(hook_objects, &hook.object.id).await?;
                     }
@@ -691,19 +717,38 @@ impl HookScope<'_> {
                 }
                 Step::Start(hook) => {
                     let id = &hook.object.id;
+                    // A delete hook whose namespace is being deleted (or is gone) cannot run:
+                    // skipped, so that deleting the namespace does not wait on this Manifest
+                    // forever.
+                    if deleting && let Some(why) = self.namespace_unusable(id).await? {
+                        self.skip(run, hook, event, &why).await?;
+                        continue;
+                    }
                     // Recorded before it is applied: a hook object is never forgotten.
                     self.record(hook_objects, id).await?;
+                    let mut adopted = None;
                     if let Some(existing) = self.cluster.get(id).await? {
                         if existing.labels().get(MANIFEST_UID_LABEL) != Some(&self.uid) {
                             return Err(ApplyError::NotOwned(plan::describe(id)).into());
                         }
-                        match hooks::existing(hook) {
+                        let this_run = existing.annotations().get(hooks::RUN_ANNOTATION)
+                            == Some(&stamp)
+                            && existing.metadata.deletion_timestamp.is_none();
+                        match hooks::existing(hook, this_run) {
+                            Existing::Adopt => adopted = Some(existing),
                             Existing::Replace => match self.delete(hook_objects, id).await? {
                                 Deletion::Deleted { terminating: true } | Deletion::Terminating => {
                                     return Ok(PhaseOutcome::Waiting(format!(
                                         "{event_name} hook {}: waiting until its previous instance is deleted",
                                         plan::describe(id)
                                     )));
+                                }
+                                Deletion::Kept(why) if hooks::runs_to_completion(id) => {
+                                    let why = format!(
+                                        "{} exists from an earlier run and cannot be replaced ({why}); delete it to run the hook again",
+                                        plan::describe(id)
+                                    );
+                                    return Err(self.fail(run, hook_objects, hook, why).await);
                                 }
                                 _ => {}
                             },
@@ -713,26 +758,76 @@ impl HookScope<'_> {
                             }
                         }
                     }
-                    self.fence.check()?;
-                    let applied = self.cluster.apply(&hook.object, &self.uid).await?;
-                    self.ctx.metrics.applied.inc();
-                    tracing::info!(hook = %plan::describe(id), event = event_name, "hook started");
-                    run.running = Some(RunningHook {
-                        object: id.clone(),
-                        uid: applied.uid().unwrap_or_default(),
-                        started: Time(Timestamp::now()),
-                    });
-                    (hook, applied)
+                    let object = match adopted {
+                        Some(existing) => {
+                            tracing::info!(hook = %plan::describe(id), event = event_name, "hook adopted: started by a pass that did not record it");
+                            let started = existing
+                                .metadata
+                                .creation_timestamp
+                                .clone()
+                                .unwrap_or_else(|| Time(Timestamp::now()));
+                            run.running = Some(RunningHook {
+                                object: id.clone(),
+                                uid: existing.uid().unwrap_or_default(),
+                                started,
+                            });
+                            existing
+                        }
+                        None => {
+                            let mut stamped = hook.object.clone();
+                            if let Some(metadata) = stamped
+                                .body
+                                .get_mut("metadata")
+                                .and_then(Value::as_object_mut)
+                            {
+                                let annotations =
+                                    metadata.entry("annotations").or_insert(Value::Null);
+                                if !annotations.is_object() {
+                                    *annotations = json!({});
+                                }
+                                annotations[hooks::RUN_ANNOTATION] = json!(stamp);
+                            }
+                            self.fence.check()?;
+                            let applied = self.cluster.apply(&stamped, &self.uid).await?;
+                            self.ctx.metrics.applied.inc();
+                            tracing::info!(hook = %plan::describe(id), event = event_name, "hook started");
+                            run.running = Some(RunningHook {
+                                object: id.clone(),
+                                uid: applied.uid().unwrap_or_default(),
+                                started: Time(Timestamp::now()),
+                            });
+                            applied
+                        }
+                    };
+                    (hook, object)
                 }
                 Step::Watch(hook) => {
                     let id = &hook.object.id;
                     let expected = run.running.as_ref().map(|r| r.uid.as_str());
                     match self.cluster.get(id).await? {
                         Some(object) if object.uid().as_deref() == expected => (hook, object),
-                        _ => {
+                        gone => {
+                            if gone.is_none()
+                                && deleting
+                                && let Some(why) = self.namespace_unusable(id).await?
+                            {
+                                // Deleted with its namespace: nothing to wait for.
+                                self.skip(run, hook, event, &why).await?;
+                                continue;
+                            }
+                            let ttl = hook
+                                .object
+                                .body
+                                .pointer("/spec/ttlSecondsAfterFinished")
+                                .is_some();
                             let why = format!(
-                                "{event_name} hook {} was deleted or replaced before it was seen to finish",
-                                plan::describe(id)
+                                "{event_name} hook {} was deleted or replaced before it was seen to finish{}",
+                                plan::describe(id),
+                                if ttl && gone.is_none() {
+                                    " (its ttlSecondsAfterFinished may have removed it: whether it succeeded is unknown; give it a TTL of a minute or more)"
+                                } else {
+                                    ""
+                                }
                             );
                             return Err(self.fail(run, hook_objects, hook, why).await);
                         }
@@ -772,7 +867,9 @@ impl HookScope<'_> {
         }
     }
 
-    /// Fails the run: the hook is deleted first when its policy says `hook-failed`.
+    /// Fails the run. When the hook's policy says `hook-failed` it is deleted — after the
+    /// failure is saved, so that a pass that ends without writing its status does not start the
+    /// hook again.
     async fn fail(
         &self,
         run: &mut HookRun,
@@ -780,14 +877,80 @@ impl HookScope<'_> {
         hook: &Hook,
         why: String,
     ) -> ReconcileError {
-        if hooks::delete_on_failure(hook)
-            && let Err(e) = self.delete(hook_objects, &hook.object.id).await
-        {
-            return e; // retried: the next pass sees the failure again
-        }
         tracing::warn!(hook = %plan::describe(&hook.object.id), "hook failed: {why}");
-        hooks::fail(run, &why);
+        hooks::fail(run, &why, self.manifest.meta().generation);
+        if hooks::delete_on_failure(hook) {
+            if let Err(e) = self.save_run(run).await {
+                return e; // retried: the next pass sees the failure again
+            }
+            if let Err(e) = self.delete(hook_objects, &hook.object.id).await {
+                return e; // retried: the run is recorded as failed; deleted with the Manifest
+            }
+        }
         ReconcileError::HookFailed(why)
+    }
+
+    /// Writes `status.hookRun` now (before a step that must not be repeated or undone by a pass
+    /// that reads an older run).
+    async fn save_run(&self, run: &HookRun) -> Result<(), ReconcileError> {
+        self.fence.check()?;
+        patch_status(self.manifest, self.ctx, json!({ "hookRun": run })).await?;
+        Ok(())
+    }
+
+    /// Why a delete hook's namespace cannot hold it: being deleted, or gone (`None` for a
+    /// cluster-scoped hook or a usable namespace).
+    async fn namespace_unusable(
+        &self,
+        id: &InventoryEntry,
+    ) -> Result<Option<String>, ReconcileError> {
+        if id.namespace.is_empty() {
+            return Ok(None);
+        }
+        let namespaces = Api::<Namespace>::all(self.cluster.client().clone());
+        let namespace =
+            namespaces
+                .get_opt(&id.namespace)
+                .await
+                .map_err(|source| ApplyError::Api {
+                    object: format!("Namespace {}", id.namespace),
+                    source,
+                })?;
+        Ok(match namespace {
+            None => Some(format!("its namespace {} is gone", id.namespace)),
+            Some(ns) if ns.metadata.deletion_timestamp.is_some() => {
+                Some(format!("its namespace {} is being deleted", id.namespace))
+            }
+            Some(_) => None,
+        })
+    }
+
+    /// Counts a delete hook that cannot run as done, with a Warning Event `HookSkipped`.
+    async fn skip(
+        &self,
+        run: &mut HookRun,
+        hook: &Hook,
+        event: HookEvent,
+        why: &str,
+    ) -> Result<(), ReconcileError> {
+        let note = format!(
+            "{} hook {} not run: {why}",
+            event.as_str(),
+            plan::describe(&hook.object.id)
+        );
+        tracing::warn!("{note}");
+        self.fence.check()?;
+        publish(
+            self.manifest,
+            self.ctx,
+            EventType::Warning,
+            "HookSkipped",
+            &note,
+        )
+        .await;
+        run.completed.push(hook.object.id.clone());
+        run.running = None;
+        Ok(())
     }
 
     /// Adds a hook object to `status.hookObjects` (written at once) unless it is listed.
@@ -1135,20 +1298,18 @@ async fn delete_on(
         requeue,
     };
 
-    // Pre-delete hooks, before any object is deleted.
-    if run.phase == HookRunPhase::PreHooks {
-        if let Some(message) = scope
+    // Pre-delete hooks, before any object is deleted (the phase moves on once they are done).
+    if run.phase == HookRunPhase::PreHooks
+        && let Some(message) = scope
             .delete_hooks(run, &mut progress.hook_objects, HookEvent::PreDelete)
             .await?
-        {
-            return Ok(Some(deleting(
-                "HookRunning",
-                message,
-                HOOK_REQUEUE,
-                progress.facts(),
-            )));
-        }
-        hooks::advance(run);
+    {
+        return Ok(Some(deleting(
+            "HookRunning",
+            message,
+            HOOK_REQUEUE,
+            progress.facts(),
+        )));
     }
 
     if run.phase == HookRunPhase::Objects {
@@ -1181,19 +1342,17 @@ async fn delete_on(
     }
 
     // Post-delete hooks, once the objects are gone.
-    if run.phase == HookRunPhase::PostHooks {
-        if let Some(message) = scope
+    if run.phase == HookRunPhase::PostHooks
+        && let Some(message) = scope
             .delete_hooks(run, &mut progress.hook_objects, HookEvent::PostDelete)
             .await?
-        {
-            return Ok(Some(deleting(
-                "HookRunning",
-                message,
-                HOOK_REQUEUE,
-                progress.facts(),
-            )));
-        }
-        hooks::advance(run);
+    {
+        return Ok(Some(deleting(
+            "HookRunning",
+            message,
+            HOOK_REQUEUE,
+            progress.facts(),
+        )));
     }
 
     // Then every hook object still recorded (those the policies left, the delete hooks
@@ -1231,7 +1390,7 @@ impl HookScope<'_> {
     /// values. When that render cannot be made for good (the chart or a values source is gone,
     /// the chart is broken), the deletion goes on without them and a Warning Event `HookSkipped`
     /// says so: a Manifest whose chart was removed can still be deleted. `Some(message)` while
-    /// a hook runs.
+    /// a hook runs; `None` once the run moved past this phase.
     async fn delete_hooks(
         &self,
         run: &mut HookRun,
@@ -1252,6 +1411,27 @@ impl HookScope<'_> {
         let hooks = match rendered.await {
             Ok(hooks) => hooks,
             Err(e) if cannot_render_for_good(&e) => {
+                // A hook of this phase that is running is still waited for (within the default
+                // timeout: its own annotation cannot be read any more); the rest are skipped.
+                if let Some(running) = &run.running
+                    && let Some(object) = self.cluster.get(&running.object).await?
+                    && object.uid().as_deref() == Some(running.uid.as_str())
+                    && let HookState::Running(why) = hooks::hook_state(
+                        &running.object,
+                        &serde_json::to_value(&object).unwrap_or(Value::Null),
+                    )
+                    && !hooks::timed_out(
+                        &running.started,
+                        self.ctx.hook_timeout,
+                        &Time(Timestamp::now()),
+                    )
+                {
+                    return Ok(Some(format!(
+                        "{} hook {}: {why} (the hooks after it are skipped: {e})",
+                        event.as_str(),
+                        plan::describe(&running.object)
+                    )));
+                }
                 let note = format!("{} hooks not run: {e}", event.as_str());
                 tracing::warn!(category = e.category(), "{note}");
                 self.fence.check()?;
@@ -1263,6 +1443,7 @@ impl HookScope<'_> {
                     &note,
                 )
                 .await;
+                hooks::advance(run);
                 return Ok(None);
             }
             Err(e) => return Err(e),
@@ -1278,6 +1459,8 @@ impl HookScope<'_> {
 /// source counts: it may have been deleted together with the Manifest).
 fn cannot_render_for_good(error: &ReconcileError) -> bool {
     match error {
+        // A kind the target does not serve (yet) may appear (its CRD installed): retried.
+        ReconcileError::Plan(PlanError::UnknownKind(_)) => false,
         ReconcileError::Chart(_)
         | ReconcileError::ValuesSource(_)
         | ReconcileError::Values(_)
@@ -1464,6 +1647,12 @@ mod tests {
         assert!(cannot_render_for_good(&ReconcileError::Plan(
             PlanError::Duplicate("Secret/s".into())
         )));
+        assert!(
+            !cannot_render_for_good(&ReconcileError::Plan(PlanError::UnknownKind(
+                "Widget/w".into()
+            ))),
+            "a delete hook of a kind not served yet is retried, not skipped"
+        );
         assert!(!cannot_render_for_good(&ReconcileError::HookFailed(
             "x".into()
         )));

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, VersionMatch};
 use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
 use module_manager::api::{HookOperation, HookRun, HookRunPhase, Manifest, State};
@@ -785,4 +785,170 @@ async fn a_manifest_whose_chart_is_gone_is_deleted_without_its_delete_hooks() {
             "{event}: {events:?}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_hook_started_by_a_pass_that_did_not_record_it_is_adopted_not_run_again() {
+    let h = start("hook-adopt").await;
+    h.create(
+        "db",
+        json!({"hooks": [{"name": "migrate", "events": "pre-install"}]}),
+    )
+    .await;
+    assert_eq!(h.unfinished_jobs().await, ["db-migrate"]);
+    let running = |m: &Manifest| {
+        m.status
+            .as_ref()
+            .and_then(|s| s.hook_run.as_ref())
+            .and_then(|r| r.running.clone())
+    };
+    let started = h
+        .wait_for("db", "the hook recorded as running", |m| {
+            running(m).is_some()
+        })
+        .await;
+    let uid = h.job_uid("db-migrate").await.unwrap();
+    assert_eq!(running(&started).unwrap().uid, uid);
+    let stamp = h
+        .jobs()
+        .get("db-migrate")
+        .await
+        .unwrap()
+        .annotations()
+        .get("modulemanager.io/hook-run")
+        .cloned();
+    assert_eq!(
+        stamp,
+        Some(format!("pre-install/{}", hook_run(&started).id)),
+        "stamped with its run"
+    );
+
+    // The status write that recorded the start is lost (a crash, a lost shard): the status says
+    // no run started. The next pass finds the Job stamped for the run it computes again.
+    h.manifests
+        .patch_status(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"hookRun": null}})),
+        )
+        .await
+        .unwrap();
+    let adopted = h
+        .wait_for("db", "the hook recorded again", |m| running(m).is_some())
+        .await;
+    assert_eq!(
+        running(&adopted).unwrap().uid,
+        uid,
+        "the running Job is adopted, not deleted and started again"
+    );
+    let job = h.jobs().get("db-migrate").await.unwrap();
+    assert_eq!(job.uid().as_deref(), Some(uid.as_str()));
+    assert!(job.metadata.deletion_timestamp.is_none());
+    assert_eq!(
+        running(&adopted).unwrap().started,
+        job.metadata.creation_timestamp.unwrap(),
+        "its timeout counts from its creation"
+    );
+
+    h.finish_job("db-migrate", true).await;
+    h.wait_state("db", State::Ready, "Ready").await;
+    assert_eq!(
+        h.job_uid("db-migrate").await,
+        Some(uid),
+        "ran once: never deleted nor re-created"
+    );
+    h.assert_no_pods().await;
+}
+
+#[tokio::test]
+async fn the_next_phase_is_saved_before_hook_succeeded_objects_are_deleted() {
+    let h = start("hook-save").await;
+    let hooks = json!([{"name": "migrate", "events": "pre-install", "policy": "hook-succeeded"}]);
+    h.create("db", json!({ "hooks": hooks })).await;
+    assert_eq!(h.unfinished_jobs().await, ["db-migrate"]);
+    // Held once deleted, so that the test can read when it was deleted.
+    let hold = "test.modulemanager.io/hold";
+    h.jobs()
+        .patch(
+            "db-migrate",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"finalizers": [hold]}})),
+        )
+        .await
+        .unwrap();
+    h.finish_job("db-migrate", true).await;
+    let mut deleted = None;
+    h.wait_until("the succeeded hook Job is deleted", async || {
+        let job = h.jobs().get("db-migrate").await.unwrap();
+        let gone = job.metadata.deletion_timestamp.is_some();
+        deleted = Some(job);
+        gone
+    })
+    .await;
+    // Nothing writes the held Job after its delete: its resourceVersion is the delete's. The
+    // Manifest as stored at that very revision must already have left the phase: a pass that
+    // ends after the delete without writing its status must not look for the Job again.
+    let revision = deleted.unwrap().resource_version().unwrap();
+    let at_delete = h
+        .manifests
+        .list(
+            &ListParams::default()
+                .at(&revision)
+                .matching(VersionMatch::Exact),
+        )
+        .await
+        .unwrap();
+    let manifest = at_delete
+        .items
+        .iter()
+        .find(|m| m.name_any() == "db")
+        .unwrap();
+    let run = hook_run(manifest);
+    assert_eq!(
+        (run.operation, run.phase),
+        (HookOperation::Install, HookRunPhase::Objects),
+        "saved before the delete"
+    );
+    h.jobs()
+        .patch(
+            "db-migrate",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    h.wait_state("db", State::Ready, "Ready").await;
+    h.assert_no_pods().await;
+}
+
+#[tokio::test]
+async fn deleting_the_namespace_of_a_manifest_with_delete_hooks_does_not_hang() {
+    let h = start("hook-ns").await;
+    let hooks = json!([
+        {"name": "drain", "events": "pre-delete"},
+        {"name": "goodbye", "events": "post-delete"},
+    ]);
+    h.create("db", json!({ "hooks": hooks })).await;
+    h.wait_state("db", State::Ready, "Ready").await;
+    assert!(h.job_names().await.is_empty());
+
+    // The namespace holds the Manifest and is its target namespace: its delete hooks cannot be
+    // created there any more (403), and the namespace waits for the Manifest's finalizer.
+    let namespaces = Api::<Namespace>::all(h.client.clone());
+    namespaces
+        .delete(&h.ns, &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_until("the Manifest is gone", async || {
+        h.manifests.get_opt("db").await.unwrap().is_none()
+    })
+    .await;
+    assert!(
+        h.job_names().await.is_empty(),
+        "no delete hook was created in the terminating namespace"
+    );
+    h.wait_until("the namespace is gone", async || {
+        namespaces.get_opt(&h.ns).await.unwrap().is_none()
+    })
+    .await;
 }

@@ -303,9 +303,16 @@ pub struct HookRun {
     /// for `Delete`).
     #[serde(default)]
     pub inputs_digest: String,
-    /// The `metadata.generation` the run started at (a failed run is retried once it changes).
+    /// The `metadata.generation` the run started at; once `Failed`, the generation it failed
+    /// at (a failed run is retried once the generation differs from it).
     #[serde(default)]
     pub generation: Option<i64>,
+    /// Identifies the run: a hash of its operation, inputs digest, starting generation and the
+    /// previous run's id. Every hook object the run applies is stamped with it (annotation
+    /// `modulemanager.io/hook-run: <event>/<id>`), so a pass that finds its own hook object
+    /// from a start it failed to record adopts it instead of starting the hook again.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
     /// Where the run is.
     pub phase: HookRunPhase,
     /// Hooks of the current phase that completed, in order.
