@@ -492,6 +492,21 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
         "<html><body>Not a repository</body></html>",
     );
     server.put("/huge/index.yaml", vec![b'#'; 65 * 1024]);
+    // 53 KiB that a decoder expanding aliases makes 2048 copies of a 16 KiB string (32 MiB;
+    // with the default 8 MiB limit the same shape reaches hundreds of GB).
+    let mut bomb = format!(
+        "apiVersion: v1\nx: &a \"{}\"\nentries:\n  catalog:\n",
+        "v".repeat(16 << 10)
+    );
+    for _ in 0..2048 {
+        bomb.push_str("  - {version: *a}\n");
+    }
+    server.put("/aliases/index.yaml", bomb);
+    // What an internal endpoint might answer: nothing of it may reach a message.
+    server.put(
+        "/leak/index.yaml",
+        "{\"Token\": \"s3cret\"}\ns3cret s3cret\n",
+    );
     // The index says v1's digest; the server has v2's archive under v1's name.
     server.put("/mismatch/index.yaml", packaged().index.clone());
     server.put("/mismatch/catalog-1.0.0.tgz", packaged().v2.clone());
@@ -569,6 +584,20 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
             from_repository(&format!("{base}/html"), "catalog", "1.0.0"),
             small,
             "malformed index.yaml",
+            true,
+        ),
+        (
+            "alias bomb",
+            from_repository(&format!("{base}/aliases"), "catalog", "1.0.0"),
+            small,
+            "anchors and aliases are not accepted",
+            true,
+        ),
+        (
+            "a body that is not YAML, not quoted",
+            from_repository(&format!("{base}/leak"), "catalog", "1.0.0"),
+            small,
+            "malformed index.yaml: not valid YAML (line 2, column",
             true,
         ),
         (
