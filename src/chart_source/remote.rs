@@ -10,17 +10,12 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
-use oci_client::manifest::OciManifest;
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Reference, RegistryOperation};
+use oci_client::Reference;
+use oci_client::manifest::{OciDescriptor, OciManifest};
 use reqwest::Url;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -37,6 +32,8 @@ pub const HELM_PROVENANCE_MEDIA_TYPE: &str = "application/vnd.cncf.helm.chart.pr
 
 /// Most bytes of an OCI manifest (what the OCI distribution spec asks registries to accept).
 const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
+/// Most bytes of a registry's token answer (a JSON object with a token of a few KiB).
+const MAX_TOKEN_BYTES: u64 = 1024 * 1024;
 /// The manifest media types asked for: image manifests (a chart is one) and indexes (refused
 /// with a clear message).
 const MANIFEST_MEDIA_TYPES: &[&str] = &[
@@ -280,9 +277,9 @@ impl<V: Clone> Recent<V> {
 pub struct RemoteCharts {
     config: RemoteConfig,
     cache: ChartCache,
+    /// Every request: repositories, and registries (manifest, token, blob), each answer read
+    /// within its limit.
     http: reqwest::Client,
-    oci_https: oci_client::Client,
-    oci_http: oci_client::Client,
     /// Parsed `index.yaml` by URL, for `index_ttl`.
     indexes: Recent<Arc<Index>>,
     /// The chart layer's digest by OCI reference: for `index_ttl` for a tag, for good for a
@@ -318,26 +315,11 @@ impl RemoteCharts {
             .user_agent(concat!("module-manager/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| FetchError::Reference(format!("HTTP client: {}", chain(&e))))?;
-        let oci = |protocol| {
-            let config = ClientConfig {
-                protocol,
-                read_timeout: Some(config.timeout),
-                connect_timeout: Some(config.timeout.min(Duration::from_secs(10))),
-                // A chart is an image manifest; an index is refused, not resolved.
-                platform_resolver: None,
-                user_agent: concat!("module-manager/", env!("CARGO_PKG_VERSION")),
-                ..Default::default()
-            };
-            oci_client::Client::try_from(config)
-                .map_err(|e| FetchError::Reference(format!("OCI client: {}", chain(&e))))
-        };
         Ok(Self {
             cache: ChartCache {
                 dir: config.cache_dir.clone(),
                 max_bytes: config.cache_max_bytes,
             },
-            oci_https: oci(ClientProtocol::Https)?,
-            oci_http: oci(ClientProtocol::Http)?,
             http,
             config,
             indexes: Recent::new(MAX_CACHED_INDEXES),
@@ -541,59 +523,127 @@ impl RemoteCharts {
         Ok((body, headers))
     }
 
-    /// The image manifest of `reference`, read within [`MAX_MANIFEST_BYTES`] (oci-client would
-    /// read any size) and checked against a digest in the reference and the registry's
-    /// `Docker-Content-Digest`. oci-client does the registry's token dance (anonymous) and keeps
-    /// the token for the blob pull.
+    /// An anonymous pull token for `reference`'s repository when the registry asks for one
+    /// (a `Bearer` challenge on `/v2/`), as the distribution spec's token flow: the realm's
+    /// answer is read within [`MAX_TOKEN_BYTES`]. `None` when the registry asks for nothing, or
+    /// for credentials another way (the manifest request then says so).
+    async fn anonymous_token(
+        &self,
+        reference: &Reference,
+        scheme: &str,
+    ) -> Result<Option<String>, FetchError> {
+        let url = registry_url(scheme, reference, "")?;
+        let response = self
+            .http
+            .get(url.clone())
+            .send()
+            .await
+            .map_err(|e| request_error(&shown(&url), e, self.config.timeout))?;
+        if response.status() != reqwest::StatusCode::UNAUTHORIZED {
+            return Ok(None);
+        }
+        let challenge = response
+            .headers()
+            .get_all(reqwest::header::WWW_AUTHENTICATE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find_map(bearer_challenge);
+        drop(response);
+        let Some(challenge) = challenge else {
+            return Ok(None);
+        };
+        let refused = |what: &str| FetchError::Registry {
+            message: format!("the registry's token {what}"),
+            transient: false,
+        };
+        let realm = challenge
+            .get("realm")
+            .ok_or_else(|| refused("challenge names no realm"))?;
+        let realm = Url::parse(realm).map_err(|_| refused("realm is not a URL"))?;
+        let mut realm = checked_url(realm, "token realm")?;
+        {
+            let mut query = realm.query_pairs_mut();
+            if let Some(service) = challenge.get("service") {
+                query.append_pair("service", service);
+            }
+            query.append_pair(
+                "scope",
+                &format!("repository:{}:pull", reference.repository()),
+            );
+        }
+        let body = match self
+            .send_bounded(self.http.get(realm.clone()), &realm, MAX_TOKEN_BYTES)
+            .await
+        {
+            Ok((body, _)) => body,
+            Err(FetchError::Status {
+                status: 401 | 403, ..
+            }) => return Err(credentials_needed()),
+            Err(e) => return Err(e),
+        };
+        #[derive(Deserialize)]
+        struct Answer {
+            token: Option<String>,
+            access_token: Option<String>,
+        }
+        let answer: Answer =
+            serde_json::from_slice(&body).map_err(|_| refused("answer is not a token"))?;
+        answer
+            .token
+            .or(answer.access_token)
+            .filter(|t| !t.is_empty())
+            .map(Some)
+            .ok_or_else(|| refused("answer holds no token"))
+    }
+
+    /// GETs `what` of the registry with the pull token, within `max` bytes; the registry's
+    /// refusals in words.
+    async fn registry_get(
+        &self,
+        url: &Url,
+        accept: Option<&str>,
+        token: Option<&str>,
+        max: u64,
+    ) -> Result<(Vec<u8>, reqwest::header::HeaderMap), FetchError> {
+        let mut request = self.http.get(url.clone());
+        if let Some(accept) = accept {
+            request = request.header(reqwest::header::ACCEPT, accept);
+        }
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        match self.send_bounded(request, url, max).await {
+            Err(FetchError::Status { status: 404, .. }) => Err(FetchError::Registry {
+                message: "not found in the registry".into(),
+                transient: false,
+            }),
+            Err(FetchError::Status {
+                status: 401 | 403, ..
+            }) => Err(credentials_needed()),
+            other => other,
+        }
+    }
+
+    /// The image manifest of `reference`, read within [`MAX_MANIFEST_BYTES`] and checked
+    /// against a digest in the reference and the registry's `Docker-Content-Digest`.
     async fn pull_manifest(
         &self,
-        client: &oci_client::Client,
         reference: &Reference,
-        plain_http: bool,
+        scheme: &str,
+        token: Option<&str>,
     ) -> Result<OciManifest, FetchError> {
-        let token = client
-            .auth(reference, &RegistryAuth::Anonymous, RegistryOperation::Pull)
-            .await
-            .map_err(|e| oci_error(e, self.config.timeout))?;
         let target = reference
             .digest()
             .or(reference.tag())
             .expect("oci_reference requires a tag or digest");
-        let url = Url::parse(&format!(
-            "{}://{}/v2/{}/manifests/{target}",
-            if plain_http { "http" } else { "https" },
-            reference.resolve_registry(),
-            reference.repository(),
-        ))
-        .map_err(|e| FetchError::Reference(format!("invalid OCI reference: {e}")))?;
-        let mut request = self
-            .http
-            .get(url.clone())
-            .header(reqwest::header::ACCEPT, MANIFEST_MEDIA_TYPES.join(", "));
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
+        let url = registry_url(scheme, reference, &format!("manifests/{target}"))?;
         self.counters
             .manifest_requests
             .fetch_add(1, Ordering::Relaxed);
-        let (body, headers) = match self.send_bounded(request, &url, MAX_MANIFEST_BYTES).await {
-            Ok(answer) => answer,
-            Err(FetchError::Status { status: 404, .. }) => {
-                return Err(FetchError::Registry {
-                    message: "not found in the registry".into(),
-                    transient: false,
-                });
-            }
-            Err(FetchError::Status {
-                status: 401 | 403, ..
-            }) => {
-                return Err(FetchError::Registry {
-                    message: CREDENTIALS_NEEDED.into(),
-                    transient: false,
-                });
-            }
-            Err(e) => return Err(e),
-        };
+        let accept = MANIFEST_MEDIA_TYPES.join(", ");
+        let (body, headers) = self
+            .registry_get(&url, Some(&accept), token, MAX_MANIFEST_BYTES)
+            .await?;
         let actual = format!("{:x}", Sha256::digest(&body));
         let published = headers
             .get("docker-content-digest")
@@ -609,7 +659,11 @@ impl RemoteCharts {
             }
         }
         serde_json::from_slice(&body).map_err(|e| FetchError::Registry {
-            message: format!("not an OCI manifest: {}", bounded_text(&e.to_string())),
+            message: format!(
+                "not an OCI manifest (line {}, column {})",
+                e.line(),
+                e.column()
+            ),
             transient: false,
         })
     }
@@ -621,11 +675,6 @@ impl RemoteCharts {
     ) -> Result<ResolvedChart, FetchError> {
         let reference = oci_reference(text)?;
         let plain = self.plain_http(reference.registry());
-        let client = if plain {
-            &self.oci_http
-        } else {
-            &self.oci_https
-        };
         // A reference resolved moments ago (a tag) or ever (a digest) needs no manifest.
         let key = format!("{plain}:{}", reference.whole());
         let ttl = match reference.digest() {
@@ -637,9 +686,7 @@ impl RemoteCharts {
         {
             return Ok(chart);
         }
-        let chart = self
-            .fetch_layer(client, &reference, plain, text, limits)
-            .await?;
+        let chart = self.fetch_layer(&reference, plain, text, limits).await?;
         let hex = chart.digest.trim_start_matches("sha256:").to_owned();
         self.layers.put(key, hex);
         Ok(chart)
@@ -649,13 +696,16 @@ impl RemoteCharts {
     /// the registry.
     async fn fetch_layer(
         &self,
-        client: &oci_client::Client,
         reference: &Reference,
         plain: bool,
         text: &str,
         limits: Limits,
     ) -> Result<ResolvedChart, FetchError> {
-        let manifest = self.pull_manifest(client, reference, plain).await?;
+        let scheme = if plain { "http" } else { "https" };
+        let token = self.anonymous_token(reference, scheme).await?;
+        let manifest = self
+            .pull_manifest(reference, scheme, token.as_deref())
+            .await?;
         let manifest = match manifest {
             OciManifest::Image(manifest) => manifest,
             OciManifest::ImageIndex(_) => {
@@ -699,24 +749,37 @@ impl RemoteCharts {
         if let Some(chart) = self.cached(&hex, limits).await? {
             return Ok(chart);
         }
-        let mut out = Capped {
-            buffer: Vec::new(),
-            max: limits.max_bytes,
-            exceeded: false,
-        };
-        let pulled = client.pull_blob(reference, layer, &mut out).await;
-        if out.exceeded {
-            return Err(FetchError::TooLarge {
-                what: "chart layer".into(),
-                limit: limits.max_bytes,
-            });
-        }
-        pulled.map_err(|e| oci_error(e, self.config.timeout))?;
+        let bytes = self
+            .pull_layer(reference, scheme, token.as_deref(), layer, limits)
+            .await?;
         self.counters
             .archive_downloads
             .fetch_add(1, Ordering::Relaxed);
-        self.verify_and_store(bounded_text(text), out.buffer, hex, limits)
+        self.verify_and_store(bounded_text(text), bytes, hex, limits)
             .await
+    }
+
+    /// The chart layer's bytes, read within the chart's byte limit (a registry may send more
+    /// than the size it declared). Redirects (to a CDN) follow the HTTP client's policy: not
+    /// from https to http, the token not sent to another host; `urls` of the descriptor are
+    /// not used. The digest is checked by the caller.
+    async fn pull_layer(
+        &self,
+        reference: &Reference,
+        scheme: &str,
+        token: Option<&str>,
+        layer: &OciDescriptor,
+        limits: Limits,
+    ) -> Result<Vec<u8>, FetchError> {
+        let url = registry_url(scheme, reference, &format!("blobs/{}", layer.digest))?;
+        match self.registry_get(&url, None, token, limits.max_bytes).await {
+            Ok((body, _)) => Ok(body),
+            Err(FetchError::TooLarge { limit, .. }) => Err(FetchError::TooLarge {
+                what: "chart layer".into(),
+                limit,
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     fn plain_http(&self, registry: &str) -> bool {
@@ -792,42 +855,6 @@ fn check(shown: &str, bytes: &[u8], limits: Limits) -> Result<(), FetchError> {
     }
     check_archive(shown, bytes, &mut Budget::new(limits), 0)
         .map_err(|e| FetchError::Chart(Box::new(e)))
-}
-
-/// An in-memory sink that refuses more than `max` bytes.
-struct Capped {
-    buffer: Vec<u8>,
-    max: u64,
-    exceeded: bool,
-}
-
-impl tokio::io::AsyncWrite for Capped {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        if (self.buffer.len() + data.len()) as u64 > self.max {
-            self.exceeded = true;
-            return Poll::Ready(Err(std::io::Error::other("chart layer exceeds the limit")));
-        }
-        self.buffer.extend_from_slice(data);
-        Poll::Ready(Ok(data.len()))
-    }
-
-    fn poll_flush(
-        self: Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(
-        self: Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
 }
 
 /// Verified archives on disk, `sha256-<hex>.tgz`, bounded in total size; temporary files of interrupted writes go after an hour.
@@ -1125,64 +1152,62 @@ fn request_error(url: &str, error: reqwest::Error, timeout: Duration) -> FetchEr
     }
 }
 
-fn oci_error(error: OciDistributionError, timeout: Duration) -> FetchError {
-    use OciDistributionError as E;
-    match error {
-        E::RequestError(e) if e.is_timeout() => FetchError::Timeout(timeout),
-        E::RequestError(e) => FetchError::Unreachable {
-            url: e.url().map(shown).unwrap_or_else(|| "the registry".into()),
-            reason: chain(&e.without_url()),
-        },
-        E::IoError(e) => FetchError::Registry {
-            message: bounded_text(&e.to_string()),
-            transient: true,
-        },
-        E::ServerError { code, message, .. } => FetchError::Registry {
-            message: format!("HTTP {code}: {}", bounded_text(&message)),
-            transient: code >= 500 || code == 429 || code == 408,
-        },
-        E::RegistryError { envelope, .. } => {
-            let not_found = envelope.errors.iter().any(|e| {
-                matches!(
-                    e.code,
-                    OciErrorCode::ManifestUnknown
-                        | OciErrorCode::NameUnknown
-                        | OciErrorCode::NotFound
-                        | OciErrorCode::BlobUnknown
-                )
-            });
-            let denied = envelope
-                .errors
-                .iter()
-                .any(|e| matches!(e.code, OciErrorCode::Unauthorized | OciErrorCode::Denied));
-            let busy = envelope
-                .errors
-                .iter()
-                .any(|e| matches!(e.code, OciErrorCode::Toomanyrequests));
-            FetchError::Registry {
-                message: if not_found {
-                    "not found in the registry".into()
-                } else if denied {
-                    CREDENTIALS_NEEDED.into()
-                } else {
-                    bounded_text(&envelope.to_string())
-                },
-                transient: busy,
-            }
-        }
-        E::UnauthorizedError { .. } | E::AuthenticationFailure(_) => FetchError::Registry {
-            message: CREDENTIALS_NEEDED.into(),
-            transient: false,
-        },
-        E::DigestError(e) => FetchError::Registry {
-            message: format!("digest mismatch: {}", bounded_text(&e.to_string())),
-            transient: false,
-        },
-        other => FetchError::Registry {
-            message: bounded_text(&other.to_string()),
-            transient: false,
-        },
+fn credentials_needed() -> FetchError {
+    FetchError::Registry {
+        message: CREDENTIALS_NEEDED.into(),
+        transient: false,
     }
+}
+
+/// `<scheme>://<registry>/v2/<repository>/<path>` (`/v2/` for an empty path).
+fn registry_url(scheme: &str, reference: &Reference, path: &str) -> Result<Url, FetchError> {
+    let text = if path.is_empty() {
+        format!("{scheme}://{}/v2/", reference.resolve_registry())
+    } else {
+        format!(
+            "{scheme}://{}/v2/{}/{path}",
+            reference.resolve_registry(),
+            reference.repository()
+        )
+    };
+    Url::parse(&text).map_err(|e| FetchError::Reference(format!("invalid OCI reference: {e}")))
+}
+
+/// The parameters of a `Bearer` challenge (`Bearer realm="…",service="…",scope="…"`).
+fn bearer_challenge(header: &str) -> Option<HashMap<String, String>> {
+    let (scheme, rest) = header.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let mut params = HashMap::new();
+    let mut rest = rest.trim_start();
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once('=')?;
+        let key = key.trim().to_ascii_lowercase();
+        let after = after.trim_start();
+        let (value, remaining) = if let Some(quoted) = after.strip_prefix('"') {
+            let mut value = String::new();
+            let mut chars = quoted.char_indices();
+            let mut end = None;
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                    '"' => {
+                        end = Some(i + 1);
+                        break;
+                    }
+                    c => value.push(c),
+                }
+            }
+            (value, &quoted[end?..])
+        } else {
+            let end = after.find(',').unwrap_or(after.len());
+            (after[..end].trim().to_owned(), &after[end..])
+        };
+        params.insert(key, value);
+        rest = remaining.trim_start().trim_start_matches(',').trim_start();
+    }
+    Some(params)
 }
 
 /// An error and its causes, `a: b: c`, without repeats, bounded.
@@ -1475,20 +1500,21 @@ mod tests {
         assert!(FetchError::MediaType("x".into()).is_permanent());
     }
 
-    /// A registry may send more than the layer's declared size: the sink stops at the limit.
-    #[tokio::test]
-    async fn the_layer_sink_refuses_more_than_its_limit() {
-        use tokio::io::AsyncWriteExt;
-        let mut sink = Capped {
-            buffer: Vec::new(),
-            max: 10,
-            exceeded: false,
-        };
-        sink.write_all(b"0123456789").await.unwrap();
-        assert!(!sink.exceeded);
-        assert!(sink.write_all(b"x").await.is_err());
-        assert!(sink.exceeded);
-        assert_eq!(sink.buffer, b"0123456789");
+    #[test]
+    fn bearer_challenges_are_parsed() {
+        let params = bearer_challenge(
+            r#"Bearer realm="https://auth.example.com/token",service="registry.example.com",scope="repository:a/b:pull,push""#,
+        )
+        .unwrap();
+        assert_eq!(params["realm"], "https://auth.example.com/token");
+        assert_eq!(params["service"], "registry.example.com");
+        assert_eq!(params["scope"], "repository:a/b:pull,push");
+        let params =
+            bearer_challenge(r#"bearer realm=http://127.0.0.1/t, service="a\"b""#).unwrap();
+        assert_eq!(params["realm"], "http://127.0.0.1/t");
+        assert_eq!(params["service"], "a\"b");
+        assert!(bearer_challenge(r#"Basic realm="registry""#).is_none());
+        assert!(bearer_challenge(r#"Bearer realm="unterminated"#).is_none());
     }
 
     #[test]
