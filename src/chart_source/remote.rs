@@ -362,7 +362,7 @@ impl RemoteCharts {
                 .await
             }
             (None, None, Some(reference)) => {
-                let origin = format!("chart {}", bounded_text(reference));
+                let origin = format!("chart {}", shown_reference(reference));
                 self.bounded(origin, self.fetch_from_registry(reference, limits))
                     .await
             }
@@ -405,11 +405,17 @@ impl RemoteCharts {
         let base = repository_url(repository)?;
         let index = self.index(&base).await?;
         let entries = index.entries.get(name).ok_or_else(|| {
-            let mut names: Vec<&str> = index.entries.keys().map(String::as_str).collect();
+            // Names from the server are shown only when they are chart names.
+            let mut names: Vec<&str> = index
+                .entries
+                .keys()
+                .map(String::as_str)
+                .filter(|n| is_chart_name(n))
+                .collect();
             names.sort_unstable();
             FetchError::NoChart {
                 name: name.to_owned(),
-                available: format!("{} charts: {}", names.len(), listing(&names)),
+                available: format!("{} charts: {}", index.entries.len(), listing(&names)),
             }
         })?;
         let chosen = version::select(requested, entries.iter().map(|e| e.version.as_str()))
@@ -716,16 +722,14 @@ impl RemoteCharts {
         };
         if manifest.config.media_type != HELM_CONFIG_MEDIA_TYPE {
             return Err(FetchError::MediaType(format!(
-                "config media type {:?} is not a Helm chart's ({HELM_CONFIG_MEDIA_TYPE})",
-                bounded_text(&manifest.config.media_type)
+                "the config media type is not a Helm chart's ({HELM_CONFIG_MEDIA_TYPE})"
             )));
         }
-        if let Some(other) = manifest.layers.iter().find(|l| {
+        if manifest.layers.iter().any(|l| {
             l.media_type != HELM_CHART_MEDIA_TYPE && l.media_type != HELM_PROVENANCE_MEDIA_TYPE
         }) {
             return Err(FetchError::MediaType(format!(
-                "layer media type {:?} is not a Helm chart's ({HELM_CHART_MEDIA_TYPE})",
-                bounded_text(&other.media_type)
+                "a layer's media type is not a Helm chart's ({HELM_CHART_MEDIA_TYPE})"
             )));
         }
         let charts: Vec<_> = manifest
@@ -755,7 +759,7 @@ impl RemoteCharts {
         self.counters
             .archive_downloads
             .fetch_add(1, Ordering::Relaxed);
-        self.verify_and_store(bounded_text(text), bytes, hex, limits)
+        self.verify_and_store(shown_reference(text), bytes, hex, limits)
             .await
     }
 
@@ -1022,10 +1026,10 @@ fn sha256_hex(digest: &str) -> Result<String, FetchError> {
     if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(hex.to_ascii_lowercase())
     } else {
-        Err(FetchError::BadDigest(format!(
-            "digest {:?} is not a sha256 digest",
-            bounded_text(digest)
-        )))
+        // Not quoted: it may come from a server.
+        Err(FetchError::BadDigest(
+            "the digest is not a sha256 digest".into(),
+        ))
     }
 }
 
@@ -1067,10 +1071,7 @@ fn index_url(base: &Url) -> Url {
 /// directory and with the repository URL's query, as Helm's `ResolveReferenceURL` does.
 fn chart_url(base: &Url, reference: &str) -> Result<Url, FetchError> {
     let bad = |e: url::ParseError| {
-        FetchError::BadIndex(format!(
-            "chart URL {:?} is not a URL: {e}",
-            bounded_text(reference)
-        ))
+        FetchError::BadIndex(format!("a chart URL of the version is not a URL: {e}"))
     };
     let url = match Url::parse(reference) {
         Ok(absolute) => absolute,
@@ -1101,6 +1102,14 @@ fn shown_url(text: &str) -> String {
     Url::parse(text).map_or_else(|_| "an invalid URL".to_owned(), |url| shown(&url))
 }
 
+/// An OCI reference as it may be shown: without user info before the host, bounded.
+fn shown_reference(text: &str) -> String {
+    let (scheme, rest) = text.split_at(if text.starts_with("oci://") { 6 } else { 0 });
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let host = host.rsplit_once('@').map_or(host, |(_, host)| host);
+    bounded_text(&format!("{scheme}{host}{path}"))
+}
+
 /// Parses `oci://host[:port]/repository/chart:tag` or `…@sha256:<hex>`. Helm stores a version's
 /// `+` as `_` in tags (OCI tags cannot hold `+`); so does this.
 fn oci_reference(text: &str) -> Result<Reference, FetchError> {
@@ -1110,6 +1119,13 @@ fn oci_reference(text: &str) -> Result<Reference, FetchError> {
     let (host, path) = rest
         .split_once('/')
         .ok_or_else(|| FetchError::Reference("the reference has no repository".into()))?;
+    if host.contains('@') {
+        return Err(FetchError::Reference(
+            "the reference carries credentials, which are not supported (they would show in \
+             status and logs)"
+                .into(),
+        ));
+    }
     if !(host.contains('.') || host.contains(':') || host == "localhost") {
         return Err(FetchError::Reference(format!(
             "{:?} is not a registry host (oci://host[:port]/repository/chart:tag)",
@@ -1231,6 +1247,15 @@ fn bounded_text(text: &str) -> String {
         Some((end, _)) => format!("{}…", &text[..end]),
         None => text.to_owned(),
     }
+}
+
+/// What Helm accepts as a chart name (letters, digits, `-`, `_`, `.`; at most 250 characters).
+fn is_chart_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 250
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// Up to ten items, then how many more.
@@ -1366,6 +1391,22 @@ mod tests {
         let digest = format!("sha256:{}", "0".repeat(64));
         let r = oci_reference(&format!("oci://localhost:5000/charts/web@{digest}")).unwrap();
         assert_eq!(r.digest(), Some(digest.as_str()));
+        let error = oci_reference("oci://user:s3cret@example.com/charts/web:1.0.0")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("carries credentials") && !error.contains("s3cret"),
+            "{error}"
+        );
+        assert_eq!(
+            shown_reference("oci://user:s3cret@example.com/charts/web:1.0.0"),
+            "oci://example.com/charts/web:1.0.0"
+        );
+        assert_eq!(
+            shown_reference("oci://example.com/a@sha256:00"),
+            "oci://example.com/a@sha256:00"
+        );
+        assert_eq!(shown_reference("oci://u:p@h"), "oci://h");
         for bad in [
             "oci://charts/web:1.0.0",
             "oci://example.com/charts/web",
@@ -1490,6 +1531,7 @@ mod tests {
             }
             .is_permanent()
         );
+        assert!(!status(408).is_permanent());
         assert!(
             FetchError::DigestMismatch {
                 expected: "a".into(),
