@@ -48,6 +48,9 @@ const CREDENTIALS_NEEDED: &str =
 const MAX_CACHED_INDEXES: usize = 64;
 /// Most OCI references whose layer digest is kept in memory.
 const MAX_CACHED_REFERENCES: usize = 1024;
+/// Archives used (stored or found) more recently than this are not evicted: a render reads the
+/// file after the resolve returns its path. The cache may exceed its size meanwhile.
+const IN_USE: Duration = Duration::from_secs(600);
 /// Most characters of a server's message quoted in an error.
 const MAX_QUOTE: usize = 300;
 
@@ -319,6 +322,7 @@ impl RemoteCharts {
             cache: ChartCache {
                 dir: config.cache_dir.clone(),
                 max_bytes: config.cache_max_bytes,
+                in_use: IN_USE,
             },
             http,
             config,
@@ -866,6 +870,8 @@ fn check(shown: &str, bytes: &[u8], limits: Limits) -> Result<(), FetchError> {
 struct ChartCache {
     dir: PathBuf,
     max_bytes: u64,
+    /// Files used more recently than this stay, whatever the size.
+    in_use: Duration,
 }
 
 impl ChartCache {
@@ -908,23 +914,24 @@ impl ChartCache {
         }))
     }
 
-    /// Writes the archive (to a temporary file, renamed into place), then evicts the least
-    /// recently used others while the cache is over its size.
+    /// Writes the archive to a temporary file of its own (created exclusively with a random
+    /// name: replicas sharing the cache never write the same one), renames it into place, then
+    /// evicts the least recently used others while the cache is over its size.
     fn store(&self, hex: &str, bytes: &[u8]) -> Result<PathBuf, FetchError> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        use std::io::Write;
         std::fs::create_dir_all(&self.dir).map_err(|e| Self::error(&self.dir, e))?;
         let path = self.path(hex);
-        let temporary = self.dir.join(format!(
-            ".{hex}.{}.{}.tmp",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let written =
-            std::fs::write(&temporary, bytes).and_then(|()| std::fs::rename(&temporary, &path));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&temporary);
-            return Err(Self::error(&path, e));
-        }
+        let mut temporary = tempfile::Builder::new()
+            .prefix(&format!(".{hex}."))
+            .suffix(".tmp")
+            .tempfile_in(&self.dir)
+            .map_err(|e| Self::error(&self.dir, e))?;
+        temporary
+            .write_all(bytes)
+            .map_err(|e| Self::error(temporary.path(), e))?;
+        temporary
+            .persist(&path)
+            .map_err(|e| Self::error(&path, e.error))?;
         self.evict(&path);
         Ok(path)
     }
@@ -954,11 +961,13 @@ impl ChartCache {
             .collect();
         let mut total: u64 = files.iter().map(|(_, size, _)| size).sum();
         files.sort();
-        for (_, size, path) in files {
+        for (used, size, path) in files {
             if total <= self.max_bytes {
                 break;
             }
-            if path != keep && std::fs::remove_file(&path).is_ok() {
+            // A file used moments ago may be about to be read by a render.
+            let in_use = used.elapsed().map_or(true, |age| age < self.in_use);
+            if path != keep && !in_use && std::fs::remove_file(&path).is_ok() {
                 tracing::info!(path = %path.display(), "evicted from the chart cache");
                 total -= size;
             }
@@ -1559,25 +1568,44 @@ mod tests {
         assert!(bearer_challenge(r#"Bearer realm="unterminated"#).is_none());
     }
 
+    fn archive(n: u8) -> Vec<u8> {
+        let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::none(),
+        ));
+        let content = vec![n; 200];
+        let mut header = tar::Header::new_gnu();
+        header.set_path("demo/Chart.yaml").unwrap();
+        header.set_size(content.len() as u64);
+        header.set_cksum();
+        builder.append(&header, content.as_slice()).unwrap();
+        builder.into_inner().unwrap().finish().unwrap()
+    }
+
+    fn set_age(path: &Path, age: Duration) {
+        std::fs::File::options()
+            .append(true)
+            .open(path)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - age)
+            .unwrap();
+    }
+
+    /// Ages are set, not waited for: the order does not hang on timestamp resolution.
     #[test]
-    fn the_cache_evicts_the_least_recently_used_and_drops_corrupt_files() {
+    fn the_cache_evicts_the_least_recently_used_but_not_what_is_in_use() {
         let dir = tempfile::tempdir().unwrap();
+        let archives: Vec<Vec<u8>> = (0..4).map(archive).collect();
+        let hexes: Vec<String> = archives
+            .iter()
+            .map(|a| format!("{:x}", Sha256::digest(a)))
+            .collect();
+        let size = archives[0].len() as u64;
         let cache = ChartCache {
             dir: dir.path().join("charts"),
-            max_bytes: 2500,
-        };
-        let archive = |n: u8| {
-            let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
-                Vec::new(),
-                flate2::Compression::none(),
-            ));
-            let content = vec![n; 200];
-            let mut header = tar::Header::new_gnu();
-            header.set_path("demo/Chart.yaml").unwrap();
-            header.set_size(content.len() as u64);
-            header.set_cksum();
-            builder.append(&header, content.as_slice()).unwrap();
-            builder.into_inner().unwrap().finish().unwrap()
+            // Room for two and a half archives.
+            max_bytes: size * 5 / 2,
+            in_use: IN_USE,
         };
         let limits = Limits::default();
         // Leftovers of interrupted writes: one from two hours ago, one under way.
@@ -1585,37 +1613,44 @@ mod tests {
         let (stale, fresh) = (cache.dir.join(".a.1.0.tmp"), cache.dir.join(".b.1.1.tmp"));
         std::fs::write(&stale, b"partial").unwrap();
         std::fs::write(&fresh, b"partial").unwrap();
-        let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
-        std::fs::File::options()
-            .append(true)
-            .open(&stale)
-            .unwrap()
-            .set_modified(two_hours_ago)
-            .unwrap();
-        let mut hexes = Vec::new();
-        for n in 0..3 {
-            let bytes = archive(n);
-            let hex = format!("{:x}", Sha256::digest(&bytes));
-            cache.store(&hex, &bytes).unwrap();
-            hexes.push((hex, bytes.len()));
-            std::thread::sleep(Duration::from_millis(20)); // distinct modification times
+        set_age(&stale, Duration::from_secs(7200));
+
+        // Three archives just stored (a render may be about to read each): none goes, though
+        // the cache is over its size.
+        for (hex, bytes) in hexes.iter().zip(&archives).take(3) {
+            cache.store(hex, bytes).unwrap();
         }
-        assert!(
-            hexes.iter().map(|(_, l)| l).sum::<usize>() > 2500,
-            "the test overflows"
-        );
         assert!(
             !stale.exists() && fresh.exists(),
             "stale temporary files go"
         );
-        // The first (oldest) went; the newest stayed.
-        assert!(cache.lookup(&hexes[0].0, limits).unwrap().is_none());
-        assert!(cache.lookup(&hexes[2].0, limits).unwrap().is_some());
+        assert!(
+            (0..3).all(|i| cache.path(&hexes[i]).exists()),
+            "nothing in use is evicted"
+        );
+        let leftovers = std::fs::read_dir(&cache.dir)
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().ends_with(".tmp")
+            })
+            .count();
+        assert_eq!(leftovers, 1, "stores leave no temporary file");
+
+        // Used 3, 4 and 1 hours ago; then 1 is found again (marked used now), and 3 stored:
+        // the least recently used go, 0 then 2, until the rest fits.
+        for (i, hours) in [(0, 3), (1, 4), (2, 1)] {
+            set_age(&cache.path(&hexes[i]), Duration::from_secs(hours * 3600));
+        }
+        assert!(cache.lookup(&hexes[1], limits).unwrap().is_some());
+        cache.store(&hexes[3], &archives[3]).unwrap();
+        let present: Vec<bool> = hexes.iter().map(|h| cache.path(h).exists()).collect();
+        assert_eq!(present, [false, true, false, true]);
 
         // A file whose content changed is not served, and is removed.
-        let path = cache.path(&hexes[2].0);
+        let path = cache.path(&hexes[3]);
         std::fs::write(&path, b"tampered").unwrap();
-        assert!(cache.lookup(&hexes[2].0, limits).unwrap().is_none());
+        assert!(cache.lookup(&hexes[3], limits).unwrap().is_none());
         assert!(!path.exists());
     }
 }
