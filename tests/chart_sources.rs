@@ -136,12 +136,19 @@ enum Reply {
     Status(StatusCode),
     /// Accept the request, never answer.
     Hang,
+    /// 401 with this `WWW-Authenticate` challenge.
+    Challenge(String),
+    /// This status and a chunked body (no `Content-Length`) of this many bytes of `s3cret `,
+    /// made as it is sent.
+    Stream(StatusCode, u64),
 }
 
 #[derive(Clone, Default)]
 struct Files {
     replies: Arc<Mutex<HashMap<String, Reply>>>,
     hits: Arc<Mutex<HashMap<String, usize>>>,
+    /// Bytes of `Reply::Stream` bodies handed to the connection so far.
+    streamed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Serves whatever the test puts at a path; counts requests per path.
@@ -167,6 +174,30 @@ impl RepoServer {
                 }
                 Some(Reply::Status(status)) => status.into_response(),
                 Some(Reply::Hang) => std::future::pending().await,
+                Some(Reply::Challenge(challenge)) => (
+                    StatusCode::UNAUTHORIZED,
+                    [(header::WWW_AUTHENTICATE, challenge)],
+                )
+                    .into_response(),
+                Some(Reply::Stream(status, total)) => {
+                    const CHUNK: usize = 64 << 10;
+                    let chunk = axum::body::Bytes::from(b"s3cret ".repeat(CHUNK / 7));
+                    let streamed = files.streamed.clone();
+                    let body = futures::stream::unfold(0u64, move |sent| {
+                        let (chunk, streamed) = (chunk.clone(), streamed.clone());
+                        async move {
+                            (sent < total).then(|| {
+                                streamed.fetch_add(
+                                    chunk.len() as u64,
+                                    std::sync::atomic::Ordering::Relaxed,
+                                );
+                                let next = sent + chunk.len() as u64;
+                                (Ok::<_, std::io::Error>(chunk), next)
+                            })
+                        }
+                    });
+                    (status, axum::body::Body::from_stream(body)).into_response()
+                }
                 None => StatusCode::NOT_FOUND.into_response(),
             }
         }
@@ -202,6 +233,12 @@ impl RepoServer {
             .lock()
             .unwrap()
             .insert(path.into(), reply);
+    }
+
+    fn streamed(&self) -> u64 {
+        self.files
+            .streamed
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn hits(&self, path: &str) -> usize {
@@ -492,6 +529,21 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
         "<html><body>Not a repository</body></html>",
     );
     server.put("/huge/index.yaml", vec![b'#'; 65 * 1024]);
+    // 53 KiB that a decoder expanding aliases makes 2048 copies of a 16 KiB string (32 MiB;
+    // with the default 8 MiB limit the same shape reaches hundreds of GB).
+    let mut bomb = format!(
+        "apiVersion: v1\nx: &a \"{}\"\nentries:\n  catalog:\n",
+        "v".repeat(16 << 10)
+    );
+    for _ in 0..2048 {
+        bomb.push_str("  - {version: *a}\n");
+    }
+    server.put("/aliases/index.yaml", bomb);
+    // What an internal endpoint might answer: nothing of it may reach a message.
+    server.put(
+        "/leak/index.yaml",
+        "{\"Token\": \"s3cret\"}\ns3cret s3cret\n",
+    );
     // The index says v1's digest; the server has v2's archive under v1's name.
     server.put("/mismatch/index.yaml", packaged().index.clone());
     server.put("/mismatch/catalog-1.0.0.tgz", packaged().v2.clone());
@@ -569,6 +621,20 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
             from_repository(&format!("{base}/html"), "catalog", "1.0.0"),
             small,
             "malformed index.yaml",
+            true,
+        ),
+        (
+            "alias bomb",
+            from_repository(&format!("{base}/aliases"), "catalog", "1.0.0"),
+            small,
+            "anchors and aliases are not accepted",
+            true,
+        ),
+        (
+            "a body that is not YAML, not quoted",
+            from_repository(&format!("{base}/leak"), "catalog", "1.0.0"),
+            small,
+            "malformed index.yaml: not valid YAML (line 2, column",
             true,
         ),
         (
@@ -946,18 +1012,137 @@ async fn a_hostile_registry_is_refused() {
         max_files: 100,
         max_bytes: 1 << 20,
     };
-    for (chart, expected) in [
-        ("huge", "exceeds the limit of 4194304 bytes"),
-        ("lying", "digest mismatch"),
-        ("index", "is an image index, not a Helm chart"),
-        ("big", "chart layer exceeds the limit of 1048576 bytes"),
+    for (chart, expected, permanent) in [
+        ("huge", "exceeds the limit of 4194304 bytes", true),
+        ("lying", "digest mismatch", true),
+        ("index", "is an image index, not a Helm chart", true),
+        (
+            "big",
+            "chart layer exceeds the limit of 1048576 bytes",
+            true,
+        ),
     ] {
         let reference = format!("oci://{host}/charts/{chart}:1.0.0");
         let error = resolve(&charts, &from_oci(&reference), small)
             .await
             .unwrap_err();
         assert!(error.to_string().contains(expected), "{chart}: {error}");
-        assert!(error.is_permanent(), "{chart}: {error}");
+        assert_eq!(error.is_permanent(), permanent, "{chart}: {error}");
+    }
+}
+
+/// Endless answers, chunked (no `Content-Length` to refuse them by): an index, an archive, a
+/// registry's token realm, a chart layer, and a layer's error answer. Each is cut off at its
+/// limit (nothing reads such a body whole), and nothing of them is quoted.
+#[tokio::test]
+async fn endless_answers_are_cut_off_at_their_limit() {
+    const ENDLESS: u64 = 256 << 20;
+    /// Far below ENDLESS, far above a limit plus what socket buffers hold.
+    const READ_AT_MOST: u64 = 48 << 20;
+    let small = Limits {
+        max_files: 100,
+        max_bytes: 1 << 20,
+    };
+    let cache = tempfile::tempdir().unwrap();
+    let charts = remote(cache.path());
+    let helm_manifest = |layer_digest: &str| {
+        json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.cncf.helm.config.v1+json",
+                       "digest": format!("sha256:{}", sha256(b"{}")), "size": 2},
+            "layers": [{"mediaType": "application/vnd.cncf.helm.chart.content.v1.tar+gzip",
+                        "digest": layer_digest, "size": 100}],
+        })
+        .to_string()
+    };
+    let layer = format!("sha256:{}", sha256(b"layer"));
+
+    // A registry whose token realm never stops talking.
+    let tokens = RepoServer::start().await;
+    let host = tokens.url.trim_start_matches("http://").to_owned();
+    tokens.reply(
+        "/v2/",
+        Reply::Challenge(format!(
+            "Bearer realm=\"{}/token\",service=\"registry\"",
+            tokens.url
+        )),
+    );
+    tokens.reply("/token", Reply::Stream(StatusCode::OK, ENDLESS));
+    tokens.put("/v2/charts/web/manifests/1.0.0", helm_manifest(&layer));
+    let error = resolve(
+        &charts,
+        &from_oci(&format!("oci://{host}/charts/web:1.0.0")),
+        small,
+    )
+    .await
+    .unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("exceeds the limit"), "token: {message}");
+    assert!(!message.contains("s3cret"), "token: {message}");
+    assert!(
+        tokens.streamed() < READ_AT_MOST,
+        "token: {} bytes read",
+        tokens.streamed()
+    );
+    assert_eq!(tokens.hits("/v2/charts/web/manifests/1.0.0"), 0);
+
+    // A registry (no auth) whose layer answers endlessly: an error, then a success.
+    for (status, expected, permanent) in [
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "answered HTTP 500",
+            false,
+        ),
+        (StatusCode::OK, "exceeds the limit of 1048576 bytes", true),
+    ] {
+        let registry = RepoServer::start().await;
+        let host = registry.url.trim_start_matches("http://").to_owned();
+        registry.put("/v2/", "{}");
+        registry.put("/v2/charts/web/manifests/1.0.0", helm_manifest(&layer));
+        registry.reply(
+            &format!("/v2/charts/web/blobs/{layer}"),
+            Reply::Stream(status, ENDLESS),
+        );
+        let error = resolve(
+            &charts,
+            &from_oci(&format!("oci://{host}/charts/web:1.0.0")),
+            small,
+        )
+        .await
+        .unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains(expected), "layer {status}: {message}");
+        assert!(!message.contains("s3cret"), "layer {status}: {message}");
+        assert_eq!(error.is_permanent(), permanent, "layer {status}: {message}");
+        let read = registry.streamed();
+        assert!(read < READ_AT_MOST, "layer {status}: {read} bytes read");
+    }
+
+    // A repository whose index, or archive, never ends.
+    let repository = RepoServer::start().await;
+    repository.reply(
+        "/endless/index.yaml",
+        Reply::Stream(StatusCode::OK, ENDLESS),
+    );
+    repository.put(
+        "/archive/index.yaml",
+        index_yaml(&[("web", "1.0.0", &sha256(b"x"), "web.tgz")]),
+    );
+    repository.reply("/archive/web.tgz", Reply::Stream(StatusCode::OK, ENDLESS));
+    for (path, expected) in [
+        ("/endless", "index.yaml exceeds the limit of 8388608 bytes"),
+        ("/archive", "web.tgz exceeds the limit of 1048576 bytes"),
+    ] {
+        let before = repository.streamed();
+        let source = from_repository(&format!("{}{path}", repository.url), "web", "1.0.0");
+        let message = resolve(&charts, &source, small)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains(expected), "{path}: {message}");
+        let read = repository.streamed() - before;
+        assert!(read < READ_AT_MOST, "{path}: {read} bytes read");
     }
 }
 

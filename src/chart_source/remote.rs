@@ -10,17 +10,12 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
-use oci_client::manifest::OciManifest;
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Reference, RegistryOperation};
+use oci_client::Reference;
+use oci_client::manifest::{OciDescriptor, OciManifest};
 use reqwest::Url;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -37,6 +32,8 @@ pub const HELM_PROVENANCE_MEDIA_TYPE: &str = "application/vnd.cncf.helm.chart.pr
 
 /// Most bytes of an OCI manifest (what the OCI distribution spec asks registries to accept).
 const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
+/// Most bytes of a registry's token answer (a JSON object with a token of a few KiB).
+const MAX_TOKEN_BYTES: u64 = 1024 * 1024;
 /// The manifest media types asked for: image manifests (a chart is one) and indexes (refused
 /// with a clear message).
 const MANIFEST_MEDIA_TYPES: &[&str] = &[
@@ -51,6 +48,9 @@ const CREDENTIALS_NEEDED: &str =
 const MAX_CACHED_INDEXES: usize = 64;
 /// Most OCI references whose layer digest is kept in memory.
 const MAX_CACHED_REFERENCES: usize = 1024;
+/// Archives used (stored or found) more recently than this are not evicted: a render reads the
+/// file after the resolve returns its path. The cache may exceed its size meanwhile.
+const IN_USE: Duration = Duration::from_secs(600);
 /// Most characters of a server's message quoted in an error.
 const MAX_QUOTE: usize = 300;
 
@@ -280,9 +280,9 @@ impl<V: Clone> Recent<V> {
 pub struct RemoteCharts {
     config: RemoteConfig,
     cache: ChartCache,
+    /// Every request: repositories, and registries (manifest, token, blob), each answer read
+    /// within its limit.
     http: reqwest::Client,
-    oci_https: oci_client::Client,
-    oci_http: oci_client::Client,
     /// Parsed `index.yaml` by URL, for `index_ttl`.
     indexes: Recent<Arc<Index>>,
     /// The chart layer's digest by OCI reference: for `index_ttl` for a tag, for good for a
@@ -318,26 +318,12 @@ impl RemoteCharts {
             .user_agent(concat!("module-manager/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| FetchError::Reference(format!("HTTP client: {}", chain(&e))))?;
-        let oci = |protocol| {
-            let config = ClientConfig {
-                protocol,
-                read_timeout: Some(config.timeout),
-                connect_timeout: Some(config.timeout.min(Duration::from_secs(10))),
-                // A chart is an image manifest; an index is refused, not resolved.
-                platform_resolver: None,
-                user_agent: concat!("module-manager/", env!("CARGO_PKG_VERSION")),
-                ..Default::default()
-            };
-            oci_client::Client::try_from(config)
-                .map_err(|e| FetchError::Reference(format!("OCI client: {}", chain(&e))))
-        };
         Ok(Self {
             cache: ChartCache {
                 dir: config.cache_dir.clone(),
                 max_bytes: config.cache_max_bytes,
+                in_use: IN_USE,
             },
-            oci_https: oci(ClientProtocol::Https)?,
-            oci_http: oci(ClientProtocol::Http)?,
             http,
             config,
             indexes: Recent::new(MAX_CACHED_INDEXES),
@@ -380,7 +366,7 @@ impl RemoteCharts {
                 .await
             }
             (None, None, Some(reference)) => {
-                let origin = format!("chart {}", bounded_text(reference));
+                let origin = format!("chart {}", shown_reference(reference));
                 self.bounded(origin, self.fetch_from_registry(reference, limits))
                     .await
             }
@@ -423,11 +409,17 @@ impl RemoteCharts {
         let base = repository_url(repository)?;
         let index = self.index(&base).await?;
         let entries = index.entries.get(name).ok_or_else(|| {
-            let mut names: Vec<&str> = index.entries.keys().map(String::as_str).collect();
+            // Names from the server are shown only when they are chart names.
+            let mut names: Vec<&str> = index
+                .entries
+                .keys()
+                .map(String::as_str)
+                .filter(|n| is_chart_name(n))
+                .collect();
             names.sort_unstable();
             FetchError::NoChart {
                 name: name.to_owned(),
-                available: format!("{} charts: {}", names.len(), listing(&names)),
+                available: format!("{} charts: {}", index.entries.len(), listing(&names)),
             }
         })?;
         let chosen = version::select(requested, entries.iter().map(|e| e.version.as_str()))
@@ -541,59 +533,127 @@ impl RemoteCharts {
         Ok((body, headers))
     }
 
-    /// The image manifest of `reference`, read within [`MAX_MANIFEST_BYTES`] (oci-client would
-    /// read any size) and checked against a digest in the reference and the registry's
-    /// `Docker-Content-Digest`. oci-client does the registry's token dance (anonymous) and keeps
-    /// the token for the blob pull.
+    /// An anonymous pull token for `reference`'s repository when the registry asks for one
+    /// (a `Bearer` challenge on `/v2/`), as the distribution spec's token flow: the realm's
+    /// answer is read within [`MAX_TOKEN_BYTES`]. `None` when the registry asks for nothing, or
+    /// for credentials another way (the manifest request then says so).
+    async fn anonymous_token(
+        &self,
+        reference: &Reference,
+        scheme: &str,
+    ) -> Result<Option<String>, FetchError> {
+        let url = registry_url(scheme, reference, "")?;
+        let response = self
+            .http
+            .get(url.clone())
+            .send()
+            .await
+            .map_err(|e| request_error(&shown(&url), e, self.config.timeout))?;
+        if response.status() != reqwest::StatusCode::UNAUTHORIZED {
+            return Ok(None);
+        }
+        let challenge = response
+            .headers()
+            .get_all(reqwest::header::WWW_AUTHENTICATE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find_map(bearer_challenge);
+        drop(response);
+        let Some(challenge) = challenge else {
+            return Ok(None);
+        };
+        let refused = |what: &str| FetchError::Registry {
+            message: format!("the registry's token {what}"),
+            transient: false,
+        };
+        let realm = challenge
+            .get("realm")
+            .ok_or_else(|| refused("challenge names no realm"))?;
+        let realm = Url::parse(realm).map_err(|_| refused("realm is not a URL"))?;
+        let mut realm = checked_url(realm, "token realm")?;
+        {
+            let mut query = realm.query_pairs_mut();
+            if let Some(service) = challenge.get("service") {
+                query.append_pair("service", service);
+            }
+            query.append_pair(
+                "scope",
+                &format!("repository:{}:pull", reference.repository()),
+            );
+        }
+        let body = match self
+            .send_bounded(self.http.get(realm.clone()), &realm, MAX_TOKEN_BYTES)
+            .await
+        {
+            Ok((body, _)) => body,
+            Err(FetchError::Status {
+                status: 401 | 403, ..
+            }) => return Err(credentials_needed()),
+            Err(e) => return Err(e),
+        };
+        #[derive(Deserialize)]
+        struct Answer {
+            token: Option<String>,
+            access_token: Option<String>,
+        }
+        let answer: Answer =
+            serde_json::from_slice(&body).map_err(|_| refused("answer is not a token"))?;
+        answer
+            .token
+            .or(answer.access_token)
+            .filter(|t| !t.is_empty())
+            .map(Some)
+            .ok_or_else(|| refused("answer holds no token"))
+    }
+
+    /// GETs `what` of the registry with the pull token, within `max` bytes; the registry's
+    /// refusals in words.
+    async fn registry_get(
+        &self,
+        url: &Url,
+        accept: Option<&str>,
+        token: Option<&str>,
+        max: u64,
+    ) -> Result<(Vec<u8>, reqwest::header::HeaderMap), FetchError> {
+        let mut request = self.http.get(url.clone());
+        if let Some(accept) = accept {
+            request = request.header(reqwest::header::ACCEPT, accept);
+        }
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        match self.send_bounded(request, url, max).await {
+            Err(FetchError::Status { status: 404, .. }) => Err(FetchError::Registry {
+                message: "not found in the registry".into(),
+                transient: false,
+            }),
+            Err(FetchError::Status {
+                status: 401 | 403, ..
+            }) => Err(credentials_needed()),
+            other => other,
+        }
+    }
+
+    /// The image manifest of `reference`, read within [`MAX_MANIFEST_BYTES`] and checked
+    /// against a digest in the reference and the registry's `Docker-Content-Digest`.
     async fn pull_manifest(
         &self,
-        client: &oci_client::Client,
         reference: &Reference,
-        plain_http: bool,
+        scheme: &str,
+        token: Option<&str>,
     ) -> Result<OciManifest, FetchError> {
-        let token = client
-            .auth(reference, &RegistryAuth::Anonymous, RegistryOperation::Pull)
-            .await
-            .map_err(|e| oci_error(e, self.config.timeout))?;
         let target = reference
             .digest()
             .or(reference.tag())
             .expect("oci_reference requires a tag or digest");
-        let url = Url::parse(&format!(
-            "{}://{}/v2/{}/manifests/{target}",
-            if plain_http { "http" } else { "https" },
-            reference.resolve_registry(),
-            reference.repository(),
-        ))
-        .map_err(|e| FetchError::Reference(format!("invalid OCI reference: {e}")))?;
-        let mut request = self
-            .http
-            .get(url.clone())
-            .header(reqwest::header::ACCEPT, MANIFEST_MEDIA_TYPES.join(", "));
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
+        let url = registry_url(scheme, reference, &format!("manifests/{target}"))?;
         self.counters
             .manifest_requests
             .fetch_add(1, Ordering::Relaxed);
-        let (body, headers) = match self.send_bounded(request, &url, MAX_MANIFEST_BYTES).await {
-            Ok(answer) => answer,
-            Err(FetchError::Status { status: 404, .. }) => {
-                return Err(FetchError::Registry {
-                    message: "not found in the registry".into(),
-                    transient: false,
-                });
-            }
-            Err(FetchError::Status {
-                status: 401 | 403, ..
-            }) => {
-                return Err(FetchError::Registry {
-                    message: CREDENTIALS_NEEDED.into(),
-                    transient: false,
-                });
-            }
-            Err(e) => return Err(e),
-        };
+        let accept = MANIFEST_MEDIA_TYPES.join(", ");
+        let (body, headers) = self
+            .registry_get(&url, Some(&accept), token, MAX_MANIFEST_BYTES)
+            .await?;
         let actual = format!("{:x}", Sha256::digest(&body));
         let published = headers
             .get("docker-content-digest")
@@ -609,7 +669,11 @@ impl RemoteCharts {
             }
         }
         serde_json::from_slice(&body).map_err(|e| FetchError::Registry {
-            message: format!("not an OCI manifest: {}", bounded_text(&e.to_string())),
+            message: format!(
+                "not an OCI manifest (line {}, column {})",
+                e.line(),
+                e.column()
+            ),
             transient: false,
         })
     }
@@ -621,11 +685,6 @@ impl RemoteCharts {
     ) -> Result<ResolvedChart, FetchError> {
         let reference = oci_reference(text)?;
         let plain = self.plain_http(reference.registry());
-        let client = if plain {
-            &self.oci_http
-        } else {
-            &self.oci_https
-        };
         // A reference resolved moments ago (a tag) or ever (a digest) needs no manifest.
         let key = format!("{plain}:{}", reference.whole());
         let ttl = match reference.digest() {
@@ -637,9 +696,7 @@ impl RemoteCharts {
         {
             return Ok(chart);
         }
-        let chart = self
-            .fetch_layer(client, &reference, plain, text, limits)
-            .await?;
+        let chart = self.fetch_layer(&reference, plain, text, limits).await?;
         let hex = chart.digest.trim_start_matches("sha256:").to_owned();
         self.layers.put(key, hex);
         Ok(chart)
@@ -649,13 +706,16 @@ impl RemoteCharts {
     /// the registry.
     async fn fetch_layer(
         &self,
-        client: &oci_client::Client,
         reference: &Reference,
         plain: bool,
         text: &str,
         limits: Limits,
     ) -> Result<ResolvedChart, FetchError> {
-        let manifest = self.pull_manifest(client, reference, plain).await?;
+        let scheme = if plain { "http" } else { "https" };
+        let token = self.anonymous_token(reference, scheme).await?;
+        let manifest = self
+            .pull_manifest(reference, scheme, token.as_deref())
+            .await?;
         let manifest = match manifest {
             OciManifest::Image(manifest) => manifest,
             OciManifest::ImageIndex(_) => {
@@ -666,16 +726,14 @@ impl RemoteCharts {
         };
         if manifest.config.media_type != HELM_CONFIG_MEDIA_TYPE {
             return Err(FetchError::MediaType(format!(
-                "config media type {:?} is not a Helm chart's ({HELM_CONFIG_MEDIA_TYPE})",
-                bounded_text(&manifest.config.media_type)
+                "the config media type is not a Helm chart's ({HELM_CONFIG_MEDIA_TYPE})"
             )));
         }
-        if let Some(other) = manifest.layers.iter().find(|l| {
+        if manifest.layers.iter().any(|l| {
             l.media_type != HELM_CHART_MEDIA_TYPE && l.media_type != HELM_PROVENANCE_MEDIA_TYPE
         }) {
             return Err(FetchError::MediaType(format!(
-                "layer media type {:?} is not a Helm chart's ({HELM_CHART_MEDIA_TYPE})",
-                bounded_text(&other.media_type)
+                "a layer's media type is not a Helm chart's ({HELM_CHART_MEDIA_TYPE})"
             )));
         }
         let charts: Vec<_> = manifest
@@ -699,24 +757,37 @@ impl RemoteCharts {
         if let Some(chart) = self.cached(&hex, limits).await? {
             return Ok(chart);
         }
-        let mut out = Capped {
-            buffer: Vec::new(),
-            max: limits.max_bytes,
-            exceeded: false,
-        };
-        let pulled = client.pull_blob(reference, layer, &mut out).await;
-        if out.exceeded {
-            return Err(FetchError::TooLarge {
-                what: "chart layer".into(),
-                limit: limits.max_bytes,
-            });
-        }
-        pulled.map_err(|e| oci_error(e, self.config.timeout))?;
+        let bytes = self
+            .pull_layer(reference, scheme, token.as_deref(), layer, limits)
+            .await?;
         self.counters
             .archive_downloads
             .fetch_add(1, Ordering::Relaxed);
-        self.verify_and_store(bounded_text(text), out.buffer, hex, limits)
+        self.verify_and_store(shown_reference(text), bytes, hex, limits)
             .await
+    }
+
+    /// The chart layer's bytes, read within the chart's byte limit (a registry may send more
+    /// than the size it declared). Redirects (to a CDN) follow the HTTP client's policy: not
+    /// from https to http, the token not sent to another host; `urls` of the descriptor are
+    /// not used. The digest is checked by the caller.
+    async fn pull_layer(
+        &self,
+        reference: &Reference,
+        scheme: &str,
+        token: Option<&str>,
+        layer: &OciDescriptor,
+        limits: Limits,
+    ) -> Result<Vec<u8>, FetchError> {
+        let url = registry_url(scheme, reference, &format!("blobs/{}", layer.digest))?;
+        match self.registry_get(&url, None, token, limits.max_bytes).await {
+            Ok((body, _)) => Ok(body),
+            Err(FetchError::TooLarge { limit, .. }) => Err(FetchError::TooLarge {
+                what: "chart layer".into(),
+                limit,
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     fn plain_http(&self, registry: &str) -> bool {
@@ -794,47 +865,13 @@ fn check(shown: &str, bytes: &[u8], limits: Limits) -> Result<(), FetchError> {
         .map_err(|e| FetchError::Chart(Box::new(e)))
 }
 
-/// An in-memory sink that refuses more than `max` bytes.
-struct Capped {
-    buffer: Vec<u8>,
-    max: u64,
-    exceeded: bool,
-}
-
-impl tokio::io::AsyncWrite for Capped {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        if (self.buffer.len() + data.len()) as u64 > self.max {
-            self.exceeded = true;
-            return Poll::Ready(Err(std::io::Error::other("chart layer exceeds the limit")));
-        }
-        self.buffer.extend_from_slice(data);
-        Poll::Ready(Ok(data.len()))
-    }
-
-    fn poll_flush(
-        self: Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(
-        self: Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
 /// Verified archives on disk, `sha256-<hex>.tgz`, bounded in total size; temporary files of interrupted writes go after an hour.
 #[derive(Clone, Debug)]
 struct ChartCache {
     dir: PathBuf,
     max_bytes: u64,
+    /// Files used more recently than this stay, whatever the size.
+    in_use: Duration,
 }
 
 impl ChartCache {
@@ -877,23 +914,24 @@ impl ChartCache {
         }))
     }
 
-    /// Writes the archive (to a temporary file, renamed into place), then evicts the least
-    /// recently used others while the cache is over its size.
+    /// Writes the archive to a temporary file of its own (created exclusively with a random
+    /// name: replicas sharing the cache never write the same one), renames it into place, then
+    /// evicts the least recently used others while the cache is over its size.
     fn store(&self, hex: &str, bytes: &[u8]) -> Result<PathBuf, FetchError> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        use std::io::Write;
         std::fs::create_dir_all(&self.dir).map_err(|e| Self::error(&self.dir, e))?;
         let path = self.path(hex);
-        let temporary = self.dir.join(format!(
-            ".{hex}.{}.{}.tmp",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let written =
-            std::fs::write(&temporary, bytes).and_then(|()| std::fs::rename(&temporary, &path));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&temporary);
-            return Err(Self::error(&path, e));
-        }
+        let mut temporary = tempfile::Builder::new()
+            .prefix(&format!(".{hex}."))
+            .suffix(".tmp")
+            .tempfile_in(&self.dir)
+            .map_err(|e| Self::error(&self.dir, e))?;
+        temporary
+            .write_all(bytes)
+            .map_err(|e| Self::error(temporary.path(), e))?;
+        temporary
+            .persist(&path)
+            .map_err(|e| Self::error(&path, e.error))?;
         self.evict(&path);
         Ok(path)
     }
@@ -923,11 +961,13 @@ impl ChartCache {
             .collect();
         let mut total: u64 = files.iter().map(|(_, size, _)| size).sum();
         files.sort();
-        for (_, size, path) in files {
+        for (used, size, path) in files {
             if total <= self.max_bytes {
                 break;
             }
-            if path != keep && std::fs::remove_file(&path).is_ok() {
+            // A file used moments ago may be about to be read by a render.
+            let in_use = used.elapsed().map_or(true, |age| age < self.in_use);
+            if path != keep && !in_use && std::fs::remove_file(&path).is_ok() {
                 tracing::info!(path = %path.display(), "evicted from the chart cache");
                 total -= size;
             }
@@ -935,13 +975,58 @@ impl ChartCache {
     }
 }
 
+/// Parses an `index.yaml`. Anchors and aliases are refused before decoding: `helm repo index`
+/// never writes them, and a decoder copies an alias's target at every use, so a small document
+/// could expand to gigabytes. Errors say where and what kind, never quote the content (the body
+/// may come from anywhere a redirect led).
 fn parse_index(bytes: &[u8]) -> Result<Index, FetchError> {
-    let index: Index = serde_yaml_ng::from_slice(bytes)
-        .map_err(|e| FetchError::BadIndex(bounded_text(&e.to_string())))?;
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| FetchError::BadIndex(format!("not UTF-8 (at byte {})", e.valid_up_to())))?;
+    refuse_aliases(text)?;
+    let index: Index = serde_yaml_ng::from_str(text).map_err(|e| {
+        FetchError::BadIndex(match e.location() {
+            Some(at) => format!(
+                "not a Helm repository index (line {}, column {})",
+                at.line(),
+                at.column()
+            ),
+            None => "not a Helm repository index".into(),
+        })
+    })?;
     if index.api_version.as_deref().is_none_or(str::is_empty) {
         return Err(FetchError::BadIndex("no apiVersion".into()));
     }
     Ok(index)
+}
+
+/// Reads the YAML events of `text` (which expands nothing) and refuses any anchor or alias.
+fn refuse_aliases(text: &str) -> Result<(), FetchError> {
+    use yaml_rust2::parser::{Event, Parser};
+    let mut parser = Parser::new_from_str(text);
+    loop {
+        let (event, at) = parser.next_token().map_err(|e| {
+            FetchError::BadIndex(format!(
+                "not valid YAML (line {}, column {})",
+                e.marker().line(),
+                e.marker().col() + 1
+            ))
+        })?;
+        let anchored = match event {
+            Event::StreamEnd => return Ok(()),
+            Event::Alias(_) => true,
+            Event::Scalar(_, _, anchor, _)
+            | Event::SequenceStart(anchor, _)
+            | Event::MappingStart(anchor, _) => anchor != 0,
+            _ => false,
+        };
+        if anchored {
+            return Err(FetchError::BadIndex(format!(
+                "YAML anchors and aliases are not accepted (line {}, column {})",
+                at.line(),
+                at.col() + 1
+            )));
+        }
+    }
 }
 
 /// The hex of a `sha256:<hex>` or bare `<hex>` digest (lowercase; it names a cache file).
@@ -950,10 +1035,10 @@ fn sha256_hex(digest: &str) -> Result<String, FetchError> {
     if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(hex.to_ascii_lowercase())
     } else {
-        Err(FetchError::BadDigest(format!(
-            "digest {:?} is not a sha256 digest",
-            bounded_text(digest)
-        )))
+        // Not quoted: it may come from a server.
+        Err(FetchError::BadDigest(
+            "the digest is not a sha256 digest".into(),
+        ))
     }
 }
 
@@ -995,10 +1080,7 @@ fn index_url(base: &Url) -> Url {
 /// directory and with the repository URL's query, as Helm's `ResolveReferenceURL` does.
 fn chart_url(base: &Url, reference: &str) -> Result<Url, FetchError> {
     let bad = |e: url::ParseError| {
-        FetchError::BadIndex(format!(
-            "chart URL {:?} is not a URL: {e}",
-            bounded_text(reference)
-        ))
+        FetchError::BadIndex(format!("a chart URL of the version is not a URL: {e}"))
     };
     let url = match Url::parse(reference) {
         Ok(absolute) => absolute,
@@ -1029,6 +1111,14 @@ fn shown_url(text: &str) -> String {
     Url::parse(text).map_or_else(|_| "an invalid URL".to_owned(), |url| shown(&url))
 }
 
+/// An OCI reference as it may be shown: without user info before the host, bounded.
+fn shown_reference(text: &str) -> String {
+    let (scheme, rest) = text.split_at(if text.starts_with("oci://") { 6 } else { 0 });
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let host = host.rsplit_once('@').map_or(host, |(_, host)| host);
+    bounded_text(&format!("{scheme}{host}{path}"))
+}
+
 /// Parses `oci://host[:port]/repository/chart:tag` or `…@sha256:<hex>`. Helm stores a version's
 /// `+` as `_` in tags (OCI tags cannot hold `+`); so does this.
 fn oci_reference(text: &str) -> Result<Reference, FetchError> {
@@ -1038,6 +1128,13 @@ fn oci_reference(text: &str) -> Result<Reference, FetchError> {
     let (host, path) = rest
         .split_once('/')
         .ok_or_else(|| FetchError::Reference("the reference has no repository".into()))?;
+    if host.contains('@') {
+        return Err(FetchError::Reference(
+            "the reference carries credentials, which are not supported (they would show in \
+             status and logs)"
+                .into(),
+        ));
+    }
     if !(host.contains('.') || host.contains(':') || host == "localhost") {
         return Err(FetchError::Reference(format!(
             "{:?} is not a registry host (oci://host[:port]/repository/chart:tag)",
@@ -1080,64 +1177,62 @@ fn request_error(url: &str, error: reqwest::Error, timeout: Duration) -> FetchEr
     }
 }
 
-fn oci_error(error: OciDistributionError, timeout: Duration) -> FetchError {
-    use OciDistributionError as E;
-    match error {
-        E::RequestError(e) if e.is_timeout() => FetchError::Timeout(timeout),
-        E::RequestError(e) => FetchError::Unreachable {
-            url: e.url().map(shown).unwrap_or_else(|| "the registry".into()),
-            reason: chain(&e.without_url()),
-        },
-        E::IoError(e) => FetchError::Registry {
-            message: bounded_text(&e.to_string()),
-            transient: true,
-        },
-        E::ServerError { code, message, .. } => FetchError::Registry {
-            message: format!("HTTP {code}: {}", bounded_text(&message)),
-            transient: code >= 500 || code == 429 || code == 408,
-        },
-        E::RegistryError { envelope, .. } => {
-            let not_found = envelope.errors.iter().any(|e| {
-                matches!(
-                    e.code,
-                    OciErrorCode::ManifestUnknown
-                        | OciErrorCode::NameUnknown
-                        | OciErrorCode::NotFound
-                        | OciErrorCode::BlobUnknown
-                )
-            });
-            let denied = envelope
-                .errors
-                .iter()
-                .any(|e| matches!(e.code, OciErrorCode::Unauthorized | OciErrorCode::Denied));
-            let busy = envelope
-                .errors
-                .iter()
-                .any(|e| matches!(e.code, OciErrorCode::Toomanyrequests));
-            FetchError::Registry {
-                message: if not_found {
-                    "not found in the registry".into()
-                } else if denied {
-                    CREDENTIALS_NEEDED.into()
-                } else {
-                    bounded_text(&envelope.to_string())
-                },
-                transient: busy,
-            }
-        }
-        E::UnauthorizedError { .. } | E::AuthenticationFailure(_) => FetchError::Registry {
-            message: CREDENTIALS_NEEDED.into(),
-            transient: false,
-        },
-        E::DigestError(e) => FetchError::Registry {
-            message: format!("digest mismatch: {}", bounded_text(&e.to_string())),
-            transient: false,
-        },
-        other => FetchError::Registry {
-            message: bounded_text(&other.to_string()),
-            transient: false,
-        },
+fn credentials_needed() -> FetchError {
+    FetchError::Registry {
+        message: CREDENTIALS_NEEDED.into(),
+        transient: false,
     }
+}
+
+/// `<scheme>://<registry>/v2/<repository>/<path>` (`/v2/` for an empty path).
+fn registry_url(scheme: &str, reference: &Reference, path: &str) -> Result<Url, FetchError> {
+    let text = if path.is_empty() {
+        format!("{scheme}://{}/v2/", reference.resolve_registry())
+    } else {
+        format!(
+            "{scheme}://{}/v2/{}/{path}",
+            reference.resolve_registry(),
+            reference.repository()
+        )
+    };
+    Url::parse(&text).map_err(|e| FetchError::Reference(format!("invalid OCI reference: {e}")))
+}
+
+/// The parameters of a `Bearer` challenge (`Bearer realm="…",service="…",scope="…"`).
+fn bearer_challenge(header: &str) -> Option<HashMap<String, String>> {
+    let (scheme, rest) = header.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let mut params = HashMap::new();
+    let mut rest = rest.trim_start();
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once('=')?;
+        let key = key.trim().to_ascii_lowercase();
+        let after = after.trim_start();
+        let (value, remaining) = if let Some(quoted) = after.strip_prefix('"') {
+            let mut value = String::new();
+            let mut chars = quoted.char_indices();
+            let mut end = None;
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                    '"' => {
+                        end = Some(i + 1);
+                        break;
+                    }
+                    c => value.push(c),
+                }
+            }
+            (value, &quoted[end?..])
+        } else {
+            let end = after.find(',').unwrap_or(after.len());
+            (after[..end].trim().to_owned(), &after[end..])
+        };
+        params.insert(key, value);
+        rest = remaining.trim_start().trim_start_matches(',').trim_start();
+    }
+    Some(params)
 }
 
 /// An error and its causes, `a: b: c`, without repeats, bounded.
@@ -1161,6 +1256,15 @@ fn bounded_text(text: &str) -> String {
         Some((end, _)) => format!("{}…", &text[..end]),
         None => text.to_owned(),
     }
+}
+
+/// What Helm accepts as a chart name (letters, digits, `-`, `_`, `.`; at most 250 characters).
+fn is_chart_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 250
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// Up to ten items, then how many more.
@@ -1296,6 +1400,22 @@ mod tests {
         let digest = format!("sha256:{}", "0".repeat(64));
         let r = oci_reference(&format!("oci://localhost:5000/charts/web@{digest}")).unwrap();
         assert_eq!(r.digest(), Some(digest.as_str()));
+        let error = oci_reference("oci://user:s3cret@example.com/charts/web:1.0.0")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("carries credentials") && !error.contains("s3cret"),
+            "{error}"
+        );
+        assert_eq!(
+            shown_reference("oci://user:s3cret@example.com/charts/web:1.0.0"),
+            "oci://example.com/charts/web:1.0.0"
+        );
+        assert_eq!(
+            shown_reference("oci://example.com/a@sha256:00"),
+            "oci://example.com/a@sha256:00"
+        );
+        assert_eq!(shown_reference("oci://u:p@h"), "oci://h");
         for bad in [
             "oci://charts/web:1.0.0",
             "oci://example.com/charts/web",
@@ -1351,6 +1471,58 @@ mod tests {
         }
     }
 
+    /// A small index whose aliases would expand to 1024 copies of a 64 KiB string (64 MiB;
+    /// the same shape with a 7 MiB string and tens of thousands of aliases is hundreds of GB):
+    /// refused before decoding, as is any anchor or alias.
+    #[test]
+    fn indexes_with_anchors_or_aliases_are_refused_unexpanded() {
+        let mut bomb = format!(
+            "apiVersion: v1\nx: &a \"{}\"\nentries:\n  web:\n",
+            "v".repeat(64 << 10)
+        );
+        for _ in 0..1024 {
+            bomb.push_str("  - {version: *a}\n");
+        }
+        assert!(bomb.len() < 100 << 10, "the document itself is small");
+        let error = parse_index(bomb.as_bytes()).unwrap_err().to_string();
+        assert!(
+            error.contains("anchors and aliases are not accepted"),
+            "{error}"
+        );
+        for other in [
+            "apiVersion: v1\nentries:\n  web: &w\n  - version: 1.0.0\n",
+            "apiVersion: v1\nbase: &b {version: 1.0.0}\nentries:\n  web:\n  - <<: *b\n",
+        ] {
+            let error = parse_index(other.as_bytes()).unwrap_err().to_string();
+            assert!(error.contains("anchors and aliases"), "{other}: {error}");
+        }
+        // `&` and `*` inside scalars are text, not anchors.
+        let plain = "apiVersion: v1\nentries:\n  web:\n  - version: 1.0.0\n    description: a & b *c\n    urls: [\"web.tgz?a=1&b=*\"]\n";
+        assert_eq!(
+            parse_index(plain.as_bytes()).unwrap().entries["web"].len(),
+            1
+        );
+    }
+
+    /// Errors say where, never what: the body may be anything a redirect reached.
+    #[test]
+    fn index_errors_quote_no_content() {
+        for body in [
+            &b"secret-token-1234"[..],
+            b"{\"AccessKeyId\": \"secret-token-1234\"}",
+            b"apiVersion: v1\nentries:\n  web:\n  - version: [secret-token-1234]\n",
+            b"apiVersion: v1\nentries: {web: [secret-token-1234\n",
+            b"\xff secret-token-1234",
+        ] {
+            let error = parse_index(body).unwrap_err().to_string();
+            assert!(!error.contains("secret"), "{error}");
+            assert!(
+                error.contains("line") || error.contains("byte") || error.contains("apiVersion"),
+                "{error}"
+            );
+        }
+    }
+
     #[test]
     fn transient_and_permanent_errors() {
         let status = |status| FetchError::Status {
@@ -1368,6 +1540,7 @@ mod tests {
             }
             .is_permanent()
         );
+        assert!(!status(408).is_permanent());
         assert!(
             FetchError::DigestMismatch {
                 expected: "a".into(),
@@ -1378,41 +1551,61 @@ mod tests {
         assert!(FetchError::MediaType("x".into()).is_permanent());
     }
 
-    /// A registry may send more than the layer's declared size: the sink stops at the limit.
-    #[tokio::test]
-    async fn the_layer_sink_refuses_more_than_its_limit() {
-        use tokio::io::AsyncWriteExt;
-        let mut sink = Capped {
-            buffer: Vec::new(),
-            max: 10,
-            exceeded: false,
-        };
-        sink.write_all(b"0123456789").await.unwrap();
-        assert!(!sink.exceeded);
-        assert!(sink.write_all(b"x").await.is_err());
-        assert!(sink.exceeded);
-        assert_eq!(sink.buffer, b"0123456789");
+    #[test]
+    fn bearer_challenges_are_parsed() {
+        let params = bearer_challenge(
+            r#"Bearer realm="https://auth.example.com/token",service="registry.example.com",scope="repository:a/b:pull,push""#,
+        )
+        .unwrap();
+        assert_eq!(params["realm"], "https://auth.example.com/token");
+        assert_eq!(params["service"], "registry.example.com");
+        assert_eq!(params["scope"], "repository:a/b:pull,push");
+        let params =
+            bearer_challenge(r#"bearer realm=http://127.0.0.1/t, service="a\"b""#).unwrap();
+        assert_eq!(params["realm"], "http://127.0.0.1/t");
+        assert_eq!(params["service"], "a\"b");
+        assert!(bearer_challenge(r#"Basic realm="registry""#).is_none());
+        assert!(bearer_challenge(r#"Bearer realm="unterminated"#).is_none());
     }
 
+    fn archive(n: u8) -> Vec<u8> {
+        let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::none(),
+        ));
+        let content = vec![n; 200];
+        let mut header = tar::Header::new_gnu();
+        header.set_path("demo/Chart.yaml").unwrap();
+        header.set_size(content.len() as u64);
+        header.set_cksum();
+        builder.append(&header, content.as_slice()).unwrap();
+        builder.into_inner().unwrap().finish().unwrap()
+    }
+
+    fn set_age(path: &Path, age: Duration) {
+        std::fs::File::options()
+            .append(true)
+            .open(path)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - age)
+            .unwrap();
+    }
+
+    /// Ages are set, not waited for: the order does not hang on timestamp resolution.
     #[test]
-    fn the_cache_evicts_the_least_recently_used_and_drops_corrupt_files() {
+    fn the_cache_evicts_the_least_recently_used_but_not_what_is_in_use() {
         let dir = tempfile::tempdir().unwrap();
+        let archives: Vec<Vec<u8>> = (0..4).map(archive).collect();
+        let hexes: Vec<String> = archives
+            .iter()
+            .map(|a| format!("{:x}", Sha256::digest(a)))
+            .collect();
+        let size = archives[0].len() as u64;
         let cache = ChartCache {
             dir: dir.path().join("charts"),
-            max_bytes: 2500,
-        };
-        let archive = |n: u8| {
-            let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
-                Vec::new(),
-                flate2::Compression::none(),
-            ));
-            let content = vec![n; 200];
-            let mut header = tar::Header::new_gnu();
-            header.set_path("demo/Chart.yaml").unwrap();
-            header.set_size(content.len() as u64);
-            header.set_cksum();
-            builder.append(&header, content.as_slice()).unwrap();
-            builder.into_inner().unwrap().finish().unwrap()
+            // Room for two and a half archives.
+            max_bytes: size * 5 / 2,
+            in_use: IN_USE,
         };
         let limits = Limits::default();
         // Leftovers of interrupted writes: one from two hours ago, one under way.
@@ -1420,37 +1613,44 @@ mod tests {
         let (stale, fresh) = (cache.dir.join(".a.1.0.tmp"), cache.dir.join(".b.1.1.tmp"));
         std::fs::write(&stale, b"partial").unwrap();
         std::fs::write(&fresh, b"partial").unwrap();
-        let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
-        std::fs::File::options()
-            .append(true)
-            .open(&stale)
-            .unwrap()
-            .set_modified(two_hours_ago)
-            .unwrap();
-        let mut hexes = Vec::new();
-        for n in 0..3 {
-            let bytes = archive(n);
-            let hex = format!("{:x}", Sha256::digest(&bytes));
-            cache.store(&hex, &bytes).unwrap();
-            hexes.push((hex, bytes.len()));
-            std::thread::sleep(Duration::from_millis(20)); // distinct modification times
+        set_age(&stale, Duration::from_secs(7200));
+
+        // Three archives just stored (a render may be about to read each): none goes, though
+        // the cache is over its size.
+        for (hex, bytes) in hexes.iter().zip(&archives).take(3) {
+            cache.store(hex, bytes).unwrap();
         }
-        assert!(
-            hexes.iter().map(|(_, l)| l).sum::<usize>() > 2500,
-            "the test overflows"
-        );
         assert!(
             !stale.exists() && fresh.exists(),
             "stale temporary files go"
         );
-        // The first (oldest) went; the newest stayed.
-        assert!(cache.lookup(&hexes[0].0, limits).unwrap().is_none());
-        assert!(cache.lookup(&hexes[2].0, limits).unwrap().is_some());
+        assert!(
+            (0..3).all(|i| cache.path(&hexes[i]).exists()),
+            "nothing in use is evicted"
+        );
+        let leftovers = std::fs::read_dir(&cache.dir)
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().ends_with(".tmp")
+            })
+            .count();
+        assert_eq!(leftovers, 1, "stores leave no temporary file");
+
+        // Used 3, 4 and 1 hours ago; then 1 is found again (marked used now), and 3 stored:
+        // the least recently used go, 0 then 2, until the rest fits.
+        for (i, hours) in [(0, 3), (1, 4), (2, 1)] {
+            set_age(&cache.path(&hexes[i]), Duration::from_secs(hours * 3600));
+        }
+        assert!(cache.lookup(&hexes[1], limits).unwrap().is_some());
+        cache.store(&hexes[3], &archives[3]).unwrap();
+        let present: Vec<bool> = hexes.iter().map(|h| cache.path(h).exists()).collect();
+        assert_eq!(present, [false, true, false, true]);
 
         // A file whose content changed is not served, and is removed.
-        let path = cache.path(&hexes[2].0);
+        let path = cache.path(&hexes[3]);
         std::fs::write(&path, b"tampered").unwrap();
-        assert!(cache.lookup(&hexes[2].0, limits).unwrap().is_none());
+        assert!(cache.lookup(&hexes[3], limits).unwrap().is_none());
         assert!(!path.exists());
     }
 }

@@ -14,7 +14,7 @@
 //! | `>=1.0 <2.0` | space or comma = and | comma only |
 //! | `^1 \|\| ^2` | or | not supported |
 //! | `1.2 - 1.4.5` | `>=1.2 <=1.4.5` | not supported |
-//! | prereleases | allowed when a term of the same `\|\|` group names one | only of the same `major.minor.patch` |
+//! | prereleases | allowed by a term only when that term's version names one (each term of a group must allow it) | only of the same `major.minor.patch` |
 //!
 //! Other rules (Masterminds v3): `~1.2.3` is `>=1.2.3 <1.3.0`, `~1` is `>=1 <2`; `^1.2.3` is
 //! `>=1.2.3 <2.0.0`, `^0.2.3` is `>=0.2.3 <0.3.0`, `^0.0.3` is `>=0.0.3 <0.0.4`; `>1.2` is
@@ -107,12 +107,12 @@ impl Constraint {
         Ok(Self { groups })
     }
 
-    /// Whether `version` satisfies the constraint.
+    /// Whether `version` satisfies the constraint: every term of some group does.
     pub fn matches(&self, version: &Version) -> bool {
         self.groups.iter().any(|group| {
-            // A prerelease is considered only when the group asks for prereleases.
-            (version.pre.is_empty() || group.iter().any(|t| !t.version.pre.is_empty()))
-                && group.iter().all(|term| term.matches(version))
+            group
+                .iter()
+                .all(|term| term.admits_prerelease(version) && term.matches(version))
         })
     }
 }
@@ -222,6 +222,15 @@ fn parse_term(text: &str) -> Result<Term, String> {
 }
 
 impl Term {
+    /// Masterminds v3 checks prereleases per term: a term refuses a prerelease unless its own
+    /// version has one (an exact `!=` excepted), so `>=2.0.0-0 <3` admits no prerelease at all
+    /// (`<3` refuses them) and picks 2.1.0, not 3.0.0-rc.1.
+    fn admits_prerelease(&self, v: &Version) -> bool {
+        v.pre.is_empty()
+            || !self.version.pre.is_empty()
+            || (self.op == Op::NotEqual && !self.any_patch)
+    }
+
     fn matches(&self, v: &Version) -> bool {
         let c = &self.version;
         let cmp = v.cmp_precedence(c);
@@ -392,12 +401,19 @@ mod tests {
         assert!(!all(">=2.0.0").contains(&"3.0.0-rc.1"));
         assert!(!all("*").contains(&"2.0.0-beta.1"));
         assert_eq!(pick(">=3.0.0-0"), Some("3.0.0-rc.1"));
-        // A prerelease in one term opens the whole group (Masterminds v3), not other groups.
+        // Each term decides for itself (Masterminds v3): `<3` names no prerelease, so it
+        // refuses all of them, even though 3.0.0-rc.1 is below 3.0.0. Helm picks 2.1.0.
+        assert_eq!(all(">=2.0.0-0 <3"), ["2.0.0", "2.1.0+build.7"]);
+        assert_eq!(pick(">=2.0.0-0 <3"), Some("2.1.0+build.7"));
         assert_eq!(
-            all(">=2.0.0-0 <3"),
-            ["2.0.0-beta.1", "2.0.0", "2.1.0+build.7", "3.0.0-rc.1"],
-            "3.0.0-rc.1 is below 3.0.0"
+            all(">=2.0.0-0 <3.0.0-0"),
+            ["2.0.0-beta.1", "2.0.0", "2.1.0+build.7"]
         );
+        assert_eq!(
+            all(">=2.0.0-0 !=2.0.0"),
+            ["2.0.0-beta.1", "2.1.0+build.7", "3.0.0-rc.1"]
+        );
+        assert!(!all(">=2.0.0-0 !=1.x").contains(&"3.0.0-rc.1"));
         assert_eq!(
             all("2.0.0-beta.1 || ^1.4"),
             ["1.4.5", "1.4.6", "2.0.0-beta.1"]
@@ -407,13 +423,22 @@ mod tests {
 
     #[test]
     fn bad_constraints_say_what_is_wrong() {
-        for bad in [
-            "foo", ">=", "1.2.3.4", "=>>1", "1.2 -", "^1.a", "~> ", "1.2 - >3",
+        for (bad, expected) in [
+            ("foo", "\"foo\" is not a version constraint"),
+            (">=", "operator \">=\" without a version"),
+            ("1.2.3.4", "\"1.2.3.4\" is not a version constraint"),
+            ("=>>1", "unknown operator \"=>>\" in \"=>>1\""),
+            ("1.2 -", "range \"1.2\" - without an upper bound"),
+            ("^1.a", "\"^1.a\" is not a version constraint"),
+            ("~> ", "operator \"~>\" without a version"),
+            ("1.2 - >3", "a range 1.2 - >3 takes plain versions"),
         ] {
-            let error = Constraint::parse(bad).unwrap_err();
-            assert!(!error.is_empty(), "{bad}");
+            assert_eq!(Constraint::parse(bad).unwrap_err(), expected, "{bad}");
         }
-        assert!(select("not-a-version", ["1.0.0"]).is_err());
+        assert_eq!(
+            select("not-a-version", ["1.0.0"]).unwrap_err(),
+            "\"not-a-version\" is not a version constraint"
+        );
         assert!(Constraint::parse(&"1".repeat(300)).is_err());
     }
 
