@@ -4,6 +4,8 @@
 //! loopback port with charts pushed by `helm push` (and one pushed by `oci-client` with the wrong
 //! media types). The resolver is tested directly, then the whole pipeline on a real API server.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,8 +16,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
 use module_manager::api::{ChartSource, Manifest, State as ModuleState};
@@ -1250,20 +1251,9 @@ impl Harness {
             .unwrap();
     }
 
+    /// Waits until the Manifest satisfies `done` (60 s), showing its status on failure.
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let manifest = self.manifests.get(name).await.unwrap();
-            if done(&manifest) {
-                return manifest;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name}: timed out waiting for {what}; status: {:#?}",
-                manifest.status
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        common::wait_for(&self.manifests, name, what, Duration::from_secs(60), done).await
     }
 
     async fn wait_state(&self, name: &str, state: ModuleState) -> Manifest {
@@ -1284,32 +1274,8 @@ impl Harness {
 
     /// Events about `manifest` as (type, reason, note).
     async fn events(&self, manifest: &str) -> Vec<(String, String, String)> {
-        let events = Api::<Event>::namespaced(self.client.clone(), &self.ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap();
-        events
-            .items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(manifest))
-            .map(|e| {
-                (
-                    e.type_.unwrap_or_default(),
-                    e.reason.unwrap_or_default(),
-                    e.note.unwrap_or_default(),
-                )
-            })
-            .collect()
+        common::events(&self.client, &self.ns, manifest).await
     }
-}
-
-fn inventory_names(manifest: &Manifest) -> Vec<String> {
-    let status = manifest.status.clone().unwrap_or_default();
-    status
-        .inventory
-        .iter()
-        .map(|e| format!("{}/{}", e.kind, e.name))
-        .collect()
 }
 
 fn condition(manifest: &Manifest, type_: &str) -> Option<(String, String, String)> {
@@ -1326,7 +1292,7 @@ async fn install_and_upgrade(h: &Harness, v1: Value, v2: Value) {
     h.create("catalog", v1, json!({"greeting": "hi"})).await;
     let installed = h.wait_state("catalog", ModuleState::Ready).await;
     assert_eq!(
-        inventory_names(&installed),
+        common::inventory_names(&installed),
         [
             "ConfigMap/catalog-legacy-settings",
             "ConfigMap/catalog-settings"
@@ -1345,7 +1311,10 @@ async fn install_and_upgrade(h: &Harness, v1: Value, v2: Value) {
 
     h.set_chart("catalog", v2).await;
     let upgraded = h.wait_state("catalog", ModuleState::Ready).await;
-    assert_eq!(inventory_names(&upgraded), ["ConfigMap/catalog-settings"]);
+    assert_eq!(
+        common::inventory_names(&upgraded),
+        ["ConfigMap/catalog-settings"]
+    );
     let status = upgraded.status.unwrap();
     assert_eq!(
         status.chart_digest,
@@ -1550,7 +1519,7 @@ async fn bad_remote_sources_are_reported_and_delete_nothing() {
         let stalled = condition(&failed, "Stalled").unwrap().0;
         assert_eq!(stalled == "True", permanent, "{case}: permanent? {message}");
         assert_eq!(
-            inventory_names(&failed).len(),
+            common::inventory_names(&failed).len(),
             2,
             "{case}: the inventory is kept"
         );
@@ -1584,6 +1553,6 @@ async fn bad_remote_sources_are_reported_and_delete_nothing() {
     )
     .await;
     let ready = h.wait_state("catalog", ModuleState::Ready).await;
-    assert_eq!(inventory_names(&ready).len(), 2);
+    assert_eq!(common::inventory_names(&ready).len(), 2);
     assert!(ready.uid().is_some());
 }

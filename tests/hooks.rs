@@ -9,6 +9,8 @@
 //! The chart is `tests/fixtures/charts/hooks`: each test says through values which hooks it
 //! renders (name, events, kind, weight, delete policy, timeout).
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +18,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
-use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, VersionMatch};
 use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
@@ -145,31 +146,12 @@ impl Harness {
     }
 
     async fn patch_spec(&self, name: &str, spec: Value) {
-        self.manifests
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({ "spec": spec })),
-            )
-            .await
-            .unwrap();
+        common::patch_spec(&self.manifests, name, spec).await
     }
 
     /// Waits until the Manifest satisfies `done` (60 s), showing its status on failure.
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let manifest = self.manifests.get(name).await.unwrap();
-            if done(&manifest) {
-                return manifest;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name}: timed out waiting for {what}; status: {:#?}",
-                manifest.status
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        common::wait_for(&self.manifests, name, what, Duration::from_secs(60), done).await
     }
 
     /// Waits for the current generation to be reconciled into `state` with `reason`.
@@ -339,22 +321,7 @@ impl Harness {
 
     /// Events about `manifest` as (type, reason, note).
     async fn events(&self, manifest: &str) -> Vec<(String, String, String)> {
-        let events = Api::<Event>::namespaced(self.client.clone(), &self.ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap();
-        events
-            .items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(manifest))
-            .map(|e| {
-                (
-                    e.type_.unwrap_or_default(),
-                    e.reason.unwrap_or_default(),
-                    e.note.unwrap_or_default(),
-                )
-            })
-            .collect()
+        common::events(&self.client, &self.ns, manifest).await
     }
 
     /// No Pod was ever created: no Job controller ran to fight the test's status writes.

@@ -4,14 +4,15 @@
 //! There is no kubelet: where a workload must become ready, the test writes its status through
 //! the status subresource, as the Deployment controller would.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
@@ -149,31 +150,12 @@ impl Harness {
     }
 
     async fn patch_spec(&self, name: &str, spec: Value) {
-        self.manifests
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({ "spec": spec })),
-            )
-            .await
-            .unwrap();
+        common::patch_spec(&self.manifests, name, spec).await
     }
 
     /// Waits until the Manifest satisfies `done` (60 s), showing its status on failure.
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let manifest = self.manifests.get(name).await.unwrap();
-            if done(&manifest) {
-                return manifest;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name}: timed out waiting for {what}; status: {:#?}",
-                manifest.status
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        common::wait_for(&self.manifests, name, what, Duration::from_secs(60), done).await
     }
 
     /// Waits for the current generation to be reconciled into `state`.
@@ -219,32 +201,8 @@ impl Harness {
 
     /// Events about `manifest` as (type, reason, note).
     async fn events(&self, manifest: &str) -> Vec<(String, String, String)> {
-        let events = Api::<Event>::namespaced(self.client.clone(), &self.ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap();
-        events
-            .items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(manifest))
-            .map(|e| {
-                (
-                    e.type_.unwrap_or_default(),
-                    e.reason.unwrap_or_default(),
-                    e.note.unwrap_or_default(),
-                )
-            })
-            .collect()
+        common::events(&self.client, &self.ns, manifest).await
     }
-}
-
-fn inventory_names(manifest: &Manifest) -> Vec<String> {
-    let status = manifest.status.clone().unwrap_or_default();
-    status
-        .inventory
-        .iter()
-        .map(|e| format!("{}/{}", e.kind, e.name))
-        .collect()
 }
 
 #[tokio::test]
@@ -253,7 +211,7 @@ async fn install_upgrade_repair_prune_and_delete() {
     // Install.
     let installed = h.ready_catalog(json!({"greeting": "hi"})).await;
     assert_eq!(
-        inventory_names(&installed),
+        common::inventory_names(&installed),
         [
             "ConfigMap/catalog-legacy-settings",
             "ConfigMap/catalog-settings"
@@ -334,7 +292,10 @@ async fn install_upgrade_repair_prune_and_delete() {
     )
     .await;
     let pruned = h.wait_state("catalog", State::Ready).await;
-    assert_eq!(inventory_names(&pruned), ["ConfigMap/catalog-settings"]);
+    assert_eq!(
+        common::inventory_names(&pruned),
+        ["ConfigMap/catalog-settings"]
+    );
     assert!(!h.config_map_exists("catalog-legacy-settings").await);
     assert_eq!(
         h.config_map_data("catalog-settings", "version")
@@ -364,7 +325,7 @@ async fn a_web_app_is_ready_once_its_deployment_has_rolled_out() {
         .message;
     assert!(message.contains("Deployment web-web"), "{message}");
     assert_eq!(
-        inventory_names(&processing),
+        common::inventory_names(&processing),
         ["Service/web-web", "Deployment/web-web"]
     );
 
@@ -409,7 +370,7 @@ async fn a_crd_and_its_custom_resource_install_in_one_pass() {
     .await;
     let ready = h.wait_state("widgets", State::Ready).await;
     assert_eq!(
-        inventory_names(&ready),
+        common::inventory_names(&ready),
         [
             "CustomResourceDefinition/widgets.example.com",
             "Widget/widgets-widget"
@@ -559,7 +520,7 @@ async fn bad_input_is_reported_and_deletes_nothing() {
             })
             .await;
         assert_eq!(
-            inventory_names(&failed).len(),
+            common::inventory_names(&failed).len(),
             2,
             "{case}: the inventory is kept"
         );
@@ -613,7 +574,7 @@ async fn an_empty_render_does_not_prune_the_module() {
         ready.message
     );
     assert_eq!(
-        inventory_names(&refused).len(),
+        common::inventory_names(&refused).len(),
         2,
         "the refused objects stay in the inventory"
     );
@@ -705,7 +666,10 @@ async fn objects_it_does_not_manage_are_neither_taken_over_nor_deleted() {
     )
     .await;
     let upgraded = h.wait_state("catalog", State::Ready).await;
-    assert_eq!(inventory_names(&upgraded), ["ConfigMap/catalog-settings"]);
+    assert_eq!(
+        common::inventory_names(&upgraded),
+        ["ConfigMap/catalog-settings"]
+    );
     assert!(h.config_map_exists("catalog-legacy-settings").await, "kept");
 }
 

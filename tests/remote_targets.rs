@@ -6,6 +6,8 @@
 //! No test replaces either API server: an unreachable target is a closed port or a listener that
 //! never answers, a bad credential is a token the remote API server refuses.
 
+mod common;
+
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +17,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
@@ -301,31 +302,12 @@ impl Harness {
     }
 
     async fn patch_spec(&self, name: &str, spec: Value) {
-        self.manifests
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({ "spec": spec })),
-            )
-            .await
-            .unwrap();
+        common::patch_spec(&self.manifests, name, spec).await
     }
 
     /// Waits until the Manifest satisfies `done` (90 s), showing its status on failure.
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            let manifest = self.manifests.get(name).await.unwrap();
-            if done(&manifest) {
-                return manifest;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name}: timed out waiting for {what}; status: {:#?}",
-                manifest.status
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        common::wait_for(&self.manifests, name, what, Duration::from_secs(90), done).await
     }
 
     /// Waits for the current generation to be reconciled into `state`.
@@ -397,21 +379,7 @@ impl Harness {
 
     /// Events about `manifest` as (type, reason, note).
     async fn events(&self, manifest: &str) -> Vec<(String, String, String)> {
-        Api::<Event>::namespaced(self.local.clone(), &self.ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(manifest))
-            .map(|e| {
-                (
-                    e.type_.unwrap_or_default(),
-                    e.reason.unwrap_or_default(),
-                    e.note.unwrap_or_default(),
-                )
-            })
-            .collect()
+        common::events(&self.local, &self.ns, manifest).await
     }
 
     fn target_errors(&self, reason: &'static str) -> u64 {

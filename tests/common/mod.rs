@@ -1,0 +1,79 @@
+//! Helpers the reconcile-style integration tests share (each test binary includes this module
+//! with `mod common;` and uses what it needs).
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::events::v1::Event;
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use module_manager::api::Manifest;
+use serde_json::{Value, json};
+
+/// Merge-patches a Manifest's spec.
+pub async fn patch_spec(manifests: &Api<Manifest>, name: &str, spec: Value) {
+    manifests
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": spec })),
+        )
+        .await
+        .unwrap();
+}
+
+/// Waits until the Manifest satisfies `done` (at most `limit`), showing its status on failure.
+pub async fn wait_for(
+    manifests: &Api<Manifest>,
+    name: &str,
+    what: &str,
+    limit: Duration,
+    done: impl Fn(&Manifest) -> bool,
+) -> Manifest {
+    let deadline = Instant::now() + limit;
+    loop {
+        let manifest = manifests.get(name).await.unwrap();
+        if done(&manifest) {
+            return manifest;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: timed out waiting for {what}; status: {:#?}",
+            manifest.status
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Events about the object named `regarding` in `namespace`, as (type, reason, note).
+pub async fn events(
+    client: &Client,
+    namespace: &str,
+    regarding: &str,
+) -> Vec<(String, String, String)> {
+    Api::<Event>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(regarding))
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.note.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// The inventory of a Manifest's status as `Kind/name`.
+pub fn inventory_names(manifest: &Manifest) -> Vec<String> {
+    let status = manifest.status.clone().unwrap_or_default();
+    status
+        .inventory
+        .iter()
+        .map(|e| format!("{}/{}", e.kind, e.name))
+        .collect()
+}
