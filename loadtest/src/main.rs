@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("loadtest: under construction");
+    std::process::exit(2);
+}
