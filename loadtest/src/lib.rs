@@ -2,5 +2,6 @@
 //! real replicas against a real control plane, checkers that fail the run, measurements,
 //! baselines measured in the same run, and the reports. See `docs/loadtest.md`.
 
+pub mod baseline;
 pub mod measure;
 pub mod results;
