@@ -259,7 +259,10 @@ mod tests {
         let q = histogram_quantiles(&buckets);
         assert_eq!(q.count, 100);
         assert_eq!(q.max, Some(1.0));
-        assert_eq!(histogram_quantile(&[(1.0, 0.0), (f64::INFINITY, 0.0)], 0.5), None);
+        assert_eq!(
+            histogram_quantile(&[(1.0, 0.0), (f64::INFINITY, 0.0)], 0.5),
+            None
+        );
     }
 
     #[test]
