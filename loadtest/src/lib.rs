@@ -3,4 +3,5 @@
 //! baselines measured in the same run, and the reports. See `docs/loadtest.md`.
 
 pub mod measure;
+pub mod report;
 pub mod results;
