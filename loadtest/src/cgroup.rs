@@ -36,7 +36,9 @@ impl CpuLimit {
         } else if Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists() {
             (PathBuf::from("/sys/fs/cgroup/cpu"), Version::V1)
         } else {
-            bail!("no cgroup CPU controller found under /sys/fs/cgroup: run without --cpu-per-replica");
+            bail!(
+                "no cgroup CPU controller found under /sys/fs/cgroup: run without --cpu-per-replica"
+            );
         };
         let base = root.join("module-manager-loadtest");
         let dir = base.join(fleet);
@@ -72,7 +74,10 @@ impl CpuLimit {
                     std::fs::write(dir.join("cpu.cfs_quota_us"), self.quota_us.to_string())?;
                 }
                 Version::V2 => {
-                    std::fs::write(dir.join("cpu.max"), format!("{} {PERIOD_US}", self.quota_us))?;
+                    std::fs::write(
+                        dir.join("cpu.max"),
+                        format!("{} {PERIOD_US}", self.quota_us),
+                    )?;
                 }
             }
         }

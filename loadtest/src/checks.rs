@@ -249,10 +249,18 @@ mod tests {
         let to: Timestamp = "2026-01-01T00:00:30Z".parse().unwrap();
         let v = moved_during_rolling_update(&BTreeMap::new(), &logs, from, to);
         assert_eq!(v.len(), 1, "{v:?}");
-        assert!(v[0].detail.contains("u1 by mm-0 and mm-1"), "{}", v[0].detail);
+        assert!(
+            v[0].detail.contains("u1 by mm-0 and mm-1"),
+            "{}",
+            v[0].detail
+        );
         assert!(!v[0].detail.contains("u2"));
         let shards = BTreeMap::from([(3, vec![Some("mm-0".into()), Some("mm-1".into())])]);
         let v = moved_during_rolling_update(&shards, &[], from, to);
-        assert!(v[0].detail.contains("shard 3: mm-0 → mm-1"), "{}", v[0].detail);
+        assert!(
+            v[0].detail.contains("shard 3: mm-0 → mm-1"),
+            "{}",
+            v[0].detail
+        );
     }
 }

@@ -44,6 +44,9 @@ pub struct LocalSettings {
     pub cpu_limit: Option<f64>,
     /// Passed to every replica after the harness's own arguments (a later flag wins).
     pub extra_args: Vec<String>,
+    /// Whether the replicas are told their StatefulSet (`--statefulset`); without it a
+    /// graceful shutdown always hands over (fault injection for the move checker).
+    pub statefulset: bool,
     /// Directory for the replicas' logs (one file per process start).
     pub log_dir: PathBuf,
 }
@@ -86,6 +89,7 @@ enum Reach {
     Cluster(ClusterSettings),
 }
 
+#[expect(clippy::large_enum_variant, reason = "one value per fleet")]
 enum Kind {
     Local {
         settings: LocalSettings,
@@ -287,7 +291,7 @@ impl Fleet {
             .arg("--helm")
             .arg(&settings.helm)
             .args(["--shards", &settings.shards.to_string()])
-            .args(["--fleet", &fleet, "--statefulset", &fleet])
+            .args(["--fleet", &fleet])
             .args(["--lease-namespace", &namespace])
             .args([
                 "--lease-duration-seconds",
@@ -306,6 +310,13 @@ impl Fleet {
                 &settings.restart_grace_seconds.to_string(),
             ])
             .args(["--manifest-selector", &format!("loadtest-fleet={fleet}")])
+            .args(
+                settings
+                    .statefulset
+                    .then(|| ["--statefulset".to_owned(), fleet.clone()])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(["--admin-address", &format!("127.0.0.1:{admin}")])
             .args(["--concurrency", &settings.concurrency.to_string()])
             .args(&settings.extra_args);
@@ -359,7 +370,10 @@ impl Fleet {
         }
         let leaving: Vec<u32> = running.into_iter().filter(|o| *o >= replicas).collect();
         let mut stopping = Vec::new();
-        if let Kind::Local { replicas: procs, .. } = &mut self.kind {
+        if let Kind::Local {
+            replicas: procs, ..
+        } = &mut self.kind
+        {
             for ordinal in leaving {
                 if let Some(replica) = procs.remove(&ordinal) {
                     stopping.push(replica);
@@ -511,7 +525,10 @@ impl Fleet {
                 for entry in std::fs::read_dir(&settings.log_dir)? {
                     let path = entry?.path();
                     logs.push((
-                        path.file_name().unwrap_or_default().to_string_lossy().into(),
+                        path.file_name()
+                            .unwrap_or_default()
+                            .to_string_lossy()
+                            .into(),
                         std::fs::read_to_string(&path)?,
                     ));
                 }
@@ -670,10 +687,7 @@ fn pod_ready(pod: &Pod) -> bool {
 fn signal(pid: u32, signal: i32) -> anyhow::Result<()> {
     // SAFETY: kill(2) with a positive pid has no memory effects.
     if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
-        bail!(
-            "kill({pid}, {signal}): {}",
-            std::io::Error::last_os_error()
-        );
+        bail!("kill({pid}, {signal}): {}", std::io::Error::last_os_error());
     }
     Ok(())
 }

@@ -126,7 +126,10 @@ impl Tracker {
 
     /// The watch saw `name` Ready at `generation`.
     pub fn seen_ready(&mut self, name: &str, generation: i64, now: Instant) {
-        let entry = self.ready.entry(name.to_owned()).or_insert((generation, now));
+        let entry = self
+            .ready
+            .entry(name.to_owned())
+            .or_insert((generation, now));
         if entry.0 < generation {
             *entry = (generation, now);
         }

@@ -54,7 +54,9 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             execute(scenario, &options, cluster).await?
         }
         None => {
-            eprintln!("loadtest: starting the control plane (etcd, kube-apiserver, kube-controller-manager)");
+            eprintln!(
+                "loadtest: starting the control plane (etcd, kube-apiserver, kube-controller-manager)"
+            );
             let control_plane = testenv::ControlPlane::start(testenv::Options {
                 controller_manager: true,
                 crd_files: vec![repo(&options).join("crds/manifest.yaml")],
@@ -69,7 +71,14 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     };
     let files = loadtest::report::write(&result, &dir)?;
     println!("{}", loadtest::report::markdown(&result));
-    eprintln!("loadtest: wrote {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
+    eprintln!(
+        "loadtest: wrote {}",
+        files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     if !result.passed {
         eprintln!("loadtest: FAILED — {} violations:", result.violations.len());
         for v in &result.violations {

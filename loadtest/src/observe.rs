@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, ListParams};
 use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 
 use crate::fleet::Probe;
 use crate::load::Load;
@@ -63,8 +63,7 @@ impl Ownership {
             match self.members.get(member) {
                 Some((v, _)) if v == version => {}
                 _ => {
-                    self.members
-                        .insert(member.clone(), (version.clone(), now));
+                    self.members.insert(member.clone(), (version.clone(), now));
                 }
             }
         }
@@ -143,8 +142,14 @@ pub async fn read_leases(fleet: &Probe) -> anyhow::Result<(Vec<(String, String)>
     for lease in leases.items {
         let name = lease.name_any();
         if let Some(member) = name.strip_prefix(&member_prefix) {
-            members.push((member.to_owned(), lease.resource_version().unwrap_or_default()));
-        } else if let Some(shard) = name.strip_prefix(&shard_prefix).and_then(|s| s.parse().ok()) {
+            members.push((
+                member.to_owned(),
+                lease.resource_version().unwrap_or_default(),
+            ));
+        } else if let Some(shard) = name
+            .strip_prefix(&shard_prefix)
+            .and_then(|s| s.parse().ok())
+        {
             let holder = lease
                 .spec
                 .and_then(|s| s.holder_identity)
@@ -251,7 +256,10 @@ impl Sampler {
                 let t = load.elapsed();
                 let (sent, converged) = {
                     let tracker = load.tracker.lock().unwrap();
-                    (tracker.sent.values().sum::<u64>(), tracker.done.len() as u64)
+                    (
+                        tracker.sent.values().sum::<u64>(),
+                        tracker.done.len() as u64,
+                    )
                 };
                 let mut observed = shared.lock().unwrap();
                 let mut sample = Sample {
@@ -272,7 +280,11 @@ impl Sampler {
                     if let Some((cpu, rss)) = usage {
                         let mib = rss / (1024.0 * 1024.0);
                         sample.rss_mib.insert(member.clone(), mib);
-                        observed.rss_mib.entry(member.clone()).or_default().push(mib);
+                        observed
+                            .rss_mib
+                            .entry(member.clone())
+                            .or_default()
+                            .push(mib);
                         if let Some(before) = observed.last_cpu.insert(member.clone(), cpu) {
                             // A restarted process starts again from zero: count it from there.
                             let used = if cpu >= before { cpu - before } else { cpu };
@@ -283,8 +295,7 @@ impl Sampler {
                     let Some(samples) = samples else {
                         continue;
                     };
-                    sample.queue_depth +=
-                        measure::sum(&samples, "module_manager_queue_depth", &[]);
+                    sample.queue_depth += measure::sum(&samples, "module_manager_queue_depth", &[]);
                     let reading = ReplicaReading { samples };
                     observed
                         .first
@@ -303,7 +314,11 @@ impl Sampler {
 
     /// Attaches `event` to the next sample (and the charts).
     pub fn event(&self, event: impl Into<String>) {
-        self.observed.lock().unwrap().pending_events.push(event.into());
+        self.observed
+            .lock()
+            .unwrap()
+            .pending_events
+            .push(event.into());
     }
 
     pub fn stop(self) -> Observed {
@@ -314,10 +329,7 @@ impl Sampler {
             Ok(m) => m.into_inner().unwrap(),
             Err(shared) => {
                 let mut o = shared.lock().unwrap();
-                std::mem::replace(
-                    &mut *o,
-                    Observed::new(Duration::from_secs(1)),
-                )
+                std::mem::replace(&mut *o, Observed::new(Duration::from_secs(1)))
             }
         }
     }
@@ -332,11 +344,15 @@ mod tests {
     }
 
     fn holders(list: &[(u32, Option<&str>)]) -> Holders {
-        list.iter().map(|(k, h)| (*k, h.map(str::to_owned))).collect()
+        list.iter()
+            .map(|(k, h)| (*k, h.map(str::to_owned)))
+            .collect()
     }
 
     fn members(list: &[(&str, &str)]) -> Vec<(String, String)> {
-        list.iter().map(|(m, v)| (m.to_string(), v.to_string())).collect()
+        list.iter()
+            .map(|(m, v)| (m.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -384,7 +400,10 @@ mod tests {
         o.start_recording_moves();
         o.observe(at(t0, 1.0), &m, holders(&[(0, Some("a")), (1, None)]));
         o.observe(at(t0, 2.0), &m, holders(&[(0, Some("a")), (1, Some("b"))]));
-        assert!(o.holder_history.values().all(|h| h.len() == 1), "released and back: no move");
+        assert!(
+            o.holder_history.values().all(|h| h.len() == 1),
+            "released and back: no move"
+        );
         o.observe(at(t0, 3.0), &m, holders(&[(0, Some("b")), (1, Some("b"))]));
         let moved = o.stop_recording_moves();
         assert_eq!(moved.keys().copied().collect::<Vec<_>>(), vec![0]);

@@ -43,7 +43,12 @@ impl Scenario {
 pub struct Options {
     // ---- the fleet ----
     /// Replicas; `scale-out` takes a list (`1,2,3,4`) and measures each size in turn.
-    #[arg(long, value_delimiter = ',', default_value = "3", help_heading = "Fleet")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "3",
+        help_heading = "Fleet"
+    )]
     pub replicas: Vec<u32>,
     /// Virtual shards (a power of two).
     #[arg(long, default_value_t = 256, help_heading = "Fleet")]
@@ -65,8 +70,17 @@ pub struct Options {
     pub cpu_per_replica: Option<f64>,
     /// An extra argument for every local replica (repeatable; a later flag wins), e.g.
     /// `--replica-arg=--restart-grace-seconds=0`.
-    #[arg(long = "replica-arg", allow_hyphen_values = true, help_heading = "Fleet")]
+    #[arg(
+        long = "replica-arg",
+        allow_hyphen_values = true,
+        help_heading = "Fleet"
+    )]
     pub replica_args: Vec<String>,
+    /// Fault injection: start local replicas without `--statefulset`, as a Deployment would
+    /// run them: every graceful shutdown is then a leave that hands the shards over, so a
+    /// rolling update moves them.
+    #[arg(long, help_heading = "Fleet")]
+    pub without_statefulset: bool,
 
     // ---- the load ----
     /// Creates per second.
@@ -87,7 +101,11 @@ pub struct Options {
     #[arg(long, default_value_t = 30, help_heading = "Load")]
     pub warmup_seconds: u64,
     /// Chart directory under the repository (local fleets), for `spec.chart.path`.
-    #[arg(long, default_value = "loadtest/charts/podinfo-like", help_heading = "Load")]
+    #[arg(
+        long,
+        default_value = "loadtest/charts/podinfo-like",
+        help_heading = "Load"
+    )]
     pub chart: String,
     /// `spec.chart` as JSON instead (deployed fleets: a repository or `oci://` chart their
     /// replicas can fetch).
@@ -124,7 +142,12 @@ pub struct Options {
     pub victims: u32,
     /// Faults to pick from: `kill` (SIGKILL, started again after `--revive-after-seconds`),
     /// `pause` (SIGSTOP for `--pause-seconds`, then SIGCONT).
-    #[arg(long, value_delimiter = ',', default_value = "kill,pause", help_heading = "chaos")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kill,pause",
+        help_heading = "chaos"
+    )]
     pub faults: Vec<String>,
     /// Default: twice the lease duration (long enough for a takeover).
     #[arg(long, help_heading = "chaos")]

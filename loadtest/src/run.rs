@@ -21,8 +21,8 @@ use crate::observe::{Holders, Observed, Sampler, read_leases};
 use crate::options::{Options, Scenario};
 use crate::progress::Progress;
 use crate::results::{
-    ApiServerFigures, Baselines, Burst, Environment, Latencies, MoveStep,
-    ReplicaFigures, RunResult, Throughput, Violation,
+    ApiServerFigures, Baselines, Burst, Environment, Latencies, MoveStep, ReplicaFigures,
+    RunResult, Throughput, Violation,
 };
 use crate::{baseline, checks, scenario};
 
@@ -69,7 +69,10 @@ pub fn binary(options: &Options) -> anyhow::Result<PathBuf> {
         return Ok(binary.clone());
     }
     let exe = std::env::current_exe()?;
-    let mut dir = exe.parent().context("no directory of this program")?.to_owned();
+    let mut dir = exe
+        .parent()
+        .context("no directory of this program")?
+        .to_owned();
     // Test binaries live in target/<profile>/deps.
     if dir.ends_with("deps") {
         dir.pop();
@@ -131,6 +134,7 @@ impl Phase {
                     restart_grace_seconds: options.restart_grace_seconds,
                     cpu_limit: options.cpu_per_replica,
                     extra_args: options.replica_args.clone(),
+                    statefulset: !options.without_statefulset,
                     log_dir: std::env::temp_dir()
                         .join(format!("loadtest-logs-{}", std::process::id()))
                         .join(&namespace),
@@ -224,10 +228,13 @@ impl Phase {
     ) -> anyhow::Result<Fleet> {
         let load_seconds = self.started.elapsed().as_secs_f64();
         self.load.stop();
-        self.progress.say("load stopped; waiting for the last operations' effects");
+        self.progress
+            .say("load stopped; waiting for the last operations' effects");
         let settle = Duration::from_secs(options.settle_seconds);
         let outstanding = self.load.settle(settle).await;
-        let apiserver_after = apiserver_metrics(&self.fleet.client).await.unwrap_or_default();
+        let apiserver_after = apiserver_metrics(&self.fleet.client)
+            .await
+            .unwrap_or_default();
         let observed = self.sampler.stop();
         self.watch.abort();
         let not_ready = self.load.not_ready().await?;
@@ -292,7 +299,8 @@ impl Phase {
         }
         drop(tracker);
         result.replicas = replica_figures(&observed, load_seconds);
-        result.apiserver = apiserver_figures(&self.apiserver_before, &apiserver_after, load_seconds);
+        result.apiserver =
+            apiserver_figures(&self.apiserver_before, &apiserver_after, load_seconds);
         result.fleet.handover_gap_seconds = measure::histogram_quantiles(&delta_over_replicas(
             &observed,
             "module_manager_fleet_handover_gap_seconds",
@@ -310,7 +318,11 @@ impl Phase {
     }
 }
 
-async fn new_namespace(cluster: &Cluster<'_>, client: &Client, prefix: &str) -> anyhow::Result<String> {
+async fn new_namespace(
+    cluster: &Cluster<'_>,
+    client: &Client,
+    prefix: &str,
+) -> anyhow::Result<String> {
     match cluster {
         Cluster::Local(cp) => Ok(cp.namespace(client, prefix).await?),
         Cluster::Deployed { .. } => {
@@ -333,7 +345,11 @@ pub async fn apiserver_metrics(client: &Client) -> anyhow::Result<Vec<PromSample
     Ok(measure::parse_prometheus(&text))
 }
 
-fn apiserver_figures(before: &[PromSample], after: &[PromSample], seconds: f64) -> ApiServerFigures {
+fn apiserver_figures(
+    before: &[PromSample],
+    after: &[PromSample],
+    seconds: f64,
+) -> ApiServerFigures {
     const NAME: &str = "apiserver_request_total";
     let rate = |label: &str| -> BTreeMap<String, f64> {
         let b = measure::sum_by(before, NAME, label);
@@ -389,7 +405,11 @@ fn counter_delta(observed: &Observed, member: &str, name: &str) -> f64 {
         .first
         .get(member)
         .map_or(0.0, |r| measure::sum(&r.samples, name, &[]));
-    if latest >= first { latest - first } else { latest }
+    if latest >= first {
+        latest - first
+    } else {
+        latest
+    }
 }
 
 fn replica_figures(observed: &Observed, seconds: f64) -> Vec<ReplicaFigures> {
@@ -404,8 +424,11 @@ fn replica_figures(observed: &Observed, seconds: f64) -> Vec<ReplicaFigures> {
                 passes: counter_delta(observed, member, "module_manager_reconcile_passes_total")
                     as u64,
                 share: 0.0,
-                shards_owned: measure::sum(&latest.samples, "module_manager_fleet_shards_owned", &[])
-                    as u32,
+                shards_owned: measure::sum(
+                    &latest.samples,
+                    "module_manager_fleet_shards_owned",
+                    &[],
+                ) as u32,
                 cpu_seconds: cpu,
                 cpu_cores_mean: cpu / seconds,
                 rss_mib_mean: if rss.is_empty() {
@@ -449,7 +472,10 @@ pub async fn wait_assignment(
             return Ok(start.elapsed());
         }
         if start.elapsed() > limit {
-            let wrong = want.iter().filter(|(k, h)| holders.get(k) != Some(h)).count();
+            let wrong = want
+                .iter()
+                .filter(|(k, h)| holders.get(k) != Some(h))
+                .count();
             anyhow::bail!(
                 "the shard Leases did not match the assignment over {members:?} within {limit:?} ({wrong} shards differ)"
             );
@@ -607,7 +633,9 @@ async fn fleet_burst(
     tokio::time::sleep(Duration::from_millis(500)).await; // the watch's initial list
     let start = Instant::now();
     load.burst(count).await;
-    let outstanding = load.settle(Duration::from_secs(options.settle_seconds)).await;
+    let outstanding = load
+        .settle(Duration::from_secs(options.settle_seconds))
+        .await;
     let seconds = start.elapsed().as_secs_f64();
     watch.abort();
     anyhow::ensure!(
@@ -625,7 +653,11 @@ async fn fleet_burst(
             .fold(0.0, f64::max)
             - tracker.done.iter().map(|d| d.sent).fold(f64::MAX, f64::min)
     };
-    let seconds = if last.is_finite() && last > 0.0 { last } else { seconds };
+    let seconds = if last.is_finite() && last > 0.0 {
+        last
+    } else {
+        seconds
+    };
     Ok(Burst {
         parallelism: fleet.ordinals().await?.len() as u32,
         seconds,
@@ -641,7 +673,9 @@ async fn run_baselines(
 ) -> anyhow::Result<Baselines> {
     let count = options.burst;
     let replicas = fleet.ordinals().await?.len() as u32;
-    progress.say(format!("baseline: a burst of {count} Manifests on {replicas} replicas"));
+    progress.say(format!(
+        "baseline: a burst of {count} Manifests on {replicas} replicas"
+    ));
     let fleet_burst_figure = fleet_burst(cluster, options, fleet, count, "burst-fleet").await?;
 
     progress.say("baseline: the same burst on a single replica");
@@ -664,11 +698,28 @@ async fn run_baselines(
         "baseline: a bare client server-side applying the same objects, {parallelism} at once"
     ));
     let namespace = new_namespace(cluster, &client, "burst-apply").await?;
-    let objects = baseline::render_chart(&helm, &chart, baseline::TEMPLATE_RELEASE, &namespace, &json!({"revision": 0})).await?;
+    let objects = baseline::render_chart(
+        &helm,
+        &chart,
+        baseline::TEMPLATE_RELEASE,
+        &namespace,
+        &json!({"revision": 0}),
+    )
+    .await?;
     let objects_per_manifest = objects.len() as u64;
-    let bare = baseline::bare_apply(&client, &namespace, &objects, baseline::TEMPLATE_RELEASE, &names, parallelism).await?;
+    let bare = baseline::bare_apply(
+        &client,
+        &namespace,
+        &objects,
+        baseline::TEMPLATE_RELEASE,
+        &names,
+        parallelism,
+    )
+    .await?;
 
-    progress.say(format!("baseline: helm upgrade --install, {parallelism} at once"));
+    progress.say(format!(
+        "baseline: helm upgrade --install, {parallelism} at once"
+    ));
     let namespace = new_namespace(cluster, &client, "burst-helm").await?;
     let helm_figure = baseline::helm_install(
         &helm,

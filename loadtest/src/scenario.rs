@@ -4,9 +4,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom, SliceRandom};
-use rand::SeedableRng;
 
 use crate::checks;
 use crate::load::Rates;
@@ -82,7 +82,9 @@ async fn rolling_update(
     ordinals.sort_unstable_by(|a, b| b.cmp(a));
     for ordinal in ordinals {
         let member = phase.fleet.member(ordinal);
-        phase.progress.say(format!("rolling update: restarting {member}"));
+        phase
+            .progress
+            .say(format!("rolling update: restarting {member}"));
         phase.sampler.event(format!("restart {member}"));
         let (_, before) = read_leases(&phase.probe).await?;
         let started = Instant::now();
@@ -260,9 +262,9 @@ async fn rebalance(
         let _ = settled;
         let (_, after) = read_leases(&phase.probe).await?;
         let ideal = f64::from(current.abs_diff(size)) / f64::from(current.max(size));
-        figures.moves.push(
-            move_step(phase, label, &before, &after, ideal, started.elapsed()).await?,
-        );
+        figures
+            .moves
+            .push(move_step(phase, label, &before, &after, ideal, started.elapsed()).await?);
         current = size;
         tokio::time::sleep(Duration::from_secs(options.warmup_seconds.min(15))).await;
     }
@@ -297,7 +299,10 @@ fn queue_wait_between(
             .map(|(_, b)| b.clone())
             .unwrap_or_default();
         for (bound, count) in measure::histogram_delta(&b, a) {
-            match total.iter_mut().find(|(x, _)| x.to_bits() == bound.to_bits()) {
+            match total
+                .iter_mut()
+                .find(|(x, _)| x.to_bits() == bound.to_bits())
+            {
                 Some(slot) => slot.1 += count,
                 None => total.push((bound, count)),
             }
@@ -338,7 +343,9 @@ pub async fn scale_out(phase: &Phase, options: &Options) -> anyhow::Result<Capac
         let queue_before = queue_wait_now(phase).await;
         let from = phase.load.elapsed();
         let sent_before = phase.load.sent();
-        phase.sampler.event(format!("step {} ({create_rate}/s)", k + 1));
+        phase
+            .sampler
+            .event(format!("step {} ({create_rate}/s)", k + 1));
         let load = phase.load.clone();
         let task = tokio::spawn(async move { load.run(rates, step).await });
         if let Some(window) = previous.take() {
@@ -380,11 +387,13 @@ pub async fn scale_out(phase: &Phase, options: &Options) -> anyhow::Result<Capac
 }
 
 fn judge(phase: &Phase, options: &Options, window: StepWindow) -> CapacityStep {
-    let ready = phase.load.tracker.lock().unwrap().convergence_in(
-        window.from,
-        window.to,
-        Instant::now(),
-    );
+    let ready =
+        phase
+            .load
+            .tracker
+            .lock()
+            .unwrap()
+            .convergence_in(window.from, window.to, Instant::now());
     let ready_p99 = measure::quantiles(&ready).p99;
     let queue_p99 = measure::histogram_quantile(&window.queue, 0.99);
     let passed = ready_p99.is_none_or(|p| p < options.slo_ready_seconds)
@@ -409,7 +418,11 @@ fn describe(step: &CapacityStep) -> String {
             .map_or("–".into(), |v| format!("{v:.3} s")),
         step.ready_p99_seconds
             .map_or("–".into(), |v| format!("{v:.2} s")),
-        if step.passed { "SLOs met" } else { "SLO broken" }
+        if step.passed {
+            "SLOs met"
+        } else {
+            "SLO broken"
+        }
     )
 }
 

@@ -53,7 +53,11 @@ async fn run(scenario: Scenario, options: &Options) -> RunResult {
 }
 
 fn checkers(result: &RunResult) -> Vec<&str> {
-    let mut names: Vec<&str> = result.violations.iter().map(|v| v.checker.as_str()).collect();
+    let mut names: Vec<&str> = result
+        .violations
+        .iter()
+        .map(|v| v.checker.as_str())
+        .collect();
     names.dedup();
     names
 }
@@ -79,7 +83,12 @@ async fn not_converged_checker_catches_manifests_no_replica_reconciles() {
     options.settle_seconds = 10;
     let result = run(Scenario::Basic, &options).await;
     assert!(!result.passed);
-    assert_eq!(checkers(&result), ["not-converged"], "{:#?}", result.violations);
+    assert_eq!(
+        checkers(&result),
+        ["not-converged"],
+        "{:#?}",
+        result.violations
+    );
     assert_eq!(result.throughput.converged, 0);
 }
 
@@ -94,7 +103,11 @@ async fn chaos_passes_and_the_unowned_checker_catches_a_fleet_paused_for_too_lon
     options.duration_seconds = 34;
     let healthy = run(Scenario::Chaos, &options).await;
     assert!(healthy.passed, "{:#?}", healthy.violations);
-    assert!(healthy.fleet.takeover_seconds.count >= 1, "{:?}", healthy.fleet);
+    assert!(
+        healthy.fleet.takeover_seconds.count >= 1,
+        "{:?}",
+        healthy.fleet
+    );
     assert!(healthy.fleet.max_unowned_seconds <= 8.0);
     // Every replica paused for 20 s: nobody can take over; shards unowned for ~15 s.
     options.faults = vec!["pause".into()];
@@ -103,21 +116,27 @@ async fn chaos_passes_and_the_unowned_checker_catches_a_fleet_paused_for_too_lon
     options.duration_seconds = 20;
     let paused = run(Scenario::Chaos, &options).await;
     assert!(!paused.passed);
-    assert_eq!(checkers(&paused), ["unowned-shard"], "{:#?}", paused.violations);
+    assert_eq!(
+        checkers(&paused),
+        ["unowned-shard"],
+        "{:#?}",
+        paused.violations
+    );
     assert!(paused.fleet.max_unowned_seconds > 8.0);
 }
 
 #[tokio::test]
-async fn rolling_update_passes_and_the_move_checker_catches_restarts_without_grace() {
+async fn rolling_update_passes_and_the_move_checker_catches_replicas_that_hand_over_on_restart() {
     let _serial = SERIAL.lock().await;
     let options = short();
     let healthy = run(Scenario::RollingUpdate, &options).await;
     assert!(healthy.passed, "{:#?}", healthy.violations);
     assert_eq!(healthy.fleet.moves.len(), 2);
     assert!(healthy.fleet.moves.iter().all(|m| m.shards_moved == 0));
-    // Without a restart grace a restarting replica's shards go to the other at once.
+    // Replicas that do not know their StatefulSet (run as a Deployment would): every graceful
+    // shutdown is a leave, so each restart hands its shards to the other replica.
     let mut options = short();
-    options.replica_args = vec!["--restart-grace-seconds=0".into()];
+    options.without_statefulset = true;
     let moved = run(Scenario::RollingUpdate, &options).await;
     assert!(!moved.passed);
     assert_eq!(
