@@ -1,7 +1,7 @@
 //! A CPU quota per local replica, so that a fleet of N replicas on one machine behaves like N
 //! pods with CPU limits (the thesis gave each shard 2 CPUs): without it every replica competes
 //! for the same cores and adding replicas cannot add capacity. One cgroup per replica name
-//! (`module-manager-loadtest/<fleet>/<replica>`, kept across restarts of that replica); helm
+//! (`module-manager-loadtest/<harness pid>-<fleet>/<replica>`, kept across restarts of that replica; the quota is written at every start); helm
 //! processes the replica starts are its children and inherit the cgroup. Needs root and a
 //! writable cgroup filesystem (v2 with the cpu controller, or v1's `cpu` hierarchy).
 
@@ -41,7 +41,9 @@ impl CpuLimit {
             );
         };
         let base = root.join("module-manager-loadtest");
-        let dir = base.join(fleet);
+        // This process's id in the name: a directory left by a crashed run is never reused
+        // with its old quota.
+        let dir = base.join(format!("{}-{fleet}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| {
             format!(
                 "create {} (CPU limits need root and a writable cgroup filesystem)",
@@ -68,6 +70,8 @@ impl CpuLimit {
         let dir = self.dir.join(member);
         if !dir.exists() {
             std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+        }
+        {
             match self.version {
                 Version::V1 => {
                     std::fs::write(dir.join("cpu.cfs_period_us"), PERIOD_US.to_string())?;
@@ -87,6 +91,13 @@ impl CpuLimit {
 
     /// Removes the replicas' cgroups (their processes must have exited).
     pub fn remove(self) {
+        drop(self);
+    }
+}
+
+impl Drop for CpuLimit {
+    /// Best effort: a cgroup that still holds a process (an orphaned helm) stays.
+    fn drop(&mut self) {
         if let Ok(entries) = std::fs::read_dir(&self.dir) {
             for entry in entries.flatten() {
                 if entry.path().is_dir() {

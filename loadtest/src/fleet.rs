@@ -652,7 +652,11 @@ impl Probe {
                 proc_usage(pid)
             }
             Reach::Cluster(_) => {
-                let samples = crate::measure::parse_prometheus(&self.scrape(ordinal).await.ok()?);
+                let text = tokio::time::timeout(Duration::from_secs(2), self.scrape(ordinal))
+                    .await
+                    .ok()?
+                    .ok()?;
+                let samples = crate::measure::parse_prometheus(&text);
                 let cpu = crate::measure::sum(&samples, "process_cpu_seconds_total", &[])
                     + crate::measure::sum(&samples, "module_manager_helm_cpu_seconds_total", &[]);
                 let rss = crate::measure::sum(&samples, "process_resident_memory_bytes", &[]);
@@ -669,6 +673,7 @@ async fn pods(client: &Client, settings: &ClusterSettings) -> anyhow::Result<Vec
         .await?
         .items
         .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| {
             p.name_any()
                 .strip_prefix(&prefix)

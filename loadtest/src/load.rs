@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use serde_json::{Value, json};
@@ -58,8 +58,12 @@ pub struct Tracker {
     pub done: Vec<Done>,
     /// Operations sent, by kind.
     pub sent: BTreeMap<Op, u64>,
-    /// Failed requests (the operation counts as not sent), with the first few messages.
+    /// Failed requests (counted in `sent` too; nothing waited for), with the first few
+    /// messages.
     pub failed: u64,
+    /// Operations replaced by a newer one on the same Manifest before their effect was seen
+    /// (their latency is unknown; the newer one's counts).
+    pub superseded: u64,
     pub failures: Vec<String>,
 }
 
@@ -73,6 +77,7 @@ impl Tracker {
             done: Vec::new(),
             sent: BTreeMap::new(),
             failed: 0,
+            superseded: 0,
             failures: Vec::new(),
         }
     }
@@ -83,6 +88,9 @@ impl Tracker {
         *self.sent.entry(op).or_default() += 1;
         if op == Op::Create {
             self.gone.remove(name);
+        }
+        if self.pending.contains_key(name) {
+            self.superseded += 1;
         }
         self.pending.insert(
             name.to_owned(),
@@ -116,7 +124,6 @@ impl Tracker {
 
     /// The request failed: nothing to wait for.
     pub fn failed(&mut self, name: &str, op: Op, message: String) {
-        *self.sent.entry(op).or_default() -= 1;
         self.failed += 1;
         if self.failures.len() < 10 {
             self.failures.push(format!("{op:?} {name}: {message}"));
@@ -270,7 +277,7 @@ impl Load {
         let tracker = self.tracker.clone();
         let config = watcher::Config::default().labels(&self.selector());
         tokio::spawn(async move {
-            let mut stream = watcher(api, config).boxed();
+            let mut stream = watcher(api, config).default_backoff().boxed();
             while let Some(event) = stream.next().await {
                 let now = Instant::now();
                 let Ok(event) = event else {
@@ -312,14 +319,15 @@ impl Load {
             *next += 1;
             format!("{}{:06}", self.prefix, *next)
         };
+        // The latency runs from when the operation was due, including any wait for a slot.
+        self.tracker
+            .lock()
+            .unwrap()
+            .sending(&name, Op::Create, Instant::now());
         let permit = self.permits.clone().acquire_owned().await.expect("open");
         let this = self.clone();
         tokio::spawn(async move {
             let manifest = this.manifest(&name, 0);
-            this.tracker
-                .lock()
-                .unwrap()
-                .sending(&name, Op::Create, Instant::now());
             match this.api.create(&PostParams::default(), &manifest).await {
                 Ok(created) => {
                     this.tracker
@@ -348,13 +356,13 @@ impl Load {
             *r += 1;
             *r
         };
+        self.tracker
+            .lock()
+            .unwrap()
+            .sending(&name, Op::Update, Instant::now());
         let permit = self.permits.clone().acquire_owned().await.expect("open");
         let this = self.clone();
         tokio::spawn(async move {
-            this.tracker
-                .lock()
-                .unwrap()
-                .sending(&name, Op::Update, Instant::now());
             let patch = json!({"spec": {"values": {"revision": revision}}});
             match this
                 .api
@@ -368,36 +376,41 @@ impl Load {
                         .answered(&name, m.metadata.generation.unwrap_or(1));
                     this.live.lock().unwrap().push_back(name);
                 }
-                Err(e) => this
-                    .tracker
-                    .lock()
-                    .unwrap()
-                    .failed(&name, Op::Update, e.to_string()),
+                Err(e) => {
+                    this.tracker
+                        .lock()
+                        .unwrap()
+                        .failed(&name, Op::Update, e.to_string());
+                    this.live.lock().unwrap().push_back(name);
+                }
             }
             drop(permit);
         });
     }
 
-    /// Deletes the oldest live Manifest.
+    /// Deletes the least recently written live Manifest.
     pub async fn delete(&self) {
         let Some(name) = self.live.lock().unwrap().pop_front() else {
             return;
         };
+        self.tracker
+            .lock()
+            .unwrap()
+            .sending(&name, Op::Delete, Instant::now());
         let permit = self.permits.clone().acquire_owned().await.expect("open");
         let this = self.clone();
         tokio::spawn(async move {
-            this.tracker
-                .lock()
-                .unwrap()
-                .sending(&name, Op::Delete, Instant::now());
             match this.api.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => this.tracker.lock().unwrap().delete_answered(&name),
                 Err(e) => {
+                    let gone = matches!(&e, kube::Error::Api(s) if s.code == 404);
                     this.tracker
                         .lock()
                         .unwrap()
                         .failed(&name, Op::Delete, e.to_string());
-                    this.live.lock().unwrap().push_back(name);
+                    if !gone {
+                        this.live.lock().unwrap().push_back(name);
+                    }
                 }
             }
             drop(permit);
@@ -593,7 +606,7 @@ mod tests {
         t.sending("c", Op::Create, at(t0, 1.0));
         t.failed("c", Op::Create, "409".into());
         assert!(t.outstanding(at(t0, 9.0)).is_empty());
-        assert_eq!(t.sent[&Op::Create], 0);
+        assert_eq!(t.sent[&Op::Create], 1);
         assert_eq!(t.failed, 1);
         assert_eq!(t.convergence_in(0.0, 10.0, at(t0, 9.0)), Vec::<f64>::new());
     }

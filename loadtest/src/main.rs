@@ -50,6 +50,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             let cluster = Cluster::Deployed {
                 client,
                 kubeconfig: kubeconfig.clone(),
+                run: format!("{}-{stamp}", scenario.name()).to_lowercase(),
             };
             execute(scenario, &options, cluster).await?
         }

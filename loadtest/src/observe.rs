@@ -166,14 +166,112 @@ pub struct ReplicaReading {
     pub samples: Vec<PromSample>,
 }
 
+/// Counters summed over label sets whose increase is tracked.
+pub const COUNTERS: &[&str] = &["module_manager_reconcile_passes_total"];
+/// Histograms whose increase is tracked.
+pub const HISTOGRAMS: &[&str] = &[
+    "module_manager_queue_wait_seconds",
+    "module_manager_fleet_handover_gap_seconds",
+];
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The increase of one replica's [`COUNTERS`] and [`HISTOGRAMS`] from scrape to scrape. A
+/// restart (a new `process_start_time_seconds`, or a count going down) starts the process's
+/// counts from zero, so what the new process counted is added whole; what the old one counted
+/// after its last scrape is lost (at most one sample interval).
+#[derive(Clone, Debug, Default)]
+pub struct Accumulated {
+    previous: Option<(Option<f64>, Vec<PromSample>)>,
+    pub counters: BTreeMap<String, f64>,
+    pub histograms: BTreeMap<String, Vec<(f64, f64)>>,
+}
+
+impl Accumulated {
+    /// Adds the increase since the previous scrape. The first scrape of a process started
+    /// before `window_start` (Unix seconds) is the baseline; of one started after it, all of
+    /// it counts.
+    pub fn add(&mut self, samples: &[PromSample], window_start: f64) {
+        let start =
+            Some(measure::sum(samples, "process_start_time_seconds", &[])).filter(|s| *s > 0.0);
+        let empty = Vec::new();
+        let previous = match &self.previous {
+            Some((previous_start, previous))
+                if !restarted(start, *previous_start) && !went_down(previous, samples) =>
+            {
+                Some(previous)
+            }
+            // A restart: the new process counted from zero.
+            Some(_) => Some(&empty),
+            // First sight: the baseline, unless the process started within the window.
+            None if start.is_some_and(|s| s >= window_start) => Some(&empty),
+            None => None,
+        };
+        if let Some(previous) = previous {
+            for name in COUNTERS {
+                let delta = measure::sum(samples, name, &[]) - measure::sum(previous, name, &[]);
+                *self.counters.entry((*name).to_owned()).or_default() += delta.max(0.0);
+            }
+            for name in HISTOGRAMS {
+                let delta = measure::histogram_delta(
+                    &measure::histogram(previous, name),
+                    &measure::histogram(samples, name),
+                );
+                let total = self.histograms.entry((*name).to_owned()).or_default();
+                for (bound, count) in delta {
+                    match total
+                        .iter_mut()
+                        .find(|(b, _)| b.to_bits() == bound.to_bits())
+                    {
+                        Some(slot) => slot.1 += count,
+                        None => {
+                            total.push((bound, count));
+                            total.sort_by(|a, b| a.0.total_cmp(&b.0));
+                        }
+                    }
+                }
+            }
+        }
+        self.previous = Some((start, samples.to_vec()));
+    }
+}
+
+/// Whether both scrapes carry a start time and they differ.
+fn restarted(start: Option<f64>, previous: Option<f64>) -> bool {
+    matches!((start, previous), (Some(a), Some(b)) if a != b)
+}
+
+/// Whether any tracked count is lower than before (the process restarted).
+fn went_down(previous: &[PromSample], now: &[PromSample]) -> bool {
+    COUNTERS
+        .iter()
+        .any(|name| measure::sum(now, name, &[]) < measure::sum(previous, name, &[]))
+        || HISTOGRAMS.iter().any(|name| {
+            let count = |samples: &[PromSample]| {
+                measure::histogram(samples, name)
+                    .last()
+                    .map_or(0.0, |b| b.1)
+            };
+            count(now) < count(previous)
+        })
+}
+
 /// Everything the sampler collected.
 #[derive(Debug)]
 pub struct Observed {
     pub ownership: Ownership,
     pub timeline: Vec<Sample>,
-    /// First and latest reading per replica name within the current window.
-    pub first: BTreeMap<String, ReplicaReading>,
+    /// The latest reading per replica name (gauges such as shards owned).
     pub latest: BTreeMap<String, ReplicaReading>,
+    /// Per replica name, the increase of the tracked counters and histograms over the window,
+    /// summed across process restarts.
+    pub accumulated: BTreeMap<String, Accumulated>,
+    /// Unix time the window began: a process started after it counts from zero.
+    pub window_start_unix: f64,
     /// RSS samples per replica (MiB), for mean and max.
     pub rss_mib: BTreeMap<String, Vec<f64>>,
     /// CPU seconds consumed per replica over the window, summed across process restarts.
@@ -189,8 +287,9 @@ impl Observed {
         Self {
             ownership: Ownership::new(lease),
             timeline: Vec::new(),
-            first: BTreeMap::new(),
             latest: BTreeMap::new(),
+            accumulated: BTreeMap::new(),
+            window_start_unix: unix_now(),
             rss_mib: BTreeMap::new(),
             cpu_seconds: BTreeMap::new(),
             last_cpu: BTreeMap::new(),
@@ -271,8 +370,8 @@ impl Sampler {
                 };
                 if let Some((t0, sent0, converged0)) = previous {
                     let dt = (t - t0).max(1e-3);
-                    sample.operations_per_second = (sent - sent0) as f64 / dt;
-                    sample.converged_per_second = (converged - converged0) as f64 / dt;
+                    sample.operations_per_second = sent.saturating_sub(sent0) as f64 / dt;
+                    sample.converged_per_second = converged.saturating_sub(converged0) as f64 / dt;
                 }
                 previous = Some((t, sent, converged));
                 let dt = (t - observed.timeline.last().map_or(0.0, |s| s.t)).max(1e-3);
@@ -296,12 +395,13 @@ impl Sampler {
                         continue;
                     };
                     sample.queue_depth += measure::sum(&samples, "module_manager_queue_depth", &[]);
-                    let reading = ReplicaReading { samples };
+                    let window_start = observed.window_start_unix;
                     observed
-                        .first
+                        .accumulated
                         .entry(member.clone())
-                        .or_insert_with(|| reading.clone());
-                    observed.latest.insert(member, reading);
+                        .or_default()
+                        .add(&samples, window_start);
+                    observed.latest.insert(member, ReplicaReading { samples });
                 }
                 observed.timeline.push(sample);
             }
@@ -389,6 +489,42 @@ mod tests {
             holders(&[(0, None), (1, Some("gone")), (2, Some("a"))]),
         );
         assert_eq!(o.unowned_now(), 2);
+    }
+
+    fn scrape(start: f64, passes: f64, waits: f64) -> Vec<PromSample> {
+        measure::parse_prometheus(&format!(
+            "process_start_time_seconds {start}\n\
+             module_manager_reconcile_passes_total{{result=\"ready\"}} {passes}\n\
+             module_manager_queue_wait_seconds_bucket{{le=\"1\"}} {waits}\n\
+             module_manager_queue_wait_seconds_bucket{{le=\"+Inf\"}} {waits}\n"
+        ))
+    }
+
+    #[test]
+    fn increases_add_up_across_a_restart() {
+        let mut a = Accumulated::default();
+        a.add(&scrape(100.0, 50.0, 50.0), 1000.0); // started before the window: baseline
+        a.add(&scrape(100.0, 70.0, 70.0), 1000.0);
+        a.add(&scrape(100.0, 90.0, 90.0), 1000.0);
+        // Restarted: the new process has counted 30 already (more than the old baseline's 0
+        // is no help: the start time tells).
+        a.add(&scrape(2000.0, 130.0, 130.0), 1000.0);
+        a.add(&scrape(2000.0, 140.0, 140.0), 1000.0);
+        assert_eq!(
+            a.counters["module_manager_reconcile_passes_total"],
+            40.0 + 130.0 + 10.0
+        );
+        let histogram = &a.histograms["module_manager_queue_wait_seconds"];
+        assert_eq!(histogram.last().unwrap().1, 180.0);
+        // Without start times a count going down shows the restart.
+        let mut b = Accumulated::default();
+        b.add(&scrape(0.0, 50.0, 50.0), 1000.0);
+        b.add(&scrape(0.0, 5.0, 5.0), 1000.0);
+        assert_eq!(b.counters["module_manager_reconcile_passes_total"], 5.0);
+        // A process started within the window counts from zero.
+        let mut c = Accumulated::default();
+        c.add(&scrape(1500.0, 12.0, 12.0), 1000.0);
+        assert_eq!(c.counters["module_manager_reconcile_passes_total"], 12.0);
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct RunResult {
     pub capacity: Vec<Capacity>,
     /// Present when baselines ran.
     pub baselines: Option<Baselines>,
+    /// Why the baselines could not be measured, when they failed.
+    #[serde(default)]
+    pub baselines_error: Option<String>,
     /// Samples over time (every `sample_interval_seconds`), for the charts.
     pub timeline: Vec<Sample>,
 }
@@ -141,6 +144,10 @@ pub struct FleetFigures {
     /// Per kill or pause of a replica: from the fault to the moment every shard was owned by a
     /// live member again, as observed through the Leases.
     pub takeover_seconds: Quantiles,
+    /// Faults after which the takeover had not finished when the victim came back (not in
+    /// `takeover_seconds`: each took longer than the victim was away).
+    #[serde(default)]
+    pub takeovers_unfinished: u32,
     /// Longest time a shard was unowned (no holder, or a holder whose member Lease had not been
     /// renewed for a lease duration).
     pub max_unowned_seconds: f64,

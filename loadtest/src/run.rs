@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, PostParams};
@@ -30,8 +31,14 @@ use crate::{baseline, checks, scenario};
 pub enum Cluster<'a> {
     /// A control plane the harness started: the harness starts the replicas too.
     Local(&'a testenv::ControlPlane),
-    /// A deployed fleet in the cluster of this kubeconfig.
-    Deployed { client: Client, kubeconfig: PathBuf },
+    /// A deployed fleet in the cluster of this kubeconfig. The namespaces the run creates carry
+    /// the label `loadtest-run=<run>` and are deleted at the end (the fleet then deletes the
+    /// Manifests' objects).
+    Deployed {
+        client: Client,
+        kubeconfig: PathBuf,
+        run: String,
+    },
 }
 
 impl Cluster<'_> {
@@ -100,6 +107,8 @@ pub struct Phase {
     pub replicas: u32,
     watch: tokio::task::JoinHandle<()>,
     apiserver_before: Vec<PromSample>,
+    /// Moves the progress bar.
+    ticker: tokio::task::JoinHandle<()>,
     started: Instant,
     pub started_ts: Timestamp,
     pub progress: Progress,
@@ -193,6 +202,7 @@ impl Phase {
             fleet.lease_duration,
         );
         let apiserver_before = apiserver_metrics(&client).await.unwrap_or_default();
+        let ticker = spawn_ticker(&load, &sampler, &progress);
         Ok(Self {
             fleet,
             probe,
@@ -202,6 +212,7 @@ impl Phase {
             replicas,
             watch,
             apiserver_before,
+            ticker,
             started: Instant::now(),
             started_ts: now_ts(),
             progress,
@@ -228,13 +239,15 @@ impl Phase {
     ) -> anyhow::Result<Fleet> {
         let load_seconds = self.started.elapsed().as_secs_f64();
         self.load.stop();
+        let apiserver_after = apiserver_metrics(&self.fleet.client)
+            .await
+            .unwrap_or_default();
+        let apiserver_seconds = self.started.elapsed().as_secs_f64();
+        self.ticker.abort();
         self.progress
             .say("load stopped; waiting for the last operations' effects");
         let settle = Duration::from_secs(options.settle_seconds);
         let outstanding = self.load.settle(settle).await;
-        let apiserver_after = apiserver_metrics(&self.fleet.client)
-            .await
-            .unwrap_or_default();
         let observed = self.sampler.stop();
         self.watch.abort();
         let not_ready = self.load.not_ready().await?;
@@ -286,7 +299,7 @@ impl Phase {
             create_to_ready_seconds: measure::quantiles(&of(Op::Create)),
             update_to_ready_seconds: measure::quantiles(&of(Op::Update)),
             delete_to_gone_seconds: measure::quantiles(&of(Op::Delete)),
-            queue_wait_seconds: measure::histogram_quantiles(&delta_over_replicas(
+            queue_wait_seconds: measure::histogram_quantiles(&histogram_over_replicas(
                 &observed,
                 "module_manager_queue_wait_seconds",
             )),
@@ -300,8 +313,8 @@ impl Phase {
         drop(tracker);
         result.replicas = replica_figures(&observed, load_seconds);
         result.apiserver =
-            apiserver_figures(&self.apiserver_before, &apiserver_after, load_seconds);
-        result.fleet.handover_gap_seconds = measure::histogram_quantiles(&delta_over_replicas(
+            apiserver_figures(&self.apiserver_before, &apiserver_after, apiserver_seconds);
+        result.fleet.handover_gap_seconds = measure::histogram_quantiles(&histogram_over_replicas(
             &observed,
             "module_manager_fleet_handover_gap_seconds",
         ));
@@ -318,6 +331,37 @@ impl Phase {
     }
 }
 
+/// Moves the progress bar every half second with the figures of the moment.
+fn spawn_ticker(
+    load: &Load,
+    sampler: &Sampler,
+    progress: &Progress,
+) -> tokio::task::JoinHandle<()> {
+    let (load, observed, progress) = (load.clone(), sampler.observed.clone(), progress.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let (sent, converged, failed) = {
+                let t = load.tracker.lock().unwrap();
+                let converged = t.done.iter().filter(|d| d.op != Op::Delete).count();
+                (t.sent.values().sum::<u64>(), converged, t.failed)
+            };
+            let (depth, unowned) = {
+                let o = observed.lock().unwrap();
+                let depth = o.timeline.last().map_or(0.0, |s| s.queue_depth);
+                (depth, o.ownership.unowned_now())
+            };
+            progress.update(
+                load.elapsed() as u64,
+                format!(
+                    "{} Manifests · {sent} sent · {converged} converged · {failed} failed · queued {depth:.0} · unowned shards {unowned}",
+                    load.live_count()
+                ),
+            );
+        }
+    })
+}
+
 async fn new_namespace(
     cluster: &Cluster<'_>,
     client: &Client,
@@ -325,9 +369,9 @@ async fn new_namespace(
 ) -> anyhow::Result<String> {
     match cluster {
         Cluster::Local(cp) => Ok(cp.namespace(client, prefix).await?),
-        Cluster::Deployed { .. } => {
+        Cluster::Deployed { run, .. } => {
             let ns: Namespace = serde_json::from_value(json!({
-                "metadata": {"generateName": format!("{prefix}-")}
+                "metadata": {"generateName": format!("{prefix}-"), "labels": {"loadtest-run": run}}
             }))?;
             let created = Api::<Namespace>::all(client.clone())
                 .create(&PostParams::default(), &ns)
@@ -345,6 +389,9 @@ pub async fn apiserver_metrics(client: &Client) -> anyhow::Result<Vec<PromSample
     Ok(measure::parse_prometheus(&text))
 }
 
+/// Request rates of every client (the fleet, kube-controller-manager and the harness itself:
+/// its load, watch and Lease reads) over `seconds`; a counter that went down (another API
+/// server instance answered, or it restarted) counts as zero.
 fn apiserver_figures(
     before: &[PromSample],
     after: &[PromSample],
@@ -362,7 +409,8 @@ fn apiserver_figures(
             .filter(|(_, r)| *r > 0.0)
             .collect()
     };
-    let total = (measure::sum(after, NAME, &[]) - measure::sum(before, NAME, &[])) / seconds;
+    let total =
+        (measure::sum(after, NAME, &[]) - measure::sum(before, NAME, &[])).max(0.0) / seconds;
     ApiServerFigures {
         requests_per_second: total,
         by_verb: rate("verb"),
@@ -370,25 +418,12 @@ fn apiserver_figures(
     }
 }
 
-/// Sum over replicas of each replica's histogram change between its first and latest scrape
-/// in the window (a replica restarted in between counts from its restart).
-pub fn delta_over_replicas(observed: &Observed, name: &str) -> Vec<(f64, f64)> {
+/// A tracked histogram's increase over the window, summed over replicas.
+pub fn histogram_over_replicas(observed: &Observed, name: &str) -> Vec<(f64, f64)> {
     let mut total: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
-    for (member, latest) in &observed.latest {
-        let after = measure::histogram(&latest.samples, name);
-        let before = observed
-            .first
-            .get(member)
-            .map(|r| measure::histogram(&r.samples, name))
-            .unwrap_or_default();
-        let reset = before.last().map_or(0.0, |b| b.1) > after.last().map_or(0.0, |a| a.1);
-        let delta = if reset {
-            after
-        } else {
-            measure::histogram_delta(&before, &after)
-        };
-        for (bound, count) in delta {
-            total.entry(bound.to_bits()).or_insert((bound, 0.0)).1 += count;
+    for accumulated in observed.accumulated.values() {
+        for (bound, count) in accumulated.histograms.get(name).into_iter().flatten() {
+            total.entry(bound.to_bits()).or_insert((*bound, 0.0)).1 += count;
         }
     }
     let mut buckets: Vec<(f64, f64)> = total.into_values().collect();
@@ -396,20 +431,13 @@ pub fn delta_over_replicas(observed: &Observed, name: &str) -> Vec<(f64, f64)> {
     buckets
 }
 
-fn counter_delta(observed: &Observed, member: &str, name: &str) -> f64 {
-    let latest = observed
-        .latest
+fn counter_increase(observed: &Observed, member: &str, name: &str) -> f64 {
+    observed
+        .accumulated
         .get(member)
-        .map_or(0.0, |r| measure::sum(&r.samples, name, &[]));
-    let first = observed
-        .first
-        .get(member)
-        .map_or(0.0, |r| measure::sum(&r.samples, name, &[]));
-    if latest >= first {
-        latest - first
-    } else {
-        latest
-    }
+        .and_then(|a| a.counters.get(name))
+        .copied()
+        .unwrap_or(0.0)
 }
 
 fn replica_figures(observed: &Observed, seconds: f64) -> Vec<ReplicaFigures> {
@@ -421,7 +449,7 @@ fn replica_figures(observed: &Observed, seconds: f64) -> Vec<ReplicaFigures> {
             let cpu = observed.cpu_seconds.get(member).copied().unwrap_or(0.0);
             ReplicaFigures {
                 name: member.clone(),
-                passes: counter_delta(observed, member, "module_manager_reconcile_passes_total")
+                passes: counter_increase(observed, member, "module_manager_reconcile_passes_total")
                     as u64,
                 share: 0.0,
                 shards_owned: measure::sum(
@@ -554,6 +582,22 @@ pub async fn execute(
         ..Default::default()
     };
     let progress = Progress::new(options.quiet);
+    let original_replicas = match &cluster {
+        Cluster::Deployed { .. } => {
+            Api::<StatefulSet>::namespaced(client.clone(), &options.fleet_namespace)
+                .get(&options.statefulset)
+                .await
+                .with_context(|| {
+                    format!(
+                        "read StatefulSet {}/{}",
+                        options.fleet_namespace, options.statefulset
+                    )
+                })?
+                .spec
+                .and_then(|s| s.replicas)
+        }
+        Cluster::Local(_) => None,
+    };
     let fleet = if scenario == Scenario::ScaleOut {
         let mut last = None;
         for (i, replicas) in options.replicas.iter().enumerate() {
@@ -561,7 +605,7 @@ pub async fn execute(
                 let mut fleet: Fleet = fleet;
                 fleet.shutdown().await;
             }
-            result.violations.clear();
+            let before = result.violations.len();
             let phase = Phase::start(
                 &cluster,
                 options,
@@ -574,6 +618,9 @@ pub async fn execute(
             let capacity = scenario::scale_out(&phase, options).await?;
             result.capacity.push(capacity);
             last = Some(phase.finish(options, &mut result, Vec::new()).await?);
+            for v in &mut result.violations[before..] {
+                v.detail = format!("[{replicas} replicas] {}", v.detail);
+            }
         }
         last.context("no fleet size given")?
     } else {
@@ -584,22 +631,95 @@ pub async fn execute(
     result.passed = result.violations.is_empty();
     let mut fleet = fleet;
     if options.baselines(scenario) {
-        let baselines = run_baselines(&cluster, options, &mut fleet, &progress).await;
-        match baselines {
+        match run_baselines(&cluster, options, &mut fleet, &progress).await {
             Ok(b) => result.baselines = Some(b),
+            // The scenario's figures stand; the report says what went wrong.
             Err(e) => {
-                fleet.shutdown().await;
-                return Err(e.context("baselines"));
+                progress.say(format!("baselines failed: {e:#}"));
+                result.baselines_error = Some(format!("{e:#}"));
             }
         }
     }
     fleet.shutdown().await;
+    if let Cluster::Deployed { run, .. } = &cluster {
+        clean_up_deployed(&client, options, run, original_replicas, &progress).await;
+    }
     progress.finish();
     Ok(result)
 }
 
 fn module_manager_version() -> String {
     env!("CARGO_PKG_VERSION").to_owned()
+}
+
+/// Deletes the run's namespaces (the fleet removes their modules) and puts the StatefulSet's
+/// `spec.replicas` back; failures are reported, not fatal.
+async fn clean_up_deployed(
+    client: &Client,
+    options: &Options,
+    run: &str,
+    replicas: Option<i32>,
+    progress: &Progress,
+) {
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let selector = format!("loadtest-run={run}");
+    match namespaces
+        .list(&ListParams::default().labels(&selector))
+        .await
+    {
+        Ok(list) => {
+            for ns in list {
+                if let Err(e) = namespaces.delete(&ns.name_any(), &Default::default()).await {
+                    progress.say(format!("clean-up: delete namespace {}: {e}", ns.name_any()));
+                }
+            }
+        }
+        Err(e) => progress.say(format!("clean-up: list namespaces {selector}: {e}")),
+    }
+    if let Some(replicas) = replicas {
+        let patch = json!({"spec": {"replicas": replicas}});
+        if let Err(e) = Api::<StatefulSet>::namespaced(client.clone(), &options.fleet_namespace)
+            .patch(
+                &options.statefulset,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+        {
+            progress.say(format!("clean-up: restore {replicas} replicas: {e}"));
+        }
+    }
+}
+
+/// Waits (up to 5 minutes) until no replica has started a reconcile pass for 3 s, so that a
+/// burst does not compete with work left from before (a scaled-down fleet re-reads the
+/// Manifests of the shards it gained).
+async fn wait_idle(probe: &Probe, progress: &Progress) {
+    let passes = || async {
+        let mut total = 0.0;
+        for ordinal in probe.ordinals().await.unwrap_or_default() {
+            if let Ok(text) = probe.scrape(ordinal).await {
+                let samples = measure::parse_prometheus(&text);
+                total += measure::sum(&samples, "module_manager_reconcile_passes_total", &[])
+                    + measure::sum(&samples, "module_manager_queue_in_flight", &[]);
+            }
+        }
+        total
+    };
+    let start = Instant::now();
+    let mut last = passes().await;
+    let mut quiet_since = Instant::now();
+    while start.elapsed() < Duration::from_secs(300) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = passes().await;
+        if now != last {
+            last = now;
+            quiet_since = Instant::now();
+        } else if quiet_since.elapsed() >= Duration::from_secs(3) {
+            return;
+        }
+    }
+    progress.say("the fleet did not go idle within 5 minutes; measuring anyway");
 }
 
 /// A burst of `count` Manifests on the fleet's selector in a new namespace: the time from the
@@ -676,11 +796,14 @@ async fn run_baselines(
     progress.say(format!(
         "baseline: a burst of {count} Manifests on {replicas} replicas"
     ));
+    wait_idle(&fleet.probe(), progress).await;
     let fleet_burst_figure = fleet_burst(cluster, options, fleet, count, "burst-fleet").await?;
 
     progress.say("baseline: the same burst on a single replica");
     fleet.scale(1).await?;
     wait_assignment(&fleet.probe(), fleet.shards, 1, Duration::from_secs(180)).await?;
+    // The remaining replica re-reads every Manifest of the shards it gained: let it finish.
+    wait_idle(&fleet.probe(), progress).await;
     let single = fleet_burst(cluster, options, fleet, count, "burst-single").await?;
     if !fleet.is_local() {
         fleet.scale(replicas).await?;

@@ -11,7 +11,7 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use crate::checks;
 use crate::load::Rates;
 use crate::measure;
-use crate::observe::read_leases;
+use crate::observe::{Holders, read_leases};
 use crate::options::{Options, Scenario};
 use crate::results::{Capacity, CapacityStep, FleetFigures, Violation};
 use crate::run::{Phase, move_step, wait_assignment};
@@ -39,6 +39,21 @@ pub async fn play(
         Scenario::RollingUpdate | Scenario::Smoke => rolling_update(phase, options, figures).await,
         Scenario::Rebalance => rebalance(phase, options, figures).await,
         Scenario::ScaleOut => anyhow::bail!("scale-out is played by scale_out"),
+    }
+}
+
+/// The shard holders now; a failed read is retried (up to 5 times, 1 s apart) rather than
+/// ending a run of many minutes.
+async fn holders(phase: &Phase) -> anyhow::Result<Holders> {
+    let mut attempt = 0;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), read_leases(&phase.probe)).await {
+            Ok(Ok((_, holders))) => return Ok(holders),
+            Ok(Err(e)) if attempt >= 4 => return Err(e.context("read the shard Leases")),
+            Err(_) if attempt >= 4 => anyhow::bail!("read the shard Leases: timed out"),
+            _ => attempt += 1,
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -86,11 +101,11 @@ async fn rolling_update(
             .progress
             .say(format!("rolling update: restarting {member}"));
         phase.sampler.event(format!("restart {member}"));
-        let (_, before) = read_leases(&phase.probe).await?;
+        let before = holders(phase).await?;
         let started = Instant::now();
         phase.fleet.restart(ordinal).await?;
         phase.fleet.wait_ready(Duration::from_secs(180)).await?;
-        let (_, after) = read_leases(&phase.probe).await?;
+        let after = holders(phase).await?;
         figures.moves.push(
             move_step(
                 phase,
@@ -104,7 +119,14 @@ async fn rolling_update(
         );
     }
     // One sample after the last restart, so that a late move is seen.
-    tokio::time::sleep(Duration::from_secs_f64(2.0 * options.sample_seconds)).await;
+    // Keep watching for a lease duration and a renew round after the last restart: a replica
+    // that came back without renewing would lose its shards only then.
+    tokio::time::sleep(
+        phase.fleet.lease_duration
+            + Duration::from_secs(options.renew_interval_seconds)
+            + Duration::from_secs_f64(2.0 * options.sample_seconds),
+    )
+    .await;
     let to = now();
     let moved = phase
         .sampler
@@ -151,7 +173,7 @@ async fn chaos(
         let members: Vec<String> = ordinals.iter().map(|o| phase.fleet.member(*o)).collect();
         let label = format!("{fault} {}", members.join(","));
         phase.progress.say(format!("chaos: {label}"));
-        let (_, before) = read_leases(&phase.probe).await?;
+        let before = holders(phase).await?;
         let victims_held = before
             .values()
             .filter(|h| h.as_ref().is_some_and(|h| members.contains(h)))
@@ -174,9 +196,12 @@ async fn chaos(
         };
         // Until the victims come back: did the others take their shards over, and when?
         let takeover = wait_takeover(phase, hit, hit + hold).await;
+        if takeover.is_none() && fault_needs_takeover(hold, phase) {
+            figures.takeovers_unfinished += 1;
+        }
         if let Some(seconds) = takeover {
             takeovers.push(seconds);
-            let (_, after) = read_leases(&phase.probe).await?;
+            let after = holders(phase).await?;
             figures.moves.push(
                 crate::run::move_step(
                     phase,
@@ -206,6 +231,12 @@ async fn chaos(
     figures.takeover_seconds = measure::quantiles(&takeovers);
     run_out(phase, options, load).await;
     Ok(Vec::new())
+}
+
+/// Whether the victims stay away long enough that the others must take over (a lease duration
+/// plus a renew round and a margin); a shorter pause or revive only delays.
+fn fault_needs_takeover(hold: Duration, phase: &Phase) -> bool {
+    hold >= phase.fleet.lease_duration * 2
 }
 
 /// Waits (until `deadline`) for some shard to become unowned and then every shard to be owned
@@ -248,7 +279,7 @@ async fn rebalance(
         let label = format!("scale {current}→{size}");
         phase.progress.say(format!("rebalance: {label}"));
         phase.sampler.event(label.clone());
-        let (_, before) = read_leases(&phase.probe).await?;
+        let before = holders(phase).await?;
         let started = Instant::now();
         phase.fleet.scale(size).await?;
         let settled = wait_assignment(
@@ -260,7 +291,7 @@ async fn rebalance(
         .await
         .with_context(|| label.clone())?;
         let _ = settled;
-        let (_, after) = read_leases(&phase.probe).await?;
+        let after = holders(phase).await?;
         let ideal = f64::from(current.abs_diff(size)) / f64::from(current.max(size));
         figures
             .moves
@@ -314,6 +345,8 @@ fn queue_wait_between(
 
 struct StepWindow {
     create_rate: f64,
+    /// Requests of the load generator that failed during the step.
+    failed: u64,
     from: f64,
     to: f64,
     sent: u64,
@@ -343,6 +376,7 @@ pub async fn scale_out(phase: &Phase, options: &Options) -> anyhow::Result<Capac
         let queue_before = queue_wait_now(phase).await;
         let from = phase.load.elapsed();
         let sent_before = phase.load.sent();
+        let failed_before = phase.load.tracker.lock().unwrap().failed;
         phase
             .sampler
             .event(format!("step {} ({create_rate}/s)", k + 1));
@@ -365,13 +399,17 @@ pub async fn scale_out(phase: &Phase, options: &Options) -> anyhow::Result<Capac
             }
         }
         let _ = task.await;
+        let to = phase.load.elapsed();
+        let failed = phase.load.tracker.lock().unwrap().failed;
+        let queue_after = queue_wait_now(phase).await;
         previous = Some(StepWindow {
             create_rate,
             from,
-            to: phase.load.elapsed(),
-            sent: phase.load.sent() - sent_before,
+            to,
+            sent: phase.load.sent().saturating_sub(sent_before),
+            failed: failed.saturating_sub(failed_before),
             objects: phase.load.live_count() as u64,
-            queue: queue_wait_between(&queue_before, &queue_wait_now(phase).await),
+            queue: queue_wait_between(&queue_before, &queue_after),
         });
     }
     if let Some(window) = previous {
@@ -396,8 +434,11 @@ fn judge(phase: &Phase, options: &Options, window: StepWindow) -> CapacityStep {
             .convergence_in(window.from, window.to, Instant::now());
     let ready_p99 = measure::quantiles(&ready).p99;
     let queue_p99 = measure::histogram_quantile(&window.queue, 0.99);
-    let passed = ready_p99.is_none_or(|p| p < options.slo_ready_seconds)
-        && queue_p99.is_none_or(|p| p < options.slo_queue_wait_seconds);
+    // No figure is no pass: a step whose requests failed, or whose replicas could not be
+    // scraped, did not show the SLOs held.
+    let passed = window.failed == 0
+        && ready_p99.is_some_and(|p| p < options.slo_ready_seconds)
+        && queue_p99.is_some_and(|p| p < options.slo_queue_wait_seconds);
     CapacityStep {
         create_rate: window.create_rate,
         objects: window.objects,

@@ -146,3 +146,39 @@ async fn rolling_update_passes_and_the_move_checker_catches_replicas_that_hand_o
         moved.violations
     );
 }
+
+#[tokio::test]
+async fn rebalance_and_scale_out_run_clean() {
+    let _serial = SERIAL.lock().await;
+    let mut options = short();
+    options.sizes = vec![3, 1];
+    options.warmup_seconds = 5;
+    let rebalance = run(Scenario::Rebalance, &options).await;
+    assert!(rebalance.passed, "{:#?}", rebalance.violations);
+    assert_eq!(
+        rebalance.fleet.moves.len(),
+        2,
+        "{:?}",
+        rebalance.fleet.moves
+    );
+    for step in &rebalance.fleet.moves {
+        // HRW with a load cap moves close to the minimum (2→3: a third, 3→1: two thirds).
+        let ratio = step.ratio.expect("something had to move");
+        assert!((0.99..=1.6).contains(&ratio), "{step:?}");
+    }
+    // Two fleet sizes, two short steps each: the curve's mechanics, not a capacity.
+    let mut options = short();
+    options.replicas = vec![1, 2];
+    options.step_seconds = 6;
+    options.max_steps = 2;
+    let scale_out = run(Scenario::ScaleOut, &options).await;
+    assert!(scale_out.passed, "{:#?}", scale_out.violations);
+    assert_eq!(scale_out.capacity.len(), 2);
+    for capacity in &scale_out.capacity {
+        assert!(!capacity.steps.is_empty(), "{capacity:?}");
+        assert!(
+            capacity.steps[0].ready_p99_seconds.is_some(),
+            "{capacity:?}"
+        );
+    }
+}

@@ -26,6 +26,10 @@ pub fn markdown(result: &RunResult) -> String {
         fleet(&result.fleet, result.environment.lease_duration_seconds),
         capacity(&result.capacity),
         result.baselines.as_ref().map(baselines),
+        result
+            .baselines_error
+            .as_ref()
+            .map(|e| format!("## Baselines\n\nNot measured: {e}")),
         chart_links(result),
     ];
     let mut out = sections
@@ -257,6 +261,12 @@ fn fleet(f: &FleetFigures, lease_duration_seconds: f64) -> Option<String> {
         f.max_unowned_seconds,
         2.0 * lease_duration_seconds
     ));
+    if f.takeovers_unfinished > 0 {
+        parts.push(format!(
+            "{} faults ended before the others had taken the victim's shards over (not in the takeover quantiles).",
+            f.takeovers_unfinished
+        ));
+    }
     if !f.moves.is_empty() {
         parts.push(moves(&f.moves));
     }

@@ -86,6 +86,7 @@ fn full() -> RunResult {
     let total_passes = 600 + 300 + 100;
     RunResult {
         scenario: "scale-out".to_owned(),
+        baselines_error: None,
         started_at: "2026-05-01T10:00:00Z".to_owned(),
         parameters: serde_json::json!({ "shards": 16, "create_rate": 10 }),
         environment: Environment {
@@ -150,6 +151,7 @@ fn full() -> RunResult {
             handover_gap_seconds: quantiles(14, 0.02),
             takeover_seconds: quantiles(1, 11.0),
             max_unowned_seconds: 12.5,
+            takeovers_unfinished: 1,
             moves: vec![
                 MoveStep {
                     step: "3→5".to_owned(),
