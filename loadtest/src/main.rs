@@ -28,7 +28,18 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    match runtime.block_on(run(cli)) {
+    // Ctrl-C or SIGTERM ends the run: dropping it stops the replicas (SIGTERM, then SIGKILL),
+    // removes their CPU cgroups and stops the control plane.
+    let outcome = runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler");
+        tokio::select! {
+            outcome = run(cli) => outcome,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted (SIGINT)")),
+            _ = term.recv() => Err(anyhow::anyhow!("interrupted (SIGTERM)")),
+        }
+    });
+    match outcome {
         Ok(true) => std::process::exit(0),
         Ok(false) => std::process::exit(1),
         Err(e) => {

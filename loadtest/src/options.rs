@@ -200,6 +200,9 @@ pub struct Options {
     /// How long to wait for the last operations' effects after the load stops.
     #[arg(long, default_value_t = 120, help_heading = "Output")]
     pub settle_seconds: u64,
+    /// Keep the local replicas' logs (in the temporary directory; the path is printed).
+    #[arg(long, help_heading = "Output")]
+    pub keep_logs: bool,
     /// No progress bar.
     #[arg(long, help_heading = "Output")]
     pub quiet: bool,

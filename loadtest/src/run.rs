@@ -144,9 +144,7 @@ impl Phase {
                     cpu_limit: options.cpu_per_replica,
                     extra_args: options.replica_args.clone(),
                     statefulset: !options.without_statefulset,
-                    log_dir: std::env::temp_dir()
-                        .join(format!("loadtest-logs-{}", std::process::id()))
-                        .join(&namespace),
+                    log_dir: log_dir(&namespace),
                 };
                 Fleet::local(
                     client.clone(),
@@ -261,6 +259,16 @@ impl Phase {
             .filter_map(|m| m.uid())
             .collect();
         let logs = self.fleet.logs().await?;
+        if self.fleet.is_local() {
+            if options.keep_logs {
+                self.progress.say(format!(
+                    "replica logs kept in {}",
+                    log_dir(&self.namespace).display()
+                ));
+            } else {
+                let _ = std::fs::remove_dir_all(log_dir(&self.namespace));
+            }
+        }
         let report = log_check::check(&logs, &uids);
 
         let mut violations = checks::overlaps(&report);
@@ -329,6 +337,13 @@ impl Phase {
         result.violations.extend(violations);
         Ok(self.fleet)
     }
+}
+
+/// Where local replicas of the phase in `namespace` log (one file per process start).
+fn log_dir(namespace: &str) -> PathBuf {
+    std::env::temp_dir()
+        .join(format!("loadtest-logs-{}", std::process::id()))
+        .join(namespace)
 }
 
 /// Moves the progress bar every half second with the figures of the moment.

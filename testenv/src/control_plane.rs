@@ -185,6 +185,11 @@ impl ControlPlane {
                 format!("--authentication-kubeconfig={}", kubeconfig.display()),
                 format!("--authorization-kubeconfig={}", kubeconfig.display()),
                 "--leader-elect=false".to_owned(),
+                // The default client limit (20 requests/s) makes the Deployment controller, not
+                // the operator under test, the bottleneck of a load test (the thesis ran it at
+                // 2000/s for the same reason).
+                "--kube-api-qps=1000".to_owned(),
+                "--kube-api-burst=2000".to_owned(),
                 format!(
                     "--controllers={}",
                     options.controllers.as_deref().unwrap_or("*")
