@@ -109,6 +109,9 @@ pub struct Phase {
     apiserver_before: Vec<PromSample>,
     /// Moves the progress bar.
     ticker: tokio::task::JoinHandle<()>,
+    /// Per replica, when the scenario had it stopped (SIGSTOP): the overlap checker does not
+    /// count a pass as running then.
+    pub pauses: BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
     started: Instant,
     pub started_ts: Timestamp,
     pub progress: Progress,
@@ -211,6 +214,7 @@ impl Phase {
             watch,
             apiserver_before,
             ticker,
+            pauses: BTreeMap::new(),
             started: Instant::now(),
             started_ts: now_ts(),
             progress,
@@ -269,7 +273,7 @@ impl Phase {
                 let _ = std::fs::remove_dir_all(log_dir(&self.namespace));
             }
         }
-        let report = log_check::check(&logs, &uids);
+        let report = log_check::check_with_pauses(&logs, &uids, &self.pauses);
 
         let mut violations = checks::overlaps(&report);
         violations.extend(checks::not_converged(

@@ -179,6 +179,7 @@ async fn chaos(
             .filter(|h| h.as_ref().is_some_and(|h| members.contains(h)))
             .count();
         let hit = Instant::now();
+        let mut stopped = now();
         phase.sampler.event(label.clone());
         let hold = match fault.as_str() {
             "kill" => {
@@ -191,6 +192,7 @@ async fn chaos(
                 for o in &ordinals {
                     phase.fleet.pause(*o, true)?;
                 }
+                stopped = now();
                 Duration::from_secs(options.pause())
             }
         };
@@ -220,11 +222,30 @@ async fn chaos(
             if fault == "kill" {
                 phase.fleet.revive(*o).await?;
             } else {
+                // The window the overlap checker leaves out: from after SIGSTOP was sent to
+                // before SIGCONT is (the process surely ran nothing in between).
+                let window = (stopped, now());
+                phase
+                    .pauses
+                    .entry(phase.fleet.member(*o))
+                    .or_default()
+                    .push(window);
                 phase.fleet.pause(*o, false)?;
             }
         }
         phase.sampler.event(format!("back {}", members.join(",")));
         phase.fleet.wait_ready(Duration::from_secs(180)).await?;
+        // The next fault starts from a settled fleet: the victims have their shards back, so
+        // each takeover and its moves are measured on their own.
+        let all = phase.fleet.ordinals().await?.len() as u32;
+        wait_assignment(
+            &phase.probe,
+            phase.fleet.shards,
+            all,
+            Duration::from_secs(300),
+        )
+        .await
+        .context("the fleet did not settle after a fault")?;
         let left = interval.saturating_sub(round.elapsed());
         tokio::time::sleep(left).await;
     }
