@@ -197,7 +197,7 @@ async fn chaos(
             }
         };
         // Until the victims come back: did the others take their shards over, and when?
-        let takeover = wait_takeover(phase, hit, hit + hold).await;
+        let takeover = wait_takeover(phase, &members, &before, hit, hit + hold).await;
         if takeover.is_none() && fault_needs_takeover(hold, phase) {
             figures.takeovers_unfinished += 1;
         }
@@ -260,18 +260,34 @@ fn fault_needs_takeover(hold: Duration, phase: &Phase) -> bool {
     hold >= phase.fleet.lease_duration * 2
 }
 
-/// Waits (until `deadline`) for some shard to become unowned and then every shard to be owned
-/// again; returns the seconds from `hit` to that moment.
-async fn wait_takeover(phase: &Phase, hit: Instant, deadline: Instant) -> Option<f64> {
-    let mut saw_unowned = false;
+/// Waits (until `deadline`) until every shard the victims held (in `before`) is held by
+/// another member and no shard is unowned; returns the seconds from `hit` to the observation
+/// that showed it.
+async fn wait_takeover(
+    phase: &Phase,
+    victims: &[String],
+    before: &Holders,
+    hit: Instant,
+    deadline: Instant,
+) -> Option<f64> {
+    let theirs: Vec<u32> = before
+        .iter()
+        .filter(|(_, h)| h.as_ref().is_some_and(|h| victims.contains(h)))
+        .map(|(k, _)| *k)
+        .collect();
     while Instant::now() < deadline {
         {
             let observed = phase.sampler.observed.lock().unwrap();
             let ownership = &observed.ownership;
-            if ownership.unowned_now() > 0 {
-                saw_unowned = true;
-            } else if saw_unowned && let Some(at) = ownership.all_owned_at {
-                return Some(at.duration_since(hit).as_secs_f64());
+            let taken = theirs.iter().all(|k| {
+                ownership
+                    .holders
+                    .get(k)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|h| !victims.contains(h))
+            });
+            if taken && ownership.unowned_now() == 0 {
+                return Some(hit.elapsed().as_secs_f64());
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

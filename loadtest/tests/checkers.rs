@@ -162,9 +162,11 @@ async fn rebalance_and_scale_out_run_clean() {
         rebalance.fleet.moves
     );
     for step in &rebalance.fleet.moves {
-        // HRW with a load cap moves close to the minimum (2→3: a third, 3→1: two thirds).
+        // HRW with a load cap moves close to the minimum (2→3: a third, 3→1: two thirds). The
+        // ideal is that fraction of the 16 shards (5.33 for 2→3), so the integer minimum (5)
+        // can be a little below it.
         let ratio = step.ratio.expect("something had to move");
-        assert!((0.99..=1.6).contains(&ratio), "{step:?}");
+        assert!((0.9..=1.6).contains(&ratio), "{step:?}");
     }
     // Two fleet sizes, two short steps each: the curve's mechanics, not a capacity.
     let mut options = short();
