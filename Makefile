@@ -47,6 +47,15 @@ bench: setup ## Benchmarks on the real control plane and helm (figures in docs/b
 measure-fleet: setup ## Fleet figures: idle Lease writes (S=256, N=5) and memory of 1 of 4 replicas vs 1 (minutes)
 	$(CARGO) test --release --test fleet -- --ignored --nocapture measure_
 
+SCENARIO ?= all
+ARGS ?=
+loadtest: setup ## Load test (docs/loadtest.md): `make loadtest SCENARIO=chaos ARGS="--replicas 4"`; default every scenario
+	$(CARGO) build --release -p module-manager -p loadtest --bins
+	@if [ "$(SCENARIO)" = all ]; then \
+		for s in basic rolling-update rebalance chaos scale-out; do \
+			$${CARGO_TARGET_DIR:-target}/release/loadtest $$s $(ARGS) || exit $$?; done; \
+	else $${CARGO_TARGET_DIR:-target}/release/loadtest $(SCENARIO) $(ARGS); fi
+
 cluster-up: setup ## Start a local control plane with the CRDs installed; prints the kubeconfig path
 	@$(TESTENV) up --crds crds/manifest.yaml
 
@@ -58,4 +67,4 @@ cluster-down: ## Stop the operator started by `make run` and the local control p
 run: cluster-up ## The demo: control plane, CRDs, the operator and the example Manifests
 	@hack/demo.sh
 
-.PHONY: help setup tools build crds verify-crds fmt lint test bench measure-fleet cluster-up cluster-down run
+.PHONY: help setup tools build crds verify-crds fmt lint test bench measure-fleet loadtest cluster-up cluster-down run

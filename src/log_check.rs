@@ -130,6 +130,19 @@ pub fn parse_passes(replica_log: &str) -> Vec<Pass> {
 /// Two passes of the same uid overlap when their intervals `[start, end]` intersect; intervals
 /// that merely touch (one ends when the other starts) do not.
 pub fn check(logs: &[(String, String)], expected_uids: &BTreeSet<String>) -> Report {
+    check_with_pauses(logs, expected_uids, &BTreeMap::new())
+}
+
+/// [`check`], knowing when replicas were paused: `pauses` maps a replica name to the windows
+/// `(stopped, resumed)` during which its process was stopped (SIGSTOP), as whoever stopped it
+/// recorded them. A stopped process executes nothing, so a pass does not count as running
+/// during its replica's pauses; before and after them it does (a pass resumed after its shard
+/// was taken over overlaps the new owner's passes only if it still runs when they do).
+pub fn check_with_pauses(
+    logs: &[(String, String)],
+    expected_uids: &BTreeSet<String>,
+    pauses: &BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
+) -> Report {
     let mut intervals: BTreeMap<&str, Vec<Interval<'_>>> = BTreeMap::new();
     let mut parsed = Vec::with_capacity(logs.len());
     for (_name, content) in logs {
@@ -150,16 +163,19 @@ pub fn check(logs: &[(String, String)], expected_uids: &BTreeSet<String>) -> Rep
                     log.last.map_or(pass.start, |last| last.max(pass.start))
                 }
             };
-            intervals
-                .entry(pass.uid.as_str())
-                .or_default()
-                .push(Interval { pass, end });
+            let windows = pauses.get(&pass.replica).map_or(&[][..], Vec::as_slice);
+            for (start, end) in running(pass.start, end, windows) {
+                intervals
+                    .entry(pass.uid.as_str())
+                    .or_default()
+                    .push(Interval { pass, start, end });
+            }
         }
     }
     for (uid, mut list) in intervals {
         list.sort_by(|a, b| {
-            (a.pass.start, a.end, &a.pass.replica, a.pass.reconcile_id).cmp(&(
-                b.pass.start,
+            (a.start, a.end, &a.pass.replica, a.pass.reconcile_id).cmp(&(
+                b.start,
                 b.end,
                 &b.pass.replica,
                 b.pass.reconcile_id,
@@ -167,10 +183,17 @@ pub fn check(logs: &[(String, String)], expected_uids: &BTreeSet<String>) -> Rep
         });
         // Sweep by start: `active` holds the passes still running when the current one starts.
         let mut active: Vec<&Interval<'_>> = Vec::new();
+        let mut found: BTreeSet<(PassKey<'_>, PassKey<'_>)> = BTreeSet::new();
         for current in &list {
-            active.retain(|a| a.end > current.pass.start);
+            active.retain(|a| a.end > current.start);
             for earlier in &active {
-                if current.end > earlier.pass.start {
+                let pair = (
+                    (earlier.pass.replica.as_str(), earlier.pass.reconcile_id),
+                    (current.pass.replica.as_str(), current.pass.reconcile_id),
+                );
+                // Pieces of one pass (split by a pause) never overlap each other; two pieces
+                // of the same pair are one finding.
+                if current.end > earlier.start && pair.0 != pair.1 && found.insert(pair) {
                     report.overlaps.push(Overlap {
                         uid: uid.to_owned(),
                         first: (earlier.pass.replica.clone(), earlier.pass.reconcile_id),
@@ -189,10 +212,43 @@ pub fn check(logs: &[(String, String)], expected_uids: &BTreeSet<String>) -> Rep
     report
 }
 
-/// A pass with its effective end (the end line, or the end of its log for an open pass).
+/// A pass by (replica, reconcile id).
+type PassKey<'a> = (&'a str, u64);
+
+/// A piece of a pass during which it ran: from its start (or the end of a pause) to its end
+/// line, the end of its log for an open pass, or the start of a pause.
 struct Interval<'a> {
     pass: &'a Pass,
+    start: Timestamp,
     end: Timestamp,
+}
+
+/// `[start, end]` without the `paused` windows: the pieces during which a pass could run.
+fn running(
+    start: Timestamp,
+    end: Timestamp,
+    paused: &[(Timestamp, Timestamp)],
+) -> Vec<(Timestamp, Timestamp)> {
+    let mut pieces = vec![(start, end)];
+    for (stopped, resumed) in paused {
+        pieces = pieces
+            .into_iter()
+            .flat_map(|(a, b)| {
+                if *resumed <= a || *stopped >= b {
+                    return vec![(a, b)];
+                }
+                let mut left = Vec::new();
+                if a < *stopped {
+                    left.push((a, *stopped));
+                }
+                if *resumed < b {
+                    left.push((*resumed, b));
+                }
+                left
+            })
+            .collect();
+    }
+    pieces
 }
 
 /// One log, parsed.
@@ -404,6 +460,35 @@ mod tests {
 
     fn log(name: &str, lines: &[String]) -> (String, String) {
         (name.to_owned(), lines.join("\n") + "\n")
+    }
+
+    #[test]
+    fn a_paused_pass_does_not_run_while_its_replica_is_stopped() {
+        // r1's pass runs 0..30 but r1 was stopped 2..28; r2's pass runs 10..20.
+        let logs = vec![
+            log("r1", &[start(0, "u", "r1", 1), end(30, "u", "r1", 1)]),
+            log("r2", &[start(10, "u", "r2", 1), end(20, "u", "r2", 1)]),
+        ];
+        let uids = BTreeSet::from(["u".to_owned()]);
+        assert_eq!(
+            check(&logs, &uids).overlaps.len(),
+            1,
+            "without the pause: overlap"
+        );
+        let paused = BTreeMap::from([("r1".to_owned(), vec![(at(2), at(28))])]);
+        let report = check_with_pauses(&logs, &uids, &paused);
+        assert!(report.is_clean(), "{report}");
+        // Resumed while r2's pass still runs: an overlap again, reported once.
+        let paused = BTreeMap::from([("r1".to_owned(), vec![(at(2), at(15))])]);
+        let report = check_with_pauses(&logs, &uids, &paused);
+        assert_eq!(report.overlaps.len(), 1, "{report}");
+        // Another replica's pause changes nothing for r1.
+        let paused = BTreeMap::from([("r3".to_owned(), vec![(at(2), at(28))])]);
+        assert_eq!(check_with_pauses(&logs, &uids, &paused).overlaps.len(), 1);
+        assert_eq!(
+            running(at(0), at(30), &[(at(2), at(28)), (at(29), at(40))]).len(),
+            2
+        );
     }
 
     fn uids(list: &[&str]) -> BTreeSet<String> {

@@ -1,6 +1,11 @@
-//! Metrics: one root registry (prefix `module_manager`) with a sub-registry per component; each
-//! component's metrics are a struct with `register`. Labels are bounded: never object names or
-//! error text. Documented in `docs/metrics.md`.
+//! Metrics: one root registry with the standard `process_…` metrics and, under the prefix
+//! `module_manager`, a sub-registry per component; each component's metrics are a struct with
+//! `register`. Labels are bounded: never object names or error text. Documented in
+//! `docs/metrics.md`.
+
+mod process;
+
+pub use process::{HelmCpuCollector, ProcessCollector};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -403,8 +408,13 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Registers everything in `registry` (made by [`registry`]), with `build_info`.
+    /// Registers everything in `registry` (made by [`registry`]): the process metrics, and
+    /// under `module_manager_…` `build_info`, the CPU of helm runs and the components' metrics.
     pub fn register(registry: &mut Registry) -> Self {
+        // Read at each scrape; the standard names, without the prefix.
+        registry.register_collector(Box::new(ProcessCollector));
+        let registry = registry.sub_registry_with_prefix("module_manager");
+        registry.register_collector(Box::new(HelmCpuCollector));
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -427,9 +437,10 @@ impl Metrics {
     }
 }
 
-/// The root registry, `module_manager_…`.
+/// The root registry, without a prefix: [`Metrics::register`] puts the standard `process_…`
+/// metrics in it, and everything of module-manager in its sub-registry `module_manager_…`.
 pub fn registry() -> Registry {
-    Registry::with_prefix("module_manager")
+    Registry::default()
 }
 
 /// The two exposition formats of `/metrics`.
@@ -517,10 +528,21 @@ mod tests {
         }
         assert!(text.contains("module_manager_target_clients 0\n"));
         assert!(!text.contains("# EOF"));
-        // The same samples in both (histogram lines in another order).
+        // The standard process metrics, unprefixed, and the CPU of helm runs (Linux only).
+        for name in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "module_manager_helm_cpu_seconds_total",
+        ] {
+            let found = text.contains(&format!("\n{name} "));
+            assert_eq!(found, cfg!(target_os = "linux"), "{name}");
+        }
+        // The same samples in both (histogram lines in another order), but for the readings of
+        // /proc, which change from one scrape to the next.
         let samples = |s: &str| -> std::collections::BTreeSet<String> {
             s.lines()
                 .filter(|l| !l.starts_with('#'))
+                .filter(|l| !l.starts_with("process_") && !l.starts_with("module_manager_helm_cpu"))
                 .map(str::to_owned)
                 .collect()
         };

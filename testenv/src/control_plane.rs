@@ -148,7 +148,9 @@ impl ControlPlane {
             format!("--secure-port={apiserver_port}"),
             "--bind-address=127.0.0.1".to_owned(),
             "--advertise-address=127.0.0.1".to_owned(),
-            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            // 65,534 Service addresses: the load test creates a Service per Manifest (a /24 is
+            // full after 253).
+            "--service-cluster-ip-range=10.0.0.0/16".to_owned(),
             "--allow-privileged=true".to_owned(),
             // No kubelet and (without the controller-manager) no default ServiceAccount.
             "--disable-admission-plugins=ServiceAccount".to_owned(),
@@ -183,6 +185,11 @@ impl ControlPlane {
                 format!("--authentication-kubeconfig={}", kubeconfig.display()),
                 format!("--authorization-kubeconfig={}", kubeconfig.display()),
                 "--leader-elect=false".to_owned(),
+                // The default client limit (20 requests/s) makes the Deployment controller, not
+                // the operator under test, the bottleneck of a load test (the thesis ran it at
+                // 2000/s for the same reason).
+                "--kube-api-qps=1000".to_owned(),
+                "--kube-api-burst=2000".to_owned(),
                 format!(
                     "--controllers={}",
                     options.controllers.as_deref().unwrap_or("*")

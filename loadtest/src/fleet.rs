@@ -1,0 +1,788 @@
+//! The fleet under test, and what the scenarios do to it: start, scale, kill, pause, restart,
+//! scrape, read logs and resource usage. Two kinds:
+//!
+//! - [`Fleet::local`]: the harness starts the control plane (etcd, kube-apiserver,
+//!   kube-controller-manager) and N processes of the real `module-manager` binary, as a
+//!   StatefulSet controller would: a StatefulSet object says which ordinals are desired, the
+//!   harness starts and stops `<fleet>-<ordinal>` to match. Optional per-replica CPU limits
+//!   through cgroup v1/v2 CPU quotas.
+//! - [`Fleet::cluster`]: a fleet already deployed as a StatefulSet, reached through a
+//!   kubeconfig: replicas are its pods, their admin API is read through the API server's pod
+//!   proxy, kills are pod deletions with grace period 0, restarts pod deletions, scaling the
+//!   StatefulSet's `spec.replicas`. A pause (SIGSTOP) has no API equivalent there.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::cgroup::CpuLimit;
+
+/// Settings of a local fleet's replicas.
+#[derive(Clone, Debug)]
+pub struct LocalSettings {
+    /// The `module-manager` binary.
+    pub binary: PathBuf,
+    /// `--chart-root` (the repository, so that `loadtest/charts/…` resolves).
+    pub chart_root: PathBuf,
+    pub helm: PathBuf,
+    pub shards: u32,
+    pub concurrency: usize,
+    pub lease_duration_seconds: u64,
+    pub renew_interval_seconds: u64,
+    pub renew_deadline_seconds: u64,
+    pub restart_grace_seconds: u64,
+    /// Cores per replica (cgroup CPU quota), if any.
+    pub cpu_limit: Option<f64>,
+    /// Passed to every replica after the harness's own arguments (a later flag wins).
+    pub extra_args: Vec<String>,
+    /// Whether the replicas are told their StatefulSet (`--statefulset`); without it a
+    /// graceful shutdown always hands over (fault injection for the move checker).
+    pub statefulset: bool,
+    /// Directory for the replicas' logs (one file per process start).
+    pub log_dir: PathBuf,
+}
+
+/// How to reach a deployed fleet.
+#[derive(Clone, Debug)]
+pub struct ClusterSettings {
+    /// Namespace of the StatefulSet (and of the fleet's Leases).
+    pub namespace: String,
+    pub statefulset: String,
+    /// Fleet name (`--fleet` of the replicas; names the Leases).
+    pub fleet: String,
+    /// Port of the admin API in the pods.
+    pub admin_port: u16,
+}
+
+/// A replica process started by the harness.
+struct LocalReplica {
+    process: testenv::Proc,
+    admin: u16,
+}
+
+/// How to reach the replicas without holding the [`Fleet`]: cheap to clone, shared with the
+/// sampler, kept current by the fleet as replicas start and stop.
+#[derive(Clone)]
+pub struct Probe {
+    pub client: Client,
+    /// Fleet name (names the Leases).
+    pub name: String,
+    /// Replicas are `<statefulset>-<ordinal>`.
+    pub statefulset: String,
+    pub lease_namespace: String,
+    reach: Reach,
+}
+
+#[derive(Clone)]
+enum Reach {
+    /// Ordinal → (admin port, pid) of the running local processes.
+    Local(Arc<Mutex<BTreeMap<u32, (u16, u32)>>>),
+    Cluster(ClusterSettings),
+}
+
+#[expect(clippy::large_enum_variant, reason = "one value per fleet")]
+enum Kind {
+    Local {
+        settings: LocalSettings,
+        kubeconfig: PathBuf,
+        replicas: BTreeMap<u32, LocalReplica>,
+        starts: u32,
+        cpu: Option<CpuLimit>,
+        /// Paused ordinals (SIGSTOP).
+        paused: Vec<u32>,
+    },
+    Cluster {
+        settings: ClusterSettings,
+    },
+}
+
+/// The fleet under test.
+pub struct Fleet {
+    pub client: Client,
+    /// Fleet name: replicas are `<name>-<ordinal>`, Leases `<name>-shard-<k>`, `<name>-member-…`.
+    pub name: String,
+    /// Namespace of the StatefulSet and the Leases.
+    pub lease_namespace: String,
+    pub shards: u32,
+    pub lease_duration: Duration,
+    /// Label selector the replicas reconcile (local fleets: `loadtest-fleet=<name>`); the load
+    /// generator labels its Manifests with it.
+    pub manifest_labels: BTreeMap<String, String>,
+    probe: Probe,
+    kind: Kind,
+}
+
+impl Fleet {
+    /// A local fleet of `replicas` processes in `namespace` (its StatefulSet object is created
+    /// there). The control plane is the caller's.
+    pub async fn local(
+        client: Client,
+        kubeconfig: &Path,
+        namespace: &str,
+        name: &str,
+        replicas: u32,
+        settings: LocalSettings,
+    ) -> anyhow::Result<Self> {
+        let statefulset: StatefulSet = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": replicas,
+                "serviceName": name,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{"name": "module-manager", "image": "module-manager"}]}
+                }
+            }
+        }))?;
+        // No kubelet runs the pods: kube-controller-manager's StatefulSet controller creates
+        // Pod objects that stay Pending, which nothing here reads. The replicas read only
+        // `spec.replicas`.
+        Api::<StatefulSet>::namespaced(client.clone(), namespace)
+            .create(&PostParams::default(), &statefulset)
+            .await
+            .context("create the fleet's StatefulSet object")?;
+        std::fs::create_dir_all(&settings.log_dir)?;
+        let cpu = match settings.cpu_limit {
+            Some(cores) => Some(CpuLimit::create(name, cores)?),
+            None => None,
+        };
+        let probe = Probe {
+            client: client.clone(),
+            name: name.to_owned(),
+            statefulset: name.to_owned(),
+            lease_namespace: namespace.to_owned(),
+            reach: Reach::Local(Arc::default()),
+        };
+        let mut fleet = Self {
+            client,
+            probe,
+            name: name.to_owned(),
+            lease_namespace: namespace.to_owned(),
+            shards: settings.shards,
+            lease_duration: Duration::from_secs(settings.lease_duration_seconds),
+            manifest_labels: BTreeMap::from([("loadtest-fleet".to_owned(), name.to_owned())]),
+            kind: Kind::Local {
+                settings,
+                kubeconfig: kubeconfig.to_owned(),
+                replicas: BTreeMap::new(),
+                starts: 0,
+                cpu,
+                paused: Vec::new(),
+            },
+        };
+        for ordinal in 0..replicas {
+            fleet.start(ordinal)?;
+        }
+        Ok(fleet)
+    }
+
+    /// A deployed fleet. Its lease timings are read from a member Lease.
+    pub async fn cluster(client: Client, settings: ClusterSettings) -> anyhow::Result<Self> {
+        let statefulset = Api::<StatefulSet>::namespaced(client.clone(), &settings.namespace)
+            .get(&settings.statefulset)
+            .await
+            .with_context(|| {
+                format!(
+                    "read StatefulSet {}/{}",
+                    settings.namespace, settings.statefulset
+                )
+            })?;
+        let args: Vec<String> = statefulset
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|p| p.containers.first())
+            .and_then(|c| c.args.clone())
+            .unwrap_or_default();
+        let flag = |name: &str| -> Option<String> {
+            let prefix = format!("--{name}=");
+            args.iter()
+                .find_map(|a| a.strip_prefix(&prefix).map(str::to_owned))
+        };
+        let shards = flag("shards").and_then(|s| s.parse().ok()).unwrap_or(256);
+        let lease = flag("lease-duration-seconds")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(15);
+        let name = flag("fleet").unwrap_or_else(|| settings.fleet.clone());
+        let probe = Probe {
+            client: client.clone(),
+            name: name.clone(),
+            statefulset: settings.statefulset.clone(),
+            lease_namespace: settings.namespace.clone(),
+            reach: Reach::Cluster(settings.clone()),
+        };
+        Ok(Self {
+            client,
+            probe,
+            name,
+            lease_namespace: settings.namespace.clone(),
+            shards,
+            lease_duration: Duration::from_secs(lease),
+            manifest_labels: BTreeMap::new(),
+            kind: Kind::Cluster { settings },
+        })
+    }
+
+    pub fn is_local(&self) -> bool {
+        matches!(self.kind, Kind::Local { .. })
+    }
+
+    /// Replica name of `ordinal`.
+    pub fn member(&self, ordinal: u32) -> String {
+        self.probe.member(ordinal)
+    }
+
+    /// A handle to reach the replicas without holding the fleet.
+    pub fn probe(&self) -> Probe {
+        self.probe.clone()
+    }
+
+    pub async fn ordinals(&self) -> anyhow::Result<Vec<u32>> {
+        self.probe.ordinals().await
+    }
+
+    pub async fn get(&self, ordinal: u32, path: &str) -> anyhow::Result<(u16, String)> {
+        self.probe.get(ordinal, path).await
+    }
+
+    pub async fn scrape(&self, ordinal: u32) -> anyhow::Result<String> {
+        self.probe.scrape(ordinal).await
+    }
+
+    /// Starts replica `ordinal` (local fleets only).
+    fn start(&mut self, ordinal: u32) -> anyhow::Result<()> {
+        let member = self.member(ordinal);
+        let fleet = self.name.clone();
+        let namespace = self.lease_namespace.clone();
+        let Kind::Local {
+            settings,
+            kubeconfig,
+            replicas,
+            starts,
+            cpu,
+            ..
+        } = &mut self.kind
+        else {
+            bail!("start: only local fleets start processes");
+        };
+        let admin = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        *starts += 1;
+        let log = settings.log_dir.join(format!("{member}.{starts}.log"));
+        let mut command = Command::new(&settings.binary);
+        command
+            .current_dir(&settings.chart_root)
+            .env("KUBECONFIG", &*kubeconfig)
+            .env("RUST_LOG", "info,kube=warn")
+            .args(["run", "--replica", &member])
+            .arg("--chart-root")
+            .arg(&settings.chart_root)
+            .arg("--helm")
+            .arg(&settings.helm)
+            .args(["--shards", &settings.shards.to_string()])
+            .args(["--fleet", &fleet])
+            .args(["--lease-namespace", &namespace])
+            .args([
+                "--lease-duration-seconds",
+                &settings.lease_duration_seconds.to_string(),
+            ])
+            .args([
+                "--renew-interval-seconds",
+                &settings.renew_interval_seconds.to_string(),
+            ])
+            .args([
+                "--renew-deadline-seconds",
+                &settings.renew_deadline_seconds.to_string(),
+            ])
+            .args([
+                "--restart-grace-seconds",
+                &settings.restart_grace_seconds.to_string(),
+            ])
+            .args(["--manifest-selector", &format!("loadtest-fleet={fleet}")])
+            .args(
+                settings
+                    .statefulset
+                    .then(|| ["--statefulset".to_owned(), fleet.clone()])
+                    .into_iter()
+                    .flatten(),
+            )
+            .args(["--admin-address", &format!("127.0.0.1:{admin}")])
+            .args(["--concurrency", &settings.concurrency.to_string()])
+            .args(&settings.extra_args);
+        let process = testenv::Proc::spawn(
+            "module-manager",
+            command,
+            &log,
+            testenv::Lifetime::TiedToThisProcess,
+        )
+        .with_context(|| format!("start {member} ({})", settings.binary.display()))?;
+        if let Some(cpu) = cpu {
+            cpu.add(&member, process.pid())?;
+        }
+        replicas.insert(ordinal, LocalReplica { process, admin });
+        self.sync_endpoints();
+        Ok(())
+    }
+
+    /// Publishes the running local processes to the probe.
+    fn sync_endpoints(&self) {
+        if let (Kind::Local { replicas, .. }, Reach::Local(endpoints)) =
+            (&self.kind, &self.probe.reach)
+        {
+            *endpoints.lock().unwrap() = replicas
+                .iter()
+                .map(|(o, r)| (*o, (r.admin, r.process.pid())))
+                .collect();
+        }
+    }
+
+    /// Sets the StatefulSet's `spec.replicas` and, for a local fleet, starts the new ordinals
+    /// and stops (SIGTERM, waiting for the exit) the ones above, all at once as
+    /// `podManagementPolicy: Parallel` does.
+    pub async fn scale(&mut self, replicas: u32) -> anyhow::Result<()> {
+        Api::<StatefulSet>::namespaced(self.client.clone(), &self.lease_namespace)
+            .patch(
+                self.statefulset_name(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .context("scale the StatefulSet")?;
+        if !self.is_local() {
+            return Ok(());
+        }
+        let running = self.ordinals().await?;
+        for ordinal in 0..replicas {
+            if !running.contains(&ordinal) {
+                self.start(ordinal)?;
+            }
+        }
+        let leaving: Vec<u32> = running.into_iter().filter(|o| *o >= replicas).collect();
+        let mut stopping = Vec::new();
+        if let Kind::Local {
+            replicas: procs, ..
+        } = &mut self.kind
+        {
+            for ordinal in leaving {
+                if let Some(replica) = procs.remove(&ordinal) {
+                    stopping.push(replica);
+                }
+            }
+        }
+        self.sync_endpoints();
+        stop_all(stopping, Duration::from_secs(60)).await;
+        Ok(())
+    }
+
+    fn statefulset_name(&self) -> &str {
+        match &self.kind {
+            Kind::Local { .. } => &self.name,
+            Kind::Cluster { settings } => &settings.statefulset,
+        }
+    }
+
+    /// SIGKILL (cluster: delete the pod with grace period 0). A local fleet restarts the
+    /// replica after `restart_after`, as the StatefulSet controller would recreate the pod.
+    pub async fn kill(&mut self, ordinal: u32) -> anyhow::Result<()> {
+        match &mut self.kind {
+            Kind::Local {
+                replicas, paused, ..
+            } => {
+                let Some(replica) = replicas.remove(&ordinal) else {
+                    bail!("kill: replica {ordinal} is not running");
+                };
+                signal(replica.process.pid(), libc::SIGKILL)?;
+                paused.retain(|o| *o != ordinal);
+                self.sync_endpoints();
+                stop_all(vec![replica], Duration::from_secs(5)).await;
+                Ok(())
+            }
+            Kind::Cluster { settings } => {
+                let pod = format!("{}-{ordinal}", settings.statefulset);
+                Api::<Pod>::namespaced(self.client.clone(), &settings.namespace)
+                    .delete(&pod, &DeleteParams::default().grace_period(0))
+                    .await
+                    .with_context(|| format!("delete pod {pod}"))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts a killed local replica again (cluster: the StatefulSet controller does it).
+    pub async fn revive(&mut self, ordinal: u32) -> anyhow::Result<()> {
+        if self.is_local() && !self.ordinals().await?.contains(&ordinal) {
+            self.start(ordinal)?;
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`); local fleets only.
+    pub fn pause(&mut self, ordinal: u32, stop: bool) -> anyhow::Result<()> {
+        let Kind::Local {
+            replicas, paused, ..
+        } = &mut self.kind
+        else {
+            bail!("pausing a replica (SIGSTOP) needs a local fleet");
+        };
+        let replica = replicas
+            .get(&ordinal)
+            .with_context(|| format!("pause: replica {ordinal} is not running"))?;
+        signal(
+            replica.process.pid(),
+            if stop { libc::SIGSTOP } else { libc::SIGCONT },
+        )?;
+        if stop {
+            paused.push(ordinal);
+        } else {
+            paused.retain(|o| *o != ordinal);
+        }
+        Ok(())
+    }
+
+    /// A graceful restart of one replica: SIGTERM, wait for the exit, start it again (cluster:
+    /// delete the pod and wait for its successor to be ready).
+    pub async fn restart(&mut self, ordinal: u32) -> anyhow::Result<()> {
+        match &mut self.kind {
+            Kind::Local { replicas, .. } => {
+                let replica = replicas
+                    .remove(&ordinal)
+                    .with_context(|| format!("restart: replica {ordinal} is not running"))?;
+                self.sync_endpoints();
+                stop_all(vec![replica], Duration::from_secs(60)).await;
+                self.start(ordinal)
+            }
+            Kind::Cluster { settings } => {
+                let pods = Api::<Pod>::namespaced(self.client.clone(), &settings.namespace);
+                let name = format!("{}-{ordinal}", settings.statefulset);
+                let old_uid = pods.get(&name).await?.uid();
+                pods.delete(&name, &DeleteParams::default()).await?;
+                let deadline = Instant::now() + Duration::from_secs(600);
+                loop {
+                    if let Some(pod) = pods.get_opt(&name).await?
+                        && pod.uid() != old_uid
+                        && pod_ready(&pod)
+                    {
+                        return Ok(());
+                    }
+                    if Instant::now() > deadline {
+                        bail!("pod {name} not back and ready within 10 minutes");
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
+    /// Waits until every running replica answers `/readyz` with 200.
+    pub async fn wait_ready(&self, limit: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let mut all = true;
+            for ordinal in self.ordinals().await? {
+                if !matches!(self.get(ordinal, "/readyz").await, Ok((200, _))) {
+                    all = false;
+                }
+            }
+            if all {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("replicas not ready within {limit:?}\n{}", self.tails());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The end of every local replica's log (for error messages).
+    pub fn tails(&self) -> String {
+        match &self.kind {
+            Kind::Local { replicas, .. } => replicas
+                .iter()
+                .map(|(o, r)| format!("--- {} ---\n{}", self.member(*o), r.process.log_tail()))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Kind::Cluster { .. } => String::new(),
+        }
+    }
+
+    /// Every replica log so far as (name, content): local fleets one file per process start;
+    /// deployed fleets the current and previous container's log of each pod.
+    pub async fn logs(&self) -> anyhow::Result<Vec<(String, String)>> {
+        match &self.kind {
+            Kind::Local { settings, .. } => {
+                let mut logs = Vec::new();
+                for entry in std::fs::read_dir(&settings.log_dir)? {
+                    let path = entry?.path();
+                    logs.push((
+                        path.file_name()
+                            .unwrap_or_default()
+                            .to_string_lossy()
+                            .into(),
+                        std::fs::read_to_string(&path)?,
+                    ));
+                }
+                logs.sort();
+                Ok(logs)
+            }
+            Kind::Cluster { settings } => {
+                let api = Api::<Pod>::namespaced(self.client.clone(), &settings.namespace);
+                let mut logs = Vec::new();
+                for pod in pods(&self.client, settings).await? {
+                    let name = pod.name_any();
+                    for previous in [true, false] {
+                        let params = LogParams {
+                            previous,
+                            ..Default::default()
+                        };
+                        if let Ok(text) = api.logs(&name, &params).await {
+                            logs.push((format!("{name}.{}", u8::from(!previous)), text));
+                        }
+                    }
+                }
+                Ok(logs)
+            }
+        }
+    }
+
+    /// Stops every local replica (SIGCONT first for paused ones) and removes the CPU cgroups.
+    pub async fn shutdown(&mut self) {
+        if let Kind::Local {
+            replicas,
+            paused,
+            cpu,
+            ..
+        } = &mut self.kind
+        {
+            for ordinal in paused.drain(..) {
+                if let Some(r) = replicas.get(&ordinal) {
+                    let _ = signal(r.process.pid(), libc::SIGCONT);
+                }
+            }
+            let all: Vec<LocalReplica> = std::mem::take(replicas).into_values().collect();
+            let cpu = cpu.take();
+            self.sync_endpoints();
+            stop_all(all, Duration::from_secs(30)).await;
+            if let Some(cpu) = cpu {
+                cpu.remove();
+            }
+        }
+    }
+}
+
+impl Probe {
+    /// Ordinals running now (local: processes started and not stopped; cluster: pods).
+    pub async fn ordinals(&self) -> anyhow::Result<Vec<u32>> {
+        match &self.reach {
+            Reach::Local(endpoints) => Ok(endpoints.lock().unwrap().keys().copied().collect()),
+            Reach::Cluster(settings) => Ok(pods(&self.client, settings)
+                .await?
+                .iter()
+                .filter_map(|p| {
+                    p.name_any()
+                        .strip_prefix(&format!("{}-", settings.statefulset))?
+                        .parse()
+                        .ok()
+                })
+                .collect()),
+        }
+    }
+
+    /// Replica name of `ordinal`.
+    pub fn member(&self, ordinal: u32) -> String {
+        format!("{}-{ordinal}", self.statefulset)
+    }
+
+    /// GET `path` from replica `ordinal`'s admin API: (status, body).
+    pub async fn get(&self, ordinal: u32, path: &str) -> anyhow::Result<(u16, String)> {
+        match &self.reach {
+            Reach::Local(endpoints) => {
+                let (port, _) = *endpoints
+                    .lock()
+                    .unwrap()
+                    .get(&ordinal)
+                    .with_context(|| format!("replica {ordinal} is not running"))?;
+                http_get(port, path).await
+            }
+            Reach::Cluster(settings) => {
+                let uri = format!(
+                    "/api/v1/namespaces/{}/pods/{}-{ordinal}:{}/proxy{path}",
+                    settings.namespace, settings.statefulset, settings.admin_port
+                );
+                let request = http::Request::get(uri).body(Vec::new())?;
+                match tokio::time::timeout(
+                    Duration::from_secs(10),
+                    self.client.request_text(request),
+                )
+                .await
+                {
+                    Ok(Ok(body)) => Ok((200, body)),
+                    Ok(Err(kube::Error::Api(status))) => Ok((status.code, status.message)),
+                    Ok(Err(e)) => Err(e.into()),
+                    Err(_) => bail!("admin API of replica {ordinal}: timed out"),
+                }
+            }
+        }
+    }
+
+    /// Replica `ordinal`'s metrics (classic text format).
+    pub async fn scrape(&self, ordinal: u32) -> anyhow::Result<String> {
+        match self.get(ordinal, "/metrics").await? {
+            (200, body) => Ok(body),
+            (status, _) => bail!("/metrics of replica {ordinal}: HTTP {status}"),
+        }
+    }
+
+    /// CPU seconds (process and finished children) and resident bytes of replica `ordinal`:
+    /// local fleets from `/proc`, deployed ones from the replica's process metrics.
+    pub async fn usage(&self, ordinal: u32) -> Option<(f64, f64)> {
+        match &self.reach {
+            Reach::Local(endpoints) => {
+                let (_, pid) = *endpoints.lock().unwrap().get(&ordinal)?;
+                proc_usage(pid)
+            }
+            Reach::Cluster(_) => {
+                let text = tokio::time::timeout(Duration::from_secs(2), self.scrape(ordinal))
+                    .await
+                    .ok()?
+                    .ok()?;
+                let samples = crate::measure::parse_prometheus(&text);
+                let cpu = crate::measure::sum(&samples, "process_cpu_seconds_total", &[])
+                    + crate::measure::sum(&samples, "module_manager_helm_cpu_seconds_total", &[]);
+                let rss = crate::measure::sum(&samples, "process_resident_memory_bytes", &[]);
+                Some((cpu, rss))
+            }
+        }
+    }
+}
+
+async fn pods(client: &Client, settings: &ClusterSettings) -> anyhow::Result<Vec<Pod>> {
+    let prefix = format!("{}-", settings.statefulset);
+    Ok(Api::<Pod>::namespaced(client.clone(), &settings.namespace)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.name_any()
+                .strip_prefix(&prefix)
+                .is_some_and(|o| o.parse::<u32>().is_ok())
+        })
+        .collect())
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn signal(pid: u32, signal: i32) -> anyhow::Result<()> {
+    // SAFETY: kill(2) with a positive pid has no memory effects.
+    if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+        bail!("kill({pid}, {signal}): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// SIGTERM every replica at once and wait for them (SIGKILL after `grace`).
+async fn stop_all(replicas: Vec<LocalReplica>, grace: Duration) {
+    let waits = replicas.into_iter().map(|mut r| {
+        tokio::task::spawn_blocking(move || {
+            let _ = signal(r.process.pid(), libc::SIGCONT);
+            r.process.stop(grace)
+        })
+    });
+    futures::future::join_all(waits).await;
+}
+
+/// A minimal HTTP/1.0 GET to the loopback admin API: (status, body). Bounded by 10 s.
+async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+            .await?;
+        let mut answer = Vec::new();
+        stream
+            .take(64 * 1024 * 1024)
+            .read_to_end(&mut answer)
+            .await?;
+        anyhow::Ok(String::from_utf8_lossy(&answer).into_owned())
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .context("admin API: timed out")??;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("admin API: no HTTP status line")?;
+    Ok((status, body.to_owned()))
+}
+
+/// (CPU seconds incl. waited-for children, RSS bytes) of a process, from `/proc`.
+pub fn proc_usage(pid: u32) -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let cpu = cpu_seconds_from_stat(&stat)?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some((cpu, rss_kib * 1024.0))
+}
+
+/// utime + stime + cutime + cstime of a `/proc/<pid>/stat` line, in seconds.
+pub fn cpu_seconds_from_stat(stat: &str) -> Option<f64> {
+    // The command name (field 2) is in parentheses and may contain anything: fields after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state); utime..cstime are fields 14..17.
+    let ticks: f64 = fields
+        .get(11..15)?
+        .iter()
+        .map(|f| f.parse::<f64>().ok())
+        .sum::<Option<f64>>()?;
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks / hz)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_from_a_stat_line_with_a_hostile_command_name() {
+        // SAFETY: as above.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let line = "42 (a) (b c) S 1 42 42 0 -1 4194560 100 0 0 0 30 20 7 3 20 0 1 0 100 0 0";
+        assert_eq!(cpu_seconds_from_stat(line), Some(60.0 / hz));
+        assert_eq!(cpu_seconds_from_stat("42 (x) S 1"), None);
+    }
+
+    #[test]
+    fn own_usage_is_readable() {
+        let (cpu, rss) = proc_usage(std::process::id()).unwrap();
+        assert!(cpu >= 0.0);
+        assert!(rss > 1024.0 * 1024.0, "{rss}");
+    }
+}

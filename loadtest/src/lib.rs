@@ -1,0 +1,24 @@
+//! module-manager's load-test harness (`loadtest` binary): named scenarios driving a fleet of
+//! real replicas against a real control plane, checkers that fail the run, measurements,
+//! baselines measured in the same run, and the reports. See `docs/loadtest.md`.
+//!
+//! - [`options`]: the command line; [`run`]: one run (setup, finish, baselines);
+//!   [`scenario`]: what each scenario does to the fleet;
+//! - [`fleet`]: the fleet under test (local processes or a deployed StatefulSet), [`cgroup`];
+//! - [`load`]: the load generator and its bookkeeping; [`observe`]: Leases and scrapes over time;
+//! - [`checks`]: the checkers; [`measure`]: arithmetic; [`results`]: the figures;
+//!   [`report`]: JSON, Markdown and PNG; [`baseline`]: bare apply and helm.
+
+pub mod baseline;
+pub mod cgroup;
+pub mod checks;
+pub mod fleet;
+pub mod load;
+pub mod measure;
+pub mod observe;
+pub mod options;
+pub mod progress;
+pub mod report;
+pub mod results;
+pub mod run;
+pub mod scenario;

@@ -1,0 +1,241 @@
+//! The command line: a scenario and its parameters (documented in `docs/loadtest.md`).
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+/// The named scenarios.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// Steady creates, updates and deletes for a while.
+    Basic,
+    /// Ramp the create rate (and with the objects the update rate) in steps until an SLO
+    /// breaks; the last passing step is the capacity. `--replicas 1,2,3,4` gives the curve.
+    ScaleOut,
+    /// The basic load while random replicas are killed (SIGKILL) or paused (SIGSTOP).
+    Chaos,
+    /// The basic load while every replica is restarted in turn: nothing may move.
+    RollingUpdate,
+    /// The basic load while the fleet is scaled up and down.
+    Rebalance,
+    /// A short run of everything cheap: basic load, one rolling update, small baselines. For
+    /// `make test`.
+    Smoke,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Basic => "basic",
+            Scenario::ScaleOut => "scale-out",
+            Scenario::Chaos => "chaos",
+            Scenario::RollingUpdate => "rolling-update",
+            Scenario::Rebalance => "rebalance",
+            Scenario::Smoke => "smoke",
+        }
+    }
+}
+
+/// Every parameter; each scenario reads the ones its heading names.
+#[derive(Args, Clone, Debug, Serialize)]
+pub struct Options {
+    // ---- the fleet ----
+    /// Replicas; `scale-out` takes a list (`1,2,3,4`) and measures each size in turn.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "3",
+        help_heading = "Fleet"
+    )]
+    pub replicas: Vec<u32>,
+    /// Virtual shards (a power of two).
+    #[arg(long, default_value_t = 256, help_heading = "Fleet")]
+    pub shards: u32,
+    /// Reconcile workers per replica.
+    #[arg(long, default_value_t = 4, help_heading = "Fleet")]
+    pub concurrency: usize,
+    #[arg(long, default_value_t = 15, help_heading = "Fleet")]
+    pub lease_duration_seconds: u64,
+    #[arg(long, default_value_t = 5, help_heading = "Fleet")]
+    pub renew_interval_seconds: u64,
+    #[arg(long, default_value_t = 10, help_heading = "Fleet")]
+    pub renew_deadline_seconds: u64,
+    #[arg(long, default_value_t = 60, help_heading = "Fleet")]
+    pub restart_grace_seconds: u64,
+    /// CPU quota per local replica in cores (cgroup; needs root), like a pod's CPU limit.
+    /// Without it all replicas share the machine's cores.
+    #[arg(long, help_heading = "Fleet")]
+    pub cpu_per_replica: Option<f64>,
+    /// An extra argument for every local replica (repeatable; a later flag wins), e.g.
+    /// `--replica-arg=--restart-grace-seconds=0`.
+    #[arg(
+        long = "replica-arg",
+        allow_hyphen_values = true,
+        help_heading = "Fleet"
+    )]
+    pub replica_args: Vec<String>,
+    /// Fault injection: start local replicas without `--statefulset`, as a Deployment would
+    /// run them: every graceful shutdown is then a leave that hands the shards over, so a
+    /// rolling update moves them.
+    #[arg(long, help_heading = "Fleet")]
+    pub without_statefulset: bool,
+
+    // ---- the load ----
+    /// Creates per second.
+    #[arg(long, default_value_t = 2.0, help_heading = "Load")]
+    pub create_rate: f64,
+    /// Deletes per second (oldest Manifest first).
+    #[arg(long, default_value_t = 0.2, help_heading = "Load")]
+    pub delete_rate: f64,
+    /// Every Manifest's values are changed once per this many seconds (0: no updates).
+    #[arg(long, default_value_t = 60, help_heading = "Load")]
+    pub update_period_seconds: u64,
+    /// Length of the load phase (basic, chaos, rolling-update and rebalance run at least as
+    /// long as their actions need).
+    #[arg(long, default_value_t = 120, help_heading = "Load")]
+    pub duration_seconds: u64,
+    /// Load before the first action (chaos, rolling-update, rebalance), so that there is
+    /// something to move.
+    #[arg(long, default_value_t = 30, help_heading = "Load")]
+    pub warmup_seconds: u64,
+    /// Chart directory under the repository (local fleets), for `spec.chart.path`.
+    #[arg(
+        long,
+        default_value = "loadtest/charts/podinfo-like",
+        help_heading = "Load"
+    )]
+    pub chart: String,
+    /// `spec.chart` as JSON instead (deployed fleets: a repository or `oci://` chart their
+    /// replicas can fetch).
+    #[arg(long, help_heading = "Load")]
+    pub chart_spec: Option<String>,
+    /// `spec.interval` of the Manifests (drift re-check).
+    #[arg(long, default_value = "10m", help_heading = "Load")]
+    pub drift_interval: String,
+
+    // ---- scale-out ----
+    /// Create rate of the first step.
+    #[arg(long, default_value_t = 1.0, help_heading = "scale-out")]
+    pub start_rate: f64,
+    /// Added to the create rate at every step.
+    #[arg(long, default_value_t = 1.0, help_heading = "scale-out")]
+    pub rate_step: f64,
+    #[arg(long, default_value_t = 30, help_heading = "scale-out")]
+    pub step_seconds: u64,
+    #[arg(long, default_value_t = 30, help_heading = "scale-out")]
+    pub max_steps: usize,
+    /// SLO: p99 queue wait below this (seconds).
+    #[arg(long, default_value_t = 1.0, help_heading = "scale-out")]
+    pub slo_queue_wait_seconds: f64,
+    /// SLO: p99 create/update-to-Ready below this (seconds).
+    #[arg(long, default_value_t = 5.0, help_heading = "scale-out")]
+    pub slo_ready_seconds: f64,
+
+    // ---- chaos ----
+    /// Seconds between faults.
+    #[arg(long, default_value_t = 30, help_heading = "chaos")]
+    pub chaos_interval_seconds: u64,
+    /// Replicas hit by each fault.
+    #[arg(long, default_value_t = 1, help_heading = "chaos")]
+    pub victims: u32,
+    /// Faults to pick from: `kill` (SIGKILL, started again after `--revive-after-seconds`),
+    /// `pause` (SIGSTOP for `--pause-seconds`, then SIGCONT).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kill,pause",
+        help_heading = "chaos"
+    )]
+    pub faults: Vec<String>,
+    /// Default: twice the lease duration (long enough for a takeover).
+    #[arg(long, help_heading = "chaos")]
+    pub pause_seconds: Option<u64>,
+    /// Default: three times the lease duration (long enough for a takeover).
+    #[arg(long, help_heading = "chaos")]
+    pub revive_after_seconds: Option<u64>,
+    #[arg(long, default_value_t = 1, help_heading = "chaos")]
+    pub seed: u64,
+
+    // ---- rebalance ----
+    /// Fleet sizes to scale to in turn; default N+2, N−1, N.
+    #[arg(long, value_delimiter = ',', help_heading = "rebalance")]
+    pub sizes: Vec<u32>,
+
+    // ---- baselines ----
+    /// Skip the baselines (on by default for basic, scale-out and smoke).
+    #[arg(long, help_heading = "Baselines")]
+    pub no_baselines: bool,
+    /// Manifests (releases) in each baseline burst.
+    #[arg(long, default_value_t = 100, help_heading = "Baselines")]
+    pub burst: usize,
+
+    // ---- where ----
+    /// Drive a fleet deployed as a StatefulSet in the cluster of this kubeconfig instead of
+    /// starting one.
+    #[arg(long, help_heading = "Target")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of the deployed StatefulSet.
+    #[arg(long, default_value = "module-manager", help_heading = "Target")]
+    pub fleet_namespace: String,
+    #[arg(long, default_value = "module-manager", help_heading = "Target")]
+    pub statefulset: String,
+    #[arg(long, default_value_t = 9440, help_heading = "Target")]
+    pub admin_port: u16,
+    /// The module-manager binary for local fleets (default: next to this program).
+    #[arg(long, help_heading = "Target")]
+    pub binary: Option<PathBuf>,
+    /// The repository (chart root of local replicas; default: found from this program).
+    #[arg(long, help_heading = "Target")]
+    pub repo: Option<PathBuf>,
+
+    // ---- output ----
+    /// Results go to `<out>/<scenario>-<time>/`.
+    #[arg(long, default_value = "loadtest-results", help_heading = "Output")]
+    pub out: PathBuf,
+    /// Seconds between samples of the fleet.
+    #[arg(long, default_value_t = 1.0, help_heading = "Output")]
+    pub sample_seconds: f64,
+    /// How long to wait for the last operations' effects after the load stops.
+    #[arg(long, default_value_t = 120, help_heading = "Output")]
+    pub settle_seconds: u64,
+    /// Keep the local replicas' logs (in the temporary directory; the path is printed).
+    #[arg(long, help_heading = "Output")]
+    pub keep_logs: bool,
+    /// No progress bar.
+    #[arg(long, help_heading = "Output")]
+    pub quiet: bool,
+}
+
+impl Options {
+    /// The defaults, as the command line would give them.
+    pub fn defaults() -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            options: Options,
+        }
+        Cli::parse_from(["loadtest"]).options
+    }
+
+    pub fn pause(&self) -> u64 {
+        self.pause_seconds
+            .unwrap_or(2 * self.lease_duration_seconds)
+    }
+
+    pub fn revive_after(&self) -> u64 {
+        self.revive_after_seconds
+            .unwrap_or(3 * self.lease_duration_seconds)
+    }
+
+    /// Whether the baselines run for `scenario`.
+    pub fn baselines(&self, scenario: Scenario) -> bool {
+        !self.no_baselines
+            && matches!(
+                scenario,
+                Scenario::Basic | Scenario::ScaleOut | Scenario::Smoke
+            )
+    }
+}

@@ -1,0 +1,560 @@
+//! The report from synthetic runs: one with every section filled, one nearly empty.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::charts::render;
+use super::font::Text;
+use super::{markdown, write};
+use crate::results::*;
+
+fn quantiles(count: u64, p50: f64) -> Quantiles {
+    Quantiles {
+        count,
+        p50: Some(p50),
+        p90: Some(p50 * 2.0),
+        p99: Some(p50 * 3.0),
+        max: Some(p50 * 4.0),
+    }
+}
+
+fn step(create_rate: f64, objects: u64, ops: f64, queue_p99: f64, ready_p99: f64) -> CapacityStep {
+    CapacityStep {
+        create_rate,
+        objects,
+        operations_per_second: ops,
+        queue_wait_p99_seconds: Some(queue_p99),
+        ready_p99_seconds: Some(ready_p99),
+        passed: queue_p99 < 1.0 && ready_p99 < 5.0,
+    }
+}
+
+fn burst(parallelism: u32, seconds: f64, manifests: u64) -> Burst {
+    Burst {
+        parallelism,
+        seconds,
+        per_second: manifests as f64 / seconds,
+    }
+}
+
+fn replica(name: &str, passes: u64, total: u64, shards_owned: u32) -> ReplicaFigures {
+    ReplicaFigures {
+        name: name.to_owned(),
+        passes,
+        share: passes as f64 / total as f64,
+        shards_owned,
+        cpu_seconds: passes as f64 * 0.01,
+        cpu_cores_mean: passes as f64 * 0.01 / 120.0,
+        rss_mib_mean: 40.0 + shards_owned as f64,
+        rss_mib_max: 55.5 + shards_owned as f64,
+    }
+}
+
+fn sample(i: usize) -> Sample {
+    let t = i as f64 * 5.0;
+    let names = ["member-0", "member-1", "member-2"];
+    let cpu_cores: BTreeMap<String, f64> = names
+        .iter()
+        .enumerate()
+        .map(|(r, n)| (n.to_string(), 0.1 + 0.05 * r as f64 + 0.01 * (i % 4) as f64))
+        .collect();
+    let rss_mib = names
+        .iter()
+        .enumerate()
+        .map(|(r, n)| (n.to_string(), 40.0 + r as f64 * 3.0 + i as f64 * 0.5))
+        .collect();
+    let events = match i {
+        6 => vec!["kill member-1".to_owned()],
+        12 => vec!["scale 3→5".to_owned(), "restart member-0".to_owned()],
+        _ => Vec::new(),
+    };
+    Sample {
+        t,
+        operations_per_second: 20.0 + (i % 5) as f64,
+        converged_per_second: 18.0 + (i % 3) as f64,
+        queue_depth: (i % 7) as f64 * 3.0,
+        manifests: 50 * i as u64,
+        unowned_shards: u32::from(i == 7),
+        cpu_cores,
+        rss_mib,
+        events,
+    }
+}
+
+/// Every section filled.
+fn full() -> RunResult {
+    let total_passes = 600 + 300 + 100;
+    RunResult {
+        scenario: "scale-out".to_owned(),
+        baselines_error: None,
+        started_at: "2026-05-01T10:00:00Z".to_owned(),
+        parameters: serde_json::json!({ "shards": 16, "create_rate": 10 }),
+        environment: Environment {
+            target: "local".to_owned(),
+            replicas: 3,
+            shards: 16,
+            lease_duration_seconds: 10.0,
+            cpu_limit_per_replica: Some(1.5),
+            concurrency: 4,
+            cores: 2,
+            chart: "podinfo-shaped".to_owned(),
+            kubernetes_version: "v1.36.0".to_owned(),
+            module_manager_version: "0.1.0".to_owned(),
+        },
+        duration_seconds: 120.0,
+        passed: false,
+        violations: vec![
+            Violation {
+                checker: "overlap".to_owned(),
+                detail: "Manifest default/m-17 reconciled by member-0 and member-1".to_owned(),
+            },
+            Violation {
+                checker: "unowned-shard".to_owned(),
+                detail: "shard 5 unowned for 31 s".to_owned(),
+            },
+        ],
+        throughput: Throughput {
+            operations: 2400,
+            operations_per_second: 20.0,
+            converged: 2280,
+            converged_per_second: 19.0,
+            reconcile_passes: total_passes,
+            manifests_at_end: 731,
+        },
+        latency: Latencies {
+            create_to_ready_seconds: quantiles(800, 0.25),
+            update_to_ready_seconds: quantiles(1200, 0.125),
+            delete_to_gone_seconds: Quantiles::default(),
+            queue_wait_seconds: quantiles(3000, 0.005),
+        },
+        replicas: vec![
+            replica("member-0", 600, total_passes, 8),
+            replica("member-1", 300, total_passes, 5),
+            replica("member-2", 100, total_passes, 3),
+        ],
+        apiserver: ApiServerFigures {
+            requests_per_second: 312.5,
+            by_verb: [
+                ("GET", 40.0),
+                ("APPLY", 150.0),
+                ("WATCH", 2.5),
+                ("PATCH", 120.0),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+            by_resource: (0..10)
+                .map(|i| (format!("resource-{i}"), 100.0 - 10.0 * i as f64))
+                .collect(),
+        },
+        fleet: FleetFigures {
+            handover_gap_seconds: quantiles(14, 0.02),
+            takeover_seconds: quantiles(1, 11.0),
+            max_unowned_seconds: 12.5,
+            takeovers_unfinished: 1,
+            moves: vec![
+                MoveStep {
+                    step: "3→5".to_owned(),
+                    shards_moved: 8,
+                    shards_ideal: 6.4,
+                    manifests_moved: 300,
+                    ratio: Some(8.0 / 6.4),
+                    settled_seconds: 4.5,
+                },
+                MoveStep {
+                    step: "restart member-0".to_owned(),
+                    shards_moved: 0,
+                    shards_ideal: 0.0,
+                    manifests_moved: 0,
+                    ratio: None,
+                    settled_seconds: 2.0,
+                },
+            ],
+        },
+        capacity: vec![
+            // Deliberately out of order: the report sorts by replicas.
+            Capacity {
+                replicas: 3,
+                steps: vec![
+                    step(10.0, 600, 20.0, 0.05, 0.8),
+                    step(20.0, 1200, 40.0, 0.2, 1.9),
+                    step(40.0, 2400, 75.0, 0.6, 3.5),
+                    step(80.0, 4000, 90.0, 2.5, 9.0),
+                ],
+                last_passing: Some(2),
+            },
+            Capacity {
+                replicas: 1,
+                steps: vec![
+                    step(10.0, 600, 20.0, 0.1, 1.2),
+                    step(20.0, 1100, 32.0, 0.7, 4.1),
+                    step(40.0, 1500, 35.0, 3.0, 12.0),
+                ],
+                last_passing: Some(1),
+            },
+            Capacity {
+                replicas: 5,
+                steps: vec![step(10.0, 500, 20.0, 1.5, 6.0)],
+                last_passing: None,
+            },
+        ],
+        baselines: Some(Baselines {
+            manifests: 200,
+            objects_per_manifest: 4,
+            fleet: burst(3, 16.0, 200),
+            single_replica: Some(burst(1, 40.0, 200)),
+            bare_apply: Some(burst(8, 5.0, 200)),
+            helm: Some(burst(8, 100.0, 200)),
+        }),
+        timeline: (0..24).map(sample).collect(),
+    }
+}
+
+/// What a run that measured nothing looks like.
+fn nearly_empty() -> RunResult {
+    RunResult {
+        scenario: "smoke".to_owned(),
+        passed: true,
+        ..RunResult::default()
+    }
+}
+
+fn assert_contains(haystack: &str, needle: &str) {
+    assert!(
+        haystack.contains(needle),
+        "expected {needle:?} in:\n{haystack}"
+    );
+}
+
+#[test]
+fn markdown_has_verdict_environment_and_violations() {
+    let r = full();
+    let md = markdown(&r);
+    assert!(md.starts_with("# Load test `scale-out`: FAILED"), "{md}");
+    for v in &r.violations {
+        assert_contains(&md, &format!("**{}**: {}", v.checker, v.detail));
+    }
+    assert_contains(&md, "| CPU limit per replica | 1.50 cores |");
+    assert_contains(&md, "| Shards | 16 |");
+    assert_contains(&md, "| Kubernetes | v1.36.0 |");
+    assert_contains(&md, "4 reconcile workers per replica");
+    assert_contains(&md, "\"create_rate\":10");
+}
+
+#[test]
+fn markdown_has_throughput_latency_and_replicas() {
+    let r = full();
+    let md = markdown(&r);
+    let t = &r.throughput;
+    assert_contains(
+        &md,
+        &format!("| Operations sent | {} | {:.1} |", t.operations, 20.0),
+    );
+    assert_contains(
+        &md,
+        &format!(
+            "Reconcile passes (all replicas): {}, {:.2} per converged Manifest.",
+            t.reconcile_passes,
+            t.reconcile_passes as f64 / t.converged as f64
+        ),
+    );
+    let create = &r.latency.create_to_ready_seconds;
+    assert_contains(
+        &md,
+        &format!(
+            "| create → Ready | {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            create.count,
+            create.p50.unwrap(),
+            create.p90.unwrap(),
+            create.p99.unwrap(),
+            create.max.unwrap()
+        ),
+    );
+    assert_contains(&md, "| delete → gone | 0 | – | – | – | – |");
+    for replica in &r.replicas {
+        let share = format!("{:.1} %", replica.passes as f64 * 100.0 / 1000.0);
+        assert_contains(
+            &md,
+            &format!(
+                "| `{}` | {} | {share} | {} |",
+                replica.name, replica.passes, replica.shards_owned
+            ),
+        );
+    }
+}
+
+#[test]
+fn markdown_ranks_api_server_requests() {
+    let r = full();
+    let md = markdown(&r);
+    assert_contains(&md, "312.5 requests/s");
+    // Verbs highest first.
+    let apply = md.find("| APPLY | 150.0 |").expect("APPLY row");
+    let patch = md.find("| PATCH | 120.0 |").expect("PATCH row");
+    assert!(apply < patch);
+    // The top 8 resources in the table, the other two summed up.
+    assert_contains(&md, "| resource-7 | 30.0 |");
+    assert!(!md.contains("| resource-8 |"), "{md}");
+    assert_contains(&md, &format!("2 more resources: {:.1} req/s", 20.0 + 10.0));
+}
+
+#[test]
+fn markdown_has_fleet_figures_and_moves() {
+    let r = full();
+    let md = markdown(&r);
+    let takeover = &r.fleet.takeover_seconds;
+    assert_contains(
+        &md,
+        &format!(
+            "| takeover after a fault | 1 | {:.3} |",
+            takeover.p50.unwrap()
+        ),
+    );
+    assert_contains(
+        &md,
+        &format!(
+            "unowned: 12.5 s (the checker allows {:.1} s",
+            2.0 * r.environment.lease_duration_seconds
+        ),
+    );
+    let moved = &r.fleet.moves[0];
+    let ratio = f64::from(moved.shards_moved) / moved.shards_ideal;
+    assert_contains(&md, &format!("| 3→5 | 8 | 6.4 | {ratio:.2}× | 300 | 4.5 |"));
+    assert_contains(&md, "| restart member-0 | 0 | 0.0 | – | 0 | 2.0 |");
+}
+
+#[test]
+fn markdown_has_capacity_steps_and_curve() {
+    let r = full();
+    let md = markdown(&r);
+    let one = md.find("### 1 replica\n").expect("1 replica section");
+    let three = md.find("### 3 replicas").expect("3 replicas section");
+    let five = md.find("### 5 replicas").expect("5 replicas section");
+    assert!(one < three && three < five, "sorted by replicas");
+    assert_contains(
+        &md,
+        "| 2 | 20.0 | 1100 | 32.0 | 0.700 | 4.100 | ✓ ← capacity |",
+    );
+    assert_contains(&md, "| 3 | 40.0 | 1500 | 35.0 | 3.000 | 12.000 | ✗ |");
+    assert_contains(&md, "No step met the SLOs.");
+
+    let point = |n: u32| {
+        r.capacity
+            .iter()
+            .find(|c| c.replicas == n)
+            .and_then(Capacity::point)
+            .unwrap()
+    };
+    let (p1, p3) = (point(1), point(3));
+    let objects_ratio = p3.objects as f64 / p1.objects as f64;
+    let ops_ratio = p3.operations_per_second / p1.operations_per_second;
+    let efficiency = ops_ratio / 3.0 * 100.0;
+    assert_contains(&md, "ratios against 1 replica");
+    assert_contains(
+        &md,
+        &format!(
+            "| 3 | {} | {:.1} | {objects_ratio:.2}× | {ops_ratio:.2}× | {efficiency:.0} % |",
+            p3.objects, p3.operations_per_second
+        ),
+    );
+    assert_contains(&md, "| 1 | 1100 | 32.0 | 1.00× | 1.00× | 100 % |");
+    assert_contains(&md, "| 5 | – | – | – | – | – |");
+}
+
+#[test]
+fn capacity_curve_is_relative_to_the_smallest_size_measured() {
+    let mut r = full();
+    r.capacity.retain(|c| c.replicas != 1);
+    let md = markdown(&r);
+    assert_contains(&md, "ratios against 3 replicas");
+    assert_contains(&md, "| 3 | 2400 | 75.0 | 1.00× | 1.00× | 100 % |");
+}
+
+#[test]
+fn markdown_has_baselines_and_their_ratios() {
+    let r = full();
+    let md = markdown(&r);
+    let b = r.baselines.as_ref().unwrap();
+    let (fleet, single, bare, helm) = (
+        b.fleet.per_second,
+        b.single_replica.as_ref().unwrap().per_second,
+        b.bare_apply.as_ref().unwrap().per_second,
+        b.helm.as_ref().unwrap().per_second,
+    );
+    assert_contains(&md, &format!("| fleet | 3 | 16.0 | {fleet:.1} |"));
+    assert_contains(&md, &format!("| helm | 8 | 100.0 | {helm:.1} |"));
+    assert_contains(
+        &md,
+        &format!(
+            "fleet ÷ bare apply: **{:.2}×** (fraction of the API server's ceiling)",
+            fleet / bare
+        ),
+    );
+    assert_contains(
+        &md,
+        &format!("fleet ÷ single replica: **{:.2}×**", fleet / single),
+    );
+    assert_contains(&md, &format!("fleet ÷ helm: **{:.2}×**", fleet / helm));
+}
+
+#[test]
+fn baselines_without_other_paths_have_no_ratios() {
+    let mut r = full();
+    r.baselines = Some(Baselines {
+        manifests: 10,
+        objects_per_manifest: 4,
+        fleet: burst(3, 2.0, 10),
+        ..Baselines::default()
+    });
+    let md = markdown(&r);
+    assert_contains(&md, "## Baselines");
+    assert!(!md.contains("fleet ÷"), "{md}");
+}
+
+#[test]
+fn markdown_links_the_charts() {
+    let md = markdown(&full());
+    for chart in ["timeline", "replicas", "capacity", "baselines"] {
+        assert_contains(&md, &format!("({chart}.png)"));
+    }
+}
+
+#[test]
+fn markdown_of_a_nearly_empty_run_has_only_the_verdict_sections() {
+    let md = markdown(&nearly_empty());
+    assert!(md.starts_with("# Load test `smoke`: PASSED"), "{md}");
+    assert_contains(&md, "## Violations\n\nnone");
+    assert_contains(&md, "| CPU limit per replica | unlimited |");
+    for absent in [
+        "## Latency",
+        "## Replicas",
+        "## API server",
+        "## Fleet",
+        "## Capacity",
+        "## Baselines",
+        "## Charts",
+        "Parameters:",
+    ] {
+        assert!(!md.contains(absent), "unexpected {absent:?} in:\n{md}");
+    }
+}
+
+const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
+
+/// A PNG of the given width with more than a blank page's worth of content.
+fn assert_png(path: &Path, width: u32) {
+    let bytes = std::fs::read(path).unwrap();
+    assert!(
+        bytes.starts_with(PNG_MAGIC),
+        "{} is not a PNG",
+        path.display()
+    );
+    // IHDR follows the signature: length (4), type (4), width (4, big-endian).
+    let ihdr_width = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+    assert_eq!(ihdr_width, width, "{}", path.display());
+    assert!(
+        bytes.len() > 8 * 1024,
+        "{} has only {} bytes",
+        path.display(),
+        bytes.len()
+    );
+}
+
+fn file_names(paths: &[PathBuf]) -> Vec<String> {
+    paths
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn write_produces_json_summary_and_every_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report");
+    let r = full();
+    let written = write(&r, &out).unwrap();
+    assert_eq!(
+        file_names(&written),
+        [
+            "results.json",
+            "summary.md",
+            "timeline.png",
+            "replicas.png",
+            "capacity.png",
+            "baselines.png"
+        ]
+    );
+    let json: RunResult =
+        serde_json::from_str(&std::fs::read_to_string(&written[0]).unwrap()).unwrap();
+    assert_eq!(json.scenario, r.scenario);
+    assert_eq!(json.timeline.len(), r.timeline.len());
+    assert_eq!(std::fs::read_to_string(&written[1]).unwrap(), markdown(&r));
+    for (path, width) in written[2..].iter().zip([1200, 1200, 1200, 900]) {
+        assert_png(path, width);
+    }
+}
+
+#[test]
+fn charts_are_written_without_a_font() {
+    // Text::Omitted is what `charts` falls back to when no font file is found; nothing in it
+    // may ask plotters for a font (an unregistered family is an error with ab_glyph).
+    let dir = tempfile::tempdir().unwrap();
+    let written = render(&full(), dir.path(), Text::Omitted).unwrap();
+    assert_eq!(written.len(), 4);
+    for (path, width) in written.iter().zip([1200, 1200, 1200, 900]) {
+        assert_png(path, width);
+    }
+}
+
+#[test]
+fn charts_skip_what_has_no_data() {
+    let mut r = full();
+    r.capacity.clear();
+    r.baselines = None;
+    for s in &mut r.timeline {
+        s.cpu_cores.clear();
+        s.rss_mib.clear();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let written = render(&r, dir.path(), Text::Omitted).unwrap();
+    assert_eq!(file_names(&written), ["timeline.png"]);
+    let md = markdown(&r);
+    assert!(!md.contains("replicas.png") && !md.contains("capacity.png"));
+}
+
+#[test]
+fn charts_survive_degenerate_data() {
+    // One sample, all zero; a capacity with no passing step; a baseline of zero rates.
+    let mut r = nearly_empty();
+    r.timeline = vec![Sample::default()];
+    r.capacity = vec![Capacity {
+        replicas: 1,
+        steps: vec![CapacityStep::default()],
+        last_passing: None,
+    }];
+    r.baselines = Some(Baselines::default());
+    let dir = tempfile::tempdir().unwrap();
+    for text in [Text::Omitted, Text::Drawn] {
+        if text == Text::Drawn && super::font::font().is_none() {
+            continue;
+        }
+        let written = render(&r, dir.path(), text).unwrap();
+        assert_eq!(
+            file_names(&written),
+            ["timeline.png", "capacity.png", "baselines.png"]
+        );
+    }
+}
+
+#[test]
+fn write_of_a_nearly_empty_run_writes_no_charts() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = write(&nearly_empty(), dir.path()).unwrap();
+    assert_eq!(file_names(&written), ["results.json", "summary.md"]);
+    let mut on_disk: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    assert_eq!(on_disk, ["results.json", "summary.md"]);
+}

@@ -1,0 +1,252 @@
+//! What a run measured and found: the JSON written as `results.json`, the input of the Markdown
+//! summary and the charts. Plain data; every figure says its unit in its name.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One run of one scenario.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Scenario name (`basic`, `scale-out`, `chaos`, `rolling-update`, `rebalance`, `smoke`).
+    pub scenario: String,
+    /// Start, RFC 3339.
+    pub started_at: String,
+    /// The scenario's parameters as given (after defaults).
+    pub parameters: serde_json::Value,
+    pub environment: Environment,
+    pub duration_seconds: f64,
+    /// True when no checker found a violation.
+    pub passed: bool,
+    pub violations: Vec<Violation>,
+    /// Over the whole load phase.
+    pub throughput: Throughput,
+    pub latency: Latencies,
+    /// Per replica (by member name), over the load phase.
+    pub replicas: Vec<ReplicaFigures>,
+    pub apiserver: ApiServerFigures,
+    pub fleet: FleetFigures,
+    /// `scale-out` only: one entry per fleet size measured.
+    pub capacity: Vec<Capacity>,
+    /// Present when baselines ran.
+    pub baselines: Option<Baselines>,
+    /// Why the baselines could not be measured, when they failed.
+    #[serde(default)]
+    pub baselines_error: Option<String>,
+    /// Samples over time (every `sample_interval_seconds`), for the charts.
+    pub timeline: Vec<Sample>,
+}
+
+/// Where the run ran.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Environment {
+    /// `local` (the harness started the control plane and the replicas) or `cluster` (a
+    /// deployed StatefulSet reached through a kubeconfig).
+    pub target: String,
+    /// Replicas at the start of the load phase.
+    pub replicas: u32,
+    pub shards: u32,
+    /// Lease duration the fleet runs with (the unowned-shard checker allows twice this).
+    pub lease_duration_seconds: f64,
+    /// CPU limit per replica (cgroup quota) in cores; `None` when unlimited.
+    pub cpu_limit_per_replica: Option<f64>,
+    /// Reconcile workers per replica.
+    pub concurrency: usize,
+    /// Logical CPUs of the machine running the harness.
+    pub cores: usize,
+    /// The chart the Manifests install.
+    pub chart: String,
+    /// `kube-apiserver` version (`gitVersion`).
+    pub kubernetes_version: String,
+    /// module-manager version (`module_manager_build_info`), when scraped.
+    pub module_manager_version: String,
+}
+
+/// A checker's finding; any one fails the run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Violation {
+    /// `overlap`, `not-converged`, `unowned-shard`, `moved-during-rolling-update`.
+    pub checker: String,
+    /// Human-readable, with the Manifest, shard or replica concerned.
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Throughput {
+    /// Creates, updates and deletes sent by the load generator.
+    pub operations: u64,
+    pub operations_per_second: f64,
+    /// Manifests that reached Ready at the generation written (creates and updates).
+    pub converged: u64,
+    pub converged_per_second: f64,
+    /// Reconcile passes, all replicas.
+    pub reconcile_passes: u64,
+    /// Manifests existing at the end.
+    pub manifests_at_end: u64,
+}
+
+/// Quantiles of a set of durations, in seconds (`NaN` serialises as `null` when empty).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Quantiles {
+    pub count: u64,
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+    pub max: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Latencies {
+    /// From the create call's answer to the first observation of Ready at generation 1.
+    pub create_to_ready_seconds: Quantiles,
+    /// From an update's answer to the first observation of Ready at the new generation.
+    pub update_to_ready_seconds: Quantiles,
+    /// From the request's answer to the Manifest's disappearance (finalizer released).
+    pub delete_to_gone_seconds: Quantiles,
+    /// `module_manager_queue_wait_seconds`, all replicas, estimated from the histogram's
+    /// buckets over the load phase (max is the upper bound of the highest non-empty bucket).
+    pub queue_wait_seconds: Quantiles,
+}
+
+/// One replica's share and cost.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ReplicaFigures {
+    pub name: String,
+    /// Reconcile passes it ran during the load phase.
+    pub passes: u64,
+    /// `passes` / all replicas' passes.
+    pub share: f64,
+    /// Shards it owned at the end.
+    pub shards_owned: u32,
+    /// CPU seconds of the process and its helm children during the load phase.
+    pub cpu_seconds: f64,
+    /// `cpu_seconds` / load-phase seconds.
+    pub cpu_cores_mean: f64,
+    pub rss_mib_mean: f64,
+    pub rss_mib_max: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ApiServerFigures {
+    /// `apiserver_request_total` over the load phase, per second.
+    pub requests_per_second: f64,
+    /// By verb (`GET`, `LIST`, `WATCH`, `PATCH`, `APPLY`…), per second.
+    pub by_verb: BTreeMap<String, f64>,
+    /// By resource (`manifests`, `configmaps`, `leases`…), per second.
+    pub by_resource: BTreeMap<String, f64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FleetFigures {
+    /// Release → next acquire of the same shard (planned handovers), from the replicas'
+    /// `module_manager_fleet_handover_gap_seconds`.
+    pub handover_gap_seconds: Quantiles,
+    /// Per kill or pause of a replica: from the fault to the moment every shard was owned by a
+    /// live member again, as observed through the Leases.
+    pub takeover_seconds: Quantiles,
+    /// Faults after which the takeover had not finished when the victim came back (not in
+    /// `takeover_seconds`: each took longer than the victim was away).
+    #[serde(default)]
+    pub takeovers_unfinished: u32,
+    /// Longest time a shard was unowned (no holder, or a holder whose member Lease had not been
+    /// renewed for a lease duration).
+    pub max_unowned_seconds: f64,
+    /// One entry per membership change (scale, kill, restart).
+    pub moves: Vec<MoveStep>,
+}
+
+/// Shards and Manifests that changed owner in one membership step, against the ideal.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct MoveStep {
+    /// E.g. `3→5`, `restart member-1`, `kill member-2`.
+    pub step: String,
+    pub shards_moved: u32,
+    /// Shards that must move at least (|1 − N/M| style), as a count.
+    pub shards_ideal: f64,
+    pub manifests_moved: u64,
+    /// `shards_moved / shards_ideal` (1.0 is ideal; `None` when nothing had to move).
+    pub ratio: Option<f64>,
+    /// Seconds until the Leases matched the new assignment.
+    pub settled_seconds: f64,
+}
+
+/// `scale-out` for one fleet size: load stepped up until an SLO broke.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Capacity {
+    pub replicas: u32,
+    pub steps: Vec<CapacityStep>,
+    /// Index in `steps` of the last step where both SLOs held (`None`: not even the first).
+    pub last_passing: Option<usize>,
+}
+
+impl Capacity {
+    /// The capacity point: the last passing step.
+    pub fn point(&self) -> Option<&CapacityStep> {
+        self.last_passing.map(|i| &self.steps[i])
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CapacityStep {
+    /// Create rate offered in this step, per second.
+    pub create_rate: f64,
+    /// Manifests existing at the end of the step.
+    pub objects: u64,
+    /// Operations (creates, updates) sent per second during the step.
+    pub operations_per_second: f64,
+    /// p99 queue wait during the step (SLO < 1 s).
+    pub queue_wait_p99_seconds: Option<f64>,
+    /// p99 create/update-to-Ready of the operations sent in the step (SLO < 5 s).
+    pub ready_p99_seconds: Option<f64>,
+    pub passed: bool,
+}
+
+/// The same burst of Manifests through each path, in the same run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Baselines {
+    /// Manifests (or releases) in each burst.
+    pub manifests: u64,
+    /// Objects the chart renders per Manifest.
+    pub objects_per_manifest: u64,
+    /// The fleet under test: create the Manifests at once, until all are Ready.
+    pub fleet: Burst,
+    /// One replica, same burst.
+    pub single_replica: Option<Burst>,
+    /// A bare client server-side applying the rendered objects as fast as it can (the API
+    /// server's ceiling for this work on this machine).
+    pub bare_apply: Option<Burst>,
+    /// `helm upgrade --install` of the same chart, one release per Manifest.
+    pub helm: Option<Burst>,
+}
+
+/// One burst: how long the whole took.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Burst {
+    /// Replicas (fleet bursts) or parallel workers (bare client, helm).
+    pub parallelism: u32,
+    pub seconds: f64,
+    /// Manifests (releases) per second.
+    pub per_second: f64,
+}
+
+/// The fleet at one moment.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Sample {
+    /// Seconds since the load phase started.
+    pub t: f64,
+    /// Operations sent per second since the previous sample.
+    pub operations_per_second: f64,
+    /// Manifests converged per second since the previous sample.
+    pub converged_per_second: f64,
+    /// Queue depth summed over replicas.
+    pub queue_depth: f64,
+    /// Manifests existing.
+    pub manifests: u64,
+    /// Shards without a live owner.
+    pub unowned_shards: u32,
+    /// Per replica name: CPU cores used since the previous sample, RSS in MiB.
+    pub cpu_cores: BTreeMap<String, f64>,
+    pub rss_mib: BTreeMap<String, f64>,
+    /// Events in this interval (`kill member-1`, `scale 3→5`).
+    pub events: Vec<String>,
+}
