@@ -644,22 +644,23 @@ impl Probe {
     }
 
     /// CPU seconds (process and finished children) and resident bytes of replica `ordinal`:
-    /// local fleets from `/proc`, deployed ones from the replica's process metrics.
-    pub async fn usage(&self, ordinal: u32) -> Option<(f64, f64)> {
+    /// local fleets from `/proc`, deployed ones from the process metrics in `samples` (the
+    /// replica's scrape the caller already has; none: no reading).
+    pub fn usage(
+        &self,
+        ordinal: u32,
+        samples: Option<&[crate::measure::PromSample]>,
+    ) -> Option<(f64, f64)> {
         match &self.reach {
             Reach::Local(endpoints) => {
                 let (_, pid) = *endpoints.lock().unwrap().get(&ordinal)?;
                 proc_usage(pid)
             }
             Reach::Cluster(_) => {
-                let text = tokio::time::timeout(Duration::from_secs(2), self.scrape(ordinal))
-                    .await
-                    .ok()?
-                    .ok()?;
-                let samples = crate::measure::parse_prometheus(&text);
-                let cpu = crate::measure::sum(&samples, "process_cpu_seconds_total", &[])
-                    + crate::measure::sum(&samples, "module_manager_helm_cpu_seconds_total", &[]);
-                let rss = crate::measure::sum(&samples, "process_resident_memory_bytes", &[]);
+                let samples = samples?;
+                let cpu = crate::measure::sum(samples, "process_cpu_seconds_total", &[])
+                    + crate::measure::sum(samples, "module_manager_helm_cpu_seconds_total", &[]);
+                let rss = crate::measure::sum(samples, "process_resident_memory_bytes", &[]);
                 Some((cpu, rss))
             }
         }

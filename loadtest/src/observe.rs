@@ -347,7 +347,7 @@ impl Sampler {
                             Ok(Ok(text)) => Some(measure::parse_prometheus(&text)),
                             _ => None, // paused, starting or gone: no reading this time
                         };
-                        let usage = fleet.usage(*ordinal).await;
+                        let usage = fleet.usage(*ordinal, samples.as_deref());
                         (fleet.member(*ordinal), samples, usage)
                     }
                 }))

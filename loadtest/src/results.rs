@@ -83,6 +83,13 @@ pub struct Throughput {
     pub reconcile_passes: u64,
     /// Manifests existing at the end.
     pub manifests_at_end: u64,
+    /// Requests of the load generator that failed (counted in `operations`, nothing waited for).
+    #[serde(default)]
+    pub failed_requests: u64,
+    /// Operations replaced by a newer one on the same Manifest before their effect was seen
+    /// (their latency is unknown).
+    #[serde(default)]
+    pub superseded: u64,
 }
 
 /// Quantiles of a set of durations, in seconds (`NaN` serialises as `null` when empty).

@@ -306,6 +306,8 @@ impl Phase {
             converged_per_second: converged as f64 / load_seconds,
             reconcile_passes: report.passes as u64,
             manifests_at_end: uids.len() as u64,
+            failed_requests: tracker.failed,
+            superseded: tracker.superseded,
         };
         result.latency = Latencies {
             create_to_ready_seconds: measure::quantiles(&of(Op::Create)),

@@ -319,7 +319,7 @@ async fn rebalance(
         let before = holders(phase).await?;
         let started = Instant::now();
         phase.fleet.scale(size).await?;
-        let settled = wait_assignment(
+        wait_assignment(
             &phase.probe,
             phase.fleet.shards,
             size,
@@ -327,7 +327,6 @@ async fn rebalance(
         )
         .await
         .with_context(|| label.clone())?;
-        let _ = settled;
         let after = holders(phase).await?;
         let ideal = f64::from(current.abs_diff(size)) / f64::from(current.max(size));
         figures

@@ -144,6 +144,12 @@ fn throughput(t: &Throughput) -> String {
         Some(per) => out.push_str(&format!(", {per:.2} per converged Manifest.")),
         None => out.push('.'),
     }
+    if t.failed_requests > 0 || t.superseded > 0 {
+        out.push_str(&format!(
+            " Failed requests: {}; operations superseded by a newer one before their effect was seen: {}.",
+            t.failed_requests, t.superseded
+        ));
+    }
     out
 }
 

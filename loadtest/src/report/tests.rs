@@ -114,6 +114,8 @@ fn full() -> RunResult {
             },
         ],
         throughput: Throughput {
+            failed_requests: 2,
+            superseded: 3,
             operations: 2400,
             operations_per_second: 20.0,
             converged: 2280,
