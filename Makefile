@@ -34,8 +34,9 @@ verify-crds: ## Fail when the CRD differs from what the Rust types generate
 fmt: ## Format the code
 	$(CARGO) fmt --all
 
-lint: ## Format check and clippy with warnings as errors
+lint: ## Format check, module layers (no cycles), clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
+	@hack/check-layers.py
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test: setup lint verify-crds ## Everything CI checks: format, clippy, CRD drift, unit and integration tests

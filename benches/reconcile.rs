@@ -10,9 +10,9 @@ use kube::api::{Api, PostParams};
 use kube::runtime::events::Reporter;
 use module_manager::api::{Manifest, State};
 use module_manager::apply::Cluster;
-use module_manager::chart_source::{self, Limits, RemoteCharts, RemoteConfig};
 use module_manager::reconcile::{Context, reconcile};
 use module_manager::render::{HelmRenderer, RenderLimits, RenderRequest};
+use module_manager::source::{self, Limits, RemoteCharts, RemoteConfig};
 use serde_json::json;
 
 const INSTALLS: usize = 10;
@@ -69,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
         replica: "bench".into(),
         shards: module_manager::shard::ShardCount::DEFAULT,
         metrics: Default::default(),
-        hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
+        hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
         reporter: Reporter {
             controller: "module-manager".into(),
             instance: Some("bench".into()),
@@ -131,7 +131,7 @@ async fn main() -> anyhow::Result<()> {
         path: Some("examples/charts/web".into()),
         ..Default::default()
     };
-    let chart = chart_source::resolve(&source, &repo(), Limits::default())?;
+    let chart = source::resolve(&source, &repo(), Limits::default())?;
     let surface = ctx.cluster.surface();
     let request = |replicas: usize| RenderRequest {
         chart: chart.clone(),

@@ -437,7 +437,7 @@ mod tests {
             ""
         };
         format!(
-            r#"{{"timestamp":"{}","level":"INFO","message":"{message}",{result}"target":"module_manager::controller","spans":[{{"name":"reconcile","namespace":"ns","name":"m1","uid":"{uid}","module":"web","shard":17,"replica":"{replica}","reconcile_id":{id}}}]}}"#,
+            r#"{{"timestamp":"{}","level":"INFO","message":"{message}",{result}"target":"module_manager::work::controller","spans":[{{"name":"reconcile","namespace":"ns","name":"m1","uid":"{uid}","module":"web","shard":17,"replica":"{replica}","reconcile_id":{id}}}]}}"#,
             ts(second)
         )
     }
@@ -506,9 +506,9 @@ mod tests {
     #[test]
     fn parses_the_exact_line_shape() {
         let text = concat!(
-            r#"{"timestamp":"2026-11-30T13:01:02.123456Z","level":"INFO","message":"reconcile start","target":"module_manager::controller","spans":[{"name":"reconcile","namespace":"ns","name":"m1","uid":"6f1c","module":"web","shard":17,"replica":"module-manager-0","reconcile_id":42}]}"#,
+            r#"{"timestamp":"2026-11-30T13:01:02.123456Z","level":"INFO","message":"reconcile start","target":"module_manager::work::controller","spans":[{"name":"reconcile","namespace":"ns","name":"m1","uid":"6f1c","module":"web","shard":17,"replica":"module-manager-0","reconcile_id":42}]}"#,
             "\n",
-            r#"{"timestamp":"2026-11-30T13:01:02.223456Z","level":"INFO","message":"reconcile end","result":"ready","target":"module_manager::controller","spans":[{"name":"reconcile","namespace":"ns","name":"m1","uid":"6f1c","module":"web","shard":17,"replica":"module-manager-0","reconcile_id":42}]}"#,
+            r#"{"timestamp":"2026-11-30T13:01:02.223456Z","level":"INFO","message":"reconcile end","result":"ready","target":"module_manager::work::controller","spans":[{"name":"reconcile","namespace":"ns","name":"m1","uid":"6f1c","module":"web","shard":17,"replica":"module-manager-0","reconcile_id":42}]}"#,
             "\n",
         );
         let passes = parse_passes(text);

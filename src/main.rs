@@ -8,17 +8,17 @@ use clap::{Parser, Subcommand};
 use kube::runtime::events::Reporter;
 use module_manager::admin::AdminState;
 use module_manager::apply::Cluster;
-use module_manager::chart_source::{Limits, RemoteCharts, RemoteConfig};
-use module_manager::controller::{Controller, ControllerConfig};
-use module_manager::metrics::Metrics;
+use module_manager::apply::target::{TargetClients, TargetSettings};
 use module_manager::reconcile::Context;
 use module_manager::render::{HelmRenderer, RenderLimits};
 use module_manager::shard::ShardCount;
 use module_manager::shard::fence::Ownership;
 use module_manager::shard::fleet::{Fleet, FleetConfig, FleetView};
 use module_manager::shard::membership::{Members, MembershipConfig};
-use module_manager::target::{TargetClients, TargetSettings};
+use module_manager::source::{Limits, RemoteCharts, RemoteConfig};
+use module_manager::telemetry::metrics::Metrics;
 use module_manager::telemetry::{self, LogFormat};
+use module_manager::work::controller::{Controller, ControllerConfig};
 
 #[derive(Parser)]
 #[command(name = "module-manager", version, about)]
@@ -236,9 +236,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     let client = kube::Client::try_default().await?;
     // Every permission the code uses, asked before anything starts: one error lists what is missing.
-    module_manager::preflight::check(
+    module_manager::runtime::preflight::check(
         &client,
-        module_manager::preflight::Config {
+        module_manager::runtime::preflight::Config {
             fleet_namespace: &args.lease_namespace,
             statefulset: args.statefulset.as_deref(),
         },
@@ -253,7 +253,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
 
-    let mut registry = module_manager::metrics::registry();
+    let mut registry = module_manager::telemetry::metrics::registry();
     let Metrics {
         reconcile: reconcile_metrics,
         render: render_metrics,
@@ -368,7 +368,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let census_ownership = controller_ownership.clone();
     let controller = Controller::new(ctx, config, controller_ownership);
     let work = controller.work();
-    let census = tokio::spawn(module_manager::controller::publish_census(
+    let census = tokio::spawn(module_manager::work::controller::publish_census(
         work.clone(),
         census_ownership,
         manifest_metrics,

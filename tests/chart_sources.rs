@@ -21,12 +21,12 @@ use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
 use module_manager::api::{ChartSource, Manifest, State as ModuleState};
 use module_manager::apply::Cluster;
-use module_manager::chart_source::{
-    FetchError, Limits, RemoteCharts, RemoteConfig, ResolvedChart, SourceError,
-};
-use module_manager::controller::{self, ControllerConfig};
 use module_manager::reconcile::Context;
 use module_manager::render::{HelmRenderer, RenderLimits};
+use module_manager::source::{
+    FetchError, Limits, RemoteCharts, RemoteConfig, ResolvedChart, SourceError,
+};
+use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
@@ -160,7 +160,7 @@ struct RepoServer {
 
 impl RepoServer {
     async fn start() -> Self {
-        module_manager::chart_source::ensure_crypto_provider();
+        module_manager::source::ensure_crypto_provider();
         async fn serve(State(files): State<Files>, uri: Uri) -> Response {
             let path = uri.path().to_owned();
             *files.hits.lock().unwrap().entry(path.clone()).or_default() += 1;
@@ -294,7 +294,7 @@ fn docker_registry() -> PathBuf {
 
 impl Registry {
     async fn start() -> Self {
-        module_manager::chart_source::ensure_crypto_provider();
+        module_manager::source::ensure_crypto_provider();
         let binary = docker_registry();
         let dir = tempfile::tempdir().unwrap();
         let mut last = String::new();
@@ -1193,7 +1193,7 @@ async fn start(prefix: &str) -> Harness {
         chart_root: repo(),
         chart_limits: Default::default(),
         remote_charts: remote(chart_cache.path()),
-        hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
+        hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
         targets: Default::default(),
         replica: "test-replica".into(),
         shards: module_manager::shard::ShardCount::DEFAULT,

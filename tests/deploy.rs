@@ -38,7 +38,7 @@ use kube::api::{
 use kube::discovery::{Discovery, Scope};
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
-use module_manager::preflight;
+use module_manager::runtime::preflight;
 use serde_json::{Value, json};
 
 /// The namespace `deploy/` installs into.

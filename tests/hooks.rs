@@ -23,9 +23,9 @@ use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
 use module_manager::api::{HookOperation, HookRun, HookRunPhase, Manifest, State};
 use module_manager::apply::Cluster;
-use module_manager::controller::{self, ControllerConfig};
 use module_manager::reconcile::Context;
 use module_manager::render::{HelmRenderer, RenderLimits};
+use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -85,9 +85,9 @@ async fn start(prefix: &str) -> Harness {
         replica: REPLICA.into(),
         shards: module_manager::shard::ShardCount::DEFAULT,
         metrics: Default::default(),
-        hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
-        remote_charts: module_manager::chart_source::RemoteCharts::new(
-            module_manager::chart_source::RemoteConfig::new(helm_home.path().join("charts")),
+        hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
+        remote_charts: module_manager::source::RemoteCharts::new(
+            module_manager::source::RemoteConfig::new(helm_home.path().join("charts")),
         )
         .unwrap(),
         targets: Default::default(),

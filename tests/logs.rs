@@ -29,13 +29,13 @@ const COMPONENT_IDS: [&str; 7] = [
 /// Log targets that only run inside a pass.
 const PIPELINE_TARGETS: [&str; 8] = [
     "module_manager::reconcile",
-    "module_manager::target",
+    "module_manager::apply::target",
     "module_manager::render",
     "module_manager::apply",
     "module_manager::plan",
-    "module_manager::readiness",
-    "module_manager::chart_source",
-    "module_manager::values",
+    "module_manager::plan::readiness",
+    "module_manager::source",
+    "module_manager::render::values",
 ];
 
 const SECRET_VALUE: &str = "s3cr3t-db-host-7f3a";

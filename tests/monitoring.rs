@@ -8,7 +8,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use module_manager::metrics::{Format, Metrics, ResultLabels, StateLabels, encode, registry};
+use module_manager::telemetry::metrics::{
+    Format, Metrics, ResultLabels, StateLabels, encode, registry,
+};
 use serde_json::Value as Json;
 use serde_yaml_ng::Value as Yaml;
 

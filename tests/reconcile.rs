@@ -18,10 +18,10 @@ use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::apply::Cluster;
-use module_manager::chart_source::{RemoteCharts, RemoteConfig};
-use module_manager::controller::{self, ControllerConfig};
 use module_manager::reconcile::Context;
 use module_manager::render::{HelmRenderer, RenderLimits};
+use module_manager::source::{RemoteCharts, RemoteConfig};
+use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -86,7 +86,7 @@ async fn start(prefix: &str, limits: RenderLimits) -> Harness {
         replica: REPLICA.into(),
         shards: module_manager::shard::ShardCount::DEFAULT,
         metrics: Default::default(),
-        hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
+        hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
         reporter: Reporter {
             controller: "module-manager".into(),
             instance: Some(REPLICA.into()),

@@ -24,11 +24,11 @@ use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::apply::Cluster;
-use module_manager::controller::{self, ControllerConfig};
-use module_manager::metrics::{TargetErrorLabels, TargetMetrics};
+use module_manager::apply::target::{TargetClients, TargetSettings};
 use module_manager::reconcile::Context;
 use module_manager::render::HelmRenderer;
-use module_manager::target::{TargetClients, TargetSettings};
+use module_manager::telemetry::metrics::{TargetErrorLabels, TargetMetrics};
+use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{OnceCell, oneshot};
@@ -103,9 +103,9 @@ async fn start(prefix: &str) -> Harness {
         client: local.clone(),
         cluster: Cluster::connect(local.clone()).await.unwrap(),
         // Short timeouts: a silent target fails within seconds.
-        hook_timeout: module_manager::hooks::DEFAULT_HOOK_TIMEOUT,
-        remote_charts: module_manager::chart_source::RemoteCharts::new(
-            module_manager::chart_source::RemoteConfig::new(helm_home.path().join("charts")),
+        hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
+        remote_charts: module_manager::source::RemoteCharts::new(
+            module_manager::source::RemoteConfig::new(helm_home.path().join("charts")),
         )
         .unwrap(),
         targets: TargetClients::new(
@@ -519,7 +519,7 @@ async fn a_module_is_installed_upgraded_repaired_and_deleted_on_the_remote_clust
     assert_eq!(h.local_config_maps().await, Vec::<String>::new());
     // One client served every pass; no target error happened.
     assert_eq!(h.ctx.targets.len(), 1);
-    for reason in module_manager::target::ERROR_REASONS {
+    for reason in module_manager::telemetry::metrics::TARGET_ERROR_REASONS {
         assert_eq!(h.target_errors(reason), 0, "{reason}");
     }
 }

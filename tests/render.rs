@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use module_manager::chart_source::{self, Limits};
 use module_manager::render::{HelmRenderer, RenderError, RenderLimits, RenderRequest};
+use module_manager::source::{self, Limits};
 use serde_json::{Map, Value, json};
 
 fn repo() -> PathBuf {
@@ -25,7 +25,7 @@ fn request(root: &Path, chart: &str, values: Value) -> RenderRequest {
         ..Default::default()
     };
     RenderRequest {
-        chart: chart_source::resolve(&source, root, Limits::default()).expect("chart resolves"),
+        chart: source::resolve(&source, root, Limits::default()).expect("chart resolves"),
         release: "demo".into(),
         namespace: "apps".into(),
         values: values.as_object().cloned().unwrap_or_else(Map::new),

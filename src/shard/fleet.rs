@@ -31,7 +31,7 @@ use super::membership::{
     MembershipConfig,
 };
 use super::ownership::ShardLeaseRecord;
-use crate::metrics::FleetMetrics;
+use crate::telemetry::metrics::FleetMetrics;
 
 /// How a replica takes part in its fleet.
 #[derive(Clone, Debug)]

@@ -1,6 +1,8 @@
 //! Apply: a target cluster's discovery, server-side apply with one field manager, CRD
 //! establishment, and deletion.
 
+pub mod target;
+
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::metrics::QueueMetrics;
+use crate::telemetry::metrics::QueueMetrics;
 use tokio::time::Instant;
 
 /// A queue key: knows the shard it belongs to (per-shard depth, handover).

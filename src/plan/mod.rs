@@ -1,6 +1,10 @@
 //! Plan (pure): split rendered documents into CRDs, hooks and objects, order them as Helm
 //! installs them, give namespaced objects their namespace, and decide what to prune.
 
+pub mod hooks;
+pub mod readiness;
+pub mod status;
+
 use std::collections::BTreeSet;
 
 use serde::Deserialize;

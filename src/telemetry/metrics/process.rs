@@ -303,7 +303,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn the_collectors_report_this_process() {
-        use crate::metrics::{Format, encode, registry};
+        use crate::telemetry::metrics::{Format, encode, registry};
         use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
         let mut registry = registry();
@@ -352,10 +352,13 @@ mod tests {
     #[cfg(not(target_os = "linux"))]
     #[test]
     fn elsewhere_the_collectors_report_nothing() {
-        let mut registry = crate::metrics::registry();
+        let mut registry = crate::telemetry::metrics::registry();
         registry.register_collector(Box::new(ProcessCollector));
         registry.register_collector(Box::new(HelmCpuCollector));
-        let text = crate::metrics::encode(&registry, crate::metrics::Format::PrometheusText);
+        let text = crate::telemetry::metrics::encode(
+            &registry,
+            crate::telemetry::metrics::Format::PrometheusText,
+        );
         assert!(!text.unwrap().contains("cpu_seconds"));
     }
 }

@@ -28,17 +28,17 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use prometheus_client::registry::Registry;
 
-use crate::metrics::Format;
+use crate::telemetry::metrics::Format;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, watch};
 
 use crate::api::{Manifest, State as ManifestState};
-use crate::controller::Work;
-use crate::queue::QueueSnapshot;
 use crate::shard::ShardCount;
 use crate::shard::fleet::{FleetView, ShardStatus, ShardView};
 use crate::shard::membership::{MemberState, Members};
+use crate::work::controller::Work;
+use crate::work::queue::QueueSnapshot;
 
 /// What the admin API reads.
 #[derive(Clone)]
@@ -275,7 +275,7 @@ async fn metrics(
             .iter()
             .filter_map(|v| v.to_str().ok()),
     );
-    let body = crate::metrics::encode(&state.registry, format).map_err(|e| {
+    let body = crate::telemetry::metrics::encode(&state.registry, format).map_err(|e| {
         error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("encode metrics: {e}"),
@@ -1061,9 +1061,9 @@ pub fn drain_table(answer: &DrainAnswer) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::ResultLabels;
-    use crate::queue::{ShardQueue, WorkQueue};
     use crate::shard::membership::{MemberLoad, MemberView};
+    use crate::telemetry::metrics::ResultLabels;
+    use crate::work::queue::{ShardQueue, WorkQueue};
     use axum::http::Request;
     use http_body_util::BodyExt;
     use serde_json::json;
@@ -1084,7 +1084,7 @@ mod tests {
     fn with_fleet(view: FleetView) -> AdminState {
         AdminState {
             fleet: watch::channel(view).1,
-            ..state(crate::metrics::registry(), Members::default())
+            ..state(crate::telemetry::metrics::registry(), Members::default())
         }
     }
 
@@ -1255,7 +1255,7 @@ mod tests {
         let address = listener.local_addr().unwrap();
         let app = router(AdminState {
             fleet: watch::channel(fleet()).1,
-            ..state(crate::metrics::registry(), members.clone())
+            ..state(crate::telemetry::metrics::registry(), members.clone())
         });
         tokio::spawn(async move { axum::serve(listener, app).await });
         let base = format!("http://{address}/");
@@ -1335,7 +1335,7 @@ mod tests {
             renewed_at: None,
         };
         let (status, content_type, body) = get(
-            router(state(crate::metrics::registry(), members)),
+            router(state(crate::telemetry::metrics::registry(), members)),
             "/v1/members",
         )
         .await;
@@ -1803,7 +1803,7 @@ mod tests {
 
     #[tokio::test]
     async fn readyz_follows_the_watch_sync_and_livez_is_always_ok() {
-        let state = state(crate::metrics::registry(), Members::default());
+        let state = state(crate::telemetry::metrics::registry(), Members::default());
         let router = router(state.clone());
         assert_eq!(get(router.clone(), "/livez").await.0, StatusCode::OK);
         let (status, content_type, _) = get(router.clone(), "/readyz").await;
@@ -1817,8 +1817,8 @@ mod tests {
 
     #[tokio::test]
     async fn metrics_are_exposed_with_the_prefix_in_both_formats() {
-        let mut registry = crate::metrics::registry();
-        let metrics = crate::metrics::Metrics::register(&mut registry);
+        let mut registry = crate::telemetry::metrics::registry();
+        let metrics = crate::telemetry::metrics::Metrics::register(&mut registry);
         metrics
             .reconcile
             .reconciles

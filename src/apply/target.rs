@@ -31,8 +31,7 @@ use kube::{Client, Config, ResourceExt};
 
 use crate::api::Manifest;
 use crate::apply::{ApplyError, Cluster};
-use crate::metrics::{TargetErrorLabels, TargetMetrics};
-use crate::reconcile::{Context, ReconcileError};
+use crate::telemetry::metrics::{TargetErrorLabels, TargetMetrics};
 
 /// The largest kubeconfig accepted (a kubeconfig with a CA bundle is a few KiB).
 pub const MAX_KUBECONFIG_BYTES: usize = 256 * 1024;
@@ -178,9 +177,6 @@ impl TargetError {
         !matches!(self, Self::Connection { .. })
     }
 }
-
-/// Every `reason` label value, so the series exist (at 0) from the start.
-pub const ERROR_REASONS: [&str; 5] = ["secret", "refused", "unreachable", "auth", "tls"];
 
 /// Why a kubeconfig is refused. Messages name fields and entries, never values.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -690,15 +686,17 @@ impl TargetClients {
         &self,
         local: &Client,
         key: SecretKey,
-    ) -> Result<(Arc<Cluster>, Fingerprint, String), ReconcileError> {
+    ) -> Result<(Arc<Cluster>, Fingerprint, String), ResolveError> {
+        // Not counted as a target error: the local API server failed, not the target.
         let secret = Api::<Secret>::namespaced(local.clone(), &key.namespace)
             .get_opt(&key.name)
-            .await?;
+            .await
+            .map_err(ResolveError::SecretRead)?;
         // The Secret cannot be used: neither can a client built from an earlier version of it.
         let fail = |error: TargetError| {
             self.forget(&key);
             self.count(&error);
-            Err(ReconcileError::Target(error))
+            Err(ResolveError::Target(error))
         };
         let Some(secret) = secret else {
             return fail(TargetError::SecretMissing {
@@ -736,7 +734,12 @@ impl TargetClients {
         let cluster = match Cluster::connect(client).await {
             Ok(cluster) => Arc::new(cluster),
             Err(error) => {
-                return Err(self.connection_error(&key, &fingerprint, &server, error));
+                return Err(
+                    match self.connection_error(&key, &fingerprint, &server, error) {
+                        Ok(target) => ResolveError::Target(target),
+                        Err(apply) => ResolveError::Discovery(apply),
+                    },
+                );
             }
         };
         self.insert(key, fingerprint.clone(), server.clone(), cluster.clone());
@@ -768,11 +771,11 @@ impl TargetClients {
         fingerprint: &Fingerprint,
         server: &str,
         error: ApplyError,
-    ) -> ReconcileError {
+    ) -> Result<TargetError, ApplyError> {
         let Some((failure, detail)) = apply_source(&error)
             .and_then(|(source, what)| classify(source).map(|(f, d)| (f, format!("{d} ({what})"))))
         else {
-            return error.into();
+            return Err(error);
         };
         if failure.evicts() {
             self.evict(key, fingerprint);
@@ -784,8 +787,19 @@ impl TargetClients {
             detail,
         };
         self.count(&error);
-        error.into()
+        Ok(error)
     }
+}
+
+/// Why the cluster of a Manifest's target could not be had.
+#[derive(Debug)]
+pub enum ResolveError {
+    /// reading the kubeconfig Secret from the local cluster failed.
+    SecretRead(kube::Error),
+    /// the target cannot be used (Secret, kubeconfig, connection).
+    Target(TargetError),
+    /// the target's discovery failed for a reason other than the connection.
+    Discovery(ApplyError),
 }
 
 /// The cluster a pass applies to: the local one, or a Manifest's remote target.
@@ -822,21 +836,19 @@ impl Target<'_> {
         self.remote.as_ref().map(|r| r.server.as_str())
     }
 
-    /// Passes a step's result on; on a remote target, an error of the target itself
-    /// (unreachable, 401, TLS) becomes a [`TargetError`], and 401/TLS evict the client.
-    pub fn observe<T>(
+    /// An apply-step error of a pass on this target: on a remote target, an error of the target
+    /// itself (unreachable, 401, TLS) becomes a [`TargetError`] (counted; 401/TLS evict the
+    /// client); other errors come back unchanged.
+    pub fn connection_error(
         &self,
-        ctx: &Context,
-        result: Result<T, ReconcileError>,
-    ) -> Result<T, ReconcileError> {
-        match (result, &self.remote) {
-            (Err(ReconcileError::Apply(error)), Some(remote)) => Err(ctx.targets.connection_error(
-                &remote.key,
-                &remote.fingerprint,
-                &remote.server,
-                error,
-            )),
-            (result, _) => result,
+        targets: &TargetClients,
+        error: ApplyError,
+    ) -> Result<TargetError, ApplyError> {
+        match &self.remote {
+            Some(remote) => {
+                targets.connection_error(&remote.key, &remote.fingerprint, &remote.server, error)
+            }
+            None => Err(error),
         }
     }
 }
@@ -845,11 +857,13 @@ impl Target<'_> {
 /// target named by the kubeconfig Secret (its client cached).
 pub async fn resolve<'a>(
     manifest: &Manifest,
-    ctx: &'a Context,
-) -> Result<Target<'a>, ReconcileError> {
+    local: &'a Cluster,
+    client: &Client,
+    targets: &TargetClients,
+) -> Result<Target<'a>, ResolveError> {
     let Some(target) = &manifest.spec.target else {
         return Ok(Target {
-            cluster: Held::Local(&ctx.cluster),
+            cluster: Held::Local(local),
             remote: None,
         });
     };
@@ -858,7 +872,7 @@ pub async fn resolve<'a>(
         name: target.kubeconfig_secret_ref.name.clone(),
         key: target.kubeconfig_secret_ref.key.clone(),
     };
-    let (cluster, fingerprint, server) = ctx.targets.connect(&ctx.client, key.clone()).await?;
+    let (cluster, fingerprint, server) = targets.connect(client, key.clone()).await?;
     Ok(Target {
         cluster: Held::Remote(cluster),
         remote: Some(Remote {
@@ -1139,7 +1153,7 @@ mod tests {
         assert!(!missing.is_permanent() && missing.target_gone());
         assert_eq!(missing.reason(), "secret");
         for error in [unreachable, refused, missing] {
-            assert!(ERROR_REASONS.contains(&error.reason()));
+            assert!(crate::telemetry::metrics::TARGET_ERROR_REASONS.contains(&error.reason()));
         }
     }
 

@@ -1,5 +1,7 @@
 //! Telemetry: structured logs (JSON by default) through `tracing`.
 
+pub mod metrics;
+
 use tracing_subscriber::EnvFilter;
 
 /// Log line format.

@@ -317,6 +317,10 @@ pub struct TargetErrorLabels {
     pub reason: &'static str,
 }
 
+/// Every `reason` label value of `module_manager_target_errors_total` (what
+/// `TargetError::reason` returns), so the series exist (at 0) from the start.
+pub const TARGET_ERROR_REASONS: [&str; 5] = ["secret", "refused", "unreachable", "auth", "tls"];
+
 /// Metrics of remote targets (`spec.target`).
 #[derive(Clone, Debug, Default)]
 pub struct TargetMetrics {
@@ -343,7 +347,7 @@ impl TargetMetrics {
         );
         // Every reason from the start (at 0), so that rates and alerts see the series before the
         // first error.
-        for reason in crate::target::ERROR_REASONS {
+        for reason in TARGET_ERROR_REASONS {
             let _ = metrics.errors.get_or_create(&TargetErrorLabels { reason });
         }
         metrics
@@ -518,7 +522,7 @@ mod tests {
         assert!(text.contains("# TYPE module_manager_reconcile_duration_seconds histogram\n"));
         assert!(text.contains("module_manager_build_info{version="));
         // Remote target errors exist at 0 for every reason from the start.
-        for reason in crate::target::ERROR_REASONS {
+        for reason in TARGET_ERROR_REASONS {
             assert!(
                 text.contains(&format!(
                     "module_manager_target_errors_total{{reason=\"{reason}\"}} 0\n"

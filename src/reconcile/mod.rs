@@ -24,18 +24,18 @@ use crate::api::{
     DeletionPolicy, HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus,
     RunningHook, State, ValuesReference, ValuesSourceKind,
 };
+use crate::apply::target::{self, ResolveError, Target, TargetClients, TargetError};
 use crate::apply::{ApplyError, Cluster, Deletion, MANIFEST_UID_LABEL};
-use crate::chart_source::{Limits, RemoteCharts, SourceError};
-use crate::hooks::{self, Existing, HookState, Step};
-use crate::metrics::{ReconcileMetrics, ResultLabels};
+use crate::plan::hooks::{self, Existing, HookState, Step};
+use crate::plan::readiness::{Readiness, readiness};
+use crate::plan::status::{Facts, Outcome, next_status};
 use crate::plan::{self, Hook, HookEvent, PlanError, PruneDecision, RenderedObject, Scope};
-use crate::readiness::{Readiness, readiness};
+use crate::render::values::{self, ValuesError};
 use crate::render::{HelmRenderer, RenderError, RenderRequest};
 use crate::shard::fence::{Fence, FenceLost};
 use crate::shard::{SHARD_LABEL, ShardCount};
-use crate::status::{Facts, Outcome, next_status};
-use crate::target::{self, TargetClients, TargetError};
-use crate::values::{self, ValuesError};
+use crate::source::{Limits, RemoteCharts, SourceError};
+use crate::telemetry::metrics::{ReconcileMetrics, ResultLabels};
 
 /// The finalizer that keeps a Manifest until its objects are gone.
 pub const FINALIZER: &str = "modulemanager.io/finalizer";
@@ -359,9 +359,41 @@ async fn install(
         claim(manifest, ctx, &shard).await?;
     }
     // The cluster the module goes to: the local one, or the remote target of `spec.target`.
-    let cluster = target::resolve(manifest, ctx).await?;
+    let cluster = resolve_target(manifest, ctx).await?;
     let result = install_on(manifest, ctx, &cluster, fence, interval, progress).await;
-    cluster.observe(ctx, result)
+    observe(&cluster, ctx, result)
+}
+
+/// The cluster the module goes to: the local one, or the remote target of `spec.target`.
+async fn resolve_target<'a>(
+    manifest: &Manifest,
+    ctx: &'a Context,
+) -> Result<Target<'a>, ReconcileError> {
+    target::resolve(manifest, &ctx.cluster, &ctx.client, &ctx.targets)
+        .await
+        .map_err(|error| match error {
+            ResolveError::SecretRead(e) => ReconcileError::Kube(e),
+            ResolveError::Target(e) => ReconcileError::Target(e),
+            ResolveError::Discovery(e) => ReconcileError::Apply(e),
+        })
+}
+
+/// Passes a step's result on; on a remote target, an error of the target itself
+/// (unreachable, 401, TLS) becomes a [`TargetError`], and 401/TLS evict the client.
+fn observe<T>(
+    target: &Target<'_>,
+    ctx: &Context,
+    result: Result<T, ReconcileError>,
+) -> Result<T, ReconcileError> {
+    match result {
+        Err(ReconcileError::Apply(error)) => {
+            Err(match target.connection_error(&ctx.targets, error) {
+                Ok(target) => ReconcileError::Target(target),
+                Err(apply) => ReconcileError::Apply(apply),
+            })
+        }
+        result => result,
+    }
 }
 
 /// Installs or upgrades the module on `cluster` (everything but the Manifest, its status and
@@ -1247,7 +1279,7 @@ async fn delete(
     // contact, no delete hooks to run.
     let applied = !previous.inventory.is_empty() || !previous.hook_objects.is_empty();
     if manifest.spec.deletion_policy == DeletionPolicy::Delete && applied {
-        let cluster = match target::resolve(manifest, ctx).await {
+        let cluster = match resolve_target(manifest, ctx).await {
             // The target cannot be named any more: release rather than wait forever.
             Err(ReconcileError::Target(gone)) if gone.target_gone() => {
                 let objects = previous.inventory.len() + previous.hook_objects.len();
@@ -1256,7 +1288,7 @@ async fn delete(
             result => result?,
         };
         let removed = delete_on(manifest, ctx, &cluster, fence, progress, &previous).await;
-        if let Some(pass) = cluster.observe(ctx, removed)? {
+        if let Some(pass) = observe(&cluster, ctx, removed)? {
             return Ok(Some(pass));
         }
     }
@@ -1751,13 +1783,13 @@ mod tests {
                 error,
             })
         };
-        let unreachable = fetch(crate::chart_source::FetchError::Unreachable {
+        let unreachable = fetch(crate::source::FetchError::Unreachable {
             url: "http://charts.example.com/index.yaml".into(),
             reason: "connection refused".into(),
         });
         assert!(!unreachable.is_permanent());
         assert_eq!(unreachable.category(), "ChartError");
-        let mismatch = fetch(crate::chart_source::FetchError::DigestMismatch {
+        let mismatch = fetch(crate::source::FetchError::DigestMismatch {
             expected: "a".into(),
             actual: "b".into(),
         });

@@ -5,6 +5,8 @@
 //! (Go template and sprig semantics, Helm's loader); Argo CD made the same choice. See
 //! `docs/reconcile.md`.
 
+pub mod values;
+
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -16,8 +18,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use crate::chart_source::ResolvedChart;
-use crate::metrics::RenderMetrics;
+use crate::source::ResolvedChart;
+use crate::telemetry::metrics::RenderMetrics;
 use prometheus_client::metrics::counter::Counter;
 
 /// The flags every render passes besides its inputs; part of the cache key.

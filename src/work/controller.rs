@@ -27,13 +27,13 @@ use tracing::Instrument;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{Manifest, State};
-use crate::metrics::{ManifestMetrics, QueueMetrics, StateLabels};
-use crate::queue::{QueueKey, WorkQueue, backoff};
 use crate::reconcile::{Context, Next, reconcile};
 use crate::shard::fence::Ownership;
 use crate::shard::fleet::LocalWork;
 use crate::shard::membership::{MAX_PUBLISHED_SHARDS, MemberLoad, ShardLoad};
 use crate::shard::{SHARD_LABEL, ShardCount};
+use crate::telemetry::metrics::{ManifestMetrics, QueueMetrics, StateLabels};
+use crate::work::queue::{QueueKey, WorkQueue, backoff};
 
 /// Numbers reconcile passes within this process (`reconcile_id` on every log line of a pass).
 static RECONCILE_IDS: AtomicU64 = AtomicU64::new(1);

@@ -1,0 +1,3 @@
+//! Runtime: what a replica needs before and around its work (the permission preflight).
+
+pub mod preflight;

@@ -1,0 +1,5 @@
+//! Work: the watches of the owned shards, the work queue around them, and the dispatch of
+//! passes to workers.
+
+pub mod controller;
+pub mod queue;
