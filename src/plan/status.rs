@@ -330,6 +330,26 @@ mod tests {
     }
 
     #[test]
+    fn reasons_and_operations_are_the_strings_written_to_the_status() {
+        let reasons = [
+            (Reason::HookRunning, "HookRunning"),
+            (Reason::Progressing, "Progressing"),
+            (Reason::Ready, "Ready"),
+            (Reason::PruneRefused, "PruneRefused"),
+            (Reason::Deleting, "Deleting"),
+            (Reason::Deleted, "Deleted"),
+            (Reason::Orphaned, "Orphaned"),
+            (Reason::Failed("ApplyError"), "ApplyError"),
+        ];
+        for (reason, text) in reasons {
+            assert_eq!(reason.as_str(), text);
+        }
+        assert_eq!(Operation::from(HookOperation::Install).as_str(), "Install");
+        assert_eq!(Operation::from(HookOperation::Upgrade).as_str(), "Upgrade");
+        assert_eq!(Operation::from(HookOperation::Delete).as_str(), "Delete");
+    }
+
+    #[test]
     fn facts_replace_and_absent_facts_keep() {
         let entry = InventoryEntry {
             group: "".into(),

@@ -8,10 +8,10 @@
 //! Every step has its own error type; a failed pass writes an `Error` status and a Warning
 //! Event and deletes nothing.
 //!
-//! The phases, one file each: [`install`], [`delete`], the hook runner ([`hook_runner`]), the
-//! inputs of a render ([`inputs`]), the objects' applies and deletes ([`objects`]), the writes
-//! to the Manifest itself ([`records`], [`finalizer`]), the target ([`target`]) and the errors
-//! ([`error`]).
+//! The phases, one file each: `install.rs`, `delete.rs`, the hook runner (`hook_runner.rs`), the
+//! inputs of a render (`inputs.rs`), the objects' applies and deletes (`objects.rs`), the writes
+//! to the Manifest itself (`records.rs`, `finalizer.rs`), the target (`target.rs`) and the errors
+//! (`error.rs`).
 
 mod delete;
 mod error;
