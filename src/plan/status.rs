@@ -3,7 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::api::{HookRun, InventoryEntry, LastOperation, ManifestStatus, State};
+use crate::api::{HookOperation, HookRun, InventoryEntry, LastOperation, ManifestStatus, State};
 
 /// What one reconcile pass found.
 #[derive(Clone, Debug, PartialEq)]
@@ -11,7 +11,7 @@ pub struct Outcome {
     /// The summary state.
     pub state: State,
     /// CamelCase reason for the conditions (and the Event, if any).
-    pub reason: &'static str,
+    pub reason: Reason,
     /// Human-readable message.
     pub message: String,
     /// Whether the render succeeded; `None` when the pass did not get that far.
@@ -22,7 +22,76 @@ pub struct Outcome {
     pub stalled: bool,
     /// The operation to record in `lastOperation` (install, upgrade, delete …), if one finished
     /// or failed in this pass.
-    pub operation: Option<&'static str>,
+    pub operation: Option<Operation>,
+}
+
+/// Why a pass ended as it did: the reason of the conditions and of the Event, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// A hook (a Job) runs; the pass looks at it again shortly.
+    HookRunning,
+    /// Applied objects are still rolling out.
+    Progressing,
+    /// Every object is applied and ready.
+    Ready,
+    /// The prune guard refused to delete what the new render lacks.
+    PruneRefused,
+    /// The module's objects are being deleted.
+    Deleting,
+    /// The module's objects are deleted (the Manifest is released).
+    Deleted,
+    /// The module's objects were left on the cluster (`deletionPolicy: Orphan`).
+    Orphaned,
+    /// A pass failed: the error's category (`RenderError` …).
+    Failed(&'static str),
+}
+
+impl Reason {
+    /// The CamelCase string written to the conditions and the Event.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::HookRunning => "HookRunning",
+            Self::Progressing => "Progressing",
+            Self::Ready => "Ready",
+            Self::PruneRefused => "PruneRefused",
+            Self::Deleting => "Deleting",
+            Self::Deleted => "Deleted",
+            Self::Orphaned => "Orphaned",
+            Self::Failed(category) => category,
+        }
+    }
+}
+
+/// The operation recorded in `lastOperation`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// Nothing was applied before.
+    Install,
+    /// Objects were applied before.
+    Upgrade,
+    /// The Manifest is being deleted.
+    Delete,
+}
+
+impl Operation {
+    /// The string written to `lastOperation.operation`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Install => "Install",
+            Self::Upgrade => "Upgrade",
+            Self::Delete => "Delete",
+        }
+    }
+}
+
+impl From<HookOperation> for Operation {
+    fn from(operation: HookOperation) -> Self {
+        match operation {
+            HookOperation::Install => Self::Install,
+            HookOperation::Upgrade => Self::Upgrade,
+            HookOperation::Delete => Self::Delete,
+        }
+    }
 }
 
 /// Facts a successful render/apply contributes to the status; `None` keeps the previous value.
@@ -62,7 +131,7 @@ pub fn next_status(
             conditions,
             kind,
             value,
-            outcome.reason,
+            outcome.reason.as_str(),
             &outcome.message,
             generation,
             now,
@@ -84,6 +153,7 @@ pub fn next_status(
 
     let last_operation = match outcome.operation {
         Some(operation) => {
+            let operation = operation.as_str();
             let same = previous
                 .last_operation
                 .as_ref()
@@ -159,12 +229,12 @@ mod tests {
     fn ready() -> Outcome {
         Outcome {
             state: State::Ready,
-            reason: "Ready",
+            reason: Reason::Ready,
             message: "all 2 objects are ready".into(),
             rendered: Some(true),
             applied: Some(true),
             stalled: false,
-            operation: Some("Install"),
+            operation: Some(Operation::Install),
         }
     }
 
@@ -212,12 +282,12 @@ mod tests {
         );
         let failing = Outcome {
             state: State::Error,
-            reason: "RenderError",
+            reason: Reason::Failed("RenderError"),
             message: "template: boom".into(),
             rendered: Some(false),
             applied: None,
             stalled: true,
-            operation: Some("Upgrade"),
+            operation: Some(Operation::Upgrade),
         };
         let second = next_status(
             Some(&first),
@@ -257,6 +327,26 @@ mod tests {
         assert_eq!(by_type("Stalled").status, "True");
         assert_eq!(second.observed_generation, Some(2));
         assert_eq!(second.last_operation.unwrap().operation, "Upgrade");
+    }
+
+    #[test]
+    fn reasons_and_operations_are_the_strings_written_to_the_status() {
+        let reasons = [
+            (Reason::HookRunning, "HookRunning"),
+            (Reason::Progressing, "Progressing"),
+            (Reason::Ready, "Ready"),
+            (Reason::PruneRefused, "PruneRefused"),
+            (Reason::Deleting, "Deleting"),
+            (Reason::Deleted, "Deleted"),
+            (Reason::Orphaned, "Orphaned"),
+            (Reason::Failed("ApplyError"), "ApplyError"),
+        ];
+        for (reason, text) in reasons {
+            assert_eq!(reason.as_str(), text);
+        }
+        assert_eq!(Operation::from(HookOperation::Install).as_str(), "Install");
+        assert_eq!(Operation::from(HookOperation::Upgrade).as_str(), "Upgrade");
+        assert_eq!(Operation::from(HookOperation::Delete).as_str(), "Delete");
     }
 
     #[test]

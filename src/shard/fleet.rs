@@ -593,13 +593,6 @@ impl Fleet {
                 ),
             )
         };
-        let event = kube::runtime::events::Event {
-            type_: kube::runtime::events::EventType::Warning,
-            reason: reason.into(),
-            note: Some(note.chars().take(1024).collect()),
-            action: "ShardRound".into(),
-            secondary: None,
-        };
         let regarding = k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some("coordination.k8s.io/v1".into()),
             kind: Some("Lease".into()),
@@ -607,9 +600,7 @@ impl Fleet {
             name: Some(self.config.membership.lease_name(self.me())),
             ..Default::default()
         };
-        // A fresh Recorder: kube's Recorder folds repeated reasons into a series it PATCHes
-        // (a permission the operator does not have) and keeps the first note.
-        let recorder = kube::runtime::events::Recorder::new(
+        let events = crate::telemetry::events::Publisher::new(
             self.client.clone(),
             kube::runtime::events::Reporter {
                 controller: "module-manager".into(),
@@ -618,10 +609,10 @@ impl Fleet {
         );
         let timeout = self.config.membership.renew_interval;
         tokio::spawn(async move {
-            match tokio::time::timeout(timeout, recorder.publish(&event, &regarding)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!("publish event {reason}: {e}"),
-                Err(_) => tracing::warn!("publish event {reason}: timed out"),
+            let warning = kube::runtime::events::EventType::Warning;
+            let publish = events.publish(&regarding, warning, reason, "ShardRound", &note);
+            if tokio::time::timeout(timeout, publish).await.is_err() {
+                tracing::warn!("publish event {reason}: timed out");
             }
         });
     }

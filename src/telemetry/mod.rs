@@ -1,5 +1,6 @@
 //! Telemetry: structured logs (JSON by default) through `tracing`.
 
+pub mod events;
 pub mod metrics;
 
 use tracing_subscriber::EnvFilter;

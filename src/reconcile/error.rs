@@ -1,0 +1,153 @@
+//! Errors of a pass: one variant per pipeline step, with its category and permanence.
+
+use crate::apply::ApplyError;
+use crate::apply::target::TargetError;
+use crate::plan::PlanError;
+use crate::render::RenderError;
+use crate::render::values::ValuesError;
+use crate::shard::fence::FenceLost;
+use crate::source::SourceError;
+
+/// Why a pass failed, by the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// the Manifest could not be read at the start of the pass.
+    #[error("read the Manifest: kubernetes API: {0}")]
+    ReadManifest(#[source] kube::Error),
+    /// the chart could not be resolved.
+    #[error("resolve the chart: {0}")]
+    ResolveChart(#[from] SourceError),
+    /// a values source (ConfigMap or Secret) could not be read.
+    #[error("read the values source {what}: kubernetes API: {source}")]
+    ReadValuesSource {
+        /// The source, as `Kind name`.
+        what: String,
+        /// The API's answer.
+        #[source]
+        source: kube::Error,
+    },
+    /// a values source is missing, or lacks its key.
+    #[error("values source: {0}")]
+    ValuesSourceMissing(String),
+    /// a values document is not a YAML map.
+    #[error("parse values: {0}")]
+    ParseValues(#[from] ValuesError),
+    /// helm failed.
+    #[error("render: {0}")]
+    Render(#[from] RenderError),
+    /// the rendered documents are unusable.
+    #[error("plan: {0}")]
+    Plan(#[from] PlanError),
+    /// the target cluster cannot be used (Secret, kubeconfig, connection).
+    #[error("target: {0}")]
+    Target(#[from] TargetError),
+    /// the kubeconfig Secret of the target could not be read.
+    #[error("read the target's kubeconfig Secret: kubernetes API: {0}")]
+    ReadTargetSecret(#[source] kube::Error),
+    /// applying, reading or deleting an object failed.
+    #[error("apply: {0}")]
+    Apply(#[from] ApplyError),
+    /// a Job of the module failed (its readiness says so).
+    #[error("readiness: {0}")]
+    JobFailed(String),
+    /// a hook failed or timed out: the operation stops.
+    #[error("{0}")]
+    HookFailed(String),
+    /// the Manifest's status could not be written.
+    #[error("write the status: kubernetes API: {0}")]
+    WriteStatus(#[source] kube::Error),
+    /// the Manifest's metadata (finalizer, shard label) could not be written.
+    #[error("write the metadata: kubernetes API: {0}")]
+    WriteMetadata(#[source] kube::Error),
+    /// this replica lost the Manifest's shard during the pass: it stops writing at once.
+    #[error(transparent)]
+    Fenced(#[from] FenceLost),
+}
+
+impl ReconcileError {
+    /// The static category: the only thing used as a metric label or Event reason.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::ResolveChart(_) => "ChartError",
+            Self::ValuesSourceMissing(_) | Self::ParseValues(_) => "ValuesError",
+            Self::Render(_) => "RenderError",
+            Self::Plan(_) => "PlanError",
+            Self::Apply(_) => "ApplyError",
+            Self::JobFailed(_) => "JobFailed",
+            Self::HookFailed(_) => "HookFailed",
+            Self::ReadManifest(_)
+            | Self::ReadValuesSource { .. }
+            | Self::ReadTargetSecret(_)
+            | Self::WriteStatus(_)
+            | Self::WriteMetadata(_) => "KubeError",
+            Self::Fenced(_) => "Fenced",
+            Self::Target(e) => e.category(),
+        }
+    }
+
+    /// Permanent errors (bad input) wait for a spec change; the rest back off and retry.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            // A kind the target does not serve (yet) may appear: its CRD may be installed later.
+            Self::Plan(PlanError::UnknownKind(_)) => false,
+            // An unreachable repository or registry is retried; bad charts are not.
+            Self::ResolveChart(e) => e.is_permanent(),
+            Self::ParseValues(_) | Self::Plan(_) | Self::JobFailed(_) | Self::HookFailed(_) => true,
+            Self::Render(e) => e.is_permanent(),
+            Self::Target(e) => e.is_permanent(),
+            Self::Apply(e) => e.is_permanent(),
+            Self::ValuesSourceMissing(_)
+            | Self::ReadManifest(_)
+            | Self::ReadValuesSource { .. }
+            | Self::ReadTargetSecret(_)
+            | Self::WriteStatus(_)
+            | Self::WriteMetadata(_)
+            | Self::Fenced(_) => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_kinds_are_retried_and_bad_charts_are_not() {
+        assert!(!ReconcileError::Plan(PlanError::UnknownKind("Widget/w".into())).is_permanent());
+        assert!(ReconcileError::Plan(PlanError::Duplicate("Secret/s".into())).is_permanent());
+        assert_eq!(
+            ReconcileError::ValuesSourceMissing("x".into()).category(),
+            "ValuesError"
+        );
+        // A repository that does not answer is retried; a bad chart from it is not.
+        let fetch = |error| {
+            ReconcileError::ResolveChart(SourceError::Fetch {
+                origin: "chart web 1.0.0 from http://charts.example.com".into(),
+                error,
+            })
+        };
+        let unreachable = fetch(crate::source::FetchError::Unreachable {
+            url: "http://charts.example.com/index.yaml".into(),
+            reason: "connection refused".into(),
+        });
+        assert!(!unreachable.is_permanent());
+        assert_eq!(unreachable.category(), "ChartError");
+        let mismatch = fetch(crate::source::FetchError::DigestMismatch {
+            expected: "a".into(),
+            actual: "b".into(),
+        });
+        assert!(mismatch.is_permanent());
+    }
+
+    #[test]
+    fn messages_name_the_step_and_keep_the_cause() {
+        let missing = ReconcileError::ValuesSourceMissing("Secret absent does not exist".into());
+        assert_eq!(
+            missing.to_string(),
+            "values source: Secret absent does not exist"
+        );
+        let plan = ReconcileError::Plan(PlanError::Duplicate("Secret/s".into()));
+        assert!(plan.to_string().starts_with("plan: "), "{plan}");
+        assert!(plan.to_string().contains("Secret/s"), "{plan}");
+    }
+}

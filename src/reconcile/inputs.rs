@@ -1,0 +1,110 @@
+//! Inputs: what helm needs for a render — the chart, the merged values (`valuesFrom` read from
+//! the Manifest's namespace) and the target's discovery.
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::ResourceExt;
+use kube::api::Api;
+use serde_json::{Map, Value};
+
+use super::{Context, DISCOVERY_MAX_AGE, ReconcileError};
+use crate::api::{Manifest, ValuesReference, ValuesSourceKind};
+use crate::apply::Cluster;
+use crate::render::RenderRequest;
+use crate::render::values;
+
+/// Resolves the chart (blocking file I/O, off the async workers), merges the values and reads
+/// the target's discovery: everything helm needs but `--is-upgrade` (left `false`).
+pub(super) async fn render_request(
+    manifest: &Manifest,
+    ctx: &Context,
+    cluster: &Cluster,
+) -> Result<RenderRequest, ReconcileError> {
+    let namespace = manifest
+        .spec
+        .target_namespace
+        .clone()
+        .unwrap_or_else(|| manifest.namespace().unwrap_or_default());
+    // Resolve (network fetches async; file I/O, hashing and archive checks on blocking threads).
+    let chart = ctx
+        .remote_charts
+        .resolve(&manifest.spec.chart, &ctx.chart_root, ctx.chart_limits)
+        .await?;
+    let values = gather_values(manifest, ctx).await?;
+    let surface = cluster.fresh_surface(DISCOVERY_MAX_AGE).await?;
+    Ok(RenderRequest {
+        chart,
+        release: manifest
+            .spec
+            .release_name
+            .clone()
+            .unwrap_or_else(|| manifest.name_any()),
+        namespace,
+        values,
+        kube_version: surface.kube_version.clone(),
+        api_versions: surface.api_versions.clone(),
+        is_upgrade: false,
+    })
+}
+
+/// Merges `valuesFrom` in order, then the inline values.
+async fn gather_values(
+    manifest: &Manifest,
+    ctx: &Context,
+) -> Result<Map<String, Value>, ReconcileError> {
+    let namespace = manifest.namespace().unwrap_or_default();
+    let mut merged = Map::new();
+    for reference in &manifest.spec.values_from {
+        if let Some(text) = read_values_source(ctx, &namespace, reference).await? {
+            let name = format!(
+                "{:?} {} key {}",
+                reference.kind, reference.name, reference.key
+            );
+            values::merge(&mut merged, values::parse(&name, &text)?);
+        }
+    }
+    if let Some(Value::Object(inline)) = &manifest.spec.values {
+        values::merge(&mut merged, inline.clone());
+    }
+    Ok(merged)
+}
+
+/// The text under a values reference's key; `None` when missing and optional.
+async fn read_values_source(
+    ctx: &Context,
+    namespace: &str,
+    reference: &ValuesReference,
+) -> Result<Option<String>, ReconcileError> {
+    let failed = |source| ReconcileError::ReadValuesSource {
+        what: format!("{:?} {}", reference.kind, reference.name),
+        source,
+    };
+    let text = match reference.kind {
+        ValuesSourceKind::ConfigMap => Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace)
+            .get_opt(&reference.name)
+            .await
+            .map_err(failed)?
+            .map(|cm| cm.data.unwrap_or_default().get(&reference.key).cloned()),
+        ValuesSourceKind::Secret => Api::<Secret>::namespaced(ctx.client.clone(), namespace)
+            .get_opt(&reference.name)
+            .await
+            .map_err(failed)?
+            .map(|s| {
+                s.data
+                    .unwrap_or_default()
+                    .get(&reference.key)
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            }),
+    };
+    match text {
+        Some(Some(text)) => Ok(Some(text)),
+        _ if reference.optional => Ok(None),
+        None => Err(ReconcileError::ValuesSourceMissing(format!(
+            "{:?} {} does not exist",
+            reference.kind, reference.name
+        ))),
+        Some(None) => Err(ReconcileError::ValuesSourceMissing(format!(
+            "{:?} {} has no key {}",
+            reference.kind, reference.name, reference.key
+        ))),
+    }
+}

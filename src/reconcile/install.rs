@@ -1,0 +1,513 @@
+//! Install: installs or upgrades the module, one named step after another — render request,
+//! hook run, render, pre-hooks, CRDs and discovery, apply, prune, readiness, post-hooks,
+//! outcome.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::DynamicObject;
+use kube::{Resource, ResourceExt};
+use serde_json::Value;
+
+use super::hook_runner::{HookScope, PhaseOutcome, prepare_hooks};
+use super::inputs::render_request;
+use super::objects::{apply_all, delete_object};
+use super::{
+    CRD_ESTABLISH_TIMEOUT, Context, HOOK_REQUEUE, Pass, Progress, ReconcileError, finalizer,
+    progress_requeue, rolling_out_for, target,
+};
+use crate::api::State;
+use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
+use crate::apply::Cluster;
+use crate::apply::namespace::ensure_namespace;
+use crate::plan::hooks;
+use crate::plan::readiness::{Readiness, readiness};
+use crate::plan::status::{Facts, Operation, Outcome, Reason};
+use crate::plan::{self, Plan, PruneDecision, RenderedObject, Scope};
+use crate::render::{RenderRequest, Rendered};
+use crate::shard::SHARD_LABEL;
+use crate::shard::fence::Fence;
+
+/// Claims the Manifest (finalizer and shard label) if needed, then installs on its target.
+pub(super) async fn install(
+    manifest: &Manifest,
+    ctx: &Context,
+    fence: &Fence,
+    interval: Duration,
+    progress: &mut Progress,
+) -> Result<Option<Pass>, ReconcileError> {
+    let uid = manifest.uid().unwrap_or_default();
+    let shard = ctx.shards.shard_of(&uid).to_string();
+    if !finalizer::held(manifest) || manifest.labels().get(SHARD_LABEL) != Some(&shard) {
+        fence.check()?;
+        finalizer::claim(manifest, ctx, &shard).await?;
+    }
+    // The cluster the module goes to: the local one, or the remote target of `spec.target`.
+    let cluster = target::resolve(manifest, ctx).await?;
+    let step = Install {
+        manifest,
+        ctx,
+        cluster: &cluster,
+        fence,
+        uid,
+        interval,
+    };
+    let result = step.install_on(progress).await;
+    target::observe(&cluster, ctx, result)
+}
+
+/// One install pass on one cluster: what every step needs.
+struct Install<'a> {
+    manifest: &'a Manifest,
+    ctx: &'a Context,
+    /// The cluster the module goes to (everything but the Manifest, its status and Events,
+    /// which stay on the local cluster).
+    cluster: &'a Cluster,
+    fence: &'a Fence,
+    uid: String,
+    interval: Duration,
+}
+
+/// What the prune step left: the inventory to record and a refusal to show.
+struct Pruned {
+    inventory: Vec<InventoryEntry>,
+    refused: Option<String>,
+}
+
+impl Install<'_> {
+    /// Installs or upgrades the module on the step's cluster, phase by phase; a step that must
+    /// wait (a hook runs) ends the pass with its outcome.
+    async fn install_on(&self, progress: &mut Progress) -> Result<Option<Pass>, ReconcileError> {
+        let previous = self.manifest.status.clone().unwrap_or_default();
+        let mut request = render_request(self.manifest, self.ctx, self.cluster).await?;
+        let values_digest = request.values_digest();
+        let run = self.hook_run(&previous, &request, &values_digest)?;
+        // Helm renders an install as an install: `--is-upgrade` only once the run is an upgrade
+        // (also on drift passes after an install, which re-apply what the install applied).
+        request.is_upgrade = run.operation == HookOperation::Upgrade;
+        let (rendered, mut plan) = self.render(&request).await?;
+        // Recorded from here on: a render that fails does not replace the previous run.
+        let run = progress.hook_run.insert(run);
+        let scope = self.hook_scope(&previous);
+        let namespace = request.namespace.as_str();
+        let hook_objects = &mut progress.hook_objects;
+        if let Some(message) = self
+            .pre_hooks(&scope, run, hook_objects, &plan, namespace)
+            .await?
+        {
+            return Ok(Some(self.waiting(hook_running(message), progress)));
+        }
+        let inventory = &mut progress.inventory;
+        self.crds(&previous, inventory, &mut plan, namespace)
+            .await?;
+        self.resolve_scopes(&mut plan, namespace).await?;
+        // Apply, recording the inventory first so that nothing applied can be forgotten.
+        let applied = self.apply(&previous, inventory, &plan.objects).await?;
+        let changed_inputs = inputs_changed(self.manifest, &previous, &request, &values_digest);
+        let pruned = self
+            .prune(&previous, plan.inventory(), changed_inputs)
+            .await?;
+        let waiting = waiting_for(&applied)?;
+        let (hook_waiting, finished) = self
+            .post_hooks(
+                &scope,
+                run,
+                hook_objects,
+                &plan,
+                namespace,
+                waiting.is_empty(),
+            )
+            .await?;
+        let changed = previous.rendered_digest.as_deref() != Some(rendered.digest.as_str())
+            || previous.observed_generation != self.manifest.meta().generation
+            || finished;
+        let ended = Ended {
+            pruned,
+            waiting,
+            hook_waiting,
+            operation: changed.then_some(Operation::from(run.operation)),
+        };
+        let digests = digests(&request, &rendered, values_digest);
+        Ok(Some(self.outcome(&previous, ended, digests, progress)))
+    }
+
+    /// The hook run this pass works on: an install until something was applied, then upgrades;
+    /// a run belongs to the chart, values, release and namespace it started with. A failed run
+    /// stays failed until the spec or the inputs change: nothing is applied meanwhile.
+    fn hook_run(
+        &self,
+        previous: &ManifestStatus,
+        request: &RenderRequest,
+        values_digest: &str,
+    ) -> Result<HookRun, ReconcileError> {
+        let inputs = hooks::inputs_digest(
+            &request.chart.digest,
+            values_digest,
+            &request.release,
+            &request.namespace,
+        );
+        let run = hooks::current_run(
+            previous.hook_run.as_ref(),
+            false,
+            &inputs,
+            self.manifest.meta().generation,
+            hooks::installed(previous.hook_run.as_ref(), previous.inventory.is_empty()),
+        );
+        if run.phase == HookRunPhase::Failed {
+            return Err(ReconcileError::HookFailed(
+                run.message.clone().unwrap_or_default(),
+            ));
+        }
+        Ok(run)
+    }
+
+    /// Renders (cached) and plans the chart.
+    async fn render(
+        &self,
+        request: &RenderRequest,
+    ) -> Result<(Arc<Rendered>, Plan), ReconcileError> {
+        let rendered = self.ctx.renderer.render(request).await?;
+        let plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
+        tracing::debug!(
+            crds = plan.crds.len(),
+            objects = plan.objects.len(),
+            digest = %rendered.digest,
+            "rendered"
+        );
+        Ok((rendered, plan))
+    }
+
+    fn hook_scope<'s>(&'s self, previous: &'s ManifestStatus) -> HookScope<'s> {
+        HookScope {
+            manifest: self.manifest,
+            ctx: self.ctx,
+            cluster: self.cluster,
+            fence: self.fence,
+            uid: self.uid.clone(),
+            manifest_namespace: self.manifest.namespace().unwrap_or_default(),
+            previous_hook_objects: &previous.hook_objects,
+        }
+    }
+
+    /// Pre-install or pre-upgrade hooks, before anything of this render is applied (the target
+    /// namespace is made first when they need it). A Job that runs ends the pass
+    /// (`Some(message)`); the next one continues from `status.hookRun`. The phase moves on (and
+    /// is saved) when its hooks are done.
+    async fn pre_hooks(
+        &self,
+        scope: &HookScope<'_>,
+        run: &mut HookRun,
+        hook_objects: &mut Option<Vec<InventoryEntry>>,
+        plan: &Plan,
+        namespace: &str,
+    ) -> Result<Option<String>, ReconcileError> {
+        let event = match hooks::event(run.operation, run.phase) {
+            Some(event) if run.phase == HookRunPhase::PreHooks => Some(event),
+            _ => None,
+        };
+        let pre_hooks = match event {
+            Some(event) => prepare_hooks(self.cluster, &plan.hooks, event, namespace).await?,
+            None => Vec::new(),
+        };
+        // The chart may bring its own target namespace (it is applied first, in install order).
+        // Pre-hooks that run before it need it now (created with the Manifest's label, so the
+        // chart's Namespace object may take it over).
+        let chart_brings_namespace = plan
+            .objects
+            .iter()
+            .any(|o| o.id.kind == "Namespace" && o.id.group.is_empty() && o.id.name == namespace);
+        if !chart_brings_namespace || !pre_hooks.is_empty() {
+            self.fence.check()?;
+            ensure_namespace(self.cluster, namespace, &self.uid).await?;
+        }
+        let Some(event) = event else {
+            return Ok(None);
+        };
+        match scope
+            .run_phase(run, hook_objects, &pre_hooks, event)
+            .await?
+        {
+            PhaseOutcome::Waiting(message) => Ok(Some(message)),
+            PhaseOutcome::Done => Ok(None),
+        }
+    }
+
+    /// CRDs first: apply, wait for Established.
+    async fn crds(
+        &self,
+        previous: &ManifestStatus,
+        inventory: &mut Option<Vec<InventoryEntry>>,
+        plan: &mut Plan,
+        namespace: &str,
+    ) -> Result<(), ReconcileError> {
+        plan::assign_namespaces(&mut plan.crds, namespace, |_| Some(Scope::Cluster))?;
+        self.apply(previous, inventory, &plan.crds).await?;
+        if !plan.crds.is_empty() {
+            let names: Vec<String> = plan.crds.iter().map(|c| c.id.name.clone()).collect();
+            self.cluster
+                .wait_established(&names, CRD_ESTABLISH_TIMEOUT)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Kinds discovery does not know yet (from these CRDs, or installed since by someone else):
+    /// refresh. The API server publishes a new CRD's group in discovery shortly *after* the CRD
+    /// is Established, so kinds of this chart's own CRDs are waited for a little. Then every
+    /// object gets its namespace by its kind's scope.
+    async fn resolve_scopes(&self, plan: &mut Plan, namespace: &str) -> Result<(), ReconcileError> {
+        let cluster = self.cluster;
+        let unknown = |o: &&RenderedObject| cluster.surface().resolve(&o.id).is_none();
+        if plan.objects.iter().any(|o| unknown(&o)) {
+            cluster.refresh_discovery().await?;
+            let crd_groups: Vec<&str> = plan
+                .crds
+                .iter()
+                .filter_map(|c| c.body.pointer("/spec/group")?.as_str())
+                .collect();
+            let deadline = tokio::time::Instant::now() + CRD_ESTABLISH_TIMEOUT;
+            while plan
+                .objects
+                .iter()
+                .filter(unknown)
+                .any(|o| crd_groups.contains(&o.id.group.as_str()))
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                cluster.refresh_discovery().await?;
+            }
+        }
+        let surface = cluster.surface();
+        plan::assign_namespaces(&mut plan.objects, namespace, |id| {
+            surface.resolve(id).map(|(_, scope)| *scope)
+        })?;
+        Ok(())
+    }
+
+    /// Applies `objects` (recorded in the inventory first); returns them as the server did.
+    async fn apply(
+        &self,
+        previous: &ManifestStatus,
+        recorded: &mut Option<Vec<InventoryEntry>>,
+        objects: &[RenderedObject],
+    ) -> Result<Vec<(InventoryEntry, DynamicObject)>, ReconcileError> {
+        let (manifest, ctx, cluster, fence) = (self.manifest, self.ctx, self.cluster, self.fence);
+        let applied = apply_all(
+            manifest,
+            ctx,
+            cluster,
+            fence,
+            &previous.inventory,
+            recorded,
+            objects,
+        )
+        .await?;
+        tracing::debug!(objects = applied.len(), "applied");
+        Ok(applied)
+    }
+
+    /// Prunes what the new render lacks, unless the guard refuses: refused objects stay on the
+    /// cluster and in the inventory.
+    async fn prune(
+        &self,
+        previous: &ManifestStatus,
+        inventory: Vec<InventoryEntry>,
+        inputs_changed: bool,
+    ) -> Result<Pruned, ReconcileError> {
+        let gone = plan::to_prune(&previous.inventory, &inventory);
+        let mut pruned = Pruned {
+            inventory: inventory.clone(),
+            refused: None,
+        };
+        match plan::guard_prune(gone.clone(), inventory.len(), inputs_changed) {
+            PruneDecision::Prune(gone) => {
+                let manifest_namespace = self.manifest.namespace().unwrap_or_default();
+                for id in &gone {
+                    let (ctx, cluster, fence) = (self.ctx, self.cluster, self.fence);
+                    delete_object(ctx, cluster, fence, id, &manifest_namespace, &self.uid).await?;
+                }
+            }
+            PruneDecision::Refuse(reason) => {
+                pruned.inventory.extend(gone);
+                pruned.refused = Some(reason);
+            }
+        }
+        Ok(pruned)
+    }
+
+    /// Post-install or post-upgrade hooks, once every object is `ready`: `Some(message)` while
+    /// one runs, and whether the run finished in this pass.
+    async fn post_hooks(
+        &self,
+        scope: &HookScope<'_>,
+        run: &mut HookRun,
+        hook_objects: &mut Option<Vec<InventoryEntry>>,
+        plan: &Plan,
+        namespace: &str,
+        ready: bool,
+    ) -> Result<(Option<String>, bool), ReconcileError> {
+        let was_done = run.phase == HookRunPhase::Done;
+        let mut waiting = None;
+        if ready {
+            if run.phase == HookRunPhase::Objects {
+                hooks::advance(run);
+            }
+            if let Some(event) = hooks::event(run.operation, run.phase) {
+                let post_hooks = prepare_hooks(self.cluster, &plan.hooks, event, namespace).await?;
+                if let PhaseOutcome::Waiting(message) = scope
+                    .run_phase(run, hook_objects, &post_hooks, event)
+                    .await?
+                {
+                    waiting = Some(message);
+                }
+            }
+        }
+        Ok((waiting, !was_done && run.phase == HookRunPhase::Done))
+    }
+
+    /// A pass that waits for a hook, before anything of this render was applied.
+    fn waiting(&self, outcome: Outcome, progress: &Progress) -> Pass {
+        Pass {
+            outcome,
+            facts: progress.facts(),
+            requeue: HOOK_REQUEUE,
+        }
+    }
+
+    /// The pass's outcome and facts once everything was applied.
+    fn outcome(
+        &self,
+        previous: &ManifestStatus,
+        ended: Ended,
+        digests: Facts,
+        progress: &Progress,
+    ) -> Pass {
+        let (state, reason, message, mut requeue) = ended.state(previous, self.interval);
+        if ended.hook_waiting.is_some() {
+            requeue = requeue.min(HOOK_REQUEUE); // also while a prune refusal is shown
+        }
+        let outcome = Outcome {
+            state,
+            reason,
+            message,
+            rendered: Some(true),
+            applied: Some(true),
+            stalled: false,
+            operation: ended.operation,
+        };
+        let facts = Facts {
+            applied_generation: self.manifest.meta().generation,
+            inventory: Some(ended.pruned.inventory),
+            hook_run: progress.hook_run.clone(),
+            hook_objects: progress.hook_objects.clone(),
+            ..digests
+        };
+        Pass {
+            outcome,
+            facts,
+            requeue,
+        }
+    }
+}
+
+/// What the steps after the apply found.
+struct Ended {
+    pruned: Pruned,
+    /// Objects not ready yet, as their readiness says why.
+    waiting: Vec<String>,
+    /// A post-hook that runs.
+    hook_waiting: Option<String>,
+    /// The operation to record, when the pass changed something.
+    operation: Option<Operation>,
+}
+
+impl Ended {
+    /// The state, reason, message and requeue of a pass that applied everything.
+    fn state(
+        &self,
+        previous: &ManifestStatus,
+        interval: Duration,
+    ) -> (State, Reason, String, Duration) {
+        if let Some(refusal) = &self.pruned.refused {
+            (
+                State::Warning,
+                Reason::PruneRefused,
+                refusal.clone(),
+                interval,
+            )
+        } else if let Some(first) = self.waiting.first() {
+            (
+                State::Processing,
+                Reason::Progressing,
+                format!("waiting for {} objects: {first}", self.waiting.len()),
+                progress_requeue(rolling_out_for(previous, Timestamp::now())),
+            )
+        } else if let Some(message) = self.hook_waiting.clone() {
+            (
+                State::Processing,
+                Reason::HookRunning,
+                message,
+                HOOK_REQUEUE,
+            )
+        } else {
+            (
+                State::Ready,
+                Reason::Ready,
+                format!("{} objects applied and ready", self.pruned.inventory.len()),
+                interval,
+            )
+        }
+    }
+}
+
+/// Whether the chart, the values or the spec changed since the last apply (a spec change —
+/// release name, target namespace … — counts as a changed input too).
+fn inputs_changed(
+    manifest: &Manifest,
+    previous: &ManifestStatus,
+    request: &RenderRequest,
+    values_digest: &str,
+) -> bool {
+    previous.chart_digest.as_deref() != Some(request.chart.digest.as_str())
+        || previous.values_digest.as_deref() != Some(values_digest)
+        || previous.applied_generation != manifest.meta().generation
+}
+
+/// Readiness, from the objects as the server returned them: why each waits; a failed Job
+/// fails the pass.
+fn waiting_for(applied: &[(InventoryEntry, DynamicObject)]) -> Result<Vec<String>, ReconcileError> {
+    let mut waiting = Vec::new();
+    for (id, object) in applied {
+        let body = serde_json::to_value(object).unwrap_or(Value::Null);
+        match readiness(id, &body) {
+            Readiness::Ready => {}
+            Readiness::Waiting(why) => waiting.push(why),
+            Readiness::Failed(why) => return Err(ReconcileError::JobFailed(why)),
+        }
+    }
+    Ok(waiting)
+}
+
+/// The digests a pass that rendered and applied records.
+fn digests(request: &RenderRequest, rendered: &Rendered, values_digest: String) -> Facts {
+    Facts {
+        chart_digest: Some(request.chart.digest.clone()),
+        rendered_digest: Some(rendered.digest.clone()),
+        values_digest: Some(values_digest),
+        ..Default::default()
+    }
+}
+
+/// The outcome of a pass that waits for a pre-hook.
+fn hook_running(message: String) -> Outcome {
+    Outcome {
+        state: State::Processing,
+        reason: Reason::HookRunning,
+        message,
+        rendered: Some(true),
+        applied: None,
+        stalled: false,
+        operation: None,
+    }
+}

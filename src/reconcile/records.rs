@@ -1,0 +1,179 @@
+//! Records: the pass's writes to the Manifest itself (status, inventory, metadata) and its Events.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use super::{Context, ReconcileError};
+use crate::api::{InventoryEntry, Manifest, State};
+use crate::plan::RenderedObject;
+use crate::plan::status::{Facts, Operation, Outcome, next_status};
+use crate::shard::fence::Fence;
+use crate::telemetry::events::Publisher;
+
+/// The Manifest as stored now, not as the watch cache has it: a pass decides from
+/// `status.hookRun` and `status.hookObjects` (which hook to start, which objects may exist),
+/// and a cache that lags behind the last pass's status write would start a hook again or
+/// drop a recorded hook object (the status is written whole). One GET per pass. `None` when it
+/// was deleted meanwhile, or re-created under a new UID.
+pub(super) async fn read_fresh(
+    manifest: &Manifest,
+    ctx: &Context,
+) -> Result<Option<Manifest>, ReconcileError> {
+    let fresh = manifest_api(manifest, ctx)
+        .get_opt(&manifest.name_any())
+        .await
+        .map_err(ReconcileError::ReadManifest)?;
+    Ok(fresh.filter(|fresh| fresh.uid() == manifest.uid()))
+}
+
+/// `Install` when nothing was applied yet, else `Upgrade`; `Delete` while deleting.
+pub(super) fn operation(manifest: &Manifest) -> Operation {
+    if manifest.meta().deletion_timestamp.is_some() {
+        Operation::Delete
+    } else if manifest
+        .status
+        .as_ref()
+        .is_none_or(|s| s.inventory.is_empty())
+    {
+        Operation::Install
+    } else {
+        Operation::Upgrade
+    }
+}
+
+/// Writes the status when it differs from the current one; publishes an Event when the state
+/// changed, or an error's message did.
+pub(super) async fn write_status(
+    manifest: &Manifest,
+    ctx: &Context,
+    outcome: &Outcome,
+    facts: Facts,
+) -> Result<(), ReconcileError> {
+    let previous = manifest.status.as_ref();
+    let shard = manifest.uid().map(|uid| ctx.shards.shard_of(&uid));
+    let next = next_status(
+        previous,
+        manifest.meta().generation,
+        outcome,
+        facts,
+        shard,
+        &ctx.replica,
+        &Time(Timestamp::now()),
+    );
+    if previous == Some(&next) {
+        return Ok(());
+    }
+    let previous_message = previous
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.message.as_str());
+    let problem = matches!(outcome.state, State::Error | State::Warning);
+    let notable = previous.and_then(|s| s.state) != next.state
+        || (problem && previous_message != Some(&outcome.message));
+    patch_status(
+        manifest,
+        ctx,
+        serde_json::to_value(&next).unwrap_or(Value::Null),
+    )
+    .await?;
+    if notable {
+        let reason = outcome.reason.as_str();
+        tracing::info!(state = ?outcome.state, reason, "{}", outcome.message);
+        let kind = if problem {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        publish(manifest, ctx, kind, reason, &outcome.message).await;
+    }
+    Ok(())
+}
+
+/// Merge-patches part of the Manifest's status (`{"status": status}`).
+pub(super) async fn patch_status(
+    manifest: &Manifest,
+    ctx: &Context,
+    status: Value,
+) -> Result<(), ReconcileError> {
+    manifest_api(manifest, ctx)
+        .patch_status(
+            &manifest.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": status })),
+        )
+        .await
+        .map_err(ReconcileError::WriteStatus)?;
+    Ok(())
+}
+
+/// Merge-patches the Manifest's metadata, guarded by the resourceVersion it was read at (a
+/// concurrent change makes the write fail with a conflict instead of overwriting it).
+pub(super) async fn patch_metadata(
+    manifest: &Manifest,
+    ctx: &Context,
+    mut metadata: Value,
+) -> Result<(), ReconcileError> {
+    metadata["resourceVersion"] = json!(manifest.resource_version());
+    let patch = json!({ "metadata": metadata });
+    manifest_api(manifest, ctx)
+        .patch(
+            &manifest.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(ReconcileError::WriteMetadata)?;
+    Ok(())
+}
+
+/// Before applying `objects`, makes sure the status inventory lists them: an object that is
+/// applied but not recorded would never be pruned. `recorded` is what this pass has written so
+/// far (`None`: the status still holds `previous`).
+pub(super) async fn record_inventory(
+    manifest: &Manifest,
+    ctx: &Context,
+    fence: &Fence,
+    previous: &[InventoryEntry],
+    recorded: &mut Option<Vec<InventoryEntry>>,
+    objects: &[RenderedObject],
+) -> Result<(), ReconcileError> {
+    let mut list = recorded.clone().unwrap_or_else(|| previous.to_vec());
+    let before = list.len();
+    for object in objects {
+        if !list.contains(&object.id) {
+            list.push(object.id.clone());
+        }
+    }
+    if list.len() > before {
+        fence.check()?;
+        patch_status(manifest, ctx, json!({ "inventory": list })).await?;
+        *recorded = Some(list);
+    }
+    Ok(())
+}
+
+/// The API of the Manifest's own namespace.
+fn manifest_api(manifest: &Manifest, ctx: &Context) -> Api<Manifest> {
+    Api::namespaced(
+        ctx.client.clone(),
+        &manifest.namespace().unwrap_or_default(),
+    )
+}
+
+/// Publishes an Event about the Manifest (action `Reconcile`).
+pub(super) async fn publish(
+    manifest: &Manifest,
+    ctx: &Context,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+) {
+    let events = Publisher::new(ctx.client.clone(), ctx.reporter.clone());
+    let regarding = manifest.object_ref(&());
+    events
+        .publish(&regarding, type_, reason, "Reconcile", note)
+        .await;
+}
