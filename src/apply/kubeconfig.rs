@@ -102,7 +102,11 @@ pub fn parse(bytes: &[u8]) -> Result<Kubeconfig, String> {
 /// (files), `username`/`password`, `insecure-skip-tls-verify: true`, `proxy-url`, and `http://`
 /// servers. Other contexts, clusters and users are ignored (never used).
 pub fn validate(kubeconfig: &Kubeconfig) -> Result<ValidKubeconfig, Refusal> {
-    let (context, cluster, user) = current_entries(kubeconfig)?;
+    let Current {
+        context,
+        cluster,
+        user,
+    } = current_entries(kubeconfig)?;
     // The user first: the fields that would run code matter most.
     let accepted_user = match user {
         Some((name, user)) => accept_user(name, user)?,
@@ -115,17 +119,16 @@ pub fn validate(kubeconfig: &Kubeconfig) -> Result<ValidKubeconfig, Refusal> {
     })
 }
 
+/// The entries of a kubeconfig's current context.
+struct Current<'a> {
+    context: &'a KubeconfigContext,
+    cluster: &'a KubeconfigCluster,
+    /// The user's name and entry, when the context names one.
+    user: Option<(&'a str, &'a AuthInfo)>,
+}
+
 /// The current context of a kubeconfig, its cluster and (when it names one) its user.
-fn current_entries(
-    kubeconfig: &Kubeconfig,
-) -> Result<
-    (
-        &KubeconfigContext,
-        &KubeconfigCluster,
-        Option<(&str, &AuthInfo)>,
-    ),
-    Refusal,
-> {
+fn current_entries(kubeconfig: &Kubeconfig) -> Result<Current<'_>, Refusal> {
     let context_name = kubeconfig
         .current_context
         .as_deref()
@@ -155,7 +158,11 @@ fn current_entries(
                 .ok_or_else(|| Refusal::MissingUser(name.to_owned()))?,
         )),
     };
-    Ok((context, cluster, user))
+    Ok(Current {
+        context,
+        cluster,
+        user,
+    })
 }
 
 /// The accepted fields of user `name`: a token or an inline client certificate, and
