@@ -1,6 +1,6 @@
 //! Controller: the queue key, the configuration, the caches and queue shared with the fleet loop
 //! and the admin API ([`Work`], with the census of its Manifests), and the [`Controller`] that
-//! starts the watches ([`super::watches`]) and the dispatch of passes ([`super::dispatch`]).
+//! starts the watches (`watches.rs`) and the dispatch of passes (`dispatch.rs`).
 //!
 //! Two watches: `modulemanager.io/shard in (<owned>)` (restarted whenever the owned set
 //! changes, so the cache and the event stream scale with this replica's share) and

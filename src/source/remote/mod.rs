@@ -6,9 +6,9 @@
 //! digest, so a later resolve of the same chart downloads nothing but the (briefly cached)
 //! `index.yaml` or the OCI manifest. See `docs/reconcile.md` for the bounds and the errors.
 //!
-//! One file per concern: the capped HTTP client ([`http`]), Helm repositories ([`helm_repo`]),
-//! OCI registries ([`oci`]), the disk cache ([`cache`]), the in-memory TTL cache ([`recent`]) and
-//! what may be shown of a URL ([`shown`]).
+//! One file per concern: the capped HTTP client (`http.rs`), Helm repositories (`helm_repo.rs`),
+//! OCI registries (`oci.rs`), the disk cache (`cache.rs`), the in-memory TTL cache (`recent.rs`) and
+//! what may be shown of a URL (`shown.rs`).
 
 mod cache;
 mod helm_repo;
@@ -28,7 +28,8 @@ use self::cache::{ChartCache, IN_USE};
 use self::helm_repo::Index;
 use self::recent::Recent;
 use self::shown::{shown_reference, shown_url};
-use super::{Budget, Limits, ResolvedChart, SourceError, check_archive};
+use super::archive::{Budget, check_archive};
+use super::{Limits, ResolvedChart, SourceError};
 use crate::api::ChartSource;
 
 pub use self::oci::{HELM_CHART_MEDIA_TYPE, HELM_CONFIG_MEDIA_TYPE, HELM_PROVENANCE_MEDIA_TYPE};
