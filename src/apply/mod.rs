@@ -1,6 +1,7 @@
 //! Apply: a target cluster's discovery, server-side apply with one field manager, CRD
 //! establishment, and deletion.
 
+pub mod kubeconfig;
 pub mod namespace;
 pub mod target;
 

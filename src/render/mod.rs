@@ -9,14 +9,14 @@ pub mod values;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 
 use crate::source::ResolvedChart;
 use crate::telemetry::metrics::RenderMetrics;
@@ -210,6 +210,29 @@ impl HelmRenderer {
     }
 
     async fn run(&self, request: &RenderRequest) -> Result<Rendered, RenderError> {
+        let child = self
+            .template_command(request)
+            .spawn()
+            .map_err(RenderError::Spawn)?;
+        let values = Value::Object(request.values.clone()).to_string();
+        let run = exchange(child, values, self.limits.max_output);
+        let (status, out, err) = match tokio::time::timeout(self.limits.timeout, run).await {
+            Err(_) => return Err(RenderError::Timeout(self.limits.timeout)),
+            Ok(result) => result?,
+        };
+        if !status.success() {
+            return Err(RenderError::Helm(helm_message(&err)));
+        }
+        let manifest =
+            String::from_utf8(out).map_err(|_| RenderError::Helm("output is not UTF-8".into()))?;
+        Ok(Rendered {
+            digest: sha256(manifest.as_bytes()),
+            manifest,
+        })
+    }
+
+    /// `helm template` of a request, its values to come on stdin, every pipe captured.
+    fn template_command(&self, request: &RenderRequest) -> Command {
         let mut command = isolated(Command::new(&self.helm), &self.home);
         command
             .arg("template")
@@ -237,59 +260,50 @@ impl HelmRenderer {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let mut child = command.spawn().map_err(RenderError::Spawn)?;
-        let values = Value::Object(request.values.clone()).to_string();
-        let mut stdin = child.stdin.take().expect("stdin is piped");
-        let mut stdout = child.stdout.take().expect("stdout is piped");
-        let mut stderr = child.stderr.take().expect("stderr is piped");
-        let max_output = self.limits.max_output;
-
-        let run = async {
-            let mut out = Vec::new();
-            let mut err = Vec::new();
-            // Values are JSON, which is YAML. Writing and both reads run together, so neither a
-            // large input nor a large output can deadlock on a full pipe; an oversized output
-            // ends the wait at once (the child is killed on drop).
-            let write = async move {
-                let _ = stdin.write_all(values.as_bytes()).await;
-                Ok(())
-            };
-            let read_out = async {
-                let mut limited = (&mut stdout).take(max_output as u64 + 1);
-                limited
-                    .read_to_end(&mut out)
-                    .await
-                    .map_err(RenderError::Spawn)?;
-                if out.len() > max_output {
-                    return Err(RenderError::OutputTooLarge(max_output));
-                }
-                Ok(())
-            };
-            let read_err = async {
-                // Keep the first 64 KiB; drain the rest, so a chatty helm cannot block on a
-                // full stderr pipe (which would look like a timeout).
-                let _ = (&mut stderr).take(64 * 1024).read_to_end(&mut err).await;
-                let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
-                Ok(())
-            };
-            tokio::try_join!(write, read_out, read_err)?;
-            let status = child.wait().await.map_err(RenderError::Spawn)?;
-            Ok((status, out, err))
-        };
-        let (status, out, err) = match tokio::time::timeout(self.limits.timeout, run).await {
-            Err(_) => return Err(RenderError::Timeout(self.limits.timeout)),
-            Ok(result) => result?,
-        };
-        if !status.success() {
-            return Err(RenderError::Helm(helm_message(&err)));
-        }
-        let manifest =
-            String::from_utf8(out).map_err(|_| RenderError::Helm("output is not UTF-8".into()))?;
-        Ok(Rendered {
-            digest: sha256(manifest.as_bytes()),
-            manifest,
-        })
+        command
     }
+}
+
+/// Writes `values` to a helm child and reads its output (at most `max_output` bytes) and the
+/// start of its stderr, then waits for it: its exit status, stdout and stderr.
+async fn exchange(
+    mut child: Child,
+    values: String,
+    max_output: usize,
+) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), RenderError> {
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    // Values are JSON, which is YAML. Writing and both reads run together, so neither a
+    // large input nor a large output can deadlock on a full pipe; an oversized output
+    // ends the wait at once (the child is killed on drop).
+    let write = async move {
+        let _ = stdin.write_all(values.as_bytes()).await;
+        Ok(())
+    };
+    let read_out = async {
+        let mut limited = (&mut stdout).take(max_output as u64 + 1);
+        limited
+            .read_to_end(&mut out)
+            .await
+            .map_err(RenderError::Spawn)?;
+        if out.len() > max_output {
+            return Err(RenderError::OutputTooLarge(max_output));
+        }
+        Ok(())
+    };
+    let read_err = async {
+        // Keep the first 64 KiB; drain the rest, so a chatty helm cannot block on a
+        // full stderr pipe (which would look like a timeout).
+        let _ = (&mut stderr).take(64 * 1024).read_to_end(&mut err).await;
+        let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
+        Ok(())
+    };
+    tokio::try_join!(write, read_out, read_err)?;
+    let status = child.wait().await.map_err(RenderError::Spawn)?;
+    Ok((status, out, err))
 }
 
 /// A helm command with a private home, no inherited environment, and no way out to the network

@@ -473,21 +473,8 @@ impl Fleet {
             self.ownership.extend(valid_until);
             return;
         }
-        let members = self.membership.view();
-        let mut assigned = assignment_members(
-            &members.members,
-            self.desired.as_ref(),
-            self.config.restart_grace,
-        );
+        let assigned = self.assigned();
         let me = self.me().to_owned();
-        // This replica's own state is what it does now, not what the last list showed.
-        let self_counts = self.announced() == MemberState::Active
-            && self.desired.as_ref().is_none_or(|d| d.desires(&me));
-        if self_counts {
-            assigned.insert(me.clone());
-        } else {
-            assigned.remove(&me);
-        }
         let desired_owners = super::assign(self.config.shards, &assigned);
         let work = self.work.clone();
         let ownership = self.ownership.clone();
@@ -533,6 +520,27 @@ impl Fleet {
                 self.ownership.extend(valid_until);
             }
         }
+    }
+
+    /// The members the shards are assigned over: the live, desired members of the last list,
+    /// with this replica as it is now.
+    fn assigned(&self) -> BTreeSet<String> {
+        let members = self.membership.view();
+        let mut assigned = assignment_members(
+            &members.members,
+            self.desired.as_ref(),
+            self.config.restart_grace,
+        );
+        let me = self.me().to_owned();
+        // This replica's own state is what it does now, not what the last list showed.
+        let self_counts = self.announced() == MemberState::Active
+            && self.desired.as_ref().is_none_or(|d| d.desires(&me));
+        if self_counts {
+            assigned.insert(me);
+        } else {
+            assigned.remove(&me);
+        }
+        assigned
     }
 
     fn report(&self, round: &Round) {

@@ -84,77 +84,107 @@ pub async fn sync_shards(
         let epoch = record.as_ref().map_or(0, |r| r.epoch);
         let desired_owner = desired.get(shard as usize).map(String::as_str);
         let action = decide(me, desired_owner, &state);
-        round
-            .records
-            .insert(shard, record.clone().unwrap_or_default());
-        let written = |holder: Option<&str>| ShardLeaseRecord {
-            holder: holder.map(str::to_owned),
-            epoch: epoch + 1,
-        };
-        let result =
-            match action {
-                ShardAction::Keep | ShardAction::WaitForRelease => {
-                    if state == ShardState::Owned(me.to_owned()) {
-                        round.owned.insert(shard);
-                        round.epochs.insert(shard, epoch);
-                    }
-                    continue;
+        round.records.insert(shard, record.unwrap_or_default());
+        let result = match action {
+            ShardAction::Keep | ShardAction::WaitForRelease => {
+                if state == ShardState::Owned(me.to_owned()) {
+                    round.hold(shard, epoch);
                 }
-                ShardAction::Acquire => set_holder(leases, fleet, &name, lease, Some(me))
-                    .await
-                    .map(|()| {
-                        match &state {
-                            ShardState::Orphaned(from) => {
-                                tracing::info!(shard, epoch = epoch + 1, from = %from, "shard acquired (takeover)");
-                                round.takeovers.insert(shard);
-                            }
-                            _ => {
-                                tracing::info!(shard, epoch = epoch + 1, "shard acquired");
-                                if let Some(gap) = lease.and_then(released_for) {
-                                    round.handover_gaps.insert(shard, gap);
-                                }
-                            }
-                        }
-                        round.owned.insert(shard);
-                        round.acquired.insert(shard);
-                        round.epochs.insert(shard, epoch + 1);
-                        round.records.insert(shard, written(Some(me)));
-                    }),
-                ShardAction::Release if may_release(shard) => {
-                    set_holder(leases, fleet, &name, lease, None)
-                        .await
-                        .map(|()| {
-                            tracing::info!(shard, epoch = epoch + 1, "shard released");
-                            round.released.insert(shard);
-                            round.records.insert(shard, written(None));
-                        })
-                }
-                ShardAction::Release => {
-                    round.owned.insert(shard);
-                    round.draining.insert(shard);
-                    round.epochs.insert(shard, epoch);
-                    continue;
-                }
-            };
-        match result {
-            Ok(()) => {}
-            Err(KubeError::Api(status)) if status.code == 409 => {
-                round.conflicts.insert(shard);
+                continue;
             }
-            Err(e) => {
+            ShardAction::Acquire => set_holder(leases, fleet, &name, lease, Some(me))
+                .await
+                .map(|()| round.acquired_now(shard, epoch, &state, lease, me)),
+            ShardAction::Release if may_release(shard) => {
+                set_holder(leases, fleet, &name, lease, None)
+                    .await
+                    .map(|()| round.released_now(shard, epoch))
+            }
+            ShardAction::Release => {
+                round.drain(shard, epoch);
+                continue;
+            }
+        };
+        if let Err(e) = result {
+            round.write_failed(shard, epoch, action, e);
+        }
+    }
+    Ok(round)
+}
+
+impl Round {
+    /// Shard `shard` stays ours at `epoch`.
+    fn hold(&mut self, shard: u32, epoch: i32) {
+        self.owned.insert(shard);
+        self.epochs.insert(shard, epoch);
+    }
+
+    /// Shard `shard` stays ours at `epoch` but is not wanted here: it drains.
+    fn drain(&mut self, shard: u32, epoch: i32) {
+        self.hold(shard, epoch);
+        self.draining.insert(shard);
+    }
+
+    /// This replica wrote itself as the holder of `shard`, whose Lease was at `epoch` in
+    /// `state`.
+    fn acquired_now(
+        &mut self,
+        shard: u32,
+        epoch: i32,
+        state: &ShardState,
+        lease: Option<&Lease>,
+        me: &str,
+    ) {
+        match state {
+            ShardState::Orphaned(from) => {
+                tracing::info!(shard, epoch = epoch + 1, from = %from, "shard acquired (takeover)");
+                self.takeovers.insert(shard);
+            }
+            _ => {
+                tracing::info!(shard, epoch = epoch + 1, "shard acquired");
+                if let Some(gap) = lease.and_then(released_for) {
+                    self.handover_gaps.insert(shard, gap);
+                }
+            }
+        }
+        self.hold(shard, epoch + 1);
+        self.acquired.insert(shard);
+        self.records.insert(shard, written(Some(me), epoch));
+    }
+
+    /// This replica released `shard`, whose Lease was at `epoch`.
+    fn released_now(&mut self, shard: u32, epoch: i32) {
+        tracing::info!(shard, epoch = epoch + 1, "shard released");
+        self.released.insert(shard);
+        self.records.insert(shard, written(None, epoch));
+    }
+
+    /// The write of `action` on `shard` failed: a conflict, or another error (a release that
+    /// failed leaves the shard ours, and draining).
+    fn write_failed(&mut self, shard: u32, epoch: i32, action: ShardAction, error: KubeError) {
+        match error {
+            KubeError::Api(status) if status.code == 409 => {
+                self.conflicts.insert(shard);
+            }
+            e => {
                 // Keep going: the round's other decisions stand and are reported. A release
                 // that failed leaves the shard ours (and draining).
                 tracing::warn!(shard, "write shard lease: {e}");
-                round.failed.insert(shard);
+                self.failed.insert(shard);
                 if action == ShardAction::Release {
-                    round.owned.insert(shard);
-                    round.draining.insert(shard);
-                    round.epochs.insert(shard, epoch);
+                    self.drain(shard, epoch);
                 }
             }
         }
     }
-    Ok(round)
+}
+
+/// The record this round writes over a Lease at `epoch`.
+fn written(holder: Option<&str>, epoch: i32) -> ShardLeaseRecord {
+    ShardLeaseRecord {
+        holder: holder.map(str::to_owned),
+        epoch: epoch + 1,
+    }
 }
 
 /// How long ago a released shard's Lease was released (`None` for a Lease that was never held,

@@ -1,18 +1,20 @@
 //! Chart source: resolves `spec.chart` to a chart on disk with a content digest, within limits.
 //!
 //! Local charts (`spec.chart.path`) must lie under the configured chart root: a Manifest author
-//! must not be able to point the manager at arbitrary files on its filesystem.
+//! must not be able to point the manager at arbitrary files on its filesystem. They are read by
+//! `local.rs`, archives checked by `archive.rs` (also for fetched charts), and repository and OCI
+//! charts fetched by `remote`.
 
-use std::io::Read;
-use std::path::{Component, Path, PathBuf};
-
-use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
 
 use crate::api::ChartSource;
 
+mod archive;
+mod local;
 pub mod remote;
 pub mod version;
 
+use self::local::resolve_path;
 pub use remote::{FetchError, FetchStats, RemoteCharts, RemoteConfig, ensure_crypto_provider};
 
 /// Bounds on what a chart may contain.
@@ -133,219 +135,12 @@ pub fn resolve(
     }
 }
 
-fn resolve_path(
-    spec_path: &str,
-    root: &Path,
-    limits: Limits,
-) -> Result<ResolvedChart, SourceError> {
-    let joined = root.join(spec_path);
-    let path = joined
-        .canonicalize()
-        .map_err(|_| SourceError::NotFound(spec_path.to_owned()))?;
-    if !path.starts_with(root) {
-        return Err(SourceError::OutsideRoot {
-            path: spec_path.to_owned(),
-            root: root.display().to_string(),
-        });
-    }
-    let digest = if path.is_dir() {
-        if !path.join("Chart.yaml").is_file() {
-            return Err(SourceError::NotAChart(spec_path.to_owned()));
-        }
-        digest_directory(&path, limits)?
-    } else {
-        digest_archive(&path, limits)?
-    };
-    Ok(ResolvedChart { digest, path })
-}
-
-/// Counts files and unpacked bytes of a chart, subcharts included, against the limits.
-struct Budget {
-    limits: Limits,
-    files: usize,
-    bytes: u64,
-}
-
-impl Budget {
-    fn new(limits: Limits) -> Self {
-        Self {
-            limits,
-            files: 0,
-            bytes: 0,
-        }
-    }
-
-    fn add(&mut self, files: usize, bytes: u64) -> Result<(), SourceError> {
-        self.files += files;
-        self.bytes += bytes;
-        if self.files > self.limits.max_files {
-            return Err(SourceError::TooLarge {
-                what: "files",
-                limit: self.limits.max_files as u64,
-            });
-        }
-        if self.bytes > self.limits.max_bytes {
-            return Err(SourceError::TooLarge {
-                what: "bytes",
-                limit: self.limits.max_bytes,
-            });
-        }
-        Ok(())
-    }
-}
-
-/// How deep archives may nest (a chart's `charts/*.tgz`, their `charts/*.tgz`, …).
-const MAX_NESTING: usize = 4;
-
-/// Hashes every file under `dir` in sorted path order (path, length, content), refusing links;
-/// `.tgz` files (packaged subcharts, which helm loads) are checked like an archive chart.
-fn digest_directory(dir: &Path, limits: Limits) -> Result<String, SourceError> {
-    let mut hasher = Sha256::new();
-    let mut budget = Budget::new(limits);
-    let mut stack = vec![PathBuf::new()];
-    while let Some(relative) = stack.pop() {
-        let io = |source| SourceError::Io {
-            path: relative.display().to_string(),
-            source,
-        };
-        let mut entries: Vec<_> = std::fs::read_dir(dir.join(&relative))
-            .map_err(io)?
-            .collect::<Result<_, _>>()
-            .map_err(io)?;
-        entries.sort_by_key(|e| e.file_name());
-        // Directories are pushed in reverse so they pop in sorted order.
-        for entry in entries.into_iter().rev() {
-            let name = relative.join(entry.file_name());
-            let io = |source| SourceError::Io {
-                path: name.display().to_string(),
-                source,
-            };
-            let kind = entry.file_type().map_err(io)?;
-            if kind.is_dir() {
-                hasher.update(format!("D\0{}\0", name.display()));
-                stack.push(name);
-            } else if kind.is_file() {
-                let content = read_bounded(&dir.join(&name), limits.max_bytes)?;
-                budget.add(1, content.len() as u64)?;
-                if name.extension().is_some_and(|e| e == "tgz") {
-                    check_archive(&name.display().to_string(), &content, &mut budget, 1)?;
-                }
-                hasher.update(format!("F\0{}\0{}\0", name.display(), content.len()));
-                hasher.update(&content);
-            } else {
-                return Err(SourceError::UnsupportedEntry(name.display().to_string()));
-            }
-        }
-    }
-    Ok(format!("sha256:{:x}", hasher.finalize()))
-}
-
-/// Reads a regular file of at most `max` bytes (a device or FIFO is refused, not read).
-fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, SourceError> {
-    let shown = path.display().to_string();
-    let io = |source| SourceError::Io {
-        path: shown.clone(),
-        source,
-    };
-    // stat before open: opening a FIFO for reading would block until a writer appears.
-    if !std::fs::metadata(path).map_err(io)?.is_file() {
-        return Err(SourceError::UnsupportedEntry(shown));
-    }
-    let file = std::fs::File::open(path).map_err(io)?;
-    let mut content = Vec::new();
-    file.take(max + 1).read_to_end(&mut content).map_err(io)?;
-    if content.len() as u64 > max {
-        return Err(SourceError::TooLarge {
-            what: "bytes",
-            limit: max,
-        });
-    }
-    Ok(content)
-}
-
-/// Hashes a `.tgz` chart after checking it (see [`check_archive`]).
-fn digest_archive(path: &Path, limits: Limits) -> Result<String, SourceError> {
-    let bytes = read_bounded(path, limits.max_bytes)?;
-    check_archive(
-        &path.display().to_string(),
-        &bytes,
-        &mut Budget::new(limits),
-        0,
-    )?;
-    Ok(format!("sha256:{:x}", Sha256::digest(&bytes)))
-}
-
-/// Checks an archive as helm will read it: every gzip member (helm reads them all), every entry
-/// a regular file or directory with a relative path without `..`, nested `.tgz` subcharts
-/// likewise, the bytes really decompressed (not the headers' claims) within the budget, and
-/// nothing but zero padding after the tar end marker.
-fn check_archive(
-    shown: &str,
-    bytes: &[u8],
-    budget: &mut Budget,
-    depth: usize,
-) -> Result<(), SourceError> {
-    let archive_error = |source| SourceError::Archive {
-        path: shown.to_owned(),
-        source,
-    };
-    if depth > MAX_NESTING {
-        return Err(archive_error(std::io::Error::other(
-            "archives nested too deep",
-        )));
-    }
-    let mut archive = tar::Archive::new(flate2::read::MultiGzDecoder::new(bytes));
-    for entry in archive.entries().map_err(archive_error)? {
-        let mut entry = entry.map_err(archive_error)?;
-        let entry_path = entry.path().map_err(archive_error)?.into_owned();
-        let shown_entry = entry_path.display().to_string();
-        if entry_path
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-        {
-            return Err(SourceError::UnsafePath(shown_entry));
-        }
-        let kind = entry.header().entry_type();
-        if kind.is_pax_global_extensions() || kind.is_pax_local_extensions() || kind.is_dir() {
-            continue;
-        }
-        if !kind.is_file() {
-            return Err(SourceError::UnsupportedEntry(shown_entry));
-        }
-        let remaining = budget.limits.max_bytes.saturating_sub(budget.bytes);
-        let mut content = Vec::new();
-        (&mut entry)
-            .take(remaining + 1)
-            .read_to_end(&mut content)
-            .map_err(archive_error)?;
-        budget.add(1, content.len() as u64)?;
-        if entry_path.extension().is_some_and(|e| e == "tgz") {
-            check_archive(
-                &format!("{shown}:{shown_entry}"),
-                &content,
-                budget,
-                depth + 1,
-            )?;
-        }
-    }
-    let mut rest = archive.into_inner();
-    let mut trailing = [0u8; 4096];
-    loop {
-        let read = rest.read(&mut trailing).map_err(archive_error)?;
-        if read == 0 {
-            return Ok(());
-        }
-        budget.add(0, read as u64)?; // zero padding is bounded too (a stream of zeros is a bomb)
-        if trailing[..read].iter().any(|b| *b != 0) {
-            return Err(archive_error(std::io::Error::other(
-                "data after the end of the archive",
-            )));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
+    use sha2::{Digest, Sha256};
+
     use super::*;
 
     fn chart_dir(root: &Path, name: &str) -> PathBuf {

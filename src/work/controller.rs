@@ -1,5 +1,6 @@
-//! Controller: watches the Manifests of the shards this replica owns, feeds the work queue, runs
-//! reconciles with bounded concurrency, and drains in-flight work on shutdown.
+//! Controller: the queue key, the configuration, the caches and queue shared with the fleet loop
+//! and the admin API ([`Work`], with the census of its Manifests), and the [`Controller`] that
+//! starts the watches (`watches.rs`) and the dispatch of passes (`dispatch.rs`).
 //!
 //! Two watches: `modulemanager.io/shard in (<owned>)` (restarted whenever the owned set
 //! changes, so the cache and the event stream scale with this replica's share) and
@@ -7,40 +8,28 @@
 //! Ownership is checked on every event, when a key is dispatched, and by the pass's fence before
 //! every write.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::hash::{BuildHasher, RandomState};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{FutureExt, Stream, StreamExt};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
-use tracing::Instrument;
 
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{Manifest, State};
-use crate::reconcile::{Context, Next, reconcile};
+use crate::reconcile::Context;
+use crate::shard::ShardCount;
 use crate::shard::fence::Ownership;
 use crate::shard::fleet::LocalWork;
 use crate::shard::membership::{MAX_PUBLISHED_SHARDS, MemberLoad, ShardLoad};
-use crate::shard::{SHARD_LABEL, ShardCount};
 use crate::telemetry::metrics::{ManifestMetrics, QueueMetrics, StateLabels};
-use crate::work::queue::{QueueKey, WorkQueue, backoff};
-
-/// Numbers reconcile passes within this process (`reconcile_id` on every log line of a pass).
-static RECONCILE_IDS: AtomicU64 = AtomicU64::new(1);
-
-/// Above this many owned shards the shard watch selects every labelled Manifest and filters
-/// locally (a label selector with thousands of values would make an oversized request).
-const MAX_SELECTOR_SHARDS: usize = 1024;
+use crate::work::dispatch::Passes;
+use crate::work::queue::{QueueKey, WorkQueue};
+use crate::work::watches::{Seen, feed_queue};
 
 /// A Manifest's queue key: its shard, namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -90,33 +79,15 @@ impl Default for ControllerConfig {
     }
 }
 
-/// What the watch loop remembers of a Manifest to tell a spec change from a status-only write.
-#[derive(PartialEq)]
-struct Seen {
-    uid: Option<String>,
-    generation: Option<i64>,
-    deleting: bool,
-}
-
-impl Seen {
-    fn of(manifest: &Manifest) -> Self {
-        Self {
-            uid: manifest.uid(),
-            generation: manifest.meta().generation,
-            deleting: manifest.meta().deletion_timestamp.is_some(),
-        }
-    }
-}
-
 /// The controller's caches and queue, shared with the fleet loop and the admin API.
 #[derive(Clone)]
 pub struct Work {
-    queue: Arc<WorkQueue<Key>>,
+    pub(super) queue: Arc<WorkQueue<Key>>,
     /// What the watch loop last queued each key for; a key dropped without a pass is removed,
     /// so that the next list or event of its Manifest queues it again.
     seen: Arc<Mutex<HashMap<Key, Seen>>>,
     labelled: Store<Manifest>,
-    unlabelled: Store<Manifest>,
+    pub(super) unlabelled: Store<Manifest>,
     shards: ShardCount,
 }
 
@@ -135,12 +106,12 @@ impl Work {
     }
 
     /// The shard of a Manifest (from its UID).
-    fn shard_of(&self, manifest: &Manifest) -> Option<u32> {
+    pub(super) fn shard_of(&self, manifest: &Manifest) -> Option<u32> {
         manifest.uid().map(|uid| self.shards.shard_of(&uid))
     }
 
     /// A Manifest's queue key.
-    fn key_of(&self, manifest: &Manifest) -> Option<Key> {
+    pub(super) fn key_of(&self, manifest: &Manifest) -> Option<Key> {
         Some(Key {
             shard: self.shard_of(manifest)?,
             namespace: manifest.namespace().unwrap_or_default(),
@@ -148,7 +119,7 @@ impl Work {
         })
     }
 
-    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Seen>> {
+    pub(super) fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Seen>> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -329,61 +300,9 @@ impl Controller {
             config.synced.clone(),
         ));
 
-        let semaphore = Arc::new(Semaphore::new(config.concurrency.max(1)));
-        let failures = Arc::new(Mutex::new(HashMap::<Key, u32>::new()));
-        let mut tasks = JoinSet::new();
-        tokio::pin!(shutdown);
-        loop {
-            let permit = tokio::select! {
-                permit = semaphore.clone().acquire_owned() => permit?,
-                _ = &mut shutdown => break,
-            };
-            let key = tokio::select! {
-                key = work.queue.next() => key,
-                _ = &mut shutdown => break,
-            };
-            let Some(key) = key else { break };
-            // From here on, however the pass ends (also a task aborted before its first poll),
-            // the key stops counting as in flight: a shard must not look busy forever.
-            let in_flight = InFlight {
-                queue: work.queue.clone(),
-                key: key.clone(),
-            };
-            let pass = run_pass(
-                in_flight,
-                key,
-                work.clone(),
-                ctx.clone(),
-                ownership.clone(),
-                failures.clone(),
-            );
-            tasks.spawn(async move {
-                pass.await;
-                drop(permit);
-            });
-            while tasks.try_join_next().is_some() {}
-        }
-
-        tracing::info!(
-            in_flight = tasks.len(),
-            "shutting down: draining in-flight reconciles"
-        );
-        work.queue.close();
-        watch.abort();
-        let drained = tokio::time::timeout(config.drain_timeout, async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
-            tracing::warn!(
-                abandoned = tasks.len(),
-                "drain timeout: abandoning in-flight reconciles"
-            );
-            // Their fences must fail from now on (the shards are about to be handed over), and
-            // they are aborted and awaited, so none is still running when shards are released.
-            ownership.fence();
-            tasks.shutdown().await;
-        }
+        let passes = Passes::new(work, ctx, ownership);
+        let tasks = passes.dispatch(config.concurrency, shutdown).await?;
+        passes.drain(tasks, watch, config.drain_timeout).await;
         Ok(())
     }
 }
@@ -397,250 +316,6 @@ pub async fn run(
     Controller::new(ctx, config, Ownership::everything())
         .run(shutdown)
         .await
-}
-
-type Events = Pin<Box<dyn Stream<Item = Result<watcher::Event<Manifest>, watcher::Error>> + Send>>;
-
-/// The label selector of the shard watch for the dispatchable shards (`None`: all shards);
-/// `None` when there is nothing to watch.
-fn shard_selector(base: Option<&str>, shards: Option<&BTreeSet<u32>>) -> Option<String> {
-    let shard_part = match shards {
-        Some(set) if set.is_empty() => return None,
-        Some(set) if set.len() <= MAX_SELECTOR_SHARDS => {
-            let values: Vec<String> = set.iter().map(u32::to_string).collect();
-            format!("{SHARD_LABEL} in ({})", values.join(","))
-        }
-        _ => SHARD_LABEL.to_owned(),
-    };
-    Some(match base {
-        Some(base) => format!("{base},{shard_part}"),
-        None => shard_part,
-    })
-}
-
-fn watch_with(api: &Api<Manifest>, selector: Option<String>) -> Events {
-    match selector {
-        Some(selector) => watcher(api.clone(), watcher::Config::default().labels(&selector))
-            .default_backoff()
-            .boxed(),
-        None => futures::stream::pending().boxed(),
-    }
-}
-
-/// Feeds the queue from both watches: a Manifest is queued when it is new to this replica, its
-/// spec changed (generation) or its deletion started, and its shard is owned here. Status-only
-/// writes (ours) do not requeue: drift repair runs on the reconcile's own schedule.
-async fn feed_queue(
-    api: Api<Manifest>,
-    base: Option<String>,
-    ownership: Arc<Ownership>,
-    work: Work,
-    (mut labelled_writer, mut unlabelled_writer): (Writer<Manifest>, Writer<Manifest>),
-    synced: Arc<AtomicBool>,
-) {
-    let mut watched = ownership.subscribe();
-    let mut owned = watched.borrow_and_update().clone();
-    let mut labelled = watch_with(&api, shard_selector(base.as_deref(), owned.shards.as_ref()));
-    let unlabelled_selector = match &base {
-        Some(base) => format!("{base},!{SHARD_LABEL}"),
-        None => format!("!{SHARD_LABEL}"),
-    };
-    let mut unlabelled = watch_with(&api, Some(unlabelled_selector));
-    let mut labelled_synced = owned.shards.as_ref().is_some_and(BTreeSet::is_empty);
-    let mut unlabelled_synced = false;
-    // Keys listed by a watch's initial list wait for its end: the cache (the store a pass reads)
-    // holds the new list only from `InitDone` on.
-    let mut listed: [Vec<(Key, Seen)>; 2] = Default::default();
-    loop {
-        let (event, from_labelled) = tokio::select! {
-            changed = watched.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                let now = watched.borrow_and_update().clone();
-                if now != owned {
-                    owned = now;
-                    // Keys of shards no longer ours leave the queue (their new owner queues
-                    // them); those of newly owned shards are queued by the new watch's list,
-                    // and new Manifests of theirs from the unlabelled cache right here.
-                    // One snapshot for all three, so that they agree.
-                    let keep = |shard: u32| owned.shards.as_ref().is_none_or(|set| set.contains(&shard));
-                    work.queue.retain_shards(keep);
-                    work.seen().retain(|key, _| keep(key.shard));
-                    for manifest in work.unlabelled.state() {
-                        if let Some(key) = work.key_of(&manifest).filter(|k| keep(k.shard)) {
-                            work.queue.add(key, Duration::ZERO);
-                        }
-                    }
-                    labelled = watch_with(&api, shard_selector(base.as_deref(), owned.shards.as_ref()));
-                    listed[0].clear();
-                    if owned.shards.as_ref().is_some_and(BTreeSet::is_empty) {
-                        // Nothing to watch: the cache must not keep the last shards' Manifests.
-                        labelled_writer.apply_watcher_event(&watcher::Event::Init);
-                        labelled_writer.apply_watcher_event(&watcher::Event::InitDone);
-                    }
-                }
-                continue;
-            }
-            Some(event) = labelled.next() => (event, true),
-            Some(event) = unlabelled.next() => (event, false),
-        };
-        let event = match event {
-            Ok(event) => event,
-            Err(e) => {
-                tracing::warn!("watch Manifests: {e}");
-                continue;
-            }
-        };
-        if from_labelled {
-            labelled_writer.apply_watcher_event(&event);
-        } else {
-            unlabelled_writer.apply_watcher_event(&event);
-        }
-        let stream = usize::from(!from_labelled);
-        match &event {
-            watcher::Event::Apply(manifest) | watcher::Event::InitApply(manifest) => {
-                let initial = matches!(event, watcher::Event::InitApply(_));
-                let Some(key) = work.key_of(manifest) else {
-                    continue;
-                };
-                let now = Seen::of(manifest);
-                if initial {
-                    // Decided at InitDone, against ownership and `seen` as they are then.
-                    listed[stream].push((key, now));
-                } else if ownership.wants(key.shard) && work.seen().get(&key) != Some(&now) {
-                    work.seen().insert(key.clone(), now);
-                    work.queue.add(key, Duration::ZERO);
-                }
-            }
-            watcher::Event::Delete(manifest) => {
-                if let Some(key) = work.key_of(manifest) {
-                    work.seen().remove(&key);
-                }
-            }
-            watcher::Event::InitDone => {
-                for (key, now) in listed[stream].drain(..) {
-                    let mut seen = work.seen();
-                    if ownership.wants(key.shard) && seen.get(&key) != Some(&now) {
-                        seen.insert(key.clone(), now);
-                        work.queue.add(key, Duration::ZERO);
-                    }
-                }
-                if from_labelled {
-                    labelled_synced = true;
-                } else {
-                    unlabelled_synced = true;
-                }
-                if labelled_synced && unlabelled_synced {
-                    synced.store(true, Ordering::Relaxed);
-                }
-            }
-            watcher::Event::Init => listed[stream].clear(),
-        }
-    }
-}
-
-async fn run_pass(
-    _in_flight: InFlight,
-    key: Key,
-    work: Work,
-    ctx: Arc<Context>,
-    ownership: Arc<Ownership>,
-    failures: Arc<Mutex<HashMap<Key, u32>>>,
-) {
-    let forget = |key: &Key| {
-        failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
-        // The next list or event of this Manifest queues it again.
-        work.seen().remove(key);
-    };
-    let Some(fence) = ownership.dispatch(key.shard) else {
-        if ownership.wants(key.shard) {
-            // Still ours but not in time (the renew deadline passed): try again shortly.
-            work.queue.add(key, Duration::from_secs(1));
-        } else {
-            // Not (or no longer) ours: the shard's owner queues it.
-            forget(&key);
-        }
-        return;
-    };
-    // Deleted, or recreated under a new UID in another shard (queued under its own key).
-    let Some(manifest) = work
-        .get(&key.namespace, &key.name)
-        .filter(|m| work.shard_of(m) == Some(key.shard))
-    else {
-        forget(&key);
-        return;
-    };
-    let span = tracing::info_span!(
-        "reconcile",
-        namespace = %key.namespace,
-        name = %key.name,
-        uid = manifest.uid().unwrap_or_default(),
-        module = %manifest.spec.module,
-        shard = key.shard,
-        replica = %ctx.replica,
-        reconcile_id = RECONCILE_IDS.fetch_add(1, Ordering::Relaxed),
-    );
-    span.in_scope(|| tracing::info!("reconcile start"));
-    // A panic must not leave the key in flight forever (it would never be reconciled again).
-    let pass =
-        std::panic::AssertUnwindSafe(reconcile(manifest, &ctx, &fence).instrument(span.clone()))
-            .catch_unwind();
-    let next = pass.await.ok();
-    let result = match &next {
-        Some(Next::After(_)) => "requeue",
-        Some(Next::Retry(_)) => "retry",
-        Some(Next::Idle) => "idle",
-        None => "panicked",
-    };
-    span.in_scope(|| tracing::info!(result, "reconcile end"));
-    if next.is_none() {
-        span.in_scope(|| tracing::error!("reconcile panicked; retrying with backoff"));
-    }
-    // A shard handed over meanwhile: its new owner has the key. Forgotten here too, in case
-    // the shard comes back before the watch loop notices it left.
-    let next = if ownership.wants(key.shard) {
-        next
-    } else {
-        forget(&key);
-        Some(Next::Idle)
-    };
-    {
-        let mut failures = failures.lock().unwrap_or_else(|e| e.into_inner());
-        match next {
-            Some(Next::After(delay)) => {
-                failures.remove(&key);
-                // Up to 10 % later, so that Manifests created together do not drift-check in
-                // lockstep forever.
-                let jitter = (RandomState::new().hash_one(&key) % 1000) as f64 / 10_000.0;
-                work.queue.add(key.clone(), delay.mul_f64(1.0 + jitter));
-            }
-            Some(Next::Retry(_)) | None => {
-                let count = failures.entry(key.clone()).or_insert(0);
-                let delay = backoff(*count, RandomState::new().hash_one(&key));
-                *count += 1;
-                work.queue.add(key.clone(), delay);
-            }
-            Some(Next::Idle) => {
-                failures.remove(&key);
-            }
-        }
-    }
-}
-
-/// Marks a key done when dropped.
-struct InFlight {
-    queue: Arc<WorkQueue<Key>>,
-    key: Key,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.queue.done(&self.key);
-    }
 }
 
 #[cfg(test)]
@@ -680,25 +355,5 @@ mod tests {
         assert_eq!(counted.by_state["Error"], 0, "every state is present");
         assert_eq!(counted.oldest_deletion, Some(Duration::from_secs(600)));
         assert_eq!(census(&manifests[..3], now).oldest_deletion, None);
-    }
-
-    #[test]
-    fn the_shard_watch_selects_the_owned_shards() {
-        let set = |v: &[u32]| v.iter().copied().collect::<BTreeSet<u32>>();
-        assert_eq!(shard_selector(None, Some(&set(&[]))), None);
-        assert_eq!(
-            shard_selector(None, Some(&set(&[3, 1]))).as_deref(),
-            Some("modulemanager.io/shard in (1,3)")
-        );
-        assert_eq!(
-            shard_selector(Some("team=a"), None).as_deref(),
-            Some("team=a,modulemanager.io/shard")
-        );
-        let many: BTreeSet<u32> = (0..2000).collect();
-        assert_eq!(
-            shard_selector(None, Some(&many)).as_deref(),
-            Some("modulemanager.io/shard"),
-            "too many values: select all labelled, filter locally"
-        );
     }
 }

@@ -2,4 +2,6 @@
 //! passes to workers.
 
 pub mod controller;
+mod dispatch;
 pub mod queue;
+mod watches;

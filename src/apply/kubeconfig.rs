@@ -1,0 +1,506 @@
+//! Kubeconfigs of remote targets: parsed with a size limit and checked ([`validate`]) so that
+//! only inline credentials of the current context are kept — never a command, a plugin or a file.
+
+use kube::config::{
+    AuthInfo, Cluster as KubeconfigCluster, Context as KubeconfigContext, Kubeconfig,
+    NamedAuthInfo, NamedCluster, NamedContext,
+};
+
+/// The largest kubeconfig accepted (a kubeconfig with a CA bundle is a few KiB).
+pub const MAX_KUBECONFIG_BYTES: usize = 256 * 1024;
+
+/// Why a kubeconfig is refused. Messages name fields and entries, never values.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// no `current-context`.
+    #[error("it has no current-context")]
+    NoCurrentContext,
+    /// the current context is not defined.
+    #[error("its current-context {0:?} is not among its contexts")]
+    MissingContext(String),
+    /// the context's cluster is not defined.
+    #[error("cluster {0:?} of the current context is not among its clusters")]
+    MissingCluster(String),
+    /// the context's user is not defined.
+    #[error("user {0:?} of the current context is not among its users")]
+    MissingUser(String),
+    /// the cluster has no server.
+    #[error("cluster {0:?} has no server")]
+    NoServer(String),
+    /// the server URL is not acceptable.
+    #[error(
+        "the server of cluster {cluster:?} must be an https:// URL without credentials, query or fragment: {problem}"
+    )]
+    BadServer {
+        /// The cluster entry.
+        cluster: String,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// a field that would run code, read a file, or weaken TLS.
+    #[error("{owner} sets {field}: {why}")]
+    Forbidden {
+        /// `user "name"` or `cluster "name"`.
+        owner: String,
+        /// The kubeconfig field.
+        field: &'static str,
+        /// Why it is refused and what to use instead.
+        why: &'static str,
+    },
+    /// a client certificate without its key, or the other way round.
+    #[error("user {0:?} sets only one of client-certificate-data and client-key-data")]
+    IncompleteCertificate(String),
+}
+
+const RUNS_CODE: &str = "module-manager never runs commands or plugins named by a kubeconfig; embed a token or a client certificate (token, client-certificate-data and client-key-data)";
+const READS_FILE: &str = "module-manager never reads files named by a kubeconfig; embed the content instead (token, client-certificate-data, client-key-data, certificate-authority-data)";
+
+/// A kubeconfig that passed [`validate`]: the current context only, with nothing but the
+/// accepted fields.
+#[derive(Clone)]
+pub struct ValidKubeconfig {
+    /// The server URL (it carries no credentials: those are refused).
+    pub server: String,
+    kubeconfig: Kubeconfig,
+}
+
+impl ValidKubeconfig {
+    /// The kubeconfig to build a client from (credentials included).
+    pub fn into_kubeconfig(self) -> Kubeconfig {
+        self.kubeconfig
+    }
+}
+
+impl std::fmt::Debug for ValidKubeconfig {
+    // Never the credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ValidKubeconfig")
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parses the bytes of a kubeconfig Secret key. The parser's own message is not passed on: it
+/// may quote the Secret's content.
+pub fn parse(bytes: &[u8]) -> Result<Kubeconfig, String> {
+    if bytes.len() > MAX_KUBECONFIG_BYTES {
+        return Err(format!(
+            "it is {} bytes, more than the limit of {MAX_KUBECONFIG_BYTES}",
+            bytes.len()
+        ));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_owned())?;
+    Kubeconfig::from_yaml(text).map_err(|_| {
+        "it is not a valid kubeconfig (YAML); the parser's message is not shown because it may quote the Secret".to_owned()
+    })
+}
+
+/// Checks the current context of a kubeconfig and keeps only what module-manager accepts:
+/// the cluster's `server` (https), `certificate-authority-data`, `tls-server-name`; the user's
+/// `token`, `client-certificate-data` + `client-key-data` and impersonation. Refused: `exec`,
+/// `auth-provider`, `tokenFile`, `client-certificate`, `client-key`, `certificate-authority`
+/// (files), `username`/`password`, `insecure-skip-tls-verify: true`, `proxy-url`, and `http://`
+/// servers. Other contexts, clusters and users are ignored (never used).
+pub fn validate(kubeconfig: &Kubeconfig) -> Result<ValidKubeconfig, Refusal> {
+    let Current {
+        context,
+        cluster,
+        user,
+    } = current_entries(kubeconfig)?;
+    // The user first: the fields that would run code matter most.
+    let accepted_user = match user {
+        Some((name, user)) => accept_user(name, user)?,
+        None => AuthInfo::default(),
+    };
+    let (server, accepted_cluster) = accept_cluster(&context.cluster, cluster)?;
+    Ok(ValidKubeconfig {
+        server,
+        kubeconfig: single_context(accepted_cluster, accepted_user),
+    })
+}
+
+/// The entries of a kubeconfig's current context.
+struct Current<'a> {
+    context: &'a KubeconfigContext,
+    cluster: &'a KubeconfigCluster,
+    /// The user's name and entry, when the context names one.
+    user: Option<(&'a str, &'a AuthInfo)>,
+}
+
+/// The current context of a kubeconfig, its cluster and (when it names one) its user.
+fn current_entries(kubeconfig: &Kubeconfig) -> Result<Current<'_>, Refusal> {
+    let context_name = kubeconfig
+        .current_context
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .ok_or(Refusal::NoCurrentContext)?;
+    let context = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == context_name)
+        .and_then(|c| c.context.as_ref())
+        .ok_or_else(|| Refusal::MissingContext(context_name.to_owned()))?;
+    let cluster = kubeconfig
+        .clusters
+        .iter()
+        .find(|c| c.name == context.cluster)
+        .and_then(|c| c.cluster.as_ref())
+        .ok_or_else(|| Refusal::MissingCluster(context.cluster.clone()))?;
+    let user = match context.user.as_deref().filter(|u| !u.is_empty()) {
+        None => None,
+        Some(name) => Some((
+            name,
+            kubeconfig
+                .auth_infos
+                .iter()
+                .find(|u| u.name == name)
+                .and_then(|u| u.auth_info.as_ref())
+                .ok_or_else(|| Refusal::MissingUser(name.to_owned()))?,
+        )),
+    };
+    Ok(Current {
+        context,
+        cluster,
+        user,
+    })
+}
+
+/// The accepted fields of user `name`: a token or an inline client certificate, and
+/// impersonation; anything that runs code or reads a file is refused.
+fn accept_user(name: &str, user: &AuthInfo) -> Result<AuthInfo, Refusal> {
+    let forbidden = |field, why| Refusal::Forbidden {
+        owner: format!("user {name:?}"),
+        field,
+        why,
+    };
+    if user.exec.is_some() {
+        return Err(forbidden("exec", RUNS_CODE));
+    }
+    if user.auth_provider.is_some() {
+        return Err(forbidden("auth-provider", RUNS_CODE));
+    }
+    if set(&user.token_file) {
+        return Err(forbidden("tokenFile", READS_FILE));
+    }
+    if set(&user.client_certificate) {
+        return Err(forbidden("client-certificate", READS_FILE));
+    }
+    if set(&user.client_key) {
+        return Err(forbidden("client-key", READS_FILE));
+    }
+    if set(&user.username) || user.password.is_some() {
+        return Err(forbidden(
+            "username/password",
+            "basic authentication was removed from Kubernetes in 1.19; use a token or a client certificate",
+        ));
+    }
+    if set(&user.client_certificate_data) != user.client_key_data.is_some() {
+        return Err(Refusal::IncompleteCertificate(name.to_owned()));
+    }
+    Ok(AuthInfo {
+        token: user.token.clone(),
+        client_certificate_data: user.client_certificate_data.clone(),
+        client_key_data: user.client_key_data.clone(),
+        impersonate: user.impersonate.clone(),
+        impersonate_uid: user.impersonate_uid.clone(),
+        impersonate_groups: user.impersonate_groups.clone(),
+        impersonate_user_extra: user.impersonate_user_extra.clone(),
+        ..Default::default()
+    })
+}
+
+/// The server and the accepted fields of cluster `cluster_name`: an https server, its CA data
+/// and TLS server name; a CA file, skipped verification and proxies are refused.
+fn accept_cluster(
+    cluster_name: &str,
+    cluster: &KubeconfigCluster,
+) -> Result<(String, KubeconfigCluster), Refusal> {
+    let forbidden = |field, why| Refusal::Forbidden {
+        owner: format!("cluster {cluster_name:?}"),
+        field,
+        why,
+    };
+    if set(&cluster.certificate_authority) {
+        return Err(forbidden("certificate-authority", READS_FILE));
+    }
+    if cluster.insecure_skip_tls_verify == Some(true) {
+        return Err(forbidden(
+            "insecure-skip-tls-verify",
+            "the server's certificate must be verified (set certificate-authority-data, or use a certificate the system trusts)",
+        ));
+    }
+    if set(&cluster.proxy_url) {
+        return Err(forbidden(
+            "proxy-url",
+            "proxies are not supported for targets",
+        ));
+    }
+    let server = cluster
+        .server
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| Refusal::NoServer(cluster_name.to_owned()))?;
+    check_server(server).map_err(|problem| Refusal::BadServer {
+        cluster: cluster_name.to_owned(),
+        problem,
+    })?;
+    let accepted = KubeconfigCluster {
+        server: Some(server.to_owned()),
+        certificate_authority_data: cluster.certificate_authority_data.clone(),
+        tls_server_name: cluster.tls_server_name.clone(),
+        ..Default::default()
+    };
+    Ok((server.to_owned(), accepted))
+}
+
+/// A kubeconfig of one context, `target`, of the accepted cluster and user.
+fn single_context(cluster: KubeconfigCluster, user: AuthInfo) -> Kubeconfig {
+    const NAME: &str = "target";
+    Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: NAME.into(),
+            cluster: Some(cluster),
+            ..Default::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: NAME.into(),
+            auth_info: Some(user),
+            ..Default::default()
+        }],
+        contexts: vec![NamedContext {
+            name: NAME.into(),
+            context: Some(KubeconfigContext {
+                cluster: NAME.into(),
+                user: Some(NAME.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        current_context: Some(NAME.into()),
+        ..Default::default()
+    }
+}
+
+fn set(field: &Option<String>) -> bool {
+    field.as_deref().is_some_and(|f| !f.is_empty())
+}
+
+/// `https://host[:port][/path]`, nothing else: a URL with credentials would put them in every
+/// message naming the server.
+fn check_server(server: &str) -> Result<(), &'static str> {
+    let uri: http::Uri = server.parse().map_err(|_| "not a URL")?;
+    if uri.scheme_str() != Some("https") {
+        return Err("the scheme is not https");
+    }
+    let authority = uri.authority().ok_or("no host")?;
+    if authority.as_str().contains('@') {
+        return Err("it carries credentials");
+    }
+    if uri.query().is_some() || server.contains('#') {
+        return Err("it has a query or fragment");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "s3cr3t-t0ken-value";
+
+    fn kubeconfig(user: &str, cluster: &str) -> Kubeconfig {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: ctx\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\nclusters:\n- name: c\n  cluster:\n{cluster}\nusers:\n- name: u\n  user:\n{user}\n"
+        );
+        parse(text.as_bytes()).unwrap()
+    }
+
+    const SERVER: &str =
+        "    server: https://10.0.0.1:6443\n    certificate-authority-data: Q0E=\n";
+
+    fn refusal(user: &str, cluster: &str) -> Refusal {
+        validate(&kubeconfig(user, cluster)).unwrap_err()
+    }
+
+    #[test]
+    fn inline_token_and_certificates_are_accepted_and_nothing_else_is_kept() {
+        let valid = validate(&kubeconfig(
+            &format!("    token: {TOKEN}\n    as: deployer\n"),
+            &format!("{SERVER}    tls-server-name: api.example\n    disable-compression: true\n"),
+        ))
+        .unwrap();
+        assert_eq!(valid.server, "https://10.0.0.1:6443");
+        let kept = &valid.kubeconfig;
+        assert_eq!(kept.current_context.as_deref(), Some("target"));
+        let cluster = kept.clusters[0].cluster.as_ref().unwrap();
+        assert_eq!(cluster.certificate_authority_data.as_deref(), Some("Q0E="));
+        assert_eq!(cluster.tls_server_name.as_deref(), Some("api.example"));
+        assert_eq!(cluster.disable_compression, None);
+        let user = kept.auth_infos[0].auth_info.as_ref().unwrap();
+        assert!(user.token.is_some());
+        assert_eq!(user.impersonate.as_deref(), Some("deployer"));
+        assert!(
+            !format!("{valid:?}").contains(TOKEN),
+            "Debug shows no token"
+        );
+
+        let certificate = validate(&kubeconfig(
+            "    client-certificate-data: Q0VSVA==\n    client-key-data: S0VZ\n",
+            SERVER,
+        ))
+        .unwrap();
+        let user = certificate.kubeconfig.auth_infos[0]
+            .auth_info
+            .as_ref()
+            .unwrap();
+        assert_eq!(user.client_certificate_data.as_deref(), Some("Q0VSVA=="));
+        assert!(user.client_key_data.is_some());
+    }
+
+    #[test]
+    fn commands_plugins_and_files_are_refused_naming_the_field_not_the_value() {
+        let cases = [
+            (
+                format!(
+                    "    token: {TOKEN}\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /bin/touch\n      args: [/tmp/pwned]\n"
+                ),
+                SERVER.to_owned(),
+                "exec",
+            ),
+            (
+                "    auth-provider:\n      name: oidc\n      config:\n        id-token: abc\n"
+                    .into(),
+                SERVER.into(),
+                "auth-provider",
+            ),
+            (
+                "    tokenFile: /var/run/secrets/token\n".into(),
+                SERVER.into(),
+                "tokenFile",
+            ),
+            (
+                "    client-certificate: /etc/cert.pem\n    client-key-data: S0VZ\n".into(),
+                SERVER.into(),
+                "client-certificate",
+            ),
+            (
+                "    client-certificate-data: Q0VSVA==\n    client-key: /etc/key.pem\n".into(),
+                SERVER.into(),
+                "client-key",
+            ),
+            (
+                format!("    username: admin\n    password: {TOKEN}\n"),
+                SERVER.into(),
+                "username/password",
+            ),
+            (
+                format!("    token: {TOKEN}\n"),
+                "    server: https://10.0.0.1:6443\n    certificate-authority: /etc/ca.pem\n"
+                    .into(),
+                "certificate-authority",
+            ),
+            (
+                format!("    token: {TOKEN}\n"),
+                "    server: https://10.0.0.1:6443\n    insecure-skip-tls-verify: true\n".into(),
+                "insecure-skip-tls-verify",
+            ),
+            (
+                format!("    token: {TOKEN}\n"),
+                format!("{SERVER}    proxy-url: http://proxy:3128\n"),
+                "proxy-url",
+            ),
+        ];
+        for (user, cluster, field) in cases {
+            let refusal = refusal(&user, &cluster);
+            assert!(
+                matches!(&refusal, Refusal::Forbidden { field: f, .. } if *f == field),
+                "{field}: {refusal:?}"
+            );
+            let message = refusal.to_string();
+            assert!(message.contains(field), "{message}");
+            for value in [TOKEN, "/bin/touch", "/etc/", "/var/run", "abc"] {
+                assert!(!message.contains(value), "{field}: {message} shows {value}");
+            }
+        }
+    }
+
+    #[test]
+    fn incomplete_or_unnamed_entries_are_refused() {
+        assert_eq!(
+            refusal("    client-certificate-data: Q0VSVA==\n", SERVER),
+            Refusal::IncompleteCertificate("u".into())
+        );
+        let no_context = parse(b"apiVersion: v1\nkind: Config\n").unwrap();
+        assert_eq!(
+            validate(&no_context).unwrap_err(),
+            Refusal::NoCurrentContext
+        );
+        let mut missing = kubeconfig("    token: t\n", SERVER);
+        missing.current_context = Some("other".into());
+        assert_eq!(
+            validate(&missing).unwrap_err(),
+            Refusal::MissingContext("other".into())
+        );
+        let mut no_user = kubeconfig("    token: t\n", SERVER);
+        no_user.auth_infos.clear();
+        assert_eq!(
+            validate(&no_user).unwrap_err(),
+            Refusal::MissingUser("u".into())
+        );
+        let mut no_cluster = kubeconfig("    token: t\n", SERVER);
+        no_cluster.clusters.clear();
+        assert_eq!(
+            validate(&no_cluster).unwrap_err(),
+            Refusal::MissingCluster("c".into())
+        );
+        assert_eq!(
+            refusal("    token: t\n", "    certificate-authority-data: Q0E=\n"),
+            Refusal::NoServer("c".into())
+        );
+    }
+
+    #[test]
+    fn servers_must_be_plain_https_urls() {
+        for (server, problem) in [
+            ("http://10.0.0.1:8080", "the scheme is not https"),
+            (
+                "https://admin:hunter2@10.0.0.1:6443",
+                "it carries credentials",
+            ),
+            (
+                "https://10.0.0.1:6443/?token=x",
+                "it has a query or fragment",
+            ),
+            ("not a url", "not a URL"),
+        ] {
+            let refusal = refusal("    token: t\n", &format!("    server: {server}\n"));
+            assert_eq!(
+                refusal,
+                Refusal::BadServer {
+                    cluster: "c".into(),
+                    problem
+                },
+                "{server}"
+            );
+            assert!(!refusal.to_string().contains("hunter2"));
+        }
+        assert!(
+            validate(&kubeconfig(
+                "    token: t\n",
+                "    server: https://api.example/prefix\n"
+            ))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn oversized_binary_and_malformed_secrets_are_refused_without_quoting_them() {
+        let big = vec![b'a'; MAX_KUBECONFIG_BYTES + 1];
+        assert!(parse(&big).unwrap_err().contains("more than the limit"));
+        assert!(parse(&[0xff, 0xfe, 0x00]).unwrap_err().contains("UTF-8"));
+        let malformed = format!("clusters: {TOKEN}\n");
+        let problem = parse(malformed.as_bytes()).unwrap_err();
+        assert!(problem.contains("not a valid kubeconfig"));
+        assert!(!problem.contains(TOKEN));
+    }
+}

@@ -1,0 +1,403 @@
+//! Remote chart sources: Helm HTTP repositories (`spec.chart.repository` + `name` + `version`)
+//! and OCI registries (`spec.chart.oci`).
+//!
+//! The network part is async; hashing, the archive checks (the same as for a local `.tgz`) and
+//! the disk cache run on blocking threads. A verified archive is cached on disk under its sha256
+//! digest, so a later resolve of the same chart downloads nothing but the (briefly cached)
+//! `index.yaml` or the OCI manifest. See `docs/reconcile.md` for the bounds and the errors.
+//!
+//! One file per concern: the capped HTTP client (`http.rs`), Helm repositories (`helm_repo.rs`),
+//! OCI registries (`oci.rs`), the disk cache (`cache.rs`), the in-memory TTL cache (`recent.rs`) and
+//! what may be shown of a URL (`shown.rs`).
+
+mod cache;
+mod helm_repo;
+mod http;
+mod oci;
+mod recent;
+mod shown;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use self::cache::{ChartCache, IN_USE};
+use self::helm_repo::Index;
+use self::recent::Recent;
+use self::shown::{shown_reference, shown_url};
+use super::archive::{Budget, check_archive};
+use super::{Limits, ResolvedChart, SourceError};
+use crate::api::ChartSource;
+
+pub use self::oci::{HELM_CHART_MEDIA_TYPE, HELM_CONFIG_MEDIA_TYPE, HELM_PROVENANCE_MEDIA_TYPE};
+
+/// Most `index.yaml` documents kept in memory (the oldest is dropped).
+const MAX_CACHED_INDEXES: usize = 64;
+/// Most OCI references whose layer digest is kept in memory.
+const MAX_CACHED_REFERENCES: usize = 1024;
+
+/// How remote charts are fetched and cached.
+#[derive(Clone, Debug)]
+pub struct RemoteConfig {
+    /// Directory of the verified archives, `sha256-<hex>.tgz`.
+    pub cache_dir: PathBuf,
+    /// Most bytes of archives kept in `cache_dir`; the least recently used go first.
+    pub cache_max_bytes: u64,
+    /// Limit on one resolve (index or manifest, archive, checks) from start to end.
+    pub timeout: Duration,
+    /// How long a fetched `index.yaml` is reused before it is fetched again.
+    pub index_ttl: Duration,
+    /// Most bytes of an `index.yaml`.
+    pub max_index_bytes: u64,
+    /// Most HTTP redirects followed per request.
+    pub max_redirects: usize,
+    /// Registries (`host` or `host:port`) spoken to over plain HTTP; loopback ones always are.
+    pub insecure_registries: Vec<String>,
+}
+
+impl RemoteConfig {
+    /// The defaults, with archives cached in `cache_dir`.
+    pub fn new(cache_dir: PathBuf) -> Self {
+        Self {
+            cache_dir,
+            cache_max_bytes: 1024 * 1024 * 1024,
+            timeout: Duration::from_secs(60),
+            index_ttl: Duration::from_secs(60),
+            max_index_bytes: 8 * 1024 * 1024,
+            max_redirects: 5,
+            insecure_registries: Vec::new(),
+        }
+    }
+}
+
+/// Why a remote chart could not be fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// the URL or reference in the spec is unusable.
+    #[error("{0}")]
+    Reference(String),
+    /// the server could not be reached (connection refused, DNS, TLS, reset).
+    #[error("{url} is unreachable: {reason}")]
+    Unreachable {
+        /// The URL, without credentials or query.
+        url: String,
+        /// The cause.
+        reason: String,
+    },
+    /// the server answered with an error status.
+    #[error("{url} answered HTTP {status}")]
+    Status {
+        /// The URL, without credentials or query.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// the fetch did not finish in time.
+    #[error("the fetch did not finish within {0:?}")]
+    Timeout(Duration),
+    /// a download exceeds its limit.
+    #[error("{what} exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// What was downloaded.
+        what: String,
+        /// The limit.
+        limit: u64,
+    },
+    /// `index.yaml` is not a Helm repository index.
+    #[error("malformed index.yaml: {0}")]
+    BadIndex(String),
+    /// the repository does not have the chart.
+    #[error("the repository has no chart {name:?} (it has {available})")]
+    NoChart {
+        /// The chart asked for.
+        name: String,
+        /// Some of the charts it has.
+        available: String,
+    },
+    /// no version of the chart matches.
+    #[error("no version matches {requested:?} (available: {available})")]
+    NoVersion {
+        /// The version or range asked for.
+        requested: String,
+        /// The newest versions there are.
+        available: String,
+    },
+    /// the version is neither one in the index nor a valid constraint.
+    #[error("version {requested:?} is not a version of the chart nor a valid range: {reason}")]
+    BadVersion {
+        /// The version or range asked for.
+        requested: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// a digest is missing or not a sha256 digest.
+    #[error("{0}")]
+    BadDigest(String),
+    /// the downloaded bytes do not have the published digest.
+    #[error("digest mismatch: expected sha256:{expected}, downloaded sha256:{actual}")]
+    DigestMismatch {
+        /// The published digest.
+        expected: String,
+        /// The digest of what was downloaded.
+        actual: String,
+    },
+    /// the OCI artifact is not a Helm chart.
+    #[error("{0}")]
+    MediaType(String),
+    /// the registry refused or failed.
+    #[error("registry: {message}")]
+    Registry {
+        /// What the registry said (bounded).
+        message: String,
+        /// Whether trying again may help.
+        transient: bool,
+    },
+    /// the archive failed the chart checks.
+    #[error(transparent)]
+    Chart(Box<SourceError>),
+    /// the chart cache could not be read or written.
+    #[error("chart cache {path}: {error}")]
+    Cache {
+        /// The file.
+        path: String,
+        /// The error.
+        error: std::io::Error,
+    },
+}
+
+impl FetchError {
+    /// Bad input waits for a spec change; an unreachable or failing server is retried.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Self::Unreachable { .. } | Self::Timeout(_) | Self::Cache { .. } => false,
+            Self::Status { status, .. } => !(*status >= 500 || *status == 429 || *status == 408),
+            Self::Registry { transient, .. } => !transient,
+            _ => true,
+        }
+    }
+}
+
+/// What was fetched, for tests and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FetchStats {
+    /// `index.yaml` downloads.
+    pub index_downloads: u64,
+    /// OCI manifest requests.
+    pub manifest_requests: u64,
+    /// Archive downloads (HTTP or OCI blob).
+    pub archive_downloads: u64,
+    /// Resolves served from the disk cache.
+    pub cache_hits: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    index_downloads: AtomicU64,
+    manifest_requests: AtomicU64,
+    archive_downloads: AtomicU64,
+    cache_hits: AtomicU64,
+}
+
+/// Installs rustls' ring provider as the process default unless one is installed: reqwest and
+/// oci-client are built without a provider of their own (kube uses ring; aws-lc-rs would be a
+/// second one to build). Call it before building any other reqwest or oci-client client.
+pub fn ensure_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Fetches, verifies and caches remote charts; resolves local ones too.
+pub struct RemoteCharts {
+    config: RemoteConfig,
+    cache: ChartCache,
+    /// Every request: repositories, and registries (manifest, token, blob), each answer read
+    /// within its limit.
+    http: reqwest::Client,
+    /// Parsed `index.yaml` by URL, for `index_ttl`.
+    indexes: Recent<Arc<Index>>,
+    /// The chart layer's digest by OCI reference: for `index_ttl` for a tag, for good for a
+    /// digest (what it names cannot change).
+    layers: Recent<String>,
+    counters: Counters,
+}
+
+impl RemoteCharts {
+    /// Clients for `config`. Installs rustls' ring provider as the process default if none is.
+    pub fn new(config: RemoteConfig) -> Result<Self, FetchError> {
+        ensure_crypto_provider();
+        let http = http::client(&config)?;
+        Ok(Self {
+            cache: ChartCache {
+                dir: config.cache_dir.clone(),
+                max_bytes: config.cache_max_bytes,
+                in_use: IN_USE,
+            },
+            http,
+            config,
+            indexes: Recent::new(MAX_CACHED_INDEXES),
+            layers: Recent::new(MAX_CACHED_REFERENCES),
+            counters: Counters::default(),
+        })
+    }
+
+    /// What was fetched so far.
+    pub fn stats(&self) -> FetchStats {
+        let c = &self.counters;
+        FetchStats {
+            index_downloads: c.index_downloads.load(Ordering::Relaxed),
+            manifest_requests: c.manifest_requests.load(Ordering::Relaxed),
+            archive_downloads: c.archive_downloads.load(Ordering::Relaxed),
+            cache_hits: c.cache_hits.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Resolves any chart source: a local path (under `root`, on a blocking thread), a chart of
+    /// a Helm repository, or an OCI reference.
+    pub async fn resolve(
+        &self,
+        source: &ChartSource,
+        root: &Path,
+        limits: Limits,
+    ) -> Result<ResolvedChart, SourceError> {
+        match (&source.path, &source.repository, &source.oci) {
+            (None, Some(repository), None) => {
+                let name = source.name.as_deref().unwrap_or_default();
+                let version = source.version.as_deref().unwrap_or_default();
+                let origin = format!(
+                    "chart {name} {version} from {}",
+                    shown_url(repository.as_str())
+                );
+                self.bounded(
+                    origin,
+                    self.fetch_from_repository(repository, name, version, limits),
+                )
+                .await
+            }
+            (None, None, Some(reference)) => {
+                let origin = format!("chart {}", shown_reference(reference));
+                self.bounded(origin, self.fetch_from_registry(reference, limits))
+                    .await
+            }
+            (Some(_), None, None) => {
+                let (source, root) = (source.clone(), root.to_owned());
+                tokio::task::spawn_blocking(move || super::resolve(&source, &root, limits))
+                    .await
+                    .map_err(|e| SourceError::Io {
+                        path: "chart".into(),
+                        source: std::io::Error::other(e),
+                    })?
+            }
+            // The CRD's CEL rule makes this unreachable through the API server.
+            _ => super::resolve(source, root, limits),
+        }
+    }
+
+    async fn bounded(
+        &self,
+        origin: String,
+        fetch: impl Future<Output = Result<ResolvedChart, FetchError>>,
+    ) -> Result<ResolvedChart, SourceError> {
+        let result = match tokio::time::timeout(self.config.timeout, fetch).await {
+            Ok(result) => result,
+            Err(_) => Err(FetchError::Timeout(self.config.timeout)),
+        };
+        match result {
+            Ok(chart) => Ok(chart),
+            Err(error) => Err(SourceError::Fetch { origin, error }),
+        }
+    }
+
+    /// A cached archive with this digest, checked again (limits may have changed).
+    async fn cached(&self, hex: &str, limits: Limits) -> Result<Option<ResolvedChart>, FetchError> {
+        let (cache, hex) = (self.cache.clone(), hex.to_owned());
+        let found = tokio::task::spawn_blocking(move || cache.lookup(&hex, limits))
+            .await
+            .map_err(|e| FetchError::Cache {
+                path: "lookup".into(),
+                error: std::io::Error::other(e),
+            })??;
+        if found.is_some() {
+            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(found)
+    }
+
+    /// Checks the digest, then the archive, then stores it in the cache.
+    async fn verify_and_store(
+        &self,
+        shown: String,
+        bytes: Vec<u8>,
+        hex: String,
+        limits: Limits,
+    ) -> Result<ResolvedChart, FetchError> {
+        let cache = self.cache.clone();
+        tokio::task::spawn_blocking(move || {
+            let actual = format!("{:x}", Sha256::digest(&bytes));
+            if actual != hex {
+                return Err(FetchError::DigestMismatch {
+                    expected: hex,
+                    actual,
+                });
+            }
+            check(&shown, &bytes, limits)?;
+            let path = cache.store(&hex, &bytes)?;
+            tracing::info!(from = %shown, digest = %format!("sha256:{hex}"), bytes = bytes.len(), "fetched a chart archive");
+            Ok(ResolvedChart {
+                digest: format!("sha256:{hex}"),
+                path,
+            })
+        })
+        .await
+        .map_err(|e| FetchError::Cache {
+            path: "store".into(),
+            error: std::io::Error::other(e),
+        })?
+    }
+}
+
+/// The checks a local `.tgz` gets.
+fn check(shown: &str, bytes: &[u8], limits: Limits) -> Result<(), FetchError> {
+    if bytes.len() as u64 > limits.max_bytes {
+        return Err(FetchError::Chart(Box::new(SourceError::TooLarge {
+            what: "bytes",
+            limit: limits.max_bytes,
+        })));
+    }
+    check_archive(shown, bytes, &mut Budget::new(limits), 0)
+        .map_err(|e| FetchError::Chart(Box::new(e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_and_permanent_errors() {
+        let status = |status| FetchError::Status {
+            url: "u".into(),
+            status,
+        };
+        assert!(!status(503).is_permanent());
+        assert!(!status(429).is_permanent());
+        assert!(status(404).is_permanent());
+        assert!(!FetchError::Timeout(Duration::from_secs(1)).is_permanent());
+        assert!(
+            !FetchError::Unreachable {
+                url: "u".into(),
+                reason: "refused".into()
+            }
+            .is_permanent()
+        );
+        assert!(!status(408).is_permanent());
+        assert!(
+            FetchError::DigestMismatch {
+                expected: "a".into(),
+                actual: "b".into()
+            }
+            .is_permanent()
+        );
+        assert!(FetchError::MediaType("x".into()).is_permanent());
+    }
+}

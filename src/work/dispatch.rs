@@ -1,0 +1,237 @@
+//! Dispatch: hands queued keys to workers (bounded concurrency), runs each pass between the
+//! ownership checks around it, requeues by its outcome, and drains in-flight passes on shutdown.
+//!
+//! Ownership is checked when a key is dispatched, after its pass, and by the pass's fence
+//! before every write.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use kube::ResourceExt;
+use tokio::sync::Semaphore;
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::Instrument;
+
+use crate::api::Manifest;
+use crate::reconcile::{Context, Next, reconcile};
+use crate::shard::fence::{Fence, Ownership};
+use crate::work::controller::{Key, Work};
+use crate::work::queue::{WorkQueue, backoff};
+
+/// Numbers reconcile passes within this process (`reconcile_id` on every log line of a pass).
+static RECONCILE_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// What every pass shares: the caches and queue, the context, ownership, and the consecutive
+/// failures of each key (its backoff).
+#[derive(Clone)]
+pub(super) struct Passes {
+    work: Work,
+    ctx: Arc<Context>,
+    ownership: Arc<Ownership>,
+    failures: Arc<Mutex<HashMap<Key, u32>>>,
+}
+
+impl Passes {
+    pub(super) fn new(work: Work, ctx: Arc<Context>, ownership: Arc<Ownership>) -> Self {
+        Self {
+            work,
+            ctx,
+            ownership,
+            failures: Arc::default(),
+        }
+    }
+
+    /// Runs passes of queued keys, at most `concurrency` at once, until `shutdown` completes or
+    /// the queue closes; returns the passes still in flight.
+    pub(super) async fn dispatch(
+        &self,
+        concurrency: usize,
+        shutdown: impl Future<Output = ()>,
+    ) -> anyhow::Result<JoinSet<()>> {
+        let semaphore = Arc::new(Semaphore::new(concurrency.max(1)));
+        let mut tasks = JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            let permit = tokio::select! {
+                permit = semaphore.clone().acquire_owned() => permit?,
+                _ = &mut shutdown => break,
+            };
+            let key = tokio::select! {
+                key = self.work.queue.next() => key,
+                _ = &mut shutdown => break,
+            };
+            let Some(key) = key else { break };
+            // From here on, however the pass ends (also a task aborted before its first poll),
+            // the key stops counting as in flight: a shard must not look busy forever.
+            let in_flight = InFlight {
+                queue: self.work.queue.clone(),
+                key: key.clone(),
+            };
+            let pass = self.clone().run_pass(in_flight, key);
+            tasks.spawn(async move {
+                pass.await;
+                drop(permit);
+            });
+            while tasks.try_join_next().is_some() {}
+        }
+        Ok(tasks)
+    }
+
+    /// Stops taking work and the watches, then waits up to `timeout` for in-flight passes.
+    pub(super) async fn drain(
+        &self,
+        mut tasks: JoinSet<()>,
+        watch: JoinHandle<()>,
+        timeout: Duration,
+    ) {
+        tracing::info!(
+            in_flight = tasks.len(),
+            "shutting down: draining in-flight reconciles"
+        );
+        self.work.queue.close();
+        watch.abort();
+        let drained = tokio::time::timeout(timeout, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                abandoned = tasks.len(),
+                "drain timeout: abandoning in-flight reconciles"
+            );
+            // Their fences must fail from now on (the shards are about to be handed over), and
+            // they are aborted and awaited, so none is still running when shards are released.
+            self.ownership.fence();
+            tasks.shutdown().await;
+        }
+    }
+
+    async fn run_pass(self, _in_flight: InFlight, key: Key) {
+        let Some((fence, manifest)) = self.claim(&key) else {
+            return;
+        };
+        let next = self.reconcile_logged(manifest, &fence, &key).await;
+        // A shard handed over meanwhile: its new owner has the key. Forgotten here too, in case
+        // the shard comes back before the watch loop notices it left.
+        let next = if self.ownership.wants(key.shard) {
+            next
+        } else {
+            self.forget(&key);
+            Some(Next::Idle)
+        };
+        self.schedule(key, next);
+    }
+
+    /// The fence and the cached Manifest of a dispatched key, if a pass may run on it now;
+    /// otherwise the key is requeued shortly (ours, not in time) or forgotten.
+    fn claim(&self, key: &Key) -> Option<(Fence, Arc<Manifest>)> {
+        let Some(fence) = self.ownership.dispatch(key.shard) else {
+            if self.ownership.wants(key.shard) {
+                // Still ours but not in time (the renew deadline passed): try again shortly.
+                self.work.queue.add(key.clone(), Duration::from_secs(1));
+            } else {
+                // Not (or no longer) ours: the shard's owner queues it.
+                self.forget(key);
+            }
+            return None;
+        };
+        // Deleted, or recreated under a new UID in another shard (queued under its own key).
+        let Some(manifest) = self
+            .work
+            .get(&key.namespace, &key.name)
+            .filter(|m| self.work.shard_of(m) == Some(key.shard))
+        else {
+            self.forget(key);
+            return None;
+        };
+        Some((fence, manifest))
+    }
+
+    /// One reconcile in its span, between `reconcile start` and `reconcile end`; `None` when it
+    /// panicked.
+    async fn reconcile_logged(
+        &self,
+        manifest: Arc<Manifest>,
+        fence: &Fence,
+        key: &Key,
+    ) -> Option<Next> {
+        let span = tracing::info_span!(
+            "reconcile",
+            namespace = %key.namespace,
+            name = %key.name,
+            uid = manifest.uid().unwrap_or_default(),
+            module = %manifest.spec.module,
+            shard = key.shard,
+            replica = %self.ctx.replica,
+            reconcile_id = RECONCILE_IDS.fetch_add(1, Ordering::Relaxed),
+        );
+        span.in_scope(|| tracing::info!("reconcile start"));
+        // A panic must not leave the key in flight forever (it would never be reconciled again).
+        let pass = std::panic::AssertUnwindSafe(
+            reconcile(manifest, &self.ctx, fence).instrument(span.clone()),
+        )
+        .catch_unwind();
+        let next = pass.await.ok();
+        let result = match &next {
+            Some(Next::After(_)) => "requeue",
+            Some(Next::Retry(_)) => "retry",
+            Some(Next::Idle) => "idle",
+            None => "panicked",
+        };
+        span.in_scope(|| tracing::info!(result, "reconcile end"));
+        if next.is_none() {
+            span.in_scope(|| tracing::error!("reconcile panicked; retrying with backoff"));
+        }
+        next
+    }
+
+    /// Requeues a key by its pass's outcome (`None`: it panicked, retried like a failure).
+    fn schedule(&self, key: Key, next: Option<Next>) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        match next {
+            Some(Next::After(delay)) => {
+                failures.remove(&key);
+                // Up to 10 % later, so that Manifests created together do not drift-check in
+                // lockstep forever.
+                let jitter = (RandomState::new().hash_one(&key) % 1000) as f64 / 10_000.0;
+                self.work.queue.add(key, delay.mul_f64(1.0 + jitter));
+            }
+            Some(Next::Retry(_)) | None => {
+                let count = failures.entry(key.clone()).or_insert(0);
+                let delay = backoff(*count, RandomState::new().hash_one(&key));
+                *count += 1;
+                self.work.queue.add(key, delay);
+            }
+            Some(Next::Idle) => {
+                failures.remove(&key);
+            }
+        }
+    }
+
+    /// Forgets a key: its failures, and what the watch loop saw of it (the next list or event of
+    /// this Manifest queues it again).
+    fn forget(&self, key: &Key) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        self.work.seen().remove(key);
+    }
+}
+
+/// Marks a key done when dropped.
+struct InFlight {
+    queue: Arc<WorkQueue<Key>>,
+    key: Key,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.queue.done(&self.key);
+    }
+}

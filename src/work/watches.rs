@@ -1,0 +1,260 @@
+//! Watches: the two label-selected watches of Manifests, the caches they fill and the queue
+//! they feed.
+//!
+//! `modulemanager.io/shard in (<owned>)` is restarted whenever the owned set changes, so the
+//! cache and the event stream scale with this replica's share; `!modulemanager.io/shard` sees new
+//! Manifests, whose owner stamps the label in its first pass.
+
+use std::collections::BTreeSet;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use kube::api::Api;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+
+use crate::api::Manifest;
+use crate::shard::SHARD_LABEL;
+use crate::shard::fence::{Ownership, Watched};
+use crate::work::controller::{Key, Work};
+
+/// Above this many owned shards the shard watch selects every labelled Manifest and filters
+/// locally (a label selector with thousands of values would make an oversized request).
+const MAX_SELECTOR_SHARDS: usize = 1024;
+
+/// The labelled watch's index in [`Feed`]'s per-watch arrays (the unlabelled one is 1).
+const LABELLED: usize = 0;
+
+/// What the watch loop remembers of a Manifest to tell a spec change from a status-only write.
+#[derive(PartialEq)]
+pub(super) struct Seen {
+    uid: Option<String>,
+    generation: Option<i64>,
+    deleting: bool,
+}
+
+impl Seen {
+    fn of(manifest: &Manifest) -> Self {
+        Self {
+            uid: manifest.uid(),
+            generation: manifest.meta().generation,
+            deleting: manifest.meta().deletion_timestamp.is_some(),
+        }
+    }
+}
+
+type Events = Pin<Box<dyn Stream<Item = Result<watcher::Event<Manifest>, watcher::Error>> + Send>>;
+
+/// The label selector of the shard watch for the dispatchable shards (`None`: all shards);
+/// `None` when there is nothing to watch.
+fn shard_selector(base: Option<&str>, shards: Option<&BTreeSet<u32>>) -> Option<String> {
+    let shard_part = match shards {
+        Some(set) if set.is_empty() => return None,
+        Some(set) if set.len() <= MAX_SELECTOR_SHARDS => {
+            let values: Vec<String> = set.iter().map(u32::to_string).collect();
+            format!("{SHARD_LABEL} in ({})", values.join(","))
+        }
+        _ => SHARD_LABEL.to_owned(),
+    };
+    Some(match base {
+        Some(base) => format!("{base},{shard_part}"),
+        None => shard_part,
+    })
+}
+
+fn watch_with(api: &Api<Manifest>, selector: Option<String>) -> Events {
+    match selector {
+        Some(selector) => watcher(api.clone(), watcher::Config::default().labels(&selector))
+            .default_backoff()
+            .boxed(),
+        None => futures::stream::pending().boxed(),
+    }
+}
+
+/// Feeds the queue from both watches: a Manifest is queued when it is new to this replica, its
+/// spec changed (generation) or its deletion started, and its shard is owned here. Status-only
+/// writes (ours) do not requeue: drift repair runs on the reconcile's own schedule.
+pub(super) async fn feed_queue(
+    api: Api<Manifest>,
+    base: Option<String>,
+    ownership: Arc<Ownership>,
+    work: Work,
+    (labelled_writer, unlabelled_writer): (Writer<Manifest>, Writer<Manifest>),
+    synced: Arc<AtomicBool>,
+) {
+    let mut watched = ownership.subscribe();
+    let owned = watched.borrow_and_update().clone();
+    let unlabelled_selector = match &base {
+        Some(base) => format!("{base},!{SHARD_LABEL}"),
+        None => format!("!{SHARD_LABEL}"),
+    };
+    let mut unlabelled = watch_with(&api, Some(unlabelled_selector));
+    let mut feed = Feed {
+        synced: [owned.shards.as_ref().is_some_and(BTreeSet::is_empty), false],
+        api,
+        base,
+        ownership,
+        work,
+        writers: [labelled_writer, unlabelled_writer],
+        synced_flag: synced,
+        owned,
+        listed: Default::default(),
+    };
+    let mut labelled = feed.shard_watch();
+    loop {
+        let (event, from_labelled) = tokio::select! {
+            changed = watched.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let now = watched.borrow_and_update().clone();
+                if let Some(watch) = feed.owned_changed(now) {
+                    labelled = watch;
+                }
+                continue;
+            }
+            Some(event) = labelled.next() => (event, true),
+            Some(event) = unlabelled.next() => (event, false),
+        };
+        feed.on_event(event, usize::from(!from_labelled));
+    }
+}
+
+/// The state of the watch loop; per-watch arrays are indexed labelled (0), unlabelled (1).
+struct Feed {
+    api: Api<Manifest>,
+    base: Option<String>,
+    ownership: Arc<Ownership>,
+    work: Work,
+    writers: [Writer<Manifest>; 2],
+    /// Set once both watches have seen their first full lists.
+    synced_flag: Arc<AtomicBool>,
+    synced: [bool; 2],
+    owned: Watched,
+    /// Keys listed by a watch's initial list wait for its end: the cache (the store a pass
+    /// reads) holds the new list only from `InitDone` on.
+    listed: [Vec<(Key, Seen)>; 2],
+}
+
+impl Feed {
+    /// The shard watch of the shards owned now.
+    fn shard_watch(&self) -> Events {
+        watch_with(
+            &self.api,
+            shard_selector(self.base.as_deref(), self.owned.shards.as_ref()),
+        )
+    }
+
+    /// The owned shards changed (or not): re-filters the queue and returns the new shard watch.
+    fn owned_changed(&mut self, now: Watched) -> Option<Events> {
+        if now == self.owned {
+            return None;
+        }
+        self.owned = now;
+        // Keys of shards no longer ours leave the queue (their new owner queues them); those of
+        // newly owned shards are queued by the new watch's list, and new Manifests of theirs
+        // from the unlabelled cache right here. One snapshot for all three, so that they agree.
+        let owned = &self.owned;
+        let keep = |shard: u32| owned.shards.as_ref().is_none_or(|set| set.contains(&shard));
+        let work = &self.work;
+        work.queue.retain_shards(keep);
+        work.seen().retain(|key, _| keep(key.shard));
+        for manifest in work.unlabelled.state() {
+            if let Some(key) = work.key_of(&manifest).filter(|k| keep(k.shard)) {
+                work.queue.add(key, Duration::ZERO);
+            }
+        }
+        let labelled = self.shard_watch();
+        self.listed[LABELLED].clear();
+        if self.owned.shards.as_ref().is_some_and(BTreeSet::is_empty) {
+            // Nothing to watch: the cache must not keep the last shards' Manifests.
+            self.writers[LABELLED].apply_watcher_event(&watcher::Event::Init);
+            self.writers[LABELLED].apply_watcher_event(&watcher::Event::InitDone);
+        }
+        Some(labelled)
+    }
+
+    /// An event of watch `stream`: into its cache, then into the queue.
+    fn on_event(&mut self, event: Result<watcher::Event<Manifest>, watcher::Error>, stream: usize) {
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                tracing::warn!("watch Manifests: {e}");
+                return;
+            }
+        };
+        self.writers[stream].apply_watcher_event(&event);
+        match &event {
+            watcher::Event::Apply(manifest) => self.applied(manifest),
+            watcher::Event::InitApply(manifest) => {
+                // Decided at InitDone, against ownership and `seen` as they are then.
+                if let Some(key) = self.work.key_of(manifest) {
+                    self.listed[stream].push((key, Seen::of(manifest)));
+                }
+            }
+            watcher::Event::Delete(manifest) => {
+                if let Some(key) = self.work.key_of(manifest) {
+                    self.work.seen().remove(&key);
+                }
+            }
+            watcher::Event::InitDone => self.listed_all(stream),
+            watcher::Event::Init => self.listed[stream].clear(),
+        }
+    }
+
+    /// A Manifest created or changed: queued when its shard is ours and it is new or changed.
+    fn applied(&self, manifest: &Manifest) {
+        let Some(key) = self.work.key_of(manifest) else {
+            return;
+        };
+        let now = Seen::of(manifest);
+        if self.ownership.wants(key.shard) && self.work.seen().get(&key) != Some(&now) {
+            self.work.seen().insert(key.clone(), now);
+            self.work.queue.add(key, Duration::ZERO);
+        }
+    }
+
+    /// The initial list of watch `stream` is complete: its keys are queued.
+    fn listed_all(&mut self, stream: usize) {
+        for (key, now) in self.listed[stream].drain(..) {
+            let mut seen = self.work.seen();
+            if self.ownership.wants(key.shard) && seen.get(&key) != Some(&now) {
+                seen.insert(key.clone(), now);
+                self.work.queue.add(key, Duration::ZERO);
+            }
+        }
+        self.synced[stream] = true;
+        if self.synced == [true, true] {
+            self.synced_flag.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shard_watch_selects_the_owned_shards() {
+        let set = |v: &[u32]| v.iter().copied().collect::<BTreeSet<u32>>();
+        assert_eq!(shard_selector(None, Some(&set(&[]))), None);
+        assert_eq!(
+            shard_selector(None, Some(&set(&[3, 1]))).as_deref(),
+            Some("modulemanager.io/shard in (1,3)")
+        );
+        assert_eq!(
+            shard_selector(Some("team=a"), None).as_deref(),
+            Some("team=a,modulemanager.io/shard")
+        );
+        let many: BTreeSet<u32> = (0..2000).collect();
+        assert_eq!(
+            shard_selector(None, Some(&many)).as_deref(),
+            Some("modulemanager.io/shard"),
+            "too many values: select all labelled, filter locally"
+        );
+    }
+}
