@@ -32,7 +32,8 @@ pub struct ReplicaSettings {
     /// `--handover-timeout-seconds`, if not the binary's default.
     pub handover_timeout_seconds: Option<u64>,
     /// Whether the replicas are told their StatefulSet (`--statefulset`); without it a
-    /// graceful shutdown always hands over.
+    /// graceful shutdown always hands over (the load test's fault injection for the move
+    /// checker).
     pub statefulset: bool,
     /// `--manifest-selector`: the label selector of the Manifests the fleet reconciles.
     pub manifest_selector: String,
