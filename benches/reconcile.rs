@@ -1,18 +1,17 @@
 //! Benchmarks of the reconcile pipeline on the real control plane and helm (`make bench`):
 //! a fresh install vs a pass over an unchanged Manifest, and a render-cache miss vs a hit.
 //! Reported as medians and ratios measured in the same run (the machine is shared and noisy).
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, PostParams};
-use kube::runtime::events::Reporter;
 use module_manager::api::{Manifest, State};
-use module_manager::apply::Cluster;
-use module_manager::reconcile::{Context, reconcile};
-use module_manager::render::{HelmRenderer, RenderLimits, RenderRequest};
-use module_manager::source::{self, Limits, RemoteCharts, RemoteConfig};
+use module_manager::reconcile::reconcile;
+use module_manager::render::RenderRequest;
+use module_manager::source::{self, Limits};
 use serde_json::json;
 
 const INSTALLS: usize = 10;
@@ -52,29 +51,10 @@ async fn main() -> anyhow::Result<()> {
     let fence = module_manager::shard::fence::Ownership::everything()
         .dispatch(0)
         .expect("owns every shard");
-    let ctx = Context {
-        client: client.clone(),
-        cluster: Cluster::connect(client.clone()).await?,
-        targets: Default::default(),
-        renderer: HelmRenderer::new(
-            testenv::Tools::locate()?.helm,
-            helm_home.path().to_owned(),
-            RenderLimits::default(),
-            Default::default(),
-        )
-        .await?,
-        chart_root: repo(),
-        chart_limits: Limits::default(),
-        remote_charts: RemoteCharts::new(RemoteConfig::new(helm_home.path().join("charts")))?,
-        replica: "bench".into(),
-        shards: module_manager::shard::ShardCount::DEFAULT,
-        metrics: Default::default(),
-        hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
-        reporter: Reporter {
-            controller: "module-manager".into(),
-            instance: Some("bench".into()),
-        },
-    };
+    let ctx = test_support::context(client.clone(), helm_home.path())
+        .replica("bench")
+        .build()
+        .await?;
     let manifests = Api::<Manifest>::namespaced(client.clone(), &ns);
 
     // Fresh installs: every pass until Ready (finalizer, render miss, apply, status).

@@ -36,6 +36,3 @@ pub mod admin;
 
 /// Runtime: a replica's configuration, preflight and wiring.
 pub mod runtime;
-
-/// The checker over the replicas' JSON logs (tests and the load test).
-pub mod log_check;

@@ -3,6 +3,7 @@
 //! indexed by the pinned helm, or broken on purpose), and Debian's `docker-registry` on a
 //! loopback port with charts pushed by `helm push` (and one pushed by `oci-client` with the wrong
 //! media types). The resolver is tested directly, then the whole pipeline on a real API server.
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 mod common;
 
@@ -17,12 +18,8 @@ use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
 use module_manager::api::{ChartSource, Manifest, State as ModuleState};
-use module_manager::apply::Cluster;
-use module_manager::reconcile::Context;
-use module_manager::render::{HelmRenderer, RenderLimits};
 use module_manager::source::{
     FetchError, Limits, RemoteCharts, RemoteConfig, ResolvedChart, SourceError,
 };
@@ -1179,30 +1176,14 @@ async fn start(prefix: &str) -> Harness {
     let client = control_plane.client().await.unwrap();
     let ns = control_plane.namespace(&client, prefix).await.unwrap();
     let (helm_home, chart_cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        cluster: Cluster::connect(client.clone()).await.unwrap(),
-        renderer: HelmRenderer::new(
-            testenv::Tools::locate().unwrap().helm,
-            helm_home.path().to_owned(),
-            RenderLimits::default(),
-            Default::default(),
-        )
-        .await
-        .unwrap(),
-        chart_root: repo(),
-        chart_limits: Default::default(),
-        remote_charts: remote(chart_cache.path()),
-        hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
-        targets: Default::default(),
-        replica: "test-replica".into(),
-        shards: module_manager::shard::ShardCount::DEFAULT,
-        metrics: Default::default(),
-        reporter: Reporter {
-            controller: "module-manager".into(),
-            instance: Some("test-replica".into()),
-        },
-    });
+    let ctx = Arc::new(
+        test_support::context(client.clone(), helm_home.path())
+            .replica("test-replica")
+            .chart_cache(chart_cache.path())
+            .build()
+            .await
+            .unwrap(),
+    );
     let (stop, stopped) = oneshot::channel::<()>();
     let config = ControllerConfig {
         concurrency: 2,

@@ -19,6 +19,7 @@
 //!
 //! Runs in seconds: one control plane (with the ClusterRole aggregation controller) for the four
 //! tests, one operator process.
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -1,26 +1,26 @@
 //! The sharded fleet, end to end: replicas of the real `module-manager` binary against a real
 //! kube-apiserver, a StatefulSet object saying which ordinals are desired, a few hundred
 //! Manifests. Every scenario ends with the overlap checker over the replicas' JSON logs
-//! (`log_check`): no Manifest reconciled by two replicas at once, none left unreconciled.
+//! (`test_support::log_check`): no Manifest reconciled by two replicas at once, none left unreconciled.
 //!
 //! Timings are shortened (lease 4 s, renew every 1 s, renew deadline 3 s) so that expiry-based
 //! takeovers take seconds. The figures printed (`FLEET …` lines) are reported in
 //! `docs/sharding.md`; nothing here asserts a wall-clock time.
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
-use module_manager::log_check;
 use module_manager::shard::{ShardCount, assign};
 use serde_json::{Value, json};
+use test_support::fleet::{LocalFleet, ReplicaSettings, proc_usage};
+use test_support::log_check;
 
 const SHARDS: u32 = 64;
 const LEASE_SECONDS: u64 = 4;
@@ -32,26 +32,17 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-struct Replica {
-    process: testenv::Proc,
-    /// Port of its admin API.
-    admin: u16,
-}
-
 /// A fleet of replica processes named `<name>-<ordinal>`, its StatefulSet object, its Manifests
 /// (labelled `fleet-test=<name>`) and its logs.
 struct Fleet {
     client: Client,
     namespace: String,
     name: String,
-    kubeconfig: PathBuf,
+    local: LocalFleet,
     /// The replicas' logs (kept when `FLEET_KEEP_LOGS` is set).
-    logs: tempfile::TempDir,
-    replicas: BTreeMap<u32, Replica>,
+    _logs: tempfile::TempDir,
     /// Number of shards (`--shards` in the extra arguments, else `SHARDS`).
     shards: u32,
-    starts: u32,
-    extra_args: Vec<String>,
 }
 
 impl Fleet {
@@ -64,40 +55,47 @@ impl Fleet {
         .expect("control plane");
         let client = control_plane.client().await.unwrap();
         let namespace = control_plane.namespace(&client, name).await.unwrap();
-        let statefulset: StatefulSet = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": replicas,
-                "serviceName": name,
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name}},
-                    "spec": {"containers": [{"name": "module-manager", "image": "module-manager"}]}
-                }
-            }
-        }))
-        .unwrap();
-        Api::<StatefulSet>::namespaced(client.clone(), &namespace)
-            .create(&PostParams::default(), &statefulset)
-            .await
+        let logs = tempfile::Builder::new()
+            .prefix(&format!("fleet-{name}-"))
+            .disable_cleanup(std::env::var_os("FLEET_KEEP_LOGS").is_some())
+            .tempdir()
             .unwrap();
+        let settings = ReplicaSettings {
+            binary: env!("CARGO_BIN_EXE_module-manager").into(),
+            chart_root: test_support::repo(),
+            helm: testenv::Tools::locate().unwrap().helm,
+            shards: SHARDS, // extra args may override
+            concurrency: 8,
+            lease_duration_seconds: LEASE_SECONDS,
+            renew_interval_seconds: 1,
+            renew_deadline_seconds: 3,
+            restart_grace_seconds: 30,
+            handover_timeout_seconds: Some(5),
+            statefulset: true,
+            manifest_selector: format!("fleet-test={name}"),
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            log_dir: logs.path().to_owned(),
+        };
+        let local = LocalFleet::create(
+            &client,
+            control_plane.kubeconfig(),
+            &namespace,
+            name,
+            replicas,
+            settings,
+        )
+        .await
+        .unwrap();
         let mut fleet = Self {
             client,
             namespace,
             name: name.to_owned(),
-            kubeconfig: control_plane.kubeconfig().to_owned(),
-            logs: tempfile::Builder::new()
-                .prefix(&format!("fleet-{name}-"))
-                .disable_cleanup(std::env::var_os("FLEET_KEEP_LOGS").is_some())
-                .tempdir()
-                .unwrap(),
-            replicas: BTreeMap::new(),
+            local,
+            _logs: logs,
             shards: extra_args
                 .windows(2)
                 .find(|pair| pair[0] == "--shards")
                 .map_or(SHARDS, |pair| pair[1].parse().unwrap()),
-            starts: 0,
-            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
         };
         for ordinal in 0..replicas {
             fleet.start(ordinal);
@@ -106,91 +104,34 @@ impl Fleet {
     }
 
     fn member(&self, ordinal: u32) -> String {
-        format!("{}-{ordinal}", self.name)
+        self.local.member(ordinal)
     }
 
     /// Starts replica `ordinal` (a fresh log file per process).
     fn start(&mut self, ordinal: u32) {
-        let admin = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        self.starts += 1;
-        let log = self
-            .logs
-            .path()
-            .join(format!("{}.{}.log", self.member(ordinal), self.starts));
-        let mut command = Command::new(env!("CARGO_BIN_EXE_module-manager"));
-        command
-            .current_dir(repo())
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("RUST_LOG", "info,kube=warn")
-            .args(["run", "--replica", &self.member(ordinal)])
-            .args(["--chart-root", "."])
-            .arg("--helm")
-            .arg(testenv::Tools::locate().unwrap().helm)
-            .args(["--shards", &SHARDS.to_string()]) // extra args may override
-            .args(["--fleet", &self.name, "--statefulset", &self.name])
-            .args(["--lease-namespace", &self.namespace])
-            .args(["--lease-duration-seconds", &LEASE_SECONDS.to_string()])
-            .args([
-                "--renew-interval-seconds",
-                "1",
-                "--renew-deadline-seconds",
-                "3",
-            ])
-            .args([
-                "--restart-grace-seconds",
-                "30",
-                "--handover-timeout-seconds",
-                "5",
-            ])
-            .args(["--manifest-selector", &format!("fleet-test={}", self.name)])
-            .args(["--admin-address", &format!("127.0.0.1:{admin}")])
-            .args(["--concurrency", "8"])
-            .args(&self.extra_args);
-        let process = testenv::Proc::spawn(
-            "module-manager",
-            command,
-            &log,
-            testenv::Lifetime::TiedToThisProcess,
-        )
-        .unwrap();
-        self.replicas.insert(ordinal, Replica { process, admin });
+        self.local.start(ordinal).unwrap();
     }
 
     /// SIGTERM and wait for the exit (graceful: restart or leave, as the replica decides).
     fn stop(&mut self, ordinal: u32) {
-        if let Some(mut replica) = self.replicas.remove(&ordinal) {
+        if let Some(mut replica) = self.local.take(ordinal) {
             replica.process.stop(Duration::from_secs(30));
         }
     }
 
     fn signal(&self, ordinal: u32, signal: i32) {
-        let pid = self.replicas[&ordinal].process.pid();
-        assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+        self.local.signal(ordinal, signal).unwrap();
     }
 
     /// The replica's metrics (classic text format) from its admin API.
-    fn scrape(&self, ordinal: u32) -> String {
-        use std::io::{Read, Write};
-        let mut stream =
-            std::net::TcpStream::connect(("127.0.0.1", self.replicas[&ordinal].admin)).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            .unwrap();
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).unwrap();
-        answer
+    async fn scrape(&self, ordinal: u32) -> String {
+        self.local.get(ordinal, "/metrics").await.unwrap().1
     }
 
     /// The sum of the samples of metric `name` (all label sets) on replica `ordinal`.
-    fn metric(&self, ordinal: u32, name: &str) -> f64 {
+    async fn metric(&self, ordinal: u32, name: &str) -> f64 {
         self.scrape(ordinal)
+            .await
             .lines()
             .filter(|l| !l.starts_with('#'))
             .filter(|l| l.split(['{', ' ']).next() == Some(name))
@@ -214,17 +155,12 @@ impl Fleet {
 
     fn kill(&mut self, ordinal: u32) {
         self.signal(ordinal, libc::SIGKILL);
-        let mut replica = self.replicas.remove(&ordinal).unwrap();
+        let mut replica = self.local.take(ordinal).unwrap();
         replica.process.stop(Duration::from_secs(1)); // reaps it
     }
 
     async fn set_desired(&self, replicas: u32) {
-        Api::<StatefulSet>::namespaced(self.client.clone(), &self.namespace)
-            .patch(
-                &self.name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
-            )
+        test_support::fleet::set_desired(&self.client, &self.namespace, &self.name, replicas)
             .await
             .unwrap();
     }
@@ -304,11 +240,7 @@ impl Fleet {
     }
 
     fn tails(&self) -> String {
-        self.replicas
-            .iter()
-            .map(|(o, r)| format!("--- {} ---\n{}", self.member(*o), r.process.log_tail()))
-            .collect::<Vec<_>>()
-            .join("\n")
+        self.local.tails()
     }
 
     /// Every shard Lease as (holder, epoch).
@@ -347,18 +279,7 @@ impl Fleet {
 
     /// All logs written so far, one per process start.
     fn logs(&self) -> Vec<(String, String)> {
-        let mut logs: Vec<(String, String)> = std::fs::read_dir(self.logs.path())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .map(|p| {
-                (
-                    p.file_name().unwrap().to_string_lossy().into_owned(),
-                    std::fs::read_to_string(&p).unwrap(),
-                )
-            })
-            .collect();
-        logs.sort();
-        logs
+        self.local.logs().unwrap()
     }
 
     async fn uids(&self) -> BTreeSet<String> {
@@ -529,9 +450,16 @@ async fn three_replicas_reconcile_every_manifest_and_scale_3_5_2_moving_only_wha
     fleet.wait_ready("after 3 → 5").await;
     // The new members measured each handover gap (release → their acquisition); no takeovers.
     for ordinal in [3, 4] {
-        assert!(fleet.metric(ordinal, "module_manager_fleet_handover_gap_seconds_count") > 0.0);
+        assert!(
+            fleet
+                .metric(ordinal, "module_manager_fleet_handover_gap_seconds_count")
+                .await
+                > 0.0
+        );
         assert_eq!(
-            fleet.metric(ordinal, "module_manager_fleet_shard_takeovers_total"),
+            fleet
+                .metric(ordinal, "module_manager_fleet_shard_takeovers_total")
+                .await,
             0.0
         );
     }
@@ -624,15 +552,15 @@ async fn a_killed_replica_is_taken_over_and_a_stopped_one_does_not_act_on_lost_s
     );
     // It noticed the shards taken from it — as losses after its deadline, not as violations —
     // with a metric and an Event on its membership Lease; the survivors counted takeovers.
-    let metric = |ordinal, name| fleet.metric(ordinal, name);
-    assert!(metric(2, "module_manager_fleet_shard_losses_total") > 0.0);
+    let metric = async |ordinal, name| fleet.metric(ordinal, name).await;
+    assert!(metric(2, "module_manager_fleet_shard_losses_total").await > 0.0);
     assert_eq!(
-        metric(2, "module_manager_fleet_ownership_violations_total"),
+        metric(2, "module_manager_fleet_ownership_violations_total").await,
         0.0
     );
     assert!(
-        metric(0, "module_manager_fleet_shard_takeovers_total")
-            + metric(1, "module_manager_fleet_shard_takeovers_total")
+        metric(0, "module_manager_fleet_shard_takeovers_total").await
+            + metric(1, "module_manager_fleet_shard_takeovers_total").await
             > 0.0
     );
     let reasons = fleet.member_event_reasons(2).await;
@@ -721,7 +649,7 @@ async fn the_checker_catches_replicas_that_ignore_ownership() {
 
 impl Fleet {
     fn admin_url(&self, ordinal: u32) -> String {
-        format!("http://127.0.0.1:{}", self.replicas[&ordinal].admin)
+        format!("http://127.0.0.1:{}", self.local.replicas()[&ordinal].admin)
     }
 }
 
@@ -899,13 +827,7 @@ async fn lease_writes(client: &Client) -> f64 {
 
 /// Resident memory of a process, in MiB.
 fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kib / 1024.0
+    proc_usage(pid).unwrap().1 / (1024.0 * 1024.0)
 }
 
 /// The figures of `docs/sharding.md` that the scenario tests do not print: lease writes of an
@@ -945,7 +867,8 @@ async fn measure_idle_lease_writes_and_memory_per_replica() {
         fleet.wait_assignment(replicas, "memory fleet").await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let idle: Vec<f64> = fleet
-            .replicas
+            .local
+            .replicas()
             .values()
             .map(|r| rss_mib(r.process.pid()))
             .collect();
@@ -956,7 +879,8 @@ async fn measure_idle_lease_writes_and_memory_per_replica() {
             .await;
         tokio::time::sleep(Duration::from_secs(5)).await;
         let each: Vec<f64> = fleet
-            .replicas
+            .local
+            .replicas()
             .values()
             .map(|r| rss_mib(r.process.pid()))
             .collect();

@@ -8,6 +8,7 @@
 //!
 //! The chart is `tests/fixtures/charts/hooks`: each test says through values which hooks it
 //! renders (name, events, kind, weight, delete policy, timeout).
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 mod common;
 
@@ -19,12 +20,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, VersionMatch};
-use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
 use module_manager::api::{HookOperation, HookRun, HookRunPhase, Manifest, State};
-use module_manager::apply::Cluster;
-use module_manager::reconcile::Context;
-use module_manager::render::{HelmRenderer, RenderLimits};
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -68,34 +65,13 @@ async fn start(prefix: &str) -> Harness {
     let client = control_plane.client().await.unwrap();
     let ns = control_plane.namespace(&client, prefix).await.unwrap();
     let helm_home = tempfile::tempdir().unwrap();
-    let helm = testenv::Tools::locate().unwrap().helm;
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        cluster: Cluster::connect(client.clone()).await.unwrap(),
-        renderer: HelmRenderer::new(
-            helm,
-            helm_home.path().to_owned(),
-            RenderLimits::default(),
-            Default::default(),
-        )
-        .await
-        .unwrap(),
-        chart_root: repo(),
-        chart_limits: Default::default(),
-        replica: REPLICA.into(),
-        shards: module_manager::shard::ShardCount::DEFAULT,
-        metrics: Default::default(),
-        hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
-        remote_charts: module_manager::source::RemoteCharts::new(
-            module_manager::source::RemoteConfig::new(helm_home.path().join("charts")),
-        )
-        .unwrap(),
-        targets: Default::default(),
-        reporter: Reporter {
-            controller: "module-manager".into(),
-            instance: Some(REPLICA.into()),
-        },
-    });
+    let ctx = Arc::new(
+        test_support::context(client.clone(), helm_home.path())
+            .replica(REPLICA)
+            .build()
+            .await
+            .unwrap(),
+    );
     let (stop, stopped) = oneshot::channel::<()>();
     let config = ControllerConfig {
         concurrency: 2,

@@ -3,6 +3,7 @@
 //! kubeconfig Secret and one whose kubeconfig is refused, deletion): every line a pass writes
 //! carries the component IDs (namespace, name, uid, module, shard, replica, reconcile id), every
 //! pipeline line is inside a pass, and no Secret value or credential reaches the log.
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

@@ -1,5 +1,6 @@
 //! The Manifest CRD on a real kube-apiserver: CRUD, CEL validation, the status subresource, and
 //! the CRD on the server equals `crds/manifest.yaml`.
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 use std::path::PathBuf;
 

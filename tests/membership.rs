@@ -1,6 +1,7 @@
 //! Membership Leases on a real kube-apiserver: replicas see each other live, a crashed replica
 //! (Lease left behind, no longer renewed) turns dead after the lease duration on the observer's
 //! clock, and a replica that shuts down cleanly leaves at once.
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 use std::time::{Duration, Instant};
 

@@ -2,6 +2,7 @@
 //! `promtool`: dashboards and alerts query only series the binary exports, the rules and every
 //! dashboard query parse, the alerts' unit tests pass, and the exposition passes
 //! `promtool check metrics`. promtool comes from `PROMTOOL` or `PATH` (`hack/ensure-promtool.sh`).
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;

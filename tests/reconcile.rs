@@ -3,6 +3,7 @@
 //!
 //! There is no kubelet: where a workload must become ready, the test writes its status through
 //! the status subresource, as the Deployment controller would.
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 mod common;
 
@@ -14,13 +15,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
-use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
-use module_manager::apply::Cluster;
 use module_manager::reconcile::Context;
-use module_manager::render::{HelmRenderer, RenderLimits};
-use module_manager::source::{RemoteCharts, RemoteConfig};
+use module_manager::render::RenderLimits;
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -67,31 +65,15 @@ async fn start(prefix: &str, limits: RenderLimits) -> Harness {
     let ns = control_plane.namespace(&client, prefix).await.unwrap();
     let helm_home = tempfile::tempdir().unwrap();
     let chart_cache = tempfile::tempdir().unwrap();
-    let helm = testenv::Tools::locate().unwrap().helm;
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        cluster: Cluster::connect(client.clone()).await.unwrap(),
-        targets: Default::default(),
-        renderer: HelmRenderer::new(
-            helm,
-            helm_home.path().to_owned(),
-            limits,
-            Default::default(),
-        )
-        .await
-        .unwrap(),
-        chart_root: repo(),
-        chart_limits: Default::default(),
-        remote_charts: RemoteCharts::new(RemoteConfig::new(chart_cache.path().to_owned())).unwrap(),
-        replica: REPLICA.into(),
-        shards: module_manager::shard::ShardCount::DEFAULT,
-        metrics: Default::default(),
-        hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
-        reporter: Reporter {
-            controller: "module-manager".into(),
-            instance: Some(REPLICA.into()),
-        },
-    });
+    let ctx = Arc::new(
+        test_support::context(client.clone(), helm_home.path())
+            .replica(REPLICA)
+            .chart_cache(chart_cache.path())
+            .render_limits(limits)
+            .build()
+            .await
+            .unwrap(),
+    );
     let (stop, stopped) = oneshot::channel::<()>();
     let config = ControllerConfig {
         concurrency: 2,

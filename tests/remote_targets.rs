@@ -5,6 +5,7 @@
 //!
 //! No test replaces either API server: an unreachable target is a closed port or a listener that
 //! never answers, a bad credential is a token the remote API server refuses.
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 mod common;
 
@@ -20,13 +21,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
-use kube::runtime::events::Reporter;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
-use module_manager::apply::Cluster;
 use module_manager::apply::target::{TargetClients, TargetSettings};
 use module_manager::reconcile::Context;
-use module_manager::render::HelmRenderer;
 use module_manager::telemetry::metrics::{TargetErrorLabels, TargetMetrics};
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
@@ -98,42 +96,22 @@ async fn start(prefix: &str) -> Harness {
     let remote = remote_plane.client().await.unwrap();
     let ns = local_plane.namespace(&local, prefix).await.unwrap();
     let helm_home = tempfile::tempdir().unwrap();
-    let helm = testenv::Tools::locate().unwrap().helm;
-    let ctx = Arc::new(Context {
-        client: local.clone(),
-        cluster: Cluster::connect(local.clone()).await.unwrap(),
-        // Short timeouts: a silent target fails within seconds.
-        hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
-        remote_charts: module_manager::source::RemoteCharts::new(
-            module_manager::source::RemoteConfig::new(helm_home.path().join("charts")),
-        )
-        .unwrap(),
-        targets: TargetClients::new(
-            TargetSettings {
-                connect_timeout: Duration::from_secs(2),
-                request_timeout: Duration::from_secs(5),
-                ..Default::default()
-            },
-            TargetMetrics::default(),
-        ),
-        renderer: HelmRenderer::new(
-            helm,
-            helm_home.path().to_owned(),
-            Default::default(),
-            Default::default(),
-        )
-        .await
-        .unwrap(),
-        chart_root: repo(),
-        chart_limits: Default::default(),
-        replica: REPLICA.into(),
-        shards: module_manager::shard::ShardCount::DEFAULT,
-        metrics: Default::default(),
-        reporter: Reporter {
-            controller: "module-manager".into(),
-            instance: Some(REPLICA.into()),
-        },
-    });
+    let ctx = Arc::new(
+        test_support::context(local.clone(), helm_home.path())
+            .replica(REPLICA)
+            // Short timeouts: a silent target fails within seconds.
+            .targets(TargetClients::new(
+                TargetSettings {
+                    connect_timeout: Duration::from_secs(2),
+                    request_timeout: Duration::from_secs(5),
+                    ..Default::default()
+                },
+                TargetMetrics::default(),
+            ))
+            .build()
+            .await
+            .unwrap(),
+    );
     let (stop, stopped) = oneshot::channel::<()>();
     let config = ControllerConfig {
         concurrency: 4,

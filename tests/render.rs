@@ -1,5 +1,6 @@
 //! Rendering with the real pinned helm binary: output, the cache, and every way a chart or its
 //! values can be bad.
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! Shard Leases on a real kube-apiserver: replicas split the shards as assigned, take over a
 //! crashed member's shards, hand them back, and never both hold a shard when their views of the
 //! fleet disagree (the compare-and-swap decides).
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 use std::collections::BTreeSet;
 

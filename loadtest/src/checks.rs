@@ -2,7 +2,7 @@
 //! the run (non-zero exit).
 //!
 //! - `overlap`: two replicas reconciling one Manifest at the same time (the replicas' logs,
-//!   [`module_manager::log_check`]);
+//!   [`test_support::log_check`]);
 //! - `not-converged`: a Manifest that never reached its expected state (Ready at the generation
 //!   written, or gone after a delete), or that no replica ever reconciled;
 //! - `unowned-shard`: a shard without a live owner for longer than twice the lease duration;
@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use module_manager::log_check;
+use test_support::log_check;
 
 use crate::load::Op;
 use crate::results::Violation;

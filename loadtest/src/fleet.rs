@@ -3,52 +3,38 @@
 //!
 //! - [`Fleet::local`]: the harness starts the control plane (etcd, kube-apiserver,
 //!   kube-controller-manager) and N processes of the real `module-manager` binary, as a
-//!   StatefulSet controller would: a StatefulSet object says which ordinals are desired, the
-//!   harness starts and stops `<fleet>-<ordinal>` to match. Optional per-replica CPU limits
-//!   through cgroup v1/v2 CPU quotas.
+//!   StatefulSet controller would ([`test_support::fleet::LocalFleet`]): a StatefulSet object
+//!   says which ordinals are desired, the harness starts and stops `<fleet>-<ordinal>` to match.
+//!   On top of it here: optional per-replica CPU limits through cgroup v1/v2 CPU quotas, and
+//!   paused replicas.
 //! - [`Fleet::cluster`]: a fleet already deployed as a StatefulSet, reached through a
 //!   kubeconfig: replicas are its pods, their admin API is read through the API server's pod
 //!   proxy, kills are pod deletions with grace period 0, restarts pod deletions, scaling the
 //!   StatefulSet's `spec.replicas`. A pause (SIGSTOP) has no API equivalent there.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams};
 use kube::{Client, ResourceExt};
-use serde_json::json;
+use test_support::fleet::{LocalFleet, ReplicaSettings, http_get, signal, stop_all};
 
 use crate::cgroup::CpuLimit;
+
+pub use test_support::fleet::{cpu_seconds_from_stat, proc_usage};
 
 /// Settings of a local fleet's replicas.
 #[derive(Clone, Debug)]
 pub struct LocalSettings {
-    /// The `module-manager` binary.
-    pub binary: PathBuf,
-    /// `--chart-root` (the repository, so that `loadtest/charts/…` resolves).
-    pub chart_root: PathBuf,
-    pub helm: PathBuf,
-    pub shards: u32,
-    pub concurrency: usize,
-    pub lease_duration_seconds: u64,
-    pub renew_interval_seconds: u64,
-    pub renew_deadline_seconds: u64,
-    pub restart_grace_seconds: u64,
+    /// Their flags (the manifest selector is the fleet's: `loadtest-fleet=<name>`).
+    pub replica: ReplicaSettings,
     /// Cores per replica (cgroup CPU quota), if any.
     pub cpu_limit: Option<f64>,
-    /// Passed to every replica after the harness's own arguments (a later flag wins).
-    pub extra_args: Vec<String>,
-    /// Whether the replicas are told their StatefulSet (`--statefulset`); without it a
-    /// graceful shutdown always hands over (fault injection for the move checker).
-    pub statefulset: bool,
-    /// Directory for the replicas' logs (one file per process start).
-    pub log_dir: PathBuf,
 }
 
 /// How to reach a deployed fleet.
@@ -61,12 +47,6 @@ pub struct ClusterSettings {
     pub fleet: String,
     /// Port of the admin API in the pods.
     pub admin_port: u16,
-}
-
-/// A replica process started by the harness.
-struct LocalReplica {
-    process: testenv::Proc,
-    admin: u16,
 }
 
 /// How to reach the replicas without holding the [`Fleet`]: cheap to clone, shared with the
@@ -92,10 +72,7 @@ enum Reach {
 #[expect(clippy::large_enum_variant, reason = "one value per fleet")]
 enum Kind {
     Local {
-        settings: LocalSettings,
-        kubeconfig: PathBuf,
-        replicas: BTreeMap<u32, LocalReplica>,
-        starts: u32,
+        fleet: LocalFleet,
         cpu: Option<CpuLimit>,
         /// Paused ordinals (SIGSTOP).
         paused: Vec<u32>,
@@ -132,26 +109,12 @@ impl Fleet {
         replicas: u32,
         settings: LocalSettings,
     ) -> anyhow::Result<Self> {
-        let statefulset: StatefulSet = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": replicas,
-                "serviceName": name,
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name}},
-                    "spec": {"containers": [{"name": "module-manager", "image": "module-manager"}]}
-                }
-            }
-        }))?;
-        // No kubelet runs the pods: kube-controller-manager's StatefulSet controller creates
-        // Pod objects that stay Pending, which nothing here reads. The replicas read only
-        // `spec.replicas`.
-        Api::<StatefulSet>::namespaced(client.clone(), namespace)
-            .create(&PostParams::default(), &statefulset)
-            .await
-            .context("create the fleet's StatefulSet object")?;
-        std::fs::create_dir_all(&settings.log_dir)?;
+        let mut replica = settings.replica;
+        replica.manifest_selector = format!("loadtest-fleet={name}");
+        let shards = replica.shards;
+        let lease_duration = Duration::from_secs(replica.lease_duration_seconds);
+        let local =
+            LocalFleet::create(&client, kubeconfig, namespace, name, replicas, replica).await?;
         let cpu = match settings.cpu_limit {
             Some(cores) => Some(CpuLimit::create(name, cores)?),
             None => None,
@@ -168,14 +131,11 @@ impl Fleet {
             probe,
             name: name.to_owned(),
             lease_namespace: namespace.to_owned(),
-            shards: settings.shards,
-            lease_duration: Duration::from_secs(settings.lease_duration_seconds),
+            shards,
+            lease_duration,
             manifest_labels: BTreeMap::from([("loadtest-fleet".to_owned(), name.to_owned())]),
             kind: Kind::Local {
-                settings,
-                kubeconfig: kubeconfig.to_owned(),
-                replicas: BTreeMap::new(),
-                starts: 0,
+                fleet: local,
                 cpu,
                 paused: Vec::new(),
             },
@@ -259,88 +219,26 @@ impl Fleet {
         self.probe.scrape(ordinal).await
     }
 
-    /// Starts replica `ordinal` (local fleets only).
+    /// Starts replica `ordinal` (local fleets only) in the fleet's CPU cgroup, if any.
     fn start(&mut self, ordinal: u32) -> anyhow::Result<()> {
-        let member = self.member(ordinal);
-        let fleet = self.name.clone();
-        let namespace = self.lease_namespace.clone();
-        let Kind::Local {
-            settings,
-            kubeconfig,
-            replicas,
-            starts,
-            cpu,
-            ..
-        } = &mut self.kind
-        else {
+        let Kind::Local { fleet, cpu, .. } = &mut self.kind else {
             bail!("start: only local fleets start processes");
         };
-        let admin = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        *starts += 1;
-        let log = settings.log_dir.join(format!("{member}.{starts}.log"));
-        let mut command = Command::new(&settings.binary);
-        command
-            .current_dir(&settings.chart_root)
-            .env("KUBECONFIG", &*kubeconfig)
-            .env("RUST_LOG", "info,kube=warn")
-            .args(["run", "--replica", &member])
-            .arg("--chart-root")
-            .arg(&settings.chart_root)
-            .arg("--helm")
-            .arg(&settings.helm)
-            .args(["--shards", &settings.shards.to_string()])
-            .args(["--fleet", &fleet])
-            .args(["--lease-namespace", &namespace])
-            .args([
-                "--lease-duration-seconds",
-                &settings.lease_duration_seconds.to_string(),
-            ])
-            .args([
-                "--renew-interval-seconds",
-                &settings.renew_interval_seconds.to_string(),
-            ])
-            .args([
-                "--renew-deadline-seconds",
-                &settings.renew_deadline_seconds.to_string(),
-            ])
-            .args([
-                "--restart-grace-seconds",
-                &settings.restart_grace_seconds.to_string(),
-            ])
-            .args(["--manifest-selector", &format!("loadtest-fleet={fleet}")])
-            .args(
-                settings
-                    .statefulset
-                    .then(|| ["--statefulset".to_owned(), fleet.clone()])
-                    .into_iter()
-                    .flatten(),
-            )
-            .args(["--admin-address", &format!("127.0.0.1:{admin}")])
-            .args(["--concurrency", &settings.concurrency.to_string()])
-            .args(&settings.extra_args);
-        let process = testenv::Proc::spawn(
-            "module-manager",
-            command,
-            &log,
-            testenv::Lifetime::TiedToThisProcess,
-        )
-        .with_context(|| format!("start {member} ({})", settings.binary.display()))?;
+        let pid = fleet.start(ordinal)?.process.pid();
         if let Some(cpu) = cpu {
-            cpu.add(&member, process.pid())?;
+            cpu.add(&fleet.member(ordinal), pid)?;
         }
-        replicas.insert(ordinal, LocalReplica { process, admin });
         self.sync_endpoints();
         Ok(())
     }
 
     /// Publishes the running local processes to the probe.
     fn sync_endpoints(&self) {
-        if let (Kind::Local { replicas, .. }, Reach::Local(endpoints)) =
+        if let (Kind::Local { fleet, .. }, Reach::Local(endpoints)) =
             (&self.kind, &self.probe.reach)
         {
-            *endpoints.lock().unwrap() = replicas
+            *endpoints.lock().unwrap() = fleet
+                .replicas()
                 .iter()
                 .map(|(o, r)| (*o, (r.admin, r.process.pid())))
                 .collect();
@@ -351,14 +249,13 @@ impl Fleet {
     /// and stops (SIGTERM, waiting for the exit) the ones above, all at once as
     /// `podManagementPolicy: Parallel` does.
     pub async fn scale(&mut self, replicas: u32) -> anyhow::Result<()> {
-        Api::<StatefulSet>::namespaced(self.client.clone(), &self.lease_namespace)
-            .patch(
-                self.statefulset_name(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
-            )
-            .await
-            .context("scale the StatefulSet")?;
+        test_support::fleet::set_desired(
+            &self.client,
+            &self.lease_namespace,
+            self.statefulset_name(),
+            replicas,
+        )
+        .await?;
         if !self.is_local() {
             return Ok(());
         }
@@ -370,12 +267,9 @@ impl Fleet {
         }
         let leaving: Vec<u32> = running.into_iter().filter(|o| *o >= replicas).collect();
         let mut stopping = Vec::new();
-        if let Kind::Local {
-            replicas: procs, ..
-        } = &mut self.kind
-        {
+        if let Kind::Local { fleet, .. } = &mut self.kind {
             for ordinal in leaving {
-                if let Some(replica) = procs.remove(&ordinal) {
+                if let Some(replica) = fleet.take(ordinal) {
                     stopping.push(replica);
                 }
             }
@@ -396,10 +290,8 @@ impl Fleet {
     /// replica after `restart_after`, as the StatefulSet controller would recreate the pod.
     pub async fn kill(&mut self, ordinal: u32) -> anyhow::Result<()> {
         match &mut self.kind {
-            Kind::Local {
-                replicas, paused, ..
-            } => {
-                let Some(replica) = replicas.remove(&ordinal) else {
+            Kind::Local { fleet, paused, .. } => {
+                let Some(replica) = fleet.take(ordinal) else {
                     bail!("kill: replica {ordinal} is not running");
                 };
                 signal(replica.process.pid(), libc::SIGKILL)?;
@@ -429,13 +321,11 @@ impl Fleet {
 
     /// SIGSTOP (`true`) or SIGCONT (`false`); local fleets only.
     pub fn pause(&mut self, ordinal: u32, stop: bool) -> anyhow::Result<()> {
-        let Kind::Local {
-            replicas, paused, ..
-        } = &mut self.kind
-        else {
+        let Kind::Local { fleet, paused, .. } = &mut self.kind else {
             bail!("pausing a replica (SIGSTOP) needs a local fleet");
         };
-        let replica = replicas
+        let replica = fleet
+            .replicas()
             .get(&ordinal)
             .with_context(|| format!("pause: replica {ordinal} is not running"))?;
         signal(
@@ -454,9 +344,9 @@ impl Fleet {
     /// delete the pod and wait for its successor to be ready).
     pub async fn restart(&mut self, ordinal: u32) -> anyhow::Result<()> {
         match &mut self.kind {
-            Kind::Local { replicas, .. } => {
-                let replica = replicas
-                    .remove(&ordinal)
+            Kind::Local { fleet, .. } => {
+                let replica = fleet
+                    .take(ordinal)
                     .with_context(|| format!("restart: replica {ordinal} is not running"))?;
                 self.sync_endpoints();
                 stop_all(vec![replica], Duration::from_secs(60)).await;
@@ -507,11 +397,7 @@ impl Fleet {
     /// The end of every local replica's log (for error messages).
     pub fn tails(&self) -> String {
         match &self.kind {
-            Kind::Local { replicas, .. } => replicas
-                .iter()
-                .map(|(o, r)| format!("--- {} ---\n{}", self.member(*o), r.process.log_tail()))
-                .collect::<Vec<_>>()
-                .join("\n"),
+            Kind::Local { fleet, .. } => fleet.tails(),
             Kind::Cluster { .. } => String::new(),
         }
     }
@@ -520,21 +406,7 @@ impl Fleet {
     /// deployed fleets the current and previous container's log of each pod.
     pub async fn logs(&self) -> anyhow::Result<Vec<(String, String)>> {
         match &self.kind {
-            Kind::Local { settings, .. } => {
-                let mut logs = Vec::new();
-                for entry in std::fs::read_dir(&settings.log_dir)? {
-                    let path = entry?.path();
-                    logs.push((
-                        path.file_name()
-                            .unwrap_or_default()
-                            .to_string_lossy()
-                            .into(),
-                        std::fs::read_to_string(&path)?,
-                    ));
-                }
-                logs.sort();
-                Ok(logs)
-            }
+            Kind::Local { fleet, .. } => fleet.logs(),
             Kind::Cluster { settings } => {
                 let api = Api::<Pod>::namespaced(self.client.clone(), &settings.namespace);
                 let mut logs = Vec::new();
@@ -557,19 +429,11 @@ impl Fleet {
 
     /// Stops every local replica (SIGCONT first for paused ones) and removes the CPU cgroups.
     pub async fn shutdown(&mut self) {
-        if let Kind::Local {
-            replicas,
-            paused,
-            cpu,
-            ..
-        } = &mut self.kind
-        {
+        if let Kind::Local { fleet, paused, cpu } = &mut self.kind {
             for ordinal in paused.drain(..) {
-                if let Some(r) = replicas.get(&ordinal) {
-                    let _ = signal(r.process.pid(), libc::SIGCONT);
-                }
+                let _ = fleet.signal(ordinal, libc::SIGCONT);
             }
-            let all: Vec<LocalReplica> = std::mem::take(replicas).into_values().collect();
+            let all = fleet.take_all();
             let cpu = cpu.take();
             self.sync_endpoints();
             stop_all(all, Duration::from_secs(30)).await;
@@ -688,102 +552,4 @@ fn pod_ready(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn signal(pid: u32, signal: i32) -> anyhow::Result<()> {
-    // SAFETY: kill(2) with a positive pid has no memory effects.
-    if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
-        bail!("kill({pid}, {signal}): {}", std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// SIGTERM every replica at once and wait for them (SIGKILL after `grace`).
-async fn stop_all(replicas: Vec<LocalReplica>, grace: Duration) {
-    let waits = replicas.into_iter().map(|mut r| {
-        tokio::task::spawn_blocking(move || {
-            let _ = signal(r.process.pid(), libc::SIGCONT);
-            r.process.stop(grace)
-        })
-    });
-    futures::future::join_all(waits).await;
-}
-
-/// A minimal HTTP/1.0 GET to the loopback admin API: (status, body). Bounded by 10 s.
-async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-            .await?;
-        let mut answer = Vec::new();
-        stream
-            .take(64 * 1024 * 1024)
-            .read_to_end(&mut answer)
-            .await?;
-        anyhow::Ok(String::from_utf8_lossy(&answer).into_owned())
-    };
-    let answer = tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .context("admin API: timed out")??;
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .context("admin API: no HTTP status line")?;
-    Ok((status, body.to_owned()))
-}
-
-/// (CPU seconds incl. waited-for children, RSS bytes) of a process, from `/proc`.
-pub fn proc_usage(pid: u32) -> Option<(f64, f64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let cpu = cpu_seconds_from_stat(&stat)?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some((cpu, rss_kib * 1024.0))
-}
-
-/// utime + stime + cutime + cstime of a `/proc/<pid>/stat` line, in seconds.
-pub fn cpu_seconds_from_stat(stat: &str) -> Option<f64> {
-    // The command name (field 2) is in parentheses and may contain anything: fields after it.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // rest[0] is field 3 (state); utime..cstime are fields 14..17.
-    let ticks: f64 = fields
-        .get(11..15)?
-        .iter()
-        .map(|f| f.parse::<f64>().ok())
-        .sum::<Option<f64>>()?;
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Some(ticks / hz)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_from_a_stat_line_with_a_hostile_command_name() {
-        // SAFETY: as above.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        let line = "42 (a) (b c) S 1 42 42 0 -1 4194560 100 0 0 0 30 20 7 3 20 0 1 0 100 0 0";
-        assert_eq!(cpu_seconds_from_stat(line), Some(60.0 / hz));
-        assert_eq!(cpu_seconds_from_stat("42 (x) S 1"), None);
-    }
-
-    #[test]
-    fn own_usage_is_readable() {
-        let (cpu, rss) = proc_usage(std::process::id()).unwrap();
-        assert!(cpu >= 0.0);
-        assert!(rss > 1024.0 * 1024.0, "{rss}");
-    }
 }

@@ -11,9 +11,10 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use module_manager::log_check;
 use module_manager::shard::{ShardCount, assign};
 use serde_json::json;
+use test_support::fleet::ReplicaSettings;
+use test_support::log_check;
 
 use crate::fleet::{ClusterSettings, Fleet, LocalSettings, Probe};
 use crate::load::{Load, ManifestShape, Op, Rates};
@@ -134,7 +135,7 @@ impl Phase {
         let fleet = match cluster {
             Cluster::Local(cp) => {
                 let repo = repo(options);
-                let settings = LocalSettings {
+                let replica = ReplicaSettings {
                     binary: binary(options)?,
                     chart_root: repo.clone(),
                     helm: testenv::Tools::locate()?.helm,
@@ -144,10 +145,16 @@ impl Phase {
                     renew_interval_seconds: options.renew_interval_seconds,
                     renew_deadline_seconds: options.renew_deadline_seconds,
                     restart_grace_seconds: options.restart_grace_seconds,
-                    cpu_limit: options.cpu_per_replica,
-                    extra_args: options.replica_args.clone(),
+                    handover_timeout_seconds: None,
                     statefulset: !options.without_statefulset,
+                    // Set by `Fleet::local` (the fleet's label).
+                    manifest_selector: String::new(),
+                    extra_args: options.replica_args.clone(),
                     log_dir: log_dir(&namespace),
+                };
+                let settings = LocalSettings {
+                    replica,
+                    cpu_limit: options.cpu_per_replica,
                 };
                 Fleet::local(
                     client.clone(),

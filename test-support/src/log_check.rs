@@ -1,6 +1,6 @@
 //! Checks the replicas' JSON logs for reconcile passes of one Manifest that overlapped in time.
 //!
-//! Every replica writes one JSON object per line (see [`crate::telemetry`]). A reconcile pass logs
+//! Every replica writes one JSON object per line (see `module_manager::telemetry`). A reconcile pass logs
 //! `reconcile start` and `reconcile end` (with an optional `result`) inside the span named
 //! `reconcile`, whose fields carry the Manifest's `uid`, the `replica` name and the per-process
 //! `reconcile_id`. This module is pure: it takes log contents and returns a [`Report`]:

@@ -1,0 +1,94 @@
+//! A reconcile [`Context`] for in-process tests and the bench: test defaults, a few overrides.
+
+use std::path::{Path, PathBuf};
+
+use kube::Client;
+use kube::runtime::events::Reporter;
+use module_manager::apply::Cluster;
+use module_manager::apply::target::TargetClients;
+use module_manager::reconcile::Context;
+use module_manager::render::{HelmRenderer, RenderLimits};
+use module_manager::source::{Limits, RemoteCharts, RemoteConfig};
+
+/// The replica name tests run as unless [`ContextBuilder::replica`] says otherwise.
+pub const REPLICA: &str = "test-replica";
+
+/// Builds a [`Context`]; start with [`context`].
+pub struct ContextBuilder {
+    client: Client,
+    helm_home: PathBuf,
+    chart_cache: PathBuf,
+    render_limits: RenderLimits,
+    targets: TargetClients,
+    replica: String,
+}
+
+/// A Context on `client` whose helm home is `helm_home`. Defaults: the real helm
+/// (`testenv::Tools`), chart root [`repo`](crate::repo), default chart and render limits, the remote-chart
+/// cache in `<helm_home>/charts`, default target clients, replica [`REPLICA`] (also the Events'
+/// reporting instance, controller `module-manager`), the default shard count, the
+/// default hook timeout, fresh metrics.
+pub fn context(client: Client, helm_home: &Path) -> ContextBuilder {
+    ContextBuilder {
+        client,
+        helm_home: helm_home.to_owned(),
+        chart_cache: helm_home.join("charts"),
+        render_limits: RenderLimits::default(),
+        targets: TargetClients::default(),
+        replica: REPLICA.to_owned(),
+    }
+}
+
+impl ContextBuilder {
+    /// The replica name (`status.owner`, and the Events' reporting instance).
+    pub fn replica(mut self, replica: &str) -> Self {
+        self.replica = replica.to_owned();
+        self
+    }
+
+    /// Where remote charts are cached (default `<helm_home>/charts`).
+    pub fn chart_cache(mut self, dir: &Path) -> Self {
+        self.chart_cache = dir.to_owned();
+        self
+    }
+
+    /// The renderer's limits.
+    pub fn render_limits(mut self, limits: RenderLimits) -> Self {
+        self.render_limits = limits;
+        self
+    }
+
+    /// The clients of remote targets (e.g. with short timeouts).
+    pub fn targets(mut self, targets: TargetClients) -> Self {
+        self.targets = targets;
+        self
+    }
+
+    /// Discovers the cluster and checks the helm binary.
+    pub async fn build(self) -> anyhow::Result<Context> {
+        let renderer = HelmRenderer::new(
+            testenv::Tools::locate()?.helm,
+            self.helm_home,
+            self.render_limits,
+            Default::default(),
+        )
+        .await?;
+        Ok(Context {
+            cluster: Cluster::connect(self.client.clone()).await?,
+            client: self.client,
+            targets: self.targets,
+            renderer,
+            chart_root: crate::repo(),
+            chart_limits: Limits::default(),
+            remote_charts: RemoteCharts::new(RemoteConfig::new(self.chart_cache))?,
+            shards: module_manager::shard::ShardCount::DEFAULT,
+            reporter: Reporter {
+                controller: "module-manager".into(),
+                instance: Some(self.replica.clone()),
+            },
+            replica: self.replica,
+            metrics: Default::default(),
+            hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
+        })
+    }
+}

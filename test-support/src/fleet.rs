@@ -1,0 +1,353 @@
+//! A local fleet: processes of the real `module-manager` binary named `<fleet>-<ordinal>`, run as
+//! a StatefulSet controller would (a StatefulSet object says which ordinals are desired; the
+//! caller starts and stops them to match), with their logs (one file per process start), admin
+//! ports, signals and resource usage. The fleet tests and the load test build on it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+/// The flags every replica of a local fleet gets (besides its name and admin address).
+#[derive(Clone, Debug)]
+pub struct ReplicaSettings {
+    /// The `module-manager` binary.
+    pub binary: PathBuf,
+    /// `--chart-root`, also the replicas' working directory (the repository, so that
+    /// `tests/fixtures/charts/…` and `loadtest/charts/…` resolve).
+    pub chart_root: PathBuf,
+    pub helm: PathBuf,
+    pub shards: u32,
+    pub concurrency: usize,
+    pub lease_duration_seconds: u64,
+    pub renew_interval_seconds: u64,
+    pub renew_deadline_seconds: u64,
+    pub restart_grace_seconds: u64,
+    /// `--handover-timeout-seconds`, if not the binary's default.
+    pub handover_timeout_seconds: Option<u64>,
+    /// Whether the replicas are told their StatefulSet (`--statefulset`); without it a
+    /// graceful shutdown always hands over (the load test's fault injection for the move
+    /// checker).
+    pub statefulset: bool,
+    /// `--manifest-selector`: the label selector of the Manifests the fleet reconciles.
+    pub manifest_selector: String,
+    /// Passed to every replica after the harness's own arguments (a later flag wins).
+    pub extra_args: Vec<String>,
+    /// Directory for the replicas' logs (one file per process start).
+    pub log_dir: PathBuf,
+}
+
+/// A replica process started by the harness.
+pub struct Replica {
+    pub process: testenv::Proc,
+    /// Port of its admin API (on 127.0.0.1).
+    pub admin: u16,
+}
+
+/// The running replica processes of one fleet, and how to start more.
+pub struct LocalFleet {
+    /// Fleet name: replicas are `<name>-<ordinal>`; also the StatefulSet's name.
+    pub name: String,
+    /// Namespace of the StatefulSet object and of the fleet's Leases.
+    pub namespace: String,
+    kubeconfig: PathBuf,
+    settings: ReplicaSettings,
+    replicas: BTreeMap<u32, Replica>,
+    starts: u32,
+}
+
+impl LocalFleet {
+    /// Creates the fleet's StatefulSet object (desired `replicas`) in `namespace` and returns
+    /// the fleet with no process running yet. The control plane is the caller's.
+    pub async fn create(
+        client: &Client,
+        kubeconfig: &Path,
+        namespace: &str,
+        name: &str,
+        replicas: u32,
+        settings: ReplicaSettings,
+    ) -> anyhow::Result<Self> {
+        let statefulset: StatefulSet = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": replicas,
+                "serviceName": name,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{"name": "module-manager", "image": "module-manager"}]}
+                }
+            }
+        }))?;
+        // No kubelet runs the pods: if kube-controller-manager's StatefulSet controller runs,
+        // it creates Pod objects that stay Pending, which nothing here reads. The replicas read
+        // only `spec.replicas`.
+        Api::<StatefulSet>::namespaced(client.clone(), namespace)
+            .create(&PostParams::default(), &statefulset)
+            .await
+            .context("create the fleet's StatefulSet object")?;
+        std::fs::create_dir_all(&settings.log_dir)?;
+        Ok(Self {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            kubeconfig: kubeconfig.to_owned(),
+            settings,
+            replicas: BTreeMap::new(),
+            starts: 0,
+        })
+    }
+
+    /// Replica name of `ordinal`.
+    pub fn member(&self, ordinal: u32) -> String {
+        format!("{}-{ordinal}", self.name)
+    }
+
+    pub fn settings(&self) -> &ReplicaSettings {
+        &self.settings
+    }
+
+    /// The running replicas by ordinal.
+    pub fn replicas(&self) -> &BTreeMap<u32, Replica> {
+        &self.replicas
+    }
+
+    /// Starts replica `ordinal` (a fresh log file per process).
+    pub fn start(&mut self, ordinal: u32) -> anyhow::Result<&Replica> {
+        let member = self.member(ordinal);
+        let admin = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        self.starts += 1;
+        let log = self
+            .settings
+            .log_dir
+            .join(format!("{member}.{}.log", self.starts));
+        let command = self.command(&member, admin);
+        let process = testenv::Proc::spawn(
+            "module-manager",
+            command,
+            &log,
+            testenv::Lifetime::TiedToThisProcess,
+        )
+        .with_context(|| format!("start {member} ({})", self.settings.binary.display()))?;
+        self.replicas.insert(ordinal, Replica { process, admin });
+        Ok(&self.replicas[&ordinal])
+    }
+
+    /// The command line of replica `member`.
+    fn command(&self, member: &str, admin: u16) -> Command {
+        let settings = &self.settings;
+        let mut command = Command::new(&settings.binary);
+        command
+            .current_dir(&settings.chart_root)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info,kube=warn")
+            .args(["run", "--replica", member])
+            .arg("--chart-root")
+            .arg(&settings.chart_root)
+            .arg("--helm")
+            .arg(&settings.helm)
+            .args(["--shards", &settings.shards.to_string()])
+            .args(["--fleet", &self.name])
+            .args(["--lease-namespace", &self.namespace]);
+        let seconds = [
+            ("--lease-duration-seconds", settings.lease_duration_seconds),
+            ("--renew-interval-seconds", settings.renew_interval_seconds),
+            ("--renew-deadline-seconds", settings.renew_deadline_seconds),
+            ("--restart-grace-seconds", settings.restart_grace_seconds),
+        ];
+        for (flag, value) in seconds {
+            command.args([flag, &value.to_string()]);
+        }
+        if let Some(timeout) = settings.handover_timeout_seconds {
+            command.args(["--handover-timeout-seconds", &timeout.to_string()]);
+        }
+        if settings.statefulset {
+            command.args(["--statefulset", &self.name]);
+        }
+        command
+            .args(["--manifest-selector", &settings.manifest_selector])
+            .args(["--admin-address", &format!("127.0.0.1:{admin}")])
+            .args(["--concurrency", &settings.concurrency.to_string()])
+            .args(&settings.extra_args);
+        command
+    }
+
+    /// Removes replica `ordinal` from the running ones, for the caller to stop.
+    pub fn take(&mut self, ordinal: u32) -> Option<Replica> {
+        self.replicas.remove(&ordinal)
+    }
+
+    /// Removes every replica, for the caller to stop.
+    pub fn take_all(&mut self) -> Vec<Replica> {
+        std::mem::take(&mut self.replicas).into_values().collect()
+    }
+
+    /// Sends `signal` to replica `ordinal`.
+    pub fn signal(&self, ordinal: u32, signal: i32) -> anyhow::Result<()> {
+        let replica = self
+            .replicas
+            .get(&ordinal)
+            .with_context(|| format!("replica {ordinal} is not running"))?;
+        self::signal(replica.process.pid(), signal)
+    }
+
+    /// GET `path` from replica `ordinal`'s admin API: (status, body).
+    pub async fn get(&self, ordinal: u32, path: &str) -> anyhow::Result<(u16, String)> {
+        let replica = self
+            .replicas
+            .get(&ordinal)
+            .with_context(|| format!("replica {ordinal} is not running"))?;
+        http_get(replica.admin, path).await
+    }
+
+    /// The end of every running replica's log (for error messages).
+    pub fn tails(&self) -> String {
+        self.replicas
+            .iter()
+            .map(|(o, r)| format!("--- {} ---\n{}", self.member(*o), r.process.log_tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Every log written so far as (file name, content), one per process start, sorted.
+    pub fn logs(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let mut logs = Vec::new();
+        for entry in std::fs::read_dir(&self.settings.log_dir)? {
+            let path = entry?.path();
+            logs.push((
+                path.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into(),
+                std::fs::read_to_string(&path)?,
+            ));
+        }
+        logs.sort();
+        Ok(logs)
+    }
+}
+
+/// Sets the StatefulSet's `spec.replicas` (the desired ordinals the replicas read).
+pub async fn set_desired(
+    client: &Client,
+    namespace: &str,
+    statefulset: &str,
+    replicas: u32,
+) -> anyhow::Result<()> {
+    Api::<StatefulSet>::namespaced(client.clone(), namespace)
+        .patch(
+            statefulset,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .context("scale the StatefulSet")?;
+    Ok(())
+}
+
+/// kill(2).
+pub fn signal(pid: u32, signal: i32) -> anyhow::Result<()> {
+    // SAFETY: kill(2) with a positive pid has no memory effects.
+    if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+        bail!("kill({pid}, {signal}): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// SIGTERM every replica at once (SIGCONT first, in case it is paused) and wait for them
+/// (SIGKILL after `grace`).
+pub async fn stop_all(replicas: Vec<Replica>, grace: Duration) {
+    let waits = replicas.into_iter().map(|mut r| {
+        tokio::task::spawn_blocking(move || {
+            let _ = signal(r.process.pid(), libc::SIGCONT);
+            r.process.stop(grace)
+        })
+    });
+    futures::future::join_all(waits).await;
+}
+
+/// A minimal HTTP/1.0 GET to the loopback admin API: (status, body). Bounded by 10 s.
+pub async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+            .await?;
+        let mut answer = Vec::new();
+        stream
+            .take(64 * 1024 * 1024)
+            .read_to_end(&mut answer)
+            .await?;
+        anyhow::Ok(String::from_utf8_lossy(&answer).into_owned())
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .context("admin API: timed out")??;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("admin API: no HTTP status line")?;
+    Ok((status, body.to_owned()))
+}
+
+/// (CPU seconds incl. waited-for children, RSS bytes) of a process, from `/proc`.
+pub fn proc_usage(pid: u32) -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let cpu = cpu_seconds_from_stat(&stat)?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some((cpu, rss_kib * 1024.0))
+}
+
+/// utime + stime + cutime + cstime of a `/proc/<pid>/stat` line, in seconds.
+pub fn cpu_seconds_from_stat(stat: &str) -> Option<f64> {
+    // The command name (field 2) is in parentheses and may contain anything: fields after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state); utime..cstime are fields 14..17.
+    let ticks: f64 = fields
+        .get(11..15)?
+        .iter()
+        .map(|f| f.parse::<f64>().ok())
+        .sum::<Option<f64>>()?;
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks / hz)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_from_a_stat_line_with_a_hostile_command_name() {
+        // SAFETY: as above.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let line = "42 (a) (b c) S 1 42 42 0 -1 4194560 100 0 0 0 30 20 7 3 20 0 1 0 100 0 0";
+        assert_eq!(cpu_seconds_from_stat(line), Some(60.0 / hz));
+        assert_eq!(cpu_seconds_from_stat("42 (x) S 1"), None);
+    }
+
+    #[test]
+    fn own_usage_is_readable() {
+        let (cpu, rss) = proc_usage(std::process::id()).unwrap();
+        assert!(cpu >= 0.0);
+        assert!(rss > 1024.0 * 1024.0, "{rss}");
+    }
+}
