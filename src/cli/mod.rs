@@ -85,3 +85,25 @@ pub async fn admin(args: AdminArgs) -> anyhow::Result<String> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_manifest_is_named_validly_before_any_request() {
+        let args = AdminArgs {
+            // Nothing listens here: a request would fail differently.
+            url: "http://127.0.0.1:1".into(),
+            view: AdminView::Manifest {
+                namespace: "Default".into(),
+                name: "web".into(),
+            },
+        };
+        let error = admin(args).await.unwrap_err().to_string();
+        assert_eq!(
+            error,
+            r#"not a Manifest's namespace and name: "Default" "web""#
+        );
+    }
+}
