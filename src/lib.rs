@@ -34,5 +34,8 @@ pub mod work;
 /// The admin API server: health, metrics, fleet-wide views, drain.
 pub mod admin;
 
+/// The command line's client of the admin API: `module-manager admin …` and its tables.
+pub mod cli;
+
 /// Runtime: a replica's configuration, preflight and wiring.
 pub mod runtime;

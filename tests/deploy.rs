@@ -853,7 +853,8 @@ async fn the_operator_runs_with_exactly_the_deployed_rbac() {
         text
     };
     use axum::http::Method;
-    use module_manager::admin::{DRAIN_PATH, fetch};
+    use module_manager::admin::DRAIN_PATH;
+    use module_manager::cli::fetch;
     // Up: the admin API answers (an exit before, e.g. the preflight's, fails at once).
     let start = Instant::now();
     while fetch::<Value>(&admin, Method::GET, "/v1/shards", None)

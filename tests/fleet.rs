@@ -725,7 +725,8 @@ async fn token_for(
 #[tokio::test]
 async fn any_replica_shows_the_fleet_and_drain_is_authorized_through_the_api_server() {
     use axum::http::Method;
-    use module_manager::admin::{DrainAnswer, ShardsAnswer, fetch};
+    use module_manager::admin::{DrainAnswer, ShardsAnswer};
+    use module_manager::cli::fetch;
     use module_manager::shard::fleet::ShardStatus;
     let _serial = SERIAL.lock().await;
     let fleet = Fleet::new("admin", 2, &[]).await;

@@ -1,0 +1,373 @@
+//! The `run` flags and their validation into the [`RuntimeConfig`] the wiring uses.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::apply::target::TargetSettings;
+use crate::render::RenderLimits;
+use crate::shard::ShardCount;
+use crate::shard::fleet::FleetConfig;
+use crate::shard::membership::MembershipConfig;
+use crate::source::RemoteConfig;
+use crate::telemetry::LogFormat;
+
+/// The flags of `module-manager run`.
+#[derive(clap::Args)]
+#[command(args_override_self = true)] // a later flag wins (e.g. extra args after a chart's defaults)
+pub struct RunArgs {
+    /// This replica's name (unique in its fleet: the pod name), written to `status.owner` and
+    /// Events. No default: two processes with one name would both hold its shards.
+    #[arg(long, env = "POD_NAME")]
+    pub replica: String,
+    /// Directory that local chart paths (`spec.chart.path`) resolve under; paths leaving it are
+    /// refused. Required: a default such as the working directory could be `/`.
+    #[arg(long)]
+    pub chart_root: PathBuf,
+    /// Directory of the chart archives fetched from Helm repositories and OCI registries,
+    /// verified and kept by digest; `module-manager-charts` in the temporary directory when
+    /// omitted.
+    #[arg(long, env = "MODULE_MANAGER_CHART_CACHE")]
+    pub chart_cache_dir: Option<PathBuf>,
+    /// Most bytes of archives kept in the chart cache; the least recently used go first.
+    #[arg(long, default_value_t = 1024 * 1024 * 1024)]
+    pub chart_cache_max_bytes: u64,
+    /// Limit on fetching one remote chart (index or manifest, archive, checks), in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub chart_fetch_timeout_seconds: u64,
+    /// An OCI registry (`host` or `host:port`) to pull from over plain HTTP; repeatable.
+    /// Loopback registries always are; every other one needs HTTPS.
+    #[arg(long = "insecure-registry")]
+    pub insecure_registries: Vec<String>,
+    /// The helm binary.
+    #[arg(long, env = "MODULE_MANAGER_HELM", default_value = "helm")]
+    pub helm: PathBuf,
+    /// Private helm home (cache, config, data); a temporary directory when omitted.
+    #[arg(long)]
+    pub helm_home: Option<PathBuf>,
+    /// Most reconciles at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Limit on one helm render, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub render_timeout_seconds: u64,
+    /// How long a hook (a Job or Pod run by `helm.sh/hook`) may run before it counts as
+    /// failed, in seconds, unless its `modulemanager.io/hook-timeout` annotation says otherwise.
+    #[arg(long, default_value_t = 300)]
+    pub hook_timeout_seconds: u64,
+    /// Number of virtual shards (a power of two); the same in every replica of a fleet.
+    #[arg(long, default_value_t = 256, value_parser = parse_shards)]
+    pub shards: u32,
+    /// Fleet name: replicas of one fleet share the shards; Leases are named and labelled by it.
+    #[arg(long, default_value = "module-manager")]
+    pub fleet: String,
+    /// Namespace of the fleet's Leases.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// A member whose Lease is unchanged this long is dead.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    /// How often a replica renews its Lease.
+    #[arg(long, default_value_t = 5)]
+    pub renew_interval_seconds: u64,
+    /// A replica whose last successful renewal is older than this stops all work (less than
+    /// the lease duration: the margin covers a write already under way).
+    #[arg(long, default_value_t = 10)]
+    pub renew_deadline_seconds: u64,
+    /// How long the others keep the shards of a replica that restarts gracefully while its
+    /// ordinal is still desired (rolling update: zero moves).
+    #[arg(long, default_value_t = 60)]
+    pub restart_grace_seconds: u64,
+    /// How long a leaving replica tries to hand its shards over before it exits.
+    #[arg(long, default_value_t = 10)]
+    pub handover_timeout_seconds: u64,
+    /// The StatefulSet (in the Lease namespace) whose `spec.replicas` says which ordinals are
+    /// desired: members are `<name>-<ordinal>`; a graceful shutdown of a desired ordinal is a
+    /// restart, of any other a scale-down. Without it every live member counts and a shutdown
+    /// always hands over.
+    #[arg(long, env = "STATEFULSET_NAME")]
+    pub statefulset: Option<String>,
+    /// Reconcile only Manifests matching this label selector (e.g. `team=payments`), so that
+    /// several fleets can split the Manifests without overlap.
+    #[arg(long)]
+    pub manifest_selector: Option<String>,
+    /// How long shutdown waits for reconciles in flight.
+    #[arg(long, default_value_t = 10)]
+    pub drain_timeout_seconds: u64,
+    /// Fault injection for tests of the overlap checker: reconcile every Manifest, ignoring
+    /// shard ownership. Never use it in a fleet.
+    #[arg(long, hide = true)]
+    pub fault_ignore_ownership: bool,
+    /// Remote targets (`spec.target`): timeout of a connection (TCP and TLS handshake), in seconds.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub target_connect_timeout_seconds: u64,
+    /// Remote targets: timeout of reading or writing a request, in seconds.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub target_request_timeout_seconds: u64,
+    /// Remote targets: most clients cached at once (one per kubeconfig Secret key; the least
+    /// recently used is dropped first).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub target_clients: u64,
+    /// Address of the admin API (`/livez`, `/readyz`, `/metrics`).
+    #[arg(long, default_value = "127.0.0.1:9440")]
+    pub admin_address: std::net::SocketAddr,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+}
+
+/// The flag `--shards`: a power of two from 1 to 65536.
+fn parse_shards(text: &str) -> Result<u32, String> {
+    let count: u32 = text.parse().map_err(|e| format!("{e}"))?;
+    ShardCount::new(count)
+        .map(ShardCount::get)
+        .ok_or_else(|| "a power of two from 1 to 65536".to_owned())
+}
+
+/// A combination of `run` flags that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The renewal interval is zero or so long that a live member could look dead between two
+    /// renewals.
+    #[error(
+        "--renew-interval-seconds must be at least 1 and at most half of --lease-duration-seconds"
+    )]
+    RenewInterval,
+    /// The renew deadline does not fall between one renewal interval and the lease duration: the
+    /// fence would trip on every renewal, or only after others may have taken the shards.
+    #[error(
+        "--renew-deadline-seconds must be longer than --renew-interval-seconds and shorter than --lease-duration-seconds"
+    )]
+    RenewDeadline,
+    /// The shard count is not a power of two from 1 to 65536 (clap's parser refuses it first;
+    /// this is for flags built without it).
+    #[error("--shards must be a power of two from 1 to 65536")]
+    Shards,
+}
+
+/// The validated configuration of one replica: what [`super::run`] wires together.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// Log format.
+    pub log_format: LogFormat,
+    /// This replica's name.
+    pub replica: String,
+    /// The directory local chart paths resolve under (canonicalized at startup).
+    pub chart_root: PathBuf,
+    /// How remote charts are fetched and cached.
+    pub remote: RemoteConfig,
+    /// The helm binary.
+    pub helm: PathBuf,
+    /// Private helm home; a temporary directory per process when `None`.
+    pub helm_home: Option<PathBuf>,
+    /// Bounds on one helm run.
+    pub render_limits: RenderLimits,
+    /// Most reconciles at once.
+    pub concurrency: usize,
+    /// How long shutdown waits for reconciles in flight.
+    pub drain_timeout: Duration,
+    /// Reconcile only Manifests matching this label selector.
+    pub manifest_selector: Option<String>,
+    /// How long a hook may run unless its annotation says otherwise.
+    pub hook_timeout: Duration,
+    /// Membership, shards and their timing.
+    pub fleet: FleetConfig,
+    /// Limits and timeouts of remote target clients.
+    pub targets: TargetSettings,
+    /// Address of the admin API.
+    pub admin_address: SocketAddr,
+    /// Fault injection: reconcile every Manifest regardless of shard ownership.
+    pub fault_ignore_ownership: bool,
+}
+
+impl RunArgs {
+    /// Checks the flags against each other and turns them into the runtime configuration.
+    pub fn validate(self) -> Result<RuntimeConfig, ConfigError> {
+        check_lease_timing(
+            self.lease_duration_seconds,
+            self.renew_interval_seconds,
+            self.renew_deadline_seconds,
+        )?;
+        let shards = ShardCount::new(self.shards).ok_or(ConfigError::Shards)?;
+        let chart_cache = self
+            .chart_cache_dir
+            .unwrap_or_else(|| std::env::temp_dir().join("module-manager-charts"));
+        Ok(RuntimeConfig {
+            log_format: self.log_format,
+            remote: RemoteConfig {
+                cache_max_bytes: self.chart_cache_max_bytes,
+                timeout: Duration::from_secs(self.chart_fetch_timeout_seconds.max(1)),
+                insecure_registries: self.insecure_registries,
+                ..RemoteConfig::new(chart_cache)
+            },
+            chart_root: self.chart_root,
+            helm: self.helm,
+            helm_home: self.helm_home,
+            render_limits: RenderLimits {
+                timeout: Duration::from_secs(self.render_timeout_seconds),
+                ..Default::default()
+            },
+            concurrency: self.concurrency,
+            drain_timeout: Duration::from_secs(self.drain_timeout_seconds),
+            manifest_selector: self.manifest_selector,
+            hook_timeout: Duration::from_secs(self.hook_timeout_seconds),
+            fleet: FleetConfig {
+                membership: MembershipConfig {
+                    namespace: self.lease_namespace,
+                    fleet: self.fleet,
+                    replica: self.replica.clone(),
+                    lease_duration: Duration::from_secs(self.lease_duration_seconds),
+                    renew_interval: Duration::from_secs(self.renew_interval_seconds),
+                },
+                shards,
+                renew_deadline: Duration::from_secs(self.renew_deadline_seconds),
+                restart_grace: Duration::from_secs(self.restart_grace_seconds),
+                statefulset: self.statefulset,
+                handover_timeout: Duration::from_secs(self.handover_timeout_seconds),
+            },
+            targets: TargetSettings {
+                max_clients: self.target_clients as usize,
+                connect_timeout: Duration::from_secs(self.target_connect_timeout_seconds),
+                request_timeout: Duration::from_secs(self.target_request_timeout_seconds),
+                ..Default::default()
+            },
+            admin_address: self.admin_address,
+            fault_ignore_ownership: self.fault_ignore_ownership,
+            replica: self.replica,
+        })
+    }
+}
+
+/// The renewal interval fits twice in the lease duration (one renewal may fail without the
+/// member looking dead), and the renew deadline falls between the two.
+fn check_lease_timing(lease: u64, interval: u64, deadline: u64) -> Result<(), ConfigError> {
+    if interval < 1 || interval.saturating_mul(2) > lease {
+        return Err(ConfigError::RenewInterval);
+    }
+    if deadline <= interval || deadline >= lease {
+        return Err(ConfigError::RenewDeadline);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn validate(extra: &[&str]) -> Result<RuntimeConfig, ConfigError> {
+        let base = ["run", "--replica", "mm-0", "--chart-root", "/charts"];
+        let flags = Flags::try_parse_from(base.iter().chain(extra)).unwrap();
+        flags.run.validate()
+    }
+
+    #[test]
+    fn the_defaults_are_accepted_and_converted() {
+        let config = validate(&["--chart-fetch-timeout-seconds", "0"]).unwrap();
+        assert_eq!(config.replica, "mm-0");
+        assert_eq!(config.fleet.membership.replica, "mm-0");
+        assert_eq!(config.fleet.shards.get(), 256);
+        assert_eq!(
+            config.fleet.membership.lease_duration,
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            config.fleet.membership.renew_interval,
+            Duration::from_secs(5)
+        );
+        assert_eq!(config.fleet.renew_deadline, Duration::from_secs(10));
+        assert_eq!(
+            config.remote.timeout,
+            Duration::from_secs(1),
+            "at least 1 s"
+        );
+        assert_eq!(config.targets.max_clients, 256);
+        assert_eq!(config.render_limits.timeout, Duration::from_secs(30));
+        assert_eq!(config.chart_root, PathBuf::from("/charts"));
+    }
+
+    #[test]
+    fn the_renew_interval_fits_twice_in_the_lease() {
+        for bad in [
+            &["--renew-interval-seconds", "0"][..],
+            &["--renew-interval-seconds", "8"],
+            &[
+                "--lease-duration-seconds",
+                "9",
+                "--renew-deadline-seconds",
+                "6",
+            ],
+            &["--renew-interval-seconds", "18446744073709551615"],
+        ] {
+            assert_eq!(
+                validate(bad).unwrap_err(),
+                ConfigError::RenewInterval,
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            ConfigError::RenewInterval.to_string(),
+            "--renew-interval-seconds must be at least 1 and at most half of --lease-duration-seconds"
+        );
+        // Exactly half is allowed.
+        validate(&[
+            "--lease-duration-seconds",
+            "20",
+            "--renew-interval-seconds",
+            "10",
+            "--renew-deadline-seconds",
+            "15",
+        ])
+        .unwrap();
+    }
+
+    #[test]
+    fn the_renew_deadline_falls_between_interval_and_lease() {
+        for bad in [
+            &["--renew-deadline-seconds", "5"][..],
+            &["--renew-deadline-seconds", "4"],
+            &["--renew-deadline-seconds", "15"],
+            &["--renew-deadline-seconds", "60"],
+        ] {
+            assert_eq!(
+                validate(bad).unwrap_err(),
+                ConfigError::RenewDeadline,
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            ConfigError::RenewDeadline.to_string(),
+            "--renew-deadline-seconds must be longer than --renew-interval-seconds and shorter than --lease-duration-seconds"
+        );
+        validate(&["--renew-deadline-seconds", "6"]).unwrap();
+        validate(&["--renew-deadline-seconds", "14"]).unwrap();
+    }
+
+    #[test]
+    fn shards_are_a_power_of_two() {
+        assert!(
+            Flags::try_parse_from([
+                "run",
+                "--replica",
+                "a",
+                "--chart-root",
+                "/",
+                "--shards",
+                "3"
+            ])
+            .is_err()
+        );
+        let flags = Flags::try_parse_from(["run", "--replica", "a", "--chart-root", "/"]).unwrap();
+        let unchecked = RunArgs {
+            shards: 3,
+            ..flags.run
+        };
+        assert_eq!(unchecked.validate().unwrap_err(), ConfigError::Shards);
+    }
+}

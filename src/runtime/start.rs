@@ -1,0 +1,216 @@
+//! Starting one replica's parts: chart sources and renderer, the reconcile [`Context`], the
+//! controller and its census, the fleet loop, and the admin API.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::events::Reporter;
+use prometheus_client::registry::Registry;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use super::RuntimeConfig;
+use crate::admin::AdminState;
+use crate::apply::Cluster;
+use crate::apply::target::TargetClients;
+use crate::reconcile::Context;
+use crate::render::HelmRenderer;
+use crate::shard::fence::Ownership;
+use crate::shard::fleet::{Exit, Fleet, FleetView};
+use crate::shard::membership::Members;
+use crate::source::{Limits, RemoteCharts};
+use crate::telemetry::metrics::{Metrics, RenderMetrics};
+use crate::work::controller::{Controller, ControllerConfig};
+
+/// A malformed `--manifest-selector` fails here, with the server's message, not in a watch loop.
+pub async fn check_selector(client: &kube::Client, selector: &str) -> anyhow::Result<()> {
+    kube::Api::<crate::api::Manifest>::all(client.clone())
+        .list_metadata(&kube::api::ListParams::default().labels(selector).limit(1))
+        .await
+        .map_err(|e| anyhow::anyhow!("--manifest-selector {selector:?}: {e}"))?;
+    Ok(())
+}
+
+/// Where charts come from and how they are rendered.
+pub struct Charts {
+    renderer: HelmRenderer,
+    chart_root: PathBuf,
+    remote: RemoteCharts,
+}
+
+/// Checks the helm binary, resolves the chart root and opens the chart cache; logs `starting`.
+pub async fn charts(config: &RuntimeConfig, metrics: RenderMetrics) -> anyhow::Result<Charts> {
+    let helm_home = match &config.helm_home {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("module-manager-helm-{}", std::process::id())),
+    };
+    let limits = config.render_limits;
+    let renderer = HelmRenderer::new(config.helm.clone(), helm_home, limits, metrics).await?;
+    let chart_root = config.chart_root.canonicalize()?;
+    let chart_cache = &config.remote.cache_dir;
+    tracing::info!(replica = %config.replica, helm = renderer.version(), chart_root = %chart_root.display(), chart_cache = %chart_cache.display(), "starting");
+    let remote = RemoteCharts::new(config.remote.clone())?;
+    Ok(Charts {
+        renderer,
+        chart_root,
+        remote,
+    })
+}
+
+/// A started replica: what the shutdown sequence stops, in order.
+pub struct Replica {
+    /// The controller, not running yet: it runs until the shutdown signal.
+    pub controller: Controller,
+    /// Publishes the Manifest census every few seconds.
+    pub census: JoinHandle<()>,
+    /// Tells the fleet loop to stop.
+    pub stop_fleet: oneshot::Sender<()>,
+    /// The fleet loop, and how it ended.
+    pub fleet: JoinHandle<(Fleet, Exit)>,
+}
+
+/// Builds the reconcile context, the controller and the fleet loop, starts the census, the
+/// fleet loop and the admin API.
+pub async fn start(
+    config: RuntimeConfig,
+    client: kube::Client,
+    charts: Charts,
+    metrics: Metrics,
+    registry: Registry,
+) -> anyhow::Result<Replica> {
+    let controller_config = ControllerConfig {
+        concurrency: config.concurrency,
+        drain_timeout: config.drain_timeout,
+        selector: config.manifest_selector.clone(),
+        metrics: metrics.queue.clone(),
+        ..Default::default()
+    };
+    let ctx = context(&config, client.clone(), charts, &metrics).await?;
+    let ownership = Ownership::new();
+    let controller_ownership = if config.fault_ignore_ownership {
+        tracing::error!(
+            "--fault-ignore-ownership: reconciling every Manifest regardless of shard ownership (fault injection for tests)"
+        );
+        Ownership::everything()
+    } else {
+        ownership.clone()
+    };
+    let synced = controller_config.synced.clone();
+    let census_ownership = controller_ownership.clone();
+    let controller = Controller::new(ctx, controller_config, controller_ownership);
+    let work = controller.work();
+    let census = tokio::spawn(crate::work::controller::publish_census(
+        work.clone(),
+        census_ownership,
+        metrics.manifests,
+        Duration::from_secs(5),
+    ));
+    let views = Views::new();
+    let fleet = Fleet::new(
+        client.clone(),
+        config.fleet,
+        ownership,
+        Arc::new(work.clone()),
+        metrics.fleet,
+        views.fleet_tx,
+        views.members_tx,
+        views.drain_rx,
+    );
+    let (stop_fleet, fleet) = spawn_fleet(fleet);
+    let admin = AdminState {
+        registry: Arc::new(registry),
+        synced,
+        members: views.members,
+        fleet: views.fleet,
+        work: Some(work),
+        drain: views.drain_tx,
+        client: Some(client),
+    };
+    serve_admin(config.admin_address, admin).await?;
+    Ok(Replica {
+        controller,
+        census,
+        stop_fleet,
+        fleet,
+    })
+}
+
+/// The reconcile context: the local cluster, remote target clients, renderer and chart sources.
+async fn context(
+    config: &RuntimeConfig,
+    client: kube::Client,
+    charts: Charts,
+    metrics: &Metrics,
+) -> anyhow::Result<Arc<Context>> {
+    let reporter = Reporter {
+        controller: "module-manager".into(),
+        instance: Some(config.replica.clone()),
+    };
+    Ok(Arc::new(Context {
+        cluster: Cluster::connect(client.clone()).await?,
+        targets: TargetClients::new(config.targets, metrics.target.clone()),
+        reporter,
+        client,
+        renderer: charts.renderer,
+        chart_root: charts.chart_root,
+        chart_limits: Limits::default(),
+        remote_charts: charts.remote,
+        replica: config.replica.clone(),
+        shards: config.fleet.shards,
+        metrics: metrics.reconcile.clone(),
+        hook_timeout: config.hook_timeout,
+    }))
+}
+
+/// The channels between the fleet loop and the admin API.
+struct Views {
+    fleet_tx: watch::Sender<FleetView>,
+    fleet: watch::Receiver<FleetView>,
+    members_tx: watch::Sender<Members>,
+    members: watch::Receiver<Members>,
+    drain_tx: watch::Sender<bool>,
+    drain_rx: watch::Receiver<bool>,
+}
+
+impl Views {
+    fn new() -> Self {
+        let (fleet_tx, fleet) = watch::channel(FleetView::default());
+        let (members_tx, members) = watch::channel(Members::default());
+        let (drain_tx, drain_rx) = watch::channel(false);
+        Self {
+            fleet_tx,
+            fleet,
+            members_tx,
+            members,
+            drain_tx,
+            drain_rx,
+        }
+    }
+}
+
+/// Runs the fleet loop in a task until the sender is used (or dropped).
+fn spawn_fleet(mut fleet: Fleet) -> (oneshot::Sender<()>, JoinHandle<(Fleet, Exit)>) {
+    let (stop_fleet, fleet_stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let exit = fleet
+            .run(async move {
+                let _ = fleet_stopped.await;
+            })
+            .await;
+        (fleet, exit)
+    });
+    (stop_fleet, task)
+}
+
+/// Binds the admin API's address and serves it in a task.
+async fn serve_admin(address: std::net::SocketAddr, admin: AdminState) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    tracing::info!(address = %address, "admin API listening");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, crate::admin::router(admin)).await {
+            tracing::error!("admin API stopped: {e}");
+        }
+    });
+    Ok(())
+}
