@@ -27,7 +27,6 @@ LAYERS = [
     "admin",
     "cli",
     "runtime",
-    "log_check",
 ]
 
 

@@ -693,7 +693,10 @@ async fn unreachable_or_refusing_targets_back_off_without_affecting_other_manife
             failed.status
         );
         // Retried passes publish no new Event while the message stays the same.
-        let events = h.events(name).await;
+        let events = common::events_once(&h.local, &h.ns, name, |events| {
+            events.iter().any(|(_, r, _)| r == reason)
+        })
+        .await;
         let warnings: Vec<_> = events.iter().filter(|(_, r, _)| r == reason).collect();
         assert_eq!(warnings.len(), 1, "{name}: one Warning Event: {events:?}");
         assert!(
@@ -929,13 +932,13 @@ async fn kubeconfigs_that_run_commands_or_read_files_are_refused_and_never_run()
             stalled(&failed),
             "{name}: permanent until the Secret changes"
         );
-        let events = h.events(name).await;
-        assert!(
-            events.iter().any(|(kind, reason, note)| kind == "Warning"
-                && reason == "TargetError"
-                && note.contains(text)),
-            "{name}: {events:?}"
-        );
+        let refused = |events: &[(String, String, String)]| {
+            events.iter().any(|(kind, reason, note)| {
+                kind == "Warning" && reason == "TargetError" && note.contains(text)
+            })
+        };
+        let events = common::events_once(&h.local, &h.ns, name, refused).await;
+        assert!(refused(&events), "{name}: {events:?}");
         for secret in [CANARY_TOKEN, valid_token.as_str()] {
             assert!(!message.contains(secret), "{name}: {message}");
             assert!(events.iter().all(|(_, _, note)| !note.contains(secret)));

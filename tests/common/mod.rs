@@ -68,6 +68,25 @@ pub async fn events(
         .collect()
 }
 
+/// [`events`] once `found` holds for them, or as they are after 10 s (the caller's assertion then
+/// shows them). A pass writes the status first and publishes its Event after, so a test that saw
+/// the status may list the Events a moment too early.
+pub async fn events_once(
+    client: &Client,
+    namespace: &str,
+    regarding: &str,
+    found: impl Fn(&[(String, String, String)]) -> bool,
+) -> Vec<(String, String, String)> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let events = events(client, namespace, regarding).await;
+        if found(&events) || Instant::now() >= deadline {
+            return events;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The inventory of a Manifest's status as `Kind/name`.
 pub fn inventory_names(manifest: &Manifest) -> Vec<String> {
     let status = manifest.status.clone().unwrap_or_default();
