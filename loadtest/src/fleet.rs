@@ -225,8 +225,12 @@ impl Fleet {
             bail!("start: only local fleets start processes");
         };
         let pid = fleet.start(ordinal)?.process.pid();
-        if let Some(cpu) = cpu {
-            cpu.add(&fleet.member(ordinal), pid)?;
+        if let Some(cpu) = cpu
+            && let Err(e) = cpu.add(&fleet.member(ordinal), pid)
+        {
+            // Not left running outside its CPU limit: dropping the replica stops it.
+            drop(fleet.take(ordinal));
+            return Err(e);
         }
         self.sync_endpoints();
         Ok(())

@@ -294,7 +294,7 @@ async fn failed(
     if let Err(lost) = fence.check() {
         tracing::warn!("not writing the error status: {lost}");
     } else if let Err(e) = records::write_status(manifest, ctx, &outcome, facts).await {
-        tracing::warn!("write the error status: {e}");
+        tracing::warn!("the error status is not written: {e}");
     }
     let result = PassResult::Error(error.category());
     if error.is_permanent() {

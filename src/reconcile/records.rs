@@ -173,7 +173,8 @@ pub(super) async fn publish(
 ) {
     let events = Publisher::new(ctx.client.clone(), ctx.reporter.clone());
     let regarding = manifest.object_ref(&());
-    events
-        .publish(&regarding, type_, reason, "Reconcile", note)
-        .await;
+    let published = events.publish(&regarding, type_, reason, "Reconcile", note);
+    if let Err(e) = published.await {
+        tracing::warn!("publish event {reason}: {e}");
+    }
 }

@@ -619,8 +619,10 @@ impl Fleet {
         tokio::spawn(async move {
             let warning = kube::runtime::events::EventType::Warning;
             let publish = events.publish(&regarding, warning, reason, "ShardRound", &note);
-            if tokio::time::timeout(timeout, publish).await.is_err() {
-                tracing::warn!("publish event {reason}: timed out");
+            match tokio::time::timeout(timeout, publish).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("publish event {reason}: {e}"),
+                Err(_) => tracing::warn!("publish event {reason}: timed out"),
             }
         });
     }

@@ -29,8 +29,9 @@ impl Publisher {
         Self { client, reporter }
     }
 
-    /// Publishes one Event about `regarding`, its note cut to [`NOTE_LIMIT`] bytes; a failure is
-    /// logged (an Event is never worth failing the work it reports on).
+    /// Publishes one Event about `regarding`, its note cut to [`NOTE_LIMIT`] bytes. The caller
+    /// logs a failure (under its own module, inside its own span) and goes on: an Event is never
+    /// worth failing the work it reports on.
     pub async fn publish(
         &self,
         regarding: &ObjectReference,
@@ -38,7 +39,7 @@ impl Publisher {
         reason: &str,
         action: &str,
         note: &str,
-    ) {
+    ) -> Result<(), kube::Error> {
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -51,9 +52,7 @@ impl Publisher {
         // have), which would show an on-call engineer a stale message. Callers publish only
         // when something changed, so this cannot spam.
         let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
-        if let Err(e) = recorder.publish(&event, regarding).await {
-            tracing::warn!("publish event {reason}: {e}");
-        }
+        recorder.publish(&event, regarding).await
     }
 }
 
