@@ -26,13 +26,8 @@ use module_manager::source::{
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use test_support::repo;
 use tokio::sync::oneshot;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .canonicalize()
-        .unwrap()
-}
 
 fn sha256(bytes: &[u8]) -> String {
     format!("{:x}", Sha256::digest(bytes))

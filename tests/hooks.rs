@@ -12,7 +12,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,16 +23,11 @@ use kube::{Client, ResourceExt};
 use module_manager::api::{HookOperation, HookRun, HookRunPhase, Manifest, State};
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
+use test_support::repo;
 use tokio::sync::oneshot;
 
 const REPLICA: &str = "test-replica";
 const CHART: &str = "tests/fixtures/charts/hooks";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .canonicalize()
-        .unwrap()
-}
 
 /// An operator running in this test's namespace, stopped when dropped.
 struct Harness {

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,15 +20,10 @@ use module_manager::reconcile::Context;
 use module_manager::render::RenderLimits;
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
+use test_support::repo;
 use tokio::sync::oneshot;
 
 const REPLICA: &str = "test-replica";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .canonicalize()
-        .unwrap()
-}
 
 /// An operator running in this test's namespace, stopped when dropped.
 struct Harness {

@@ -28,18 +28,13 @@ use module_manager::reconcile::Context;
 use module_manager::telemetry::metrics::{TargetErrorLabels, TargetMetrics};
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
+use test_support::repo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{OnceCell, oneshot};
 
 const REPLICA: &str = "test-replica";
 /// A token that must never appear in a status, an Event or a log line.
 const CANARY_TOKEN: &str = "canary-token-d41d8cd98f00b204";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .canonicalize()
-        .unwrap()
-}
 
 static REMOTE: OnceCell<testenv::ControlPlane> = OnceCell::const_new();
 

@@ -226,7 +226,7 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
         Ok(Some(fresh)) => Arc::new(fresh),
         // Deleted meanwhile, or re-created under a new UID (queued under its own key).
         Ok(None) => return (Next::Idle, PassResult::Done),
-        Err(e) => return (Next::Retry(e), PassResult::Error("KubeError")),
+        Err(e) => return retry(e),
     };
     let interval = crate::api::interval(&manifest.spec).unwrap_or(Duration::from_secs(600));
     // What this pass recorded, so that an error status written from the Manifest as read at
@@ -254,11 +254,17 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
             let result = PassResult::of(pass.outcome.state);
             match records::write_status(&manifest, ctx, &pass.outcome, pass.facts).await {
                 Ok(()) => (Next::After(pass.requeue), result),
-                Err(e) => (Next::Retry(e), PassResult::Error("KubeError")),
+                Err(e) => retry(e),
             }
         }
         Err(error) => failed(&manifest, ctx, fence, interval, &progress, error).await,
     }
+}
+
+/// A transient failure outside the pipeline's steps (reading the Manifest, writing its status).
+fn retry(error: ReconcileError) -> (Next, PassResult) {
+    let result = PassResult::Error(error.category());
+    (Next::Retry(error), result)
 }
 
 /// A failed pass: writes the `Error` status (keeping what the pass recorded) unless the shard
