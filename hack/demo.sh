@@ -15,7 +15,10 @@ cargo build --quiet --bin module-manager --example demo
 bin=${CARGO_TARGET_DIR:-target}/debug
 # A fleet of three replicas (admin APIs on 127.0.0.1:9440, :9441, :9442) splitting the shards.
 # Without a StatefulSet every live member counts, and a stopped replica hands its shards over.
+# DEMO_ADMIN_PORT moves the three ports (two demos on one machine, each with its own
+# MODULE_MANAGER_CACHE).
 replicas=3
+admin_port=${DEMO_ADMIN_PORT:-9440}
 for pid_file in "$state_dir"/operator-*.pid "$state_dir/operator.pid"; do
   [ -f "$pid_file" ] || continue
   if kill -0 "$(cat "$pid_file")" 2>/dev/null; then
@@ -30,7 +33,7 @@ for i in $(seq 0 $((replicas - 1))); do
     --chart-root . \
     --helm "$tools/helm-v$HELM_VERSION/helm" \
     --helm-home "$state_dir/helm-$i" \
-    --admin-address "127.0.0.1:$((9440 + i))" \
+    --admin-address "127.0.0.1:$((admin_port + i))" \
     --log-format json > "$state_dir/operator-$i.log" 2>&1 < /dev/null &
   echo $! > "$state_dir/operator-$i.pid"
 done
@@ -49,7 +52,7 @@ echo "fleet of $replicas replicas started; logs: $state_dir/operator-*.log"
 sleep 5
 echo
 echo "The fleet (module-manager admin shards, last lines):"
-"$bin/module-manager" admin shards | tail -n 7
+"$bin/module-manager" admin --url "http://127.0.0.1:$admin_port" shards | tail -n 7
 
 cat <<MSG
 
@@ -62,6 +65,6 @@ The control plane and the operator keep running. Try:
   tail -f $state_dir/operator-0.log
   cargo run -q --bin module-manager -- admin shards               # who owns which shard
   cargo run -q --bin module-manager -- admin manifest default web # uid, shard, owner, state
-  curl -s localhost:9441/metrics      # any replica's admin API: /livez /readyz /metrics /v1/...
+  curl -s localhost:$((admin_port + 1))/metrics      # any replica's admin API: /livez /readyz /metrics /v1/...
 Stop everything with: make cluster-down
 MSG

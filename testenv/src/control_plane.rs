@@ -15,13 +15,25 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 use crate::pki::Pki;
-use crate::process::{Lifetime, Proc};
+use crate::process::{Lifetime, Paused, Proc};
 use crate::tools::Tools;
 
 /// How long kube-apiserver may take to report ready (a cold start on 2 busy cores takes seconds).
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a stopping component may take before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// The node Lease kwok holds for each simulated node: 40 s, renewed every quarter of it (10 s),
+/// as a kubelet does. Without Leases (kwok's default) the node lifecycle controller only sees
+/// kwok's status heartbeat, which its stages write every 10 minutes, and marks the nodes
+/// NotReady after every grace period (docs/development.md, "Simulated nodes").
+const NODE_LEASE_DURATION_SECONDS: u32 = 40;
+/// kube-controller-manager's `--node-monitor-grace-period` unless [`Options`] says otherwise:
+/// how long a node's Lease may go unrenewed before the node is NotReady. 120 s (the default is
+/// 50 s) lets eleven renewals in a row be late, for a machine whose two cores the fleet, the load
+/// test and the control plane share (docs/development.md, "Simulated nodes").
+pub const NODE_MONITOR_GRACE_PERIOD: Duration = Duration::from_secs(120);
+/// Our kwok Stage that makes Pods Ready again after their node recovered.
+const POD_READY_AGAIN_STAGE: &str = include_str!("../kwok/pod-ready-again.yaml");
 
 /// What to start.
 #[derive(Clone, Debug, Default)]
@@ -36,6 +48,9 @@ pub struct Options {
     /// fake Nodes are created, so that Pods are scheduled and reported Running and workloads
     /// really roll out (implies `controller_manager`).
     pub simulated_nodes: usize,
+    /// kube-controller-manager's `--node-monitor-grace-period`; [`NODE_MONITOR_GRACE_PERIOD`]
+    /// when `None`. A test that stops kwok to see its nodes go NotReady shortens it.
+    pub node_monitor_grace_period: Option<Duration>,
     /// YAML files of CustomResourceDefinitions to install and wait for.
     pub crd_files: Vec<PathBuf>,
     /// Directory for certificates, data and logs; a new temporary directory when `None`.
@@ -203,6 +218,13 @@ impl ControlPlane {
                 "--bind-address=127.0.0.1".to_owned(),
                 format!("--secure-port={kcm_port}"),
                 format!("--cert-dir={}", dir.join("kcm").display()),
+                format!(
+                    "--node-monitor-grace-period={}s",
+                    options
+                        .node_monitor_grace_period
+                        .unwrap_or(NODE_MONITOR_GRACE_PERIOD)
+                        .as_secs()
+                ),
             ]);
             procs.push(Proc::spawn(
                 "kube-controller-manager",
@@ -229,15 +251,7 @@ impl ControlPlane {
                 &dir.join("kube-scheduler.log"),
                 lifetime,
             )?);
-            let mut kwok = Command::new(&tools.kwok);
-            kwok.args([
-                format!("--kubeconfig={}", kubeconfig.display()),
-                "--manage-all-nodes=false".to_owned(),
-                format!("--manage-nodes-with-annotation-selector={SIMULATED_NODE_ANNOTATION}=fake"),
-                format!("--server-address=127.0.0.1:{kwok_port}"),
-                format!("--config={}", tools.kwok_stages.display()),
-            ]);
-            procs.push(Proc::spawn("kwok", kwok, &dir.join("kwok.log"), lifetime)?);
+            procs.push(start_kwok(tools, &dir, &kubeconfig, kwok_port, lifetime)?);
             create_simulated_nodes(&client, options.simulated_nodes).await?;
         }
 
@@ -266,6 +280,24 @@ impl ControlPlane {
     /// Where it runs.
     pub fn endpoints(&self) -> &Endpoints {
         &self.endpoints
+    }
+
+    /// The pid of the running `program` (`"kwok"`, `"kube-controller-manager"`, …).
+    pub fn pid(&self, program: &str) -> Option<u32> {
+        self.endpoints
+            .pids
+            .iter()
+            .find(|(name, _)| name == program)
+            .map(|(_, pid)| *pid)
+    }
+
+    /// Freezes `program` with SIGSTOP until the answer is resumed or dropped: what a hung
+    /// kubelet looks like to the control plane when `program` is kwok.
+    pub fn pause(&self, program: &str) -> Result<Paused, Error> {
+        let pid = self
+            .pid(program)
+            .ok_or_else(|| Error::NoSuchProcess(program.to_owned()))?;
+        Paused::pause(program, pid)
     }
 
     /// Path of the admin kubeconfig.
@@ -336,6 +368,30 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Starts kwok for the nodes annotated [`SIMULATED_NODE_ANNOTATION`], with node Leases and kwok's
+/// stages plus ours ([`POD_READY_AGAIN_STAGE`], written into `dir`).
+fn start_kwok(
+    tools: &Tools,
+    dir: &Path,
+    kubeconfig: &Path,
+    port: u16,
+    lifetime: Lifetime,
+) -> Result<Proc, Error> {
+    let our_stages = dir.join("kwok-pod-ready-again.yaml");
+    write(&our_stages, POD_READY_AGAIN_STAGE)?;
+    let mut kwok = Command::new(&tools.kwok);
+    kwok.args([
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--manage-all-nodes=false".to_owned(),
+        format!("--manage-nodes-with-annotation-selector={SIMULATED_NODE_ANNOTATION}=fake"),
+        format!("--server-address=127.0.0.1:{port}"),
+        format!("--node-lease-duration-seconds={NODE_LEASE_DURATION_SECONDS}"),
+        format!("--config={}", tools.kwok_stages.display()),
+        format!("--config={}", our_stages.display()),
+    ]);
+    Proc::spawn("kwok", kwok, &dir.join("kwok.log"), lifetime)
 }
 
 /// The annotation kwok manages nodes by.

@@ -14,8 +14,11 @@ pub mod tools;
 
 use std::path::PathBuf;
 
-pub use control_plane::{ControlPlane, Endpoints, Options, client_for, install_crds, parse_crds};
-pub use process::{Lifetime, Proc, pid_runs, stop_pid};
+pub use control_plane::{
+    ControlPlane, Endpoints, NODE_MONITOR_GRACE_PERIOD, Options, client_for, install_crds,
+    parse_crds,
+};
+pub use process::{Lifetime, Paused, Proc, pid_runs, signal_pid, stop_pid};
 pub use tools::Tools;
 
 /// What can go wrong while starting or using a control plane.
@@ -59,6 +62,9 @@ pub enum Error {
     /// a CRD could not be read or did not become Established.
     #[error("install CRDs: {0}")]
     Crd(String),
+    /// the control plane runs no process of that name.
+    #[error("the control plane runs no {0}")]
+    NoSuchProcess(String),
     /// a request to the API server failed.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),

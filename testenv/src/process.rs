@@ -130,6 +130,52 @@ pub fn stop_pid(pid: u32, grace: Duration) -> bool {
     true
 }
 
+/// Sends `signal` (`libc::SIGSTOP`, `libc::SIGCONT`, …) to `pid`.
+pub fn signal_pid(pid: u32, signal: libc::c_int) -> std::io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+    // SAFETY: kill(2) with a positive pid and a valid signal has no memory effects.
+    if unsafe { libc::kill(pid, signal) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A process frozen with SIGSTOP; [`Paused::resume`] or dropping it sends SIGCONT, so that a
+/// failing test does not leave it frozen.
+#[derive(Debug)]
+pub struct Paused {
+    name: String,
+    pid: u32,
+    resumed: bool,
+}
+
+impl Paused {
+    /// Freezes `pid` (named `name` in errors).
+    pub fn pause(name: &str, pid: u32) -> Result<Self, Error> {
+        signal_pid(pid, libc::SIGSTOP).map_err(|e| Error::io(format!("pause {name}"), e))?;
+        Ok(Self {
+            name: name.to_owned(),
+            pid,
+            resumed: false,
+        })
+    }
+
+    /// Lets the process run on.
+    pub fn resume(mut self) -> Result<(), Error> {
+        self.resumed = true;
+        signal_pid(self.pid, libc::SIGCONT)
+            .map_err(|e| Error::io(format!("resume {}", self.name), e))
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        if !self.resumed {
+            let _ = signal_pid(self.pid, libc::SIGCONT);
+        }
+    }
+}
+
 /// Whether `pid` is a live (non-zombie) process.
 fn pid_alive(pid: libc::pid_t) -> bool {
     // Our own children linger as zombies until reaped; /proc tells zombies apart.

@@ -17,6 +17,12 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// The state letter of `/proc/<pid>/stat` (`T` when stopped by a signal).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
 #[tokio::test]
 async fn start_serve_and_stop_leaves_no_process() {
     let control_plane = ControlPlane::start(Options {
@@ -31,6 +37,20 @@ async fn start_serve_and_stop_leaves_no_process() {
     for (name, pid) in &endpoints.pids {
         assert!(pid_runs(*pid, name), "{name} ({pid}) runs");
     }
+    // pause() freezes a component; resume() and dropping the answer let it run on.
+    let kcm = control_plane.pid("kube-controller-manager").unwrap();
+    let paused = control_plane.pause("kube-controller-manager").unwrap();
+    wait_until("paused", || process_state(kcm) == Some('T'));
+    paused.resume().unwrap();
+    wait_until("resumed", || process_state(kcm).is_some_and(|s| s != 'T'));
+    drop(control_plane.pause("kube-controller-manager").unwrap());
+    wait_until("resumed on drop", || {
+        process_state(kcm).is_some_and(|s| s != 'T')
+    });
+    assert!(matches!(
+        control_plane.pause("kubelet"),
+        Err(testenv::Error::NoSuchProcess(_))
+    ));
     eprintln!(
         "kube-apiserver ready after {} ms",
         endpoints.apiserver_ready_after_ms
