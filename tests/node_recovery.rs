@@ -51,10 +51,14 @@ async fn pods_are_ready_again_after_their_nodes_recover() {
         .await;
     }
     // kwok holds a Lease per node and renews it (without one, the nodes flap every grace period).
+    wait_until("a Lease per node", async || {
+        renewals(&client).await.len() == 2
+    })
+    .await;
     let first = renewals(&client).await;
     wait_until("kwok renews every node Lease", async || {
         let now = renewals(&client).await;
-        now.len() == 2 && now.iter().zip(&first).all(|(a, b)| a != b)
+        now.len() == first.len() && now.iter().zip(&first).all(|(a, b)| a != b)
     })
     .await;
 
