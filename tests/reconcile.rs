@@ -693,6 +693,38 @@ fn current_condition(manifest: &Manifest, kind: &str) -> Option<(String, String,
     current.then(|| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
+impl Harness {
+    /// Waits until the Manifest's `kind` condition is `status` for its current generation, as
+    /// `kubectl wait --for=condition=<kind>=<status>` does.
+    async fn wait_condition(&self, name: &str, kind: &str, status: &str) -> Manifest {
+        let what = format!("condition {kind}={status}");
+        self.wait_for(name, &what, |m| condition_is(m, kind, status))
+            .await
+    }
+}
+
+/// The server-side table of a Manifest (what `kubectl get` prints): the column names and the
+/// row's cells.
+async fn table_row(h: &Harness, name: &str) -> (Vec<String>, Vec<Value>) {
+    let path = format!(
+        "/apis/modulemanager.io/v1alpha1/namespaces/{}/manifests/{name}",
+        h.ns
+    );
+    let request = http::Request::get(path)
+        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Vec::new())
+        .unwrap();
+    let table: Value = h.client.request(request).await.unwrap();
+    let columns = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_owned())
+        .collect();
+    let cells = table["rows"][0]["cells"].as_array().unwrap().clone();
+    (columns, cells)
+}
+
 fn condition_is(manifest: &Manifest, kind: &str, status: &str) -> bool {
     current_condition(manifest, kind).is_some_and(|(s, _, _)| s == status)
 }
@@ -703,13 +735,19 @@ async fn kstatus_conditions_end_kubectl_wait_for_success_retry_and_failure() {
     // Success: Ready=True for the current generation, neither reconciling nor stalled.
     h.create(&h.manifest("good", "examples/charts/catalog-v1", json!({})))
         .await;
-    let good = h
-        .wait_for("good", "kubectl wait --for=condition=Ready", |m| {
-            condition_is(m, "Ready", "True")
-        })
-        .await;
+    let good = h.wait_condition("good", "Ready", "True").await;
     assert!(condition_is(&good, "Reconciling", "False"));
     assert!(condition_is(&good, "Stalled", "False"));
+    // `kubectl get manifests`: the server's table shows the Ready condition and its message.
+    let (columns, cells) = table_row(&h, "good").await;
+    assert_eq!(
+        columns,
+        [
+            "Name", "Module", "Version", "Ready", "Status", "State", "Owner", "Age"
+        ]
+    );
+    assert_eq!(cells[3], "True");
+    assert_eq!(cells[4], "2 objects applied and ready");
 
     // A transient error (a values ConfigMap not there yet) is retried: in progress, not
     // healthy and not stalled.
@@ -717,11 +755,7 @@ async fn kstatus_conditions_end_kubectl_wait_for_success_retry_and_failure() {
     waiting.spec.values_from =
         vec![serde_json::from_value(json!({"kind": "ConfigMap", "name": "later"})).unwrap()];
     h.create(&waiting).await;
-    let retried = h
-        .wait_for("retried", "Reconciling=True while retrying", |m| {
-            condition_is(m, "Reconciling", "True")
-        })
-        .await;
+    let retried = h.wait_condition("retried", "Reconciling", "True").await;
     let (_, reason, message) = current_condition(&retried, "Reconciling").unwrap();
     assert_eq!(reason, "ProgressingWithRetry");
     assert!(
@@ -737,21 +771,13 @@ async fn kstatus_conditions_end_kubectl_wait_for_success_retry_and_failure() {
         .create(&PostParams::default(), &later)
         .await
         .unwrap();
-    let recovered = h
-        .wait_for("retried", "Ready once the ConfigMap exists", |m| {
-            condition_is(m, "Ready", "True")
-        })
-        .await;
+    let recovered = h.wait_condition("retried", "Ready", "True").await;
     assert!(condition_is(&recovered, "Reconciling", "False"));
 
     // A permanent error ends the wait: Stalled=True, Ready=False, not reconciling.
     h.create(&h.manifest("bad", "tests/fixtures/charts/template-error", json!({})))
         .await;
-    let bad = h
-        .wait_for("bad", "Stalled=True", |m| {
-            condition_is(m, "Stalled", "True")
-        })
-        .await;
+    let bad = h.wait_condition("bad", "Stalled", "True").await;
     let (ready, reason, message) = current_condition(&bad, "Ready").unwrap();
     assert_eq!((ready.as_str(), reason.as_str()), ("False", "RenderError"));
     assert!(message.contains("nosuchfunction"), "{message}");
@@ -773,11 +799,7 @@ async fn a_deployment_that_never_becomes_ready_stalls_after_the_timeout_and_reco
         })
         .await;
     let started = waiting.status.clone().unwrap().readiness_started;
-    let stalled = h
-        .wait_for("web", "Stalled=True past spec.timeout", |m| {
-            condition_is(m, "Stalled", "True")
-        })
-        .await;
+    let stalled = h.wait_condition("web", "Stalled", "True").await;
     let status = stalled.status.clone().unwrap();
     assert_eq!(status.state, Some(State::Error));
     let (ready, reason, message) = current_condition(&stalled, "Ready").unwrap();
@@ -855,17 +877,12 @@ async fn a_custom_resource_that_is_not_ready_keeps_the_manifest_from_ready() {
     // No conditions yet: kstatus reads an object without them as current.
     h.wait_state("gadget", State::Ready).await;
 
-    // Its controller says it is not ready: the Manifest is not either, and says why.
-    let set_ready = async |status: &str, reason: &str, message: &str| {
-        let generation = gadgets
-            .get("gadget-gadget")
-            .await
-            .unwrap()
-            .metadata
-            .generation;
-        let patch = json!({"status": {"observedGeneration": generation, "conditions": [{
-            "type": "Ready", "status": status, "reason": reason, "message": message,
-            "lastTransitionTime": "2026-12-01T00:00:00Z"}]}});
+    // Plays the Gadget's controller: its only condition is `kind` with this status.
+    let set_condition = async |kind: &str, status: &str, reason: &str, message: &str| {
+        let object = gadgets.get("gadget-gadget").await.unwrap();
+        let patch = json!({"status": {"observedGeneration": object.metadata.generation,
+            "conditions": [{"type": kind, "status": status, "reason": reason, "message": message,
+                "lastTransitionTime": "2026-12-01T00:00:00Z"}]}});
         gadgets
             .patch_status(
                 "gadget-gadget",
@@ -875,12 +892,9 @@ async fn a_custom_resource_that_is_not_ready_keeps_the_manifest_from_ready() {
             .await
             .unwrap();
     };
-    set_ready("False", "Degraded", "no quorum").await;
-    let not_ready = h
-        .wait_for("gadget", "not Ready because of the Gadget", |m| {
-            condition_is(m, "Ready", "False")
-        })
-        .await;
+    // Its controller says it is not ready: the Manifest is not either, and says why.
+    set_condition("Ready", "False", "Degraded", "no quorum").await;
+    let not_ready = h.wait_condition("gadget", "Ready", "False").await;
     let (_, reason, message) = current_condition(&not_ready, "Ready").unwrap();
     assert_eq!(reason, "Progressing");
     assert!(
@@ -889,9 +903,16 @@ async fn a_custom_resource_that_is_not_ready_keeps_the_manifest_from_ready() {
     );
     assert!(condition_is(&not_ready, "Reconciling", "True"));
 
-    set_ready("True", "Healthy", "all good").await;
-    h.wait_for("gadget", "Ready again", |m| {
-        condition_is(m, "Ready", "True")
-    })
-    .await;
+    set_condition("Ready", "True", "Healthy", "all good").await;
+    h.wait_condition("gadget", "Ready", "True").await;
+
+    // Its controller gives up (kstatus: Failed): the Manifest is stalled, naming it.
+    set_condition("Stalled", "True", "InvalidSize", "size too big").await;
+    let failed = h.wait_condition("gadget", "Stalled", "True").await;
+    let (_, reason, message) = current_condition(&failed, "Ready").unwrap();
+    assert_eq!(reason, "ObjectFailed");
+    assert!(
+        message.contains("Gadget gadget-gadget: stalled (InvalidSize): size too big"),
+        "{message}"
+    );
 }
