@@ -15,7 +15,6 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, VersionMatch};
@@ -279,14 +278,7 @@ impl Harness {
 
     /// Plays the Deployment controller: the Deployment has rolled out.
     async fn deployment_ready(&self, name: &str) {
-        let deployments = Api::<Deployment>::namespaced(self.client.clone(), &self.ns);
-        let generation = deployments.get(name).await.unwrap().metadata.generation;
-        let status = json!({"status": {"observedGeneration": generation, "replicas": 1,
-            "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}});
-        deployments
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap();
+        common::deployment_rolled_out(&self.client, &self.ns, name, 1).await;
     }
 
     /// Events about `manifest` as (type, reason, note).

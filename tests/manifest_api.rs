@@ -44,6 +44,7 @@ fn manifest(name: &str, chart: ChartSource) -> Manifest {
             deletion_policy: Default::default(),
             suspend: false,
             interval: "10m".into(),
+            timeout: "5m".into(),
         },
     )
 }
@@ -315,4 +316,39 @@ fn json_diff(server: &serde_json::Value, file: &serde_json::Value, path: &str) -
         (a, b) if a == b => String::new(),
         (a, b) => format!("{path}: server {a} file {b}\n"),
     }
+}
+
+#[tokio::test]
+async fn the_timeout_defaults_to_five_minutes_and_must_be_a_duration() {
+    let (_, api) = setup("timeout").await;
+    let mut m = manifest("web", path_chart());
+    m.spec.timeout = "90s".into();
+    api.create(&PostParams::default(), &m).await.unwrap();
+    let patch = |timeout: serde_json::Value| {
+        let api = api.clone();
+        async move {
+            api.patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"timeout": timeout}})),
+            )
+            .await
+        }
+    };
+    for bad in ["soon", "5", "1h 2m"] {
+        match patch(json!(bad)).await {
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 422, "{bad}: {status:?}");
+                assert!(
+                    status.message.contains("spec.timeout"),
+                    "{bad}: {}",
+                    status.message
+                );
+            }
+            other => panic!("{bad}: expected the server to refuse it, got {other:?}"),
+        }
+    }
+    // Removed, it is defaulted by the server.
+    let defaulted = patch(serde_json::Value::Null).await.unwrap();
+    assert_eq!(defaulted.spec.timeout, "5m");
 }

@@ -10,7 +10,6 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
@@ -306,19 +305,7 @@ async fn a_web_app_is_ready_once_its_deployment_has_rolled_out() {
     );
 
     // Play the Deployment controller.
-    let deployments = Api::<Deployment>::namespaced(h.client.clone(), &h.ns);
-    let generation = deployments
-        .get("web-web")
-        .await
-        .unwrap()
-        .metadata
-        .generation;
-    let status = json!({"status": {"observedGeneration": generation, "replicas": 2, "updatedReplicas": 2,
-        "readyReplicas": 2, "availableReplicas": 2}});
-    deployments
-        .patch_status("web-web", &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap();
+    common::deployment_rolled_out(&h.client, &h.ns, "web-web", 2).await;
     h.wait_state("web", State::Ready).await;
 }
 
@@ -691,5 +678,241 @@ async fn objects_rendered_with_null_labels_are_still_labelled_and_deleted() {
     assert!(
         !h.config_map_exists("plain-plain").await,
         "deleted with its Manifest"
+    );
+}
+
+/// The named condition of a Manifest as (status, reason, message), when it is set for the
+/// Manifest's current generation: what `kubectl wait --for=condition=…` reads (it waits on a
+/// condition whose `observedGeneration` is older than `metadata.generation`).
+fn current_condition(manifest: &Manifest, kind: &str) -> Option<(String, String, String)> {
+    let status = manifest.status.as_ref()?;
+    let c = status.conditions.iter().find(|c| c.type_ == kind)?;
+    let current = c
+        .observed_generation
+        .is_none_or(|g| Some(g) == manifest.metadata.generation);
+    current.then(|| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+impl Harness {
+    /// Waits until the Manifest's `kind` condition is `status` for its current generation, as
+    /// `kubectl wait --for=condition=<kind>=<status>` does.
+    async fn wait_condition(&self, name: &str, kind: &str, status: &str) -> Manifest {
+        let what = format!("condition {kind}={status}");
+        self.wait_for(name, &what, |m| condition_is(m, kind, status))
+            .await
+    }
+}
+
+/// The server-side table of a Manifest (what `kubectl get` prints): the column names and the
+/// row's cells.
+async fn table_row(h: &Harness, name: &str) -> (Vec<String>, Vec<Value>) {
+    let path = format!(
+        "/apis/modulemanager.io/v1alpha1/namespaces/{}/manifests/{name}",
+        h.ns
+    );
+    let request = http::Request::get(path)
+        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Vec::new())
+        .unwrap();
+    let table: Value = h.client.request(request).await.unwrap();
+    let columns = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_owned())
+        .collect();
+    let cells = table["rows"][0]["cells"].as_array().unwrap().clone();
+    (columns, cells)
+}
+
+fn condition_is(manifest: &Manifest, kind: &str, status: &str) -> bool {
+    current_condition(manifest, kind).is_some_and(|(s, _, _)| s == status)
+}
+
+#[tokio::test]
+async fn kstatus_conditions_end_kubectl_wait_for_success_retry_and_failure() {
+    let h = start("kstatus", RenderLimits::default()).await;
+    // Success: Ready=True for the current generation, neither reconciling nor stalled.
+    h.create(&h.manifest("good", "examples/charts/catalog-v1", json!({})))
+        .await;
+    let good = h.wait_condition("good", "Ready", "True").await;
+    assert!(condition_is(&good, "Reconciling", "False"));
+    assert!(condition_is(&good, "Stalled", "False"));
+    // `kubectl get manifests`: the server's table shows the Ready condition and its message.
+    let (columns, cells) = table_row(&h, "good").await;
+    assert_eq!(
+        columns,
+        [
+            "Name", "Module", "Version", "Ready", "Status", "State", "Owner", "Age"
+        ]
+    );
+    assert_eq!(cells[3], "True");
+    assert_eq!(cells[4], "2 objects applied and ready");
+
+    // A transient error (a values ConfigMap not there yet) is retried: in progress, not
+    // healthy and not stalled.
+    let mut waiting = h.manifest("retried", "examples/charts/catalog-v1", json!({}));
+    waiting.spec.values_from =
+        vec![serde_json::from_value(json!({"kind": "ConfigMap", "name": "later"})).unwrap()];
+    h.create(&waiting).await;
+    let retried = h.wait_condition("retried", "Reconciling", "True").await;
+    let (_, reason, message) = current_condition(&retried, "Reconciling").unwrap();
+    assert_eq!(reason, "ProgressingWithRetry");
+    assert!(
+        message.contains("ConfigMap later does not exist"),
+        "{message}"
+    );
+    assert!(condition_is(&retried, "Ready", "False"));
+    assert!(condition_is(&retried, "Stalled", "False"));
+    let later: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "later"},
+        "data": {"values.yaml": "greeting: later\n"}}))
+    .unwrap();
+    h.config_maps()
+        .create(&PostParams::default(), &later)
+        .await
+        .unwrap();
+    let recovered = h.wait_condition("retried", "Ready", "True").await;
+    assert!(condition_is(&recovered, "Reconciling", "False"));
+
+    // A permanent error ends the wait: Stalled=True, Ready=False, not reconciling.
+    h.create(&h.manifest("bad", "tests/fixtures/charts/template-error", json!({})))
+        .await;
+    let bad = h.wait_condition("bad", "Stalled", "True").await;
+    let (ready, reason, message) = current_condition(&bad, "Ready").unwrap();
+    assert_eq!((ready.as_str(), reason.as_str()), ("False", "RenderError"));
+    assert!(message.contains("nosuchfunction"), "{message}");
+    assert!(condition_is(&bad, "Reconciling", "False"));
+}
+
+#[tokio::test]
+async fn a_deployment_that_never_becomes_ready_stalls_after_the_timeout_and_recovers() {
+    let h = start("timeout", RenderLimits::default()).await;
+    let mut manifest = h.manifest("web", "examples/charts/web", json!({"replicaCount": 1}));
+    manifest.spec.timeout = "3s".into();
+    h.create(&manifest).await;
+    // Nothing plays the Deployment controller: the Deployment never becomes ready.
+    let waiting = h
+        .wait_for("web", "the wait's start recorded", |m| {
+            m.status
+                .as_ref()
+                .is_some_and(|s| s.readiness_started.is_some())
+        })
+        .await;
+    let started = waiting.status.clone().unwrap().readiness_started;
+    let stalled = h.wait_condition("web", "Stalled", "True").await;
+    let status = stalled.status.clone().unwrap();
+    assert_eq!(status.state, Some(State::Error));
+    let (ready, reason, message) = current_condition(&stalled, "Ready").unwrap();
+    assert_eq!(
+        (ready.as_str(), reason.as_str()),
+        ("False", "ReadinessTimeout")
+    );
+    assert!(
+        message.contains("Deployment web-web: 0 of 1 replicas"),
+        "names the object and why: {message}"
+    );
+    assert_eq!(
+        status.readiness_started, started,
+        "counted from the first apply, not from each pass"
+    );
+    assert!(h.has_event("web", "Warning", "ReadinessTimeout").await);
+
+    // It rolls out after all: a later pass finds it ready.
+    common::deployment_rolled_out(&h.client, &h.ns, "web-web", 1).await;
+    let ready = h.wait_state("web", State::Ready).await;
+    assert!(condition_is(&ready, "Stalled", "False"));
+    assert_eq!(ready.status.unwrap().readiness_started, None);
+}
+
+/// Creates the `Gadget` CRD (with a status subresource) unless it exists, and waits until it
+/// is Established.
+async fn gadget_crd(client: &Client) -> ApiResource {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": "gadgets.status-test.example.com"},
+        "spec": {"group": "status-test.example.com", "scope": "Namespaced",
+            "names": {"kind": "Gadget", "plural": "gadgets", "singular": "gadget"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))
+    .unwrap();
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(e) => panic!("create the Gadget CRD: {e}"),
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let crd = crds.get("gadgets.status-test.example.com").await.unwrap();
+        let established = crd.status.and_then(|s| s.conditions).is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        });
+        if established {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the Gadget CRD is not Established"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+        "status-test.example.com",
+        "v1",
+        "Gadget",
+    ))
+}
+
+#[tokio::test]
+async fn a_custom_resource_that_is_not_ready_keeps_the_manifest_from_ready() {
+    let h = start("gadget", RenderLimits::default()).await;
+    let gadgets_resource = gadget_crd(&h.client).await;
+    let gadgets = Api::<DynamicObject>::namespaced_with(h.client.clone(), &h.ns, &gadgets_resource);
+    h.create(&h.manifest("gadget", "tests/fixtures/charts/gadget", json!({})))
+        .await;
+    // No conditions yet: kstatus reads an object without them as current.
+    h.wait_state("gadget", State::Ready).await;
+
+    // Plays the Gadget's controller: its only condition is `kind` with this status.
+    let set_condition = async |kind: &str, status: &str, reason: &str, message: &str| {
+        let object = gadgets.get("gadget-gadget").await.unwrap();
+        let patch = json!({"status": {"observedGeneration": object.metadata.generation,
+            "conditions": [{"type": kind, "status": status, "reason": reason, "message": message,
+                "lastTransitionTime": "2026-12-01T00:00:00Z"}]}});
+        gadgets
+            .patch_status(
+                "gadget-gadget",
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+    };
+    // Its controller says it is not ready: the Manifest is not either, and says why.
+    set_condition("Ready", "False", "Degraded", "no quorum").await;
+    let not_ready = h.wait_condition("gadget", "Ready", "False").await;
+    let (_, reason, message) = current_condition(&not_ready, "Ready").unwrap();
+    assert_eq!(reason, "Progressing");
+    assert!(
+        message.contains("Gadget gadget-gadget: not Ready (Degraded): no quorum"),
+        "{message}"
+    );
+    assert!(condition_is(&not_ready, "Reconciling", "True"));
+
+    set_condition("Ready", "True", "Healthy", "all good").await;
+    h.wait_condition("gadget", "Ready", "True").await;
+
+    // Its controller gives up (kstatus: Failed): the Manifest is stalled, naming it.
+    set_condition("Stalled", "True", "InvalidSize", "size too big").await;
+    let failed = h.wait_condition("gadget", "Stalled", "True").await;
+    let (_, reason, message) = current_condition(&failed, "Ready").unwrap();
+    assert_eq!(reason, "ObjectFailed");
+    assert!(
+        message.contains("Gadget gadget-gadget: stalled (InvalidSize): size too big"),
+        "{message}"
     );
 }

@@ -224,7 +224,7 @@ impl HelmWait {
 /// generation and the desired replicas are updated and available (0 of 0 here). Plain helm does
 /// not wait for any of that, so it measures less work (apply and store the release record);
 /// [`helm_install_waiting`] with [`HelmWait::Watcher`] is the like-for-like "until Ready" path
-/// (it waits slightly more: kstatus also wants the Deployment's Available condition). With 0
+/// (module-manager's readiness follows the same kstatus rules, `src/plan/readiness.rs`). With 0
 /// replicas under kube-controller-manager the wait is cheap in work but not in latency: on the
 /// test control plane it added about 1 s per release one at a time (20 releases: 7.7 s without,
 /// 27 s with), nothing measurable 4 at a time (5.5 s and 4.6 s). Helm 4 applies server-side too

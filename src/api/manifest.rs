@@ -22,7 +22,23 @@ use serde::{Deserialize, Serialize};
     category = "modulemanager",
     doc = "A module: one Helm chart and its configuration, installed, upgraded, repaired and deleted on a target cluster by module-manager.",
     printcolumn(name = "Module", type_ = "string", json_path = ".spec.module"),
-    printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".spec.chart.version"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].message"
+    ),
+    printcolumn(
+        name = "State",
+        type_ = "string",
+        json_path = ".status.state",
+        priority = "1"
+    ),
     printcolumn(name = "Owner", type_ = "string", json_path = ".status.owner"),
     printcolumn(
         name = "Age",
@@ -90,10 +106,20 @@ pub struct ManifestSpec {
     #[serde(default = "default_interval")]
     #[schemars(length(max = 32), regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
     pub interval: String,
+    /// How long the applied objects may take to become ready, e.g. `5m`, counted from the
+    /// first apply of this generation's render; past it the Manifest is `Stalled` (reason
+    /// `ReadinessTimeout`) naming the objects that are not ready. Kept between 1s and 24h.
+    #[serde(default = "default_timeout")]
+    #[schemars(length(max = 32), regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    pub timeout: String,
 }
 
 fn default_interval() -> String {
     "10m".to_owned()
+}
+
+fn default_timeout() -> String {
+    "5m".to_owned()
 }
 
 /// The source of a chart. Exactly one of `path`, `repository` or `oci` is set.
@@ -264,6 +290,11 @@ pub struct ManifestStatus {
     /// hook is applied.
     #[serde(default)]
     pub hook_objects: Vec<InventoryEntry>,
+    /// Since when the applied objects of this generation and render have been waited for to
+    /// become ready (absent once they are): `spec.timeout` counts from here, whichever replica
+    /// owns the Manifest.
+    #[serde(default)]
+    pub readiness_started: Option<Time>,
 }
 
 /// What a hook run does.

@@ -23,6 +23,19 @@ pub fn interval(spec: &ManifestSpec) -> Option<std::time::Duration> {
     parse_interval(&spec.interval).map(|d| d.clamp(MIN_INTERVAL, MAX_INTERVAL))
 }
 
+/// `spec.timeout` as a duration within [`MIN_TIMEOUT`, `MAX_TIMEOUT`]; the default (5m) when it
+/// does not parse (the CRD's pattern makes that unlikely).
+pub fn timeout(spec: &ManifestSpec) -> std::time::Duration {
+    parse_interval(&spec.timeout).map_or(DEFAULT_TIMEOUT, |d| d.clamp(MIN_TIMEOUT, MAX_TIMEOUT))
+}
+
+/// The readiness deadline when `spec.timeout` is not set.
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+/// The shortest readiness deadline: shorter ones are raised to it.
+pub const MIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest readiness deadline: longer ones are lowered to it.
+pub const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// Parses a Go-style duration (`90s`, `10m`, `1h30m`, `500ms`); `None` when it does not parse
 /// or does not fit a `Duration`.
 pub fn parse_interval(text: &str) -> Option<std::time::Duration> {
@@ -92,6 +105,25 @@ mod tests {
     }
 
     #[test]
+    fn timeouts_default_to_five_minutes_and_stay_bounded() {
+        use std::time::Duration;
+        let spec = |extra: serde_json::Value| -> ManifestSpec {
+            let mut spec = serde_json::json!({"module": "m", "chart": {"path": "p"}});
+            spec.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            serde_json::from_value(spec).unwrap()
+        };
+        assert_eq!(spec(serde_json::json!({})).timeout, "5m");
+        assert_eq!(timeout(&spec(serde_json::json!({}))), DEFAULT_TIMEOUT);
+        let of = |text: &str| timeout(&spec(serde_json::json!({"timeout": text})));
+        assert_eq!(of("90s"), Duration::from_secs(90));
+        assert_eq!(of("0s"), MIN_TIMEOUT);
+        assert_eq!(of("100h"), MAX_TIMEOUT);
+        assert_eq!(of("soon"), DEFAULT_TIMEOUT);
+    }
+
+    #[test]
     fn the_crd_carries_print_columns_cel_rules_and_the_status_subresource() {
         let crd = serde_json::to_value(manifest_crd()).unwrap();
         let version = &crd["spec"]["versions"][0];
@@ -101,7 +133,12 @@ mod tests {
             .iter()
             .map(|c| c["name"].as_str().unwrap())
             .collect();
-        assert_eq!(columns, ["Module", "State", "Owner", "Age"]);
+        assert_eq!(
+            columns,
+            [
+                "Module", "Version", "Ready", "Status", "State", "Owner", "Age"
+            ]
+        );
         assert!(version["subresources"]["status"].is_object());
         let chart =
             &version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["chart"];

@@ -42,9 +42,18 @@ pub enum Reason {
     Deleted,
     /// The module's objects were left on the cluster (`deletionPolicy: Orphan`).
     Orphaned,
+    /// Objects are still not ready when `spec.timeout` has passed since they were applied.
+    ReadinessTimeout,
+    /// An object failed by its readiness rule (a Deployment past its progress deadline, a
+    /// crash-looping Pod, a custom resource that is `Stalled` …).
+    ObjectFailed,
     /// A pass failed: the error's category (`RenderError` …).
     Failed(&'static str),
 }
+
+/// The reason of `Reconciling=True` while a pass that failed transiently is retried (the
+/// fluxcd/pkg `runtime/conditions` convention).
+pub const PROGRESSING_WITH_RETRY: &str = "ProgressingWithRetry";
 
 impl Reason {
     /// The CamelCase string written to the conditions and the Event.
@@ -57,6 +66,8 @@ impl Reason {
             Self::Deleting => "Deleting",
             Self::Deleted => "Deleted",
             Self::Orphaned => "Orphaned",
+            Self::ReadinessTimeout => "ReadinessTimeout",
+            Self::ObjectFailed => "ObjectFailed",
             Self::Failed(category) => category,
         }
     }
@@ -111,6 +122,9 @@ pub struct Facts {
     pub hook_run: Option<HookRun>,
     /// The hook objects that may exist.
     pub hook_objects: Option<Vec<InventoryEntry>>,
+    /// When the wait for the applied objects' readiness began: `Some(None)` clears it (they
+    /// are ready), `None` keeps the previous value.
+    pub readiness_started: Option<Option<Time>>,
 }
 
 /// The status after a pass. Unchanged inputs give an equal status (so the caller can skip the
@@ -138,11 +152,26 @@ pub fn next_status(
         );
     };
     set(&mut conditions, "Ready", outcome.state == State::Ready);
-    set(
-        &mut conditions,
-        "Reconciling",
-        matches!(outcome.state, State::Processing | State::Deleting),
-    );
+    // kstatus reads only `Reconciling=True` (in progress) and `Stalled=True` (failed): a pass
+    // that failed transiently is retried, so it is still in progress.
+    let retrying = outcome.state == State::Error && !outcome.stalled;
+    if retrying {
+        set_condition(
+            &mut conditions,
+            "Reconciling",
+            true,
+            PROGRESSING_WITH_RETRY,
+            &outcome.message,
+            generation,
+            now,
+        );
+    } else {
+        set(
+            &mut conditions,
+            "Reconciling",
+            matches!(outcome.state, State::Processing | State::Deleting),
+        );
+    }
     set(&mut conditions, "Stalled", outcome.stalled);
     if let Some(rendered) = outcome.rendered {
         set(&mut conditions, "Rendered", rendered);
@@ -185,6 +214,9 @@ pub fn next_status(
         last_operation,
         hook_run: facts.hook_run.or(previous.hook_run),
         hook_objects: facts.hook_objects.unwrap_or(previous.hook_objects),
+        readiness_started: facts
+            .readiness_started
+            .unwrap_or(previous.readiness_started),
     }
 }
 

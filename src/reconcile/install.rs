@@ -108,7 +108,8 @@ impl Install<'_> {
         let pruned = self
             .prune(&previous, plan.inventory(), changed_inputs)
             .await?;
-        let waiting = waiting_for(&applied)?;
+        let now = Timestamp::now();
+        let readiness = readiness_of(&applied, now)?;
         let (hook_waiting, finished) = self
             .post_hooks(
                 &scope,
@@ -116,7 +117,7 @@ impl Install<'_> {
                 hook_objects,
                 &plan,
                 namespace,
-                waiting.is_empty(),
+                readiness.all_ready(),
             )
             .await?;
         let changed = previous.rendered_digest.as_deref() != Some(rendered.digest.as_str())
@@ -124,9 +125,10 @@ impl Install<'_> {
             || finished;
         let ended = Ended {
             pruned,
-            waiting,
+            readiness,
             hook_waiting,
             operation: changed.then_some(Operation::from(run.operation)),
+            wait: self.wait(&previous, &rendered, now),
         };
         let digests = digests(&request, &rendered, values_digest);
         Ok(Some(self.outcome(&previous, ended, digests, progress)))
@@ -366,6 +368,19 @@ impl Install<'_> {
         Ok((waiting, !was_done && run.phase == HookRunPhase::Done))
     }
 
+    /// The wait for the objects' readiness: it began with the first apply of this generation's
+    /// render (kept in the status, so a new owner does not restart it).
+    fn wait(&self, previous: &ManifestStatus, rendered: &Rendered, now: Timestamp) -> Wait {
+        let same_render = previous.applied_generation == self.manifest.meta().generation
+            && previous.rendered_digest.as_deref() == Some(rendered.digest.as_str());
+        let started = previous.readiness_started.as_ref();
+        Wait {
+            started: plan::readiness::wait_started(started, same_render, now),
+            now,
+            timeout: crate::api::timeout(&self.manifest.spec),
+        }
+    }
+
     /// A pass that waits for a hook, before anything of this render was applied.
     fn waiting(&self, outcome: Outcome, progress: &Progress) -> Pass {
         Pass {
@@ -383,24 +398,21 @@ impl Install<'_> {
         digests: Facts,
         progress: &Progress,
     ) -> Pass {
-        let (state, reason, message, mut requeue) = ended.state(previous, self.interval);
+        let verdict = ended.state(previous, self.interval);
+        let mut requeue = verdict.requeue;
         if ended.hook_waiting.is_some() {
             requeue = requeue.min(HOOK_REQUEUE); // also while a prune refusal is shown
         }
-        let outcome = Outcome {
-            state,
-            reason,
-            message,
-            rendered: Some(true),
-            applied: Some(true),
-            stalled: false,
-            operation: ended.operation,
-        };
+        let outcome = verdict.outcome(ended.operation);
+        // The wait's start is kept while objects are not ready, cleared once they all are.
+        let started = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(ended.wait.started);
+        let readiness_started = (!ended.readiness.all_ready()).then_some(started);
         let facts = Facts {
             applied_generation: self.manifest.meta().generation,
             inventory: Some(ended.pruned.inventory),
             hook_run: progress.hook_run.clone(),
             hook_objects: progress.hook_objects.clone(),
+            readiness_started: Some(readiness_started),
             ..digests
         };
         Pass {
@@ -414,49 +426,106 @@ impl Install<'_> {
 /// What the steps after the apply found.
 struct Ended {
     pruned: Pruned,
-    /// Objects not ready yet, as their readiness says why.
-    waiting: Vec<String>,
+    /// The applied objects that are not ready, or failed.
+    readiness: NotReady,
     /// A post-hook that runs.
     hook_waiting: Option<String>,
     /// The operation to record, when the pass changed something.
     operation: Option<Operation>,
+    /// The readiness deadline.
+    wait: Wait,
+}
+
+/// The wait for the objects' readiness: since when, now, and for how long at most.
+struct Wait {
+    started: Timestamp,
+    now: Timestamp,
+    timeout: Duration,
+}
+
+/// How a pass that applied everything ends.
+struct Verdict {
+    state: State,
+    reason: Reason,
+    message: String,
+    stalled: bool,
+    requeue: Duration,
+}
+
+impl Verdict {
+    /// The outcome of a pass that rendered and applied everything.
+    fn outcome(self, operation: Option<Operation>) -> Outcome {
+        Outcome {
+            state: self.state,
+            reason: self.reason,
+            message: self.message,
+            rendered: Some(true),
+            applied: Some(true),
+            stalled: self.stalled,
+            operation,
+        }
+    }
 }
 
 impl Ended {
-    /// The state, reason, message and requeue of a pass that applied everything.
-    fn state(
-        &self,
-        previous: &ManifestStatus,
-        interval: Duration,
-    ) -> (State, Reason, String, Duration) {
+    /// The verdict of a pass that applied everything: a refused prune and failed objects
+    /// stall; objects not ready wait until `spec.timeout`, then stall; hooks run; else ready.
+    fn state(&self, previous: &ManifestStatus, interval: Duration) -> Verdict {
+        let verdict = |state, reason, message, stalled, requeue| Verdict {
+            state,
+            reason,
+            message,
+            stalled,
+            requeue,
+        };
+        let waiting = &self.readiness.waiting;
         if let Some(refusal) = &self.pruned.refused {
-            (
+            // Nothing changes until someone looks at it: stalled, as kstatus must read it.
+            let message = refusal.clone();
+            verdict(
                 State::Warning,
                 Reason::PruneRefused,
-                refusal.clone(),
+                message,
+                true,
                 interval,
             )
-        } else if let Some(first) = self.waiting.first() {
-            (
+        } else if !self.readiness.failed.is_empty() {
+            let message = format!("failed: {}", plan::readiness::list(&self.readiness.failed));
+            verdict(State::Error, Reason::ObjectFailed, message, true, interval)
+        } else if !waiting.is_empty()
+            && plan::readiness::deadline_passed(self.wait.started, self.wait.now, self.wait.timeout)
+        {
+            let timeout = self.wait.timeout;
+            let list = plan::readiness::list(waiting);
+            let message = format!("not ready within the timeout ({timeout:?}): {list}");
+            verdict(
+                State::Error,
+                Reason::ReadinessTimeout,
+                message,
+                true,
+                interval,
+            )
+        } else if let Some(first) = waiting.first() {
+            let message = format!("waiting for {} objects: {first}", waiting.len());
+            let requeue = progress_requeue(rolling_out_for(previous, self.wait.now));
+            verdict(
                 State::Processing,
                 Reason::Progressing,
-                format!("waiting for {} objects: {first}", self.waiting.len()),
-                progress_requeue(rolling_out_for(previous, Timestamp::now())),
+                message,
+                false,
+                requeue,
             )
         } else if let Some(message) = self.hook_waiting.clone() {
-            (
+            verdict(
                 State::Processing,
                 Reason::HookRunning,
                 message,
+                false,
                 HOOK_REQUEUE,
             )
         } else {
-            (
-                State::Ready,
-                Reason::Ready,
-                format!("{} objects applied and ready", self.pruned.inventory.len()),
-                interval,
-            )
+            let message = format!("{} objects applied and ready", self.pruned.inventory.len());
+            verdict(State::Ready, Reason::Ready, message, false, interval)
         }
     }
 }
@@ -474,19 +543,40 @@ fn inputs_changed(
         || previous.applied_generation != manifest.meta().generation
 }
 
-/// Readiness, from the objects as the server returned them: why each waits; a failed Job
-/// fails the pass.
-fn waiting_for(applied: &[(InventoryEntry, DynamicObject)]) -> Result<Vec<String>, ReconcileError> {
-    let mut waiting = Vec::new();
+/// The applied objects that are not ready, as their readiness says why.
+struct NotReady {
+    waiting: Vec<String>,
+    failed: Vec<String>,
+}
+
+impl NotReady {
+    fn all_ready(&self) -> bool {
+        self.waiting.is_empty() && self.failed.is_empty()
+    }
+}
+
+/// Readiness, from the objects as the server returned them: why each waits or failed; a
+/// failed Job fails the pass.
+fn readiness_of(
+    applied: &[(InventoryEntry, DynamicObject)],
+    now: Timestamp,
+) -> Result<NotReady, ReconcileError> {
+    let mut not_ready = NotReady {
+        waiting: Vec::new(),
+        failed: Vec::new(),
+    };
     for (id, object) in applied {
         let body = serde_json::to_value(object).unwrap_or(Value::Null);
-        match readiness(id, &body) {
+        match readiness(id, &body, now) {
             Readiness::Ready => {}
-            Readiness::Waiting(why) => waiting.push(why),
-            Readiness::Failed(why) => return Err(ReconcileError::JobFailed(why)),
+            Readiness::Waiting(why) => not_ready.waiting.push(why),
+            Readiness::Failed(why) if (id.group.as_str(), id.kind.as_str()) == ("batch", "Job") => {
+                return Err(ReconcileError::JobFailed(why));
+            }
+            Readiness::Failed(why) => not_ready.failed.push(why),
         }
     }
-    Ok(waiting)
+    Ok(not_ready)
 }
 
 /// The digests a pass that rendered and applied records.
@@ -509,5 +599,258 @@ fn hook_running(message: String) -> Outcome {
         applied: None,
         stalled: false,
         operation: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::error_outcome;
+    use super::*;
+    use crate::plan::PlanError;
+    use crate::plan::status::{Facts, PROGRESSING_WITH_RETRY, next_status};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::jiff::SignedDuration;
+    use serde_json::json;
+
+    /// kstatus' answers that matter to a user (`Terminating` reads as in progress).
+    #[derive(Debug, PartialEq)]
+    enum Kstatus {
+        Current,
+        InProgress,
+        Failed,
+    }
+
+    /// kstatus' `Compute` over a Manifest, through its port in `plan::readiness`: the generic
+    /// properties (deletion, observedGeneration, Reconciling, Stalled), then `Ready`.
+    fn kstatus(manifest: &Value) -> Kstatus {
+        let id = InventoryEntry {
+            group: "modulemanager.io".into(),
+            version: "v1alpha1".into(),
+            kind: "Manifest".into(),
+            namespace: "ns".into(),
+            name: "m".into(),
+        };
+        match readiness(&id, manifest, Timestamp::now()) {
+            Readiness::Ready => Kstatus::Current,
+            Readiness::Waiting(_) => Kstatus::InProgress,
+            Readiness::Failed(_) => Kstatus::Failed,
+        }
+    }
+
+    /// What the steps after an apply found, waiting `waited` seconds of a 300 s timeout.
+    fn ended(
+        refused: Option<&str>,
+        not_ready: [&[&str]; 2],
+        hook: Option<&str>,
+        waited: i64,
+    ) -> Ended {
+        let now = Timestamp::now();
+        let strings = |list: &[&str]| list.iter().map(ToString::to_string).collect();
+        Ended {
+            pruned: Pruned {
+                inventory: Vec::new(),
+                refused: refused.map(Into::into),
+            },
+            readiness: NotReady {
+                waiting: strings(not_ready[0]),
+                failed: strings(not_ready[1]),
+            },
+            hook_waiting: hook.map(Into::into),
+            operation: Some(Operation::Upgrade),
+            wait: Wait {
+                started: now - SignedDuration::from_secs(waited),
+                now,
+                timeout: Duration::from_secs(300),
+            },
+        }
+    }
+
+    fn applied(ended: &Ended) -> Outcome {
+        let previous = ManifestStatus::default();
+        ended
+            .state(&previous, Duration::from_secs(600))
+            .outcome(ended.operation)
+    }
+
+    /// The status after a pass with `outcome` over `previous`.
+    fn after(
+        previous: Option<&ManifestStatus>,
+        generation: i64,
+        outcome: &Outcome,
+    ) -> ManifestStatus {
+        let now = Time(Timestamp::now());
+        next_status(
+            previous,
+            Some(generation),
+            outcome,
+            Facts::default(),
+            None,
+            "r0",
+            &now,
+        )
+    }
+
+    fn condition<'a>(status: &'a ManifestStatus, kind: &str) -> &'a Condition {
+        status.conditions.iter().find(|c| c.type_ == kind).unwrap()
+    }
+
+    /// Every state the pipeline can end a pass in, from its own outcome functions, with what
+    /// kstatus must read.
+    fn pipeline_states() -> Vec<(&'static str, Outcome, Kstatus)> {
+        let waiting: &[&str] = &["Deployment web: 0 of 1 replicas"];
+        let transient = error_outcome(
+            &ReconcileError::ValuesSourceMissing("ConfigMap v does not exist".into()),
+            Operation::Upgrade,
+        );
+        let permanent = error_outcome(
+            &ReconcileError::Plan(PlanError::Duplicate("Secret/s".into())),
+            Operation::Install,
+        );
+        let job = error_outcome(
+            &ReconcileError::JobFailed("Job j: failed".into()),
+            Operation::Upgrade,
+        );
+        // As `delete.rs` writes it while objects are being deleted.
+        let deleting = Outcome {
+            state: State::Deleting,
+            reason: Reason::Deleting,
+            message: "waiting for 2 objects to be deleted".into(),
+            rendered: None,
+            applied: None,
+            stalled: false,
+            operation: None,
+        };
+        let failed: &[&str] = &["Deployment web: progress deadline exceeded"];
+        vec![
+            (
+                "ready",
+                applied(&ended(None, [&[], &[]], None, 0)),
+                Kstatus::Current,
+            ),
+            (
+                "rolling out",
+                applied(&ended(None, [waiting, &[]], None, 10)),
+                Kstatus::InProgress,
+            ),
+            (
+                "post-hook running",
+                applied(&ended(None, [&[], &[]], Some("Job m runs"), 0)),
+                Kstatus::InProgress,
+            ),
+            (
+                "prune refused (Warning)",
+                applied(&ended(Some("would delete 3 of 4"), [&[], &[]], None, 0)),
+                Kstatus::Failed,
+            ),
+            (
+                "an object failed",
+                applied(&ended(None, [&[], failed], None, 0)),
+                Kstatus::Failed,
+            ),
+            (
+                "readiness deadline passed",
+                applied(&ended(None, [waiting, &[]], None, 301)),
+                Kstatus::Failed,
+            ),
+            ("transient error, retried", transient, Kstatus::InProgress),
+            ("permanent error", permanent, Kstatus::Failed),
+            ("a Job failed", job, Kstatus::Failed),
+            ("deleting", deleting, Kstatus::InProgress),
+        ]
+    }
+
+    #[test]
+    fn kstatus_reads_every_state_of_the_pipeline_as_a_user_expects() {
+        for (what, outcome, want) in pipeline_states() {
+            let status = after(None, 3, &outcome);
+            let mut manifest = json!({"metadata": {"generation": 3}, "status": status});
+            if outcome.state == State::Deleting {
+                manifest["metadata"]["deletionTimestamp"] = json!("2026-12-01T12:00:00Z");
+            }
+            assert_eq!(kstatus(&manifest), want, "{what}: {status:#?}");
+            // The abnormal-true conditions decide alone (the `Ready` fallback is newer in
+            // kstatus and has its caveats, `status.go`): the same without `Ready`.
+            let mut without_ready = manifest.clone();
+            let conditions = without_ready["status"]["conditions"]
+                .as_array_mut()
+                .unwrap();
+            conditions.retain(|c| c["type"] != "Ready");
+            assert_eq!(
+                kstatus(&without_ready),
+                want,
+                "{what}, by Reconciling/Stalled"
+            );
+            // `kubectl wait --for=condition=Ready` returns exactly when kstatus says Current.
+            let ready = condition(&status, "Ready").status == "True";
+            assert_eq!(ready, want == Kstatus::Current, "{what}");
+            assert!(
+                status
+                    .conditions
+                    .iter()
+                    .all(|c| c.observed_generation == Some(3)),
+                "{what}: every condition names the generation it describes"
+            );
+            let both =
+                ["Reconciling", "Stalled"].map(|kind| condition(&status, kind).status == "True");
+            assert_ne!(
+                both,
+                [true, true],
+                "{what}: never both in progress and stalled"
+            );
+            assert!(!condition(&status, "Ready").message.is_empty(), "{what}");
+        }
+    }
+
+    #[test]
+    fn a_retried_error_is_in_progress_until_it_succeeds() {
+        let transient = error_outcome(
+            &ReconcileError::ValuesSourceMissing("ConfigMap v does not exist".into()),
+            Operation::Upgrade,
+        );
+        // A retried error says so, with the error as the message (fluxcd/pkg's convention).
+        let retrying = after(None, 3, &transient);
+        let reconciling = condition(&retrying, "Reconciling");
+        assert_eq!(reconciling.reason, PROGRESSING_WITH_RETRY);
+        assert!(reconciling.message.contains("ConfigMap v does not exist"));
+        assert_eq!(condition(&retrying, "Ready").reason, "ValuesError");
+        // Once the retry succeeds: Current, no longer reconciling.
+        let recovered = after(
+            Some(&retrying),
+            3,
+            &applied(&ended(None, [&[], &[]], None, 0)),
+        );
+        let manifest = json!({"metadata": {"generation": 3}, "status": recovered});
+        assert_eq!(kstatus(&manifest), Kstatus::Current);
+        assert_eq!(condition(&recovered, "Reconciling").status, "False");
+        // A spec change not reconciled yet (also `suspend: true`, which writes no status):
+        // the status describes an older generation, so kstatus reads it as in progress.
+        let manifest = json!({"metadata": {"generation": 4}, "status": recovered});
+        assert_eq!(kstatus(&manifest), Kstatus::InProgress);
+    }
+
+    #[test]
+    fn the_readiness_deadline_names_what_is_not_ready() {
+        let waiting: &[&str] = &[
+            "Deployment web: 0 of 1 replicas",
+            "Widget w: not Ready (Degraded)",
+        ];
+        let early = applied(&ended(None, [waiting, &[]], None, 299));
+        assert_eq!(
+            (early.state, early.reason, early.stalled),
+            (State::Processing, Reason::Progressing, false)
+        );
+        let late = applied(&ended(None, [waiting, &[]], None, 300));
+        assert_eq!(
+            (late.state, late.reason, late.stalled),
+            (State::Error, Reason::ReadinessTimeout, true)
+        );
+        assert_eq!(
+            late.message,
+            "not ready within the timeout (300s): 2 objects: Deployment web: 0 of 1 replicas; \
+             Widget w: not Ready (Degraded)"
+        );
+        // Ready objects past the deadline are simply ready.
+        let ready = applied(&ended(None, [&[], &[]], None, 900));
+        assert_eq!(ready.state, State::Ready);
     }
 }

@@ -34,7 +34,7 @@ use kube::{Client, Resource};
 use crate::api::{HookRun, InventoryEntry, Manifest, ManifestStatus, State};
 use crate::apply::Cluster;
 use crate::apply::target::TargetClients;
-use crate::plan::status::{Facts, Outcome, Reason};
+use crate::plan::status::{Facts, Operation, Outcome, Reason};
 use crate::render::HelmRenderer;
 use crate::shard::ShardCount;
 use crate::shard::fence::Fence;
@@ -164,14 +164,15 @@ impl PassResult {
         }
     }
 
-    /// The result of a pass that ended in `state`.
-    fn of(state: State) -> Self {
-        match state {
+    /// The result of a pass that ended with `outcome` (an `Error` outcome that is no error of
+    /// a step, a readiness timeout for one, is labelled with its reason).
+    fn of(outcome: &Outcome) -> Self {
+        match outcome.state {
             State::Ready => Self::Ready,
             State::Processing => Self::Processing,
             State::Warning => Self::Warning,
             State::Deleting => Self::Deleting,
-            State::Error => Self::Error(""),
+            State::Error => Self::Error(outcome.reason.as_str()),
         }
     }
 }
@@ -251,7 +252,7 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
         }
         Ok(None) => (Next::Idle, PassResult::Done),
         Ok(Some(pass)) => {
-            let result = PassResult::of(pass.outcome.state);
+            let result = PassResult::of(&pass.outcome);
             match records::write_status(&manifest, ctx, &pass.outcome, pass.facts).await {
                 Ok(()) => (Next::After(pass.requeue), result),
                 Err(e) => retry(e),
@@ -267,17 +268,10 @@ fn retry(error: ReconcileError) -> (Next, PassResult) {
     (Next::Retry(error), result)
 }
 
-/// A failed pass: writes the `Error` status (keeping what the pass recorded) unless the shard
-/// was lost; a permanent error waits for the interval, a transient one backs off.
-async fn failed(
-    manifest: &Manifest,
-    ctx: &Context,
-    fence: &Fence,
-    interval: Duration,
-    progress: &Progress,
-    error: ReconcileError,
-) -> (Next, PassResult) {
-    let outcome = Outcome {
+/// The outcome of a pass that failed with `error` during `operation`: stalled when the error
+/// is permanent, else retried (and `Reconciling`).
+fn error_outcome(error: &ReconcileError, operation: Operation) -> Outcome {
+    Outcome {
         state: State::Error,
         reason: Reason::Failed(error.category()),
         message: error.to_string(),
@@ -288,8 +282,21 @@ async fn failed(
         )
         .then_some(false),
         stalled: error.is_permanent(),
-        operation: Some(records::operation(manifest)),
-    };
+        operation: Some(operation),
+    }
+}
+
+/// A failed pass: writes the `Error` status (keeping what the pass recorded) unless the shard
+/// was lost; a permanent error waits for the interval, a transient one backs off.
+async fn failed(
+    manifest: &Manifest,
+    ctx: &Context,
+    fence: &Fence,
+    interval: Duration,
+    progress: &Progress,
+    error: ReconcileError,
+) -> (Next, PassResult) {
+    let outcome = error_outcome(&error, records::operation(manifest));
     tracing::warn!(
         category = error.category(),
         permanent = error.is_permanent(),
@@ -350,8 +357,23 @@ mod tests {
 
     #[test]
     fn pass_results_are_the_metric_labels() {
-        assert_eq!(PassResult::of(State::Ready).as_str(), "ready");
-        assert_eq!(PassResult::of(State::Deleting).as_str(), "deleting");
+        let outcome = |state, reason| Outcome {
+            state,
+            reason,
+            message: String::new(),
+            rendered: None,
+            applied: None,
+            stalled: false,
+            operation: None,
+        };
+        let of = |state, reason| PassResult::of(&outcome(state, reason));
+        assert_eq!(of(State::Ready, Reason::Ready).as_str(), "ready");
+        assert_eq!(of(State::Deleting, Reason::Deleting).as_str(), "deleting");
+        let timed_out = of(State::Error, Reason::ReadinessTimeout);
+        assert_eq!(
+            (timed_out.as_str(), timed_out.category()),
+            ("error", "ReadinessTimeout")
+        );
         assert_eq!(PassResult::Suspended.as_str(), "suspended");
         assert_eq!(
             (PassResult::Fenced.as_str(), PassResult::Fenced.category()),

@@ -96,3 +96,21 @@ pub fn inventory_names(manifest: &Manifest) -> Vec<String> {
         .map(|e| format!("{}/{}", e.kind, e.name))
         .collect()
 }
+
+/// Plays the Deployment controller: writes the status of a Deployment whose `replicas` have
+/// rolled out (counts, the `Available` condition and `Progressing` with reason
+/// `NewReplicaSetAvailable`, as kstatus' rule needs them).
+pub async fn deployment_rolled_out(client: &Client, ns: &str, name: &str, replicas: i64) {
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), ns);
+    let generation = deployments.get(name).await.unwrap().metadata.generation;
+    let status = json!({"status": {"observedGeneration": generation, "replicas": replicas,
+    "updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas,
+    "conditions": [
+        {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
+    ]}});
+    deployments
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap_or_else(|e| panic!("write the status of Deployment {name}: {e}"));
+}
