@@ -4,7 +4,8 @@
 //! `--require-service-account` and `--default-service-account` policies.
 //!
 //! Each scenario makes its own namespaces — A (the tenant: its ServiceAccount `deployer` may do
-//! anything with ConfigMaps and Jobs there, and read its Namespace), B (another tenant) and OP
+//! anything with ConfigMaps and Jobs there, and read its Namespace), B (another tenant: the
+//! account may only read ConfigMaps there) and OP
 //! (stands for the operator's namespace: protected, and `deployer` is even granted ConfigMaps
 //! there, to show that RBAC does not matter) — and runs a controller on A. The test's client
 //! is the admin: it checks what was (not) written.
@@ -117,6 +118,15 @@ async fn start(prefix: &str, policy: ServiceAccountPolicy) -> Tenants {
             {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": everything},
             {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
         ]),
+    )
+    .await;
+    // In B the account may read ConfigMaps, not write them: the adoption read passes, so
+    // only the dry-run apply finds a forbidden object before the first real apply.
+    grant(
+        &client,
+        &b,
+        &a,
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]),
     )
     .await;
     // Even an explicit grant does not open the operator's namespace to a module.
