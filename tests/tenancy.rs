@@ -501,3 +501,65 @@ async fn the_default_service_account_is_used_for_manifests_without_one() {
     .await;
     assert!(t.config_map(&b, "elsewhere").await.is_none());
 }
+
+/// Server-side applies of ConfigMaps the API server has served so far, (real, dry run), from
+/// its own `/metrics`.
+async fn config_map_applies(client: &Client) -> (f64, f64) {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap();
+    let mut counts = (0.0, 0.0);
+    for line in text.lines().filter(|l| {
+        l.starts_with("apiserver_request_total{")
+            && l.contains("resource=\"configmaps\"")
+            && l.contains("verb=\"APPLY\"")
+    }) {
+        let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        if line.contains("dry_run=\"All\"") {
+            counts.1 += value;
+        } else {
+            counts.0 += value;
+        }
+    }
+    counts
+}
+
+/// The request cost of the dry-run pre-check (docs/reconcile.md § Identity): the same
+/// 20-ConfigMap module, drift passes every second for 20 s, written as the operator and then as
+/// a ServiceAccount; prints the ConfigMap applies (real and dry run) per pass. Run alone (the
+/// API server's counters are global): `cargo test --test tenancy -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "measurement: run alone, prints the request counts"]
+async fn measure_the_request_cost_of_the_pre_check() {
+    let t = start("tenancy-cost", ServiceAccountPolicy::default()).await;
+    let objects: Vec<Value> = (0..20)
+        .map(|i| json!({"name": format!("cm-{i:02}")}))
+        .collect();
+    for (name, account) in [("as-operator", None), ("as-account", Some(ACCOUNT))] {
+        t.create_every(name, account, json!({"configMaps": objects}), "1s")
+            .await;
+        t.wait_state(name, State::Ready).await;
+        let before = config_map_applies(&t.client).await;
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let after = config_map_applies(&t.client).await;
+        let (real, dry) = (after.0 - before.0, after.1 - before.1);
+        let passes = real / 20.0;
+        println!(
+            "{name}: {real} applies and {dry} dry-run applies of ConfigMaps in {passes:.1} passes: {:.1} dry runs per pass, {:.2} write requests per applied object",
+            dry / passes.max(1.0),
+            (real + dry) / real.max(1.0)
+        );
+        match account {
+            None => assert_eq!(dry, 0.0, "no pre-check as the operator"),
+            Some(_) => assert!(dry > 0.0, "the pre-check runs as an account"),
+        }
+        t.manifests
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        while t.manifests.get_opt(name).await.unwrap().is_some() {
+            assert!(std::time::Instant::now() < deadline, "{name} not deleted");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
