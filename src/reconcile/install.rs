@@ -171,7 +171,10 @@ impl Install<'_> {
     ) -> Result<(Arc<Rendered>, Plan), ReconcileError> {
         let rendered = self.ctx.renderer.render(request).await?;
         let plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
-        check_protected(&plan, &request.namespace, &self.ctx.tenancy.protected)?;
+        // On the local cluster only: a remote target's namespaces are not the operator's.
+        if self.manifest.spec.target.is_none() {
+            check_protected(&plan, &request.namespace, &self.ctx.tenancy.protected)?;
+        }
         self.check_permitted(&plan, &request.namespace).await?;
         tracing::debug!(
             crds = plan.crds.len(),

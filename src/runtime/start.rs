@@ -166,15 +166,18 @@ async fn context(
 }
 
 /// Impersonation from the operator's own connection settings (inferred as the client's were),
-/// the ServiceAccount flags, and what is protected: the operator's namespace, the fleet's Lease
-/// namespace, and Leases carrying the fleet's labels.
+/// the ServiceAccount flags, and what is protected: the fleet's Lease namespace, the pod's own
+/// namespace (`POD_NAMESPACE`, when set: the StatefulSet sets it), and Leases carrying the
+/// fleet's labels.
 async fn tenancy(config: &RuntimeConfig) -> anyhow::Result<Tenancy> {
     use crate::shard::membership::{FLEET_LABEL, LEASE_KIND_LABEL};
     let base = kube::Config::infer().await?;
-    let mut namespaces = vec![base.default_namespace.clone()];
-    let lease_namespace = &config.fleet.membership.namespace;
-    if !namespaces.contains(lease_namespace) {
-        namespaces.push(lease_namespace.clone());
+    let mut namespaces = vec![config.fleet.membership.namespace.clone()];
+    if let Ok(own) = std::env::var("POD_NAMESPACE")
+        && !own.is_empty()
+        && !namespaces.contains(&own)
+    {
+        namespaces.push(own);
     }
     tracing::info!(protected = ?namespaces, default_service_account = ?config.service_accounts.default, require_service_account = config.service_accounts.required, "tenancy");
     let protected = crate::plan::tenancy::Protected {
