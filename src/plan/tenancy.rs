@@ -151,14 +151,25 @@ impl Protected {
     }
 }
 
-/// Refuses a render with any object (CRDs, objects, hooks) the module may not write, naming the
-/// first; a target namespace that is protected is refused too (everything namespaced without
-/// its own namespace would land in it).
+/// Refuses a render of a Manifest in `manifest_namespace` with any object (CRDs, objects, hooks)
+/// the module may not write, naming the first; a target namespace that is protected is refused
+/// too (everything namespaced without its own namespace would land in it). A Manifest that
+/// lives in a protected namespace itself may write there (whoever may create Manifests in the
+/// operator's namespace is its administrator, and a single-namespace setup keeps its Manifests
+/// beside its Leases) — but never a fleet's Lease.
 pub fn check_protected(
     plan: &Plan,
     target_namespace: &str,
+    manifest_namespace: &str,
     protected: &Protected,
 ) -> Result<(), ProtectedError> {
+    let protected = Protected {
+        namespaces: (protected.namespaces.iter())
+            .filter(|ns| *ns != manifest_namespace)
+            .cloned()
+            .collect(),
+        lease_labels: protected.lease_labels.clone(),
+    };
     if protected.namespaces.iter().any(|p| p == target_namespace) {
         return Err(ProtectedError {
             object: format!("target namespace {target_namespace}"),
@@ -256,7 +267,7 @@ mod tests {
 
     fn check(yaml: &str, target: &str) -> Result<(), ProtectedError> {
         let plan = plan(parse_documents(yaml).unwrap()).unwrap();
-        check_protected(&plan, target, &protected())
+        check_protected(&plan, target, "team-a", &protected())
     }
 
     #[test]
@@ -297,6 +308,20 @@ mod tests {
         check(&lease.replace("modulemanager.io/fleet", "app"), "team-a").unwrap();
         // Nothing protected: nothing refused.
         let plan = plan(parse_documents(ns).unwrap()).unwrap();
-        check_protected(&plan, "module-manager", &Protected::default()).unwrap();
+        check_protected(&plan, "module-manager", "team-a", &Protected::default()).unwrap();
+    }
+
+    #[test]
+    fn a_manifest_in_the_operators_namespace_may_write_there_but_no_fleet_lease() {
+        let yaml = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n";
+        let own = plan(parse_documents(yaml).unwrap()).unwrap();
+        check_protected(&own, "module-manager", "module-manager", &protected()).unwrap();
+        // From another namespace, the same target is refused.
+        check_protected(&own, "module-manager", "team-a", &protected()).unwrap_err();
+        let lease = "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: m\n  labels:\n    modulemanager.io/fleet: f\n";
+        let leases = plan(parse_documents(lease).unwrap()).unwrap();
+        let refused =
+            check_protected(&leases, "module-manager", "module-manager", &protected()).unwrap_err();
+        assert!(refused.why.contains("fleet"), "{refused}");
     }
 }

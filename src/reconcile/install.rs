@@ -173,7 +173,9 @@ impl Install<'_> {
         let plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
         // On the local cluster only: a remote target's namespaces are not the operator's.
         if self.manifest.spec.target.is_none() {
-            check_protected(&plan, &request.namespace, &self.ctx.tenancy.protected)?;
+            let manifest_namespace = self.manifest.namespace().unwrap_or_default();
+            let protected = &self.ctx.tenancy.protected;
+            check_protected(&plan, &request.namespace, &manifest_namespace, protected)?;
         }
         self.check_permitted(&plan, &request.namespace).await?;
         tracing::debug!(
