@@ -739,6 +739,36 @@ async fn kustomize_and_chart_are_accepted_by_the_api_server() {
 
     let chart = helm_template(ALL_MONITORING);
     check_deployment(&chart, "mm-module-manager");
+    // Impersonation mode (deploy/impersonate, tenancy.mode=impersonate): the operator gets
+    // `impersonate` on ServiceAccounts and --require-service-account, and the module role is
+    // not bound to it.
+    let impersonating = kustomize("deploy/impersonate");
+    let chart_impersonating = helm_template(&["--set", "tenancy.mode=impersonate"]);
+    for (objects, prefix) in [
+        (&impersonating, "module-manager"),
+        (&chart_impersonating, "mm-module-manager"),
+    ] {
+        let role = find(objects, "ClusterRole", &format!("{prefix}-impersonate"));
+        assert_eq!(role["rules"][0]["verbs"], json!(["impersonate"]));
+        assert!(
+            !objects
+                .iter()
+                .any(|o| kind(o) == "ClusterRoleBinding" && name(o) == format!("{prefix}-modules")),
+            "{prefix}: the module role is not bound to the operator"
+        );
+        let sts = find(objects, "StatefulSet", prefix);
+        let args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap();
+        assert!(
+            args.contains(&json!("--require-service-account")),
+            "{args:?}"
+        );
+    }
+    assert!(
+        base.iter()
+            .any(|o| kind(o) == "ClusterRoleBinding" && name(o) == "module-manager-modules")
+    );
     // Without the toggles, nothing that needs the Prometheus Operator or Grafana.
     let plain = kinds(&helm_template(&[]));
     assert!(
@@ -777,6 +807,17 @@ async fn kustomize_and_chart_are_accepted_by_the_api_server() {
         "the chart refused:\n{}",
         refused.join("\n")
     );
+    for (what, objects) in [
+        ("deploy/impersonate", &impersonating),
+        ("the chart in impersonation mode", &chart_impersonating),
+    ] {
+        let refused = apply(&client, objects, true).await;
+        assert!(
+            refused.is_empty(),
+            "{what} refused:\n{}",
+            refused.join("\n")
+        );
+    }
 
     // The pods meet the restricted Pod Security Standard (the namespaces enforce it).
     for (objects, sts) in [(&deployed, "module-manager"), (&chart, "mm-module-manager")] {
@@ -1047,8 +1088,9 @@ async fn the_charts_rbac_grants_what_preflight_asks() {
     let checks = preflight::checks(preflight::Config {
         fleet_namespace: HELM_NAMESPACE,
         statefulset: Some(account),
+        impersonating: false,
     });
-    assert_eq!(checks.len(), preflight::PERMISSIONS.len());
+    assert_eq!(checks.len(), preflight::PERMISSIONS.len() - 1);
     let missing = preflight::missing(&as_operator, &checks).await.unwrap();
     assert!(
         missing.is_empty(),
@@ -1078,6 +1120,33 @@ async fn the_charts_rbac_grants_what_preflight_asks() {
                 .unwrap()
                 .is_empty()
                 .then_some(())
+        },
+    )
+    .await;
+
+    // Impersonation mode: `impersonate` on ServiceAccounts too, so every permission the
+    // preflight asks with --require-service-account is granted.
+    let impersonating = helm_template(&["--set", "tenancy.mode=impersonate"]);
+    let impersonate_rbac: Vec<Value> = impersonating
+        .iter()
+        .filter(|o| kind(o).starts_with("Cluster") && name(o).ends_with("-impersonate"))
+        .cloned()
+        .collect();
+    assert_eq!(impersonate_rbac.len(), 2, "a ClusterRole and its binding");
+    let refused = apply(&client, &impersonate_rbac, false).await;
+    assert!(refused.is_empty(), "{}", refused.join("\n"));
+    let checks = preflight::checks(preflight::Config {
+        fleet_namespace: HELM_NAMESPACE,
+        statefulset: Some(account),
+        impersonating: true,
+    });
+    assert_eq!(checks.len(), preflight::PERMISSIONS.len());
+    eventually(
+        "the chart's impersonation role is granted",
+        String::new,
+        || async {
+            let missing = preflight::missing(&as_operator, &checks).await.unwrap();
+            missing.is_empty().then_some(())
         },
     )
     .await;
@@ -1112,6 +1181,7 @@ async fn without_its_rbac_the_operator_exits_with_the_missing_permissions() {
     let checks = preflight::checks(preflight::Config {
         fleet_namespace: &namespace,
         statefulset: Some("module-manager"),
+        impersonating: false,
     });
     let user = format!("system:serviceaccount:{namespace}:unbound");
     assert!(

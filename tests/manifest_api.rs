@@ -41,6 +41,7 @@ fn manifest(name: &str, chart: ChartSource) -> Manifest {
             values: Some(json!({"replicaCount": 2})),
             values_from: vec![],
             target: None,
+            service_account_name: None,
             deletion_policy: Default::default(),
             suspend: false,
             interval: "10m".into(),

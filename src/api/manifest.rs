@@ -93,6 +93,18 @@ pub struct ManifestSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<Target>,
 
+    /// The ServiceAccount of the Manifest's namespace whose rights the module's objects are
+    /// applied, read and deleted with (module-manager impersonates
+    /// `system:serviceaccount:<namespace>:<name>`). Omitted means the operator's
+    /// `--default-service-account`, or without one the operator's own identity. Not allowed
+    /// with `target` (a remote target uses its kubeconfig's identity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub service_account_name: Option<String>,
+
     /// What happens to the module's objects when the Manifest is deleted.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,

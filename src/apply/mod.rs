@@ -1,6 +1,7 @@
 //! Apply: a target cluster's discovery, server-side apply with one field manager, CRD
 //! establishment, and deletion.
 
+pub mod identity;
 pub mod kubeconfig;
 pub mod namespace;
 pub mod target;
@@ -78,6 +79,19 @@ pub enum ApplyError {
     /// CRDs did not become Established in time.
     #[error("CustomResourceDefinition {0} is not Established")]
     CrdNotEstablished(String),
+    /// the API server refused the request for lack of a permission (the identity the pass
+    /// writes with may not do it; retried with backoff: RBAC may be granted).
+    #[error("{object} is forbidden: {message}")]
+    Forbidden {
+        /// The object.
+        object: String,
+        /// The server's message: the user, the verb, the resource and the namespace.
+        message: String,
+    },
+    /// a Manifest names a ServiceAccount but this Context cannot impersonate (it was built
+    /// from a client without its connection settings).
+    #[error("this operator cannot impersonate ServiceAccounts (no connection settings)")]
+    NoImpersonation,
 }
 
 impl ApplyError {
@@ -89,6 +103,10 @@ impl ApplyError {
     fn from_kube(id: &InventoryEntry, source: KubeError) -> Self {
         match source {
             KubeError::Api(status) if matches!(status.code, 400 | 422) => Self::Rejected {
+                object: describe(id),
+                message: status.message,
+            },
+            KubeError::Api(status) if status.code == 403 => Self::Forbidden {
                 object: describe(id),
                 message: status.message,
             },
@@ -176,13 +194,32 @@ async fn discover(client: &Client) -> Result<ApiSurface, ApplyError> {
 pub struct Cluster {
     client: Client,
     surface: RwLock<Arc<ApiSurface>>,
+    /// The user the client impersonates, if any.
+    user: Option<String>,
 }
 
 impl Cluster {
     /// Connects and runs discovery.
     pub async fn connect(client: Client) -> Result<Self, ApplyError> {
         let surface = RwLock::new(Arc::new(discover(&client).await?));
-        Ok(Self { client, surface })
+        Ok(Self {
+            client,
+            surface,
+            user: None,
+        })
+    }
+
+    /// Connects with a client that impersonates `user`, and runs discovery as that user.
+    pub async fn connect_as(client: Client, user: String) -> Result<Self, ApplyError> {
+        Ok(Self {
+            user: Some(user),
+            ..Self::connect(client).await?
+        })
+    }
+
+    /// The user this cluster's requests impersonate; `None`: the client's own identity.
+    pub fn impersonating(&self) -> Option<&str> {
+        self.user.as_deref()
     }
 
     /// The client.
@@ -272,24 +309,43 @@ impl Cluster {
         owner_uid: &str,
     ) -> Result<DynamicObject, ApplyError> {
         let api = self.api_for(&object.id)?;
-        let mut body = object.body.clone();
-        if let Some(metadata) = body
-            .get_mut("metadata")
-            .and_then(serde_json::Value::as_object_mut)
-        {
-            let labels = metadata.entry("labels").or_insert(serde_json::Value::Null);
-            if !labels.is_object() {
-                // Absent, or `labels: null` from a template whose optional block rendered nothing.
-                *labels = serde_json::json!({});
-            }
-            if let Some(labels) = labels.as_object_mut() {
-                labels.insert(MANIFEST_UID_LABEL.into(), owner_uid.into());
-            }
-        }
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        api.patch(&object.id.name, &params, &Patch::Apply(&body))
+        api.patch(
+            &object.id.name,
+            &params,
+            &Patch::Apply(&labelled(object, owner_uid)),
+        )
+        .await
+        .map_err(|e| ApplyError::from_kube(&object.id, e))
+    }
+
+    /// Whether this cluster's identity may apply `object`: a server-side apply with
+    /// `dryRun=All` (authorized and admitted like the real one, stored nowhere). Only a refusal
+    /// for lack of permission fails; any other answer (a kind not served yet, a namespace the
+    /// render creates first, an invalid object) is left for the real apply to report.
+    pub async fn check_permitted(
+        &self,
+        object: &RenderedObject,
+        owner_uid: &str,
+    ) -> Result<(), ApplyError> {
+        let Ok(api) = self.api_for(&object.id) else {
+            return Ok(());
+        };
+        let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
+        match api
+            .patch(
+                &object.id.name,
+                &params,
+                &Patch::Apply(&labelled(object, owner_uid)),
+            )
             .await
-            .map_err(|e| ApplyError::from_kube(&object.id, e))
+        {
+            Err(KubeError::Api(status)) if status.code == 403 => Err(ApplyError::Forbidden {
+                object: describe(&object.id),
+                message: status.message,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Deletes an object managed by the Manifest `owner_uid`, in the background (dependents by
@@ -370,4 +426,23 @@ impl Cluster {
         }
         Ok(())
     }
+}
+
+/// The object as applied: labelled as managed by the Manifest `owner_uid`.
+fn labelled(object: &RenderedObject, owner_uid: &str) -> serde_json::Value {
+    let mut body = object.body.clone();
+    if let Some(metadata) = body
+        .get_mut("metadata")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        let labels = metadata.entry("labels").or_insert(serde_json::Value::Null);
+        if !labels.is_object() {
+            // Absent, or `labels: null` from a template whose optional block rendered nothing.
+            *labels = serde_json::json!({});
+        }
+        if let Some(labels) = labels.as_object_mut() {
+            labels.insert(MANIFEST_UID_LABEL.into(), owner_uid.into());
+        }
+    }
+    body
 }

@@ -558,7 +558,7 @@ pub struct Target<'a> {
 
 enum Held<'a> {
     Local(&'a Cluster),
-    Remote(Arc<Cluster>),
+    Shared(Arc<Cluster>),
 }
 
 struct Remote {
@@ -573,12 +573,21 @@ impl Deref for Target<'_> {
     fn deref(&self) -> &Cluster {
         match &self.cluster {
             Held::Local(cluster) => cluster,
-            Held::Remote(cluster) => cluster,
+            Held::Shared(cluster) => cluster,
         }
     }
 }
 
 impl Target<'_> {
+    /// The local cluster through a client that impersonates a ServiceAccount (its errors are
+    /// the local cluster's: no remote target to blame).
+    pub fn impersonated(cluster: Arc<Cluster>) -> Target<'static> {
+        Target {
+            cluster: Held::Shared(cluster),
+            remote: None,
+        }
+    }
+
     /// The remote server's URL; `None` for the local cluster.
     pub fn server(&self) -> Option<&str> {
         self.remote.as_ref().map(|r| r.server.as_str())
@@ -622,7 +631,7 @@ pub async fn resolve<'a>(
     };
     let (cluster, fingerprint, server) = targets.connect(client, key.clone()).await?;
     Ok(Target {
-        cluster: Held::Remote(cluster),
+        cluster: Held::Shared(cluster),
         remote: Some(Remote {
             key,
             fingerprint,

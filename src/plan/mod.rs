@@ -4,6 +4,7 @@
 pub mod hooks;
 pub mod readiness;
 pub mod status;
+pub mod tenancy;
 
 use std::collections::BTreeSet;
 

@@ -3,6 +3,7 @@
 use crate::apply::ApplyError;
 use crate::apply::target::TargetError;
 use crate::plan::PlanError;
+use crate::plan::tenancy::{IdentityError, ProtectedError};
 use crate::render::RenderError;
 use crate::render::values::ValuesError;
 use crate::shard::fence::FenceLost;
@@ -38,6 +39,12 @@ pub enum ReconcileError {
     /// the rendered documents are unusable.
     #[error("plan: {0}")]
     Plan(#[from] PlanError),
+    /// the Manifest cannot be reconciled under the operator's ServiceAccount flags.
+    #[error("identity: {0}")]
+    Identity(#[from] IdentityError),
+    /// the render writes what no module may write (the operator's namespace, fleet Leases).
+    #[error("plan: {0}")]
+    Protected(#[from] ProtectedError),
     /// the target cluster cannot be used (Secret, kubeconfig, connection).
     #[error("target: {0}")]
     Target(#[from] TargetError),
@@ -72,6 +79,7 @@ impl ReconcileError {
             Self::ValuesSourceMissing(_) | Self::ParseValues(_) => "ValuesError",
             Self::Render(_) => "RenderError",
             Self::Plan(_) => "PlanError",
+            Self::Identity(_) | Self::Protected(_) => "TenancyError",
             Self::Apply(_) => "ApplyError",
             Self::JobFailed(_) => "JobFailed",
             Self::HookFailed(_) => "HookFailed",
@@ -93,6 +101,7 @@ impl ReconcileError {
             // An unreachable repository or registry is retried; bad charts are not.
             Self::ResolveChart(e) => e.is_permanent(),
             Self::ParseValues(_) | Self::Plan(_) | Self::JobFailed(_) | Self::HookFailed(_) => true,
+            Self::Identity(_) | Self::Protected(_) => true,
             Self::Render(e) => e.is_permanent(),
             Self::Target(e) => e.is_permanent(),
             Self::Apply(e) => e.is_permanent(),

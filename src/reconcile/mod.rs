@@ -33,6 +33,7 @@ use kube::{Client, Resource};
 
 use crate::api::{HookRun, InventoryEntry, Manifest, ManifestStatus, State};
 use crate::apply::Cluster;
+use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
 use crate::plan::status::{Facts, Operation, Outcome, Reason};
 use crate::render::HelmRenderer;
@@ -106,6 +107,9 @@ pub struct Context {
     pub metrics: ReconcileMetrics,
     /// How long a hook may run when its `modulemanager.io/hook-timeout` annotation does not say.
     pub hook_timeout: Duration,
+    /// Whose identity each Manifest's objects are written with (impersonated ServiceAccounts,
+    /// their clients), and what no module may write.
+    pub tenancy: Tenancy,
 }
 
 /// The result of a pass for the work queue.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::apply::target::TargetSettings;
+use crate::plan::tenancy::ServiceAccountPolicy;
 use crate::render::RenderLimits;
 use crate::shard::ShardCount;
 use crate::shard::fleet::FleetConfig;
@@ -114,6 +115,14 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
+    /// The ServiceAccount (of each Manifest's own namespace) that Manifests without
+    /// `spec.serviceAccountName` are applied as: no local Manifest then uses the operator's rights.
+    #[arg(long)]
+    pub default_service_account: Option<String>,
+    /// Refuse Manifests (on the local cluster) that name no ServiceAccount when there is no
+    /// `--default-service-account`: nothing of theirs is applied or deleted.
+    #[arg(long)]
+    pub require_service_account: bool,
 }
 
 /// The flag `--shards`: a power of two from 1 to 65536.
@@ -143,6 +152,11 @@ pub enum ConfigError {
     /// this is for flags built without it).
     #[error("--shards must be a power of two from 1 to 65536")]
     Shards,
+    /// `--default-service-account` is not a valid ServiceAccount name.
+    #[error(
+        "--default-service-account {0:?} is not a ServiceAccount name (lowercase letters, digits, '-' and '.', at most 253, starting and ending alphanumeric)"
+    )]
+    DefaultServiceAccount(String),
 }
 
 /// The validated configuration of one replica: what [`super::run`] wires together.
@@ -178,6 +192,8 @@ pub struct RuntimeConfig {
     pub admin_address: SocketAddr,
     /// Fault injection: reconcile every Manifest regardless of shard ownership.
     pub fault_ignore_ownership: bool,
+    /// `--default-service-account` and `--require-service-account`.
+    pub service_accounts: ServiceAccountPolicy,
 }
 
 impl RunArgs {
@@ -189,6 +205,8 @@ impl RunArgs {
             self.renew_deadline_seconds,
         )?;
         let shards = ShardCount::new(self.shards).ok_or(ConfigError::Shards)?;
+        let service_accounts =
+            service_accounts(self.default_service_account, self.require_service_account)?;
         let chart_cache = self
             .chart_cache_dir
             .unwrap_or_else(|| std::env::temp_dir().join("module-manager-charts"));
@@ -234,8 +252,31 @@ impl RunArgs {
             admin_address: self.admin_address,
             fault_ignore_ownership: self.fault_ignore_ownership,
             replica: self.replica,
+            service_accounts,
         })
     }
+}
+
+/// The ServiceAccount flags; the default's name is a DNS subdomain, as the API server requires
+/// of a ServiceAccount's name.
+fn service_accounts(
+    default: Option<String>,
+    required: bool,
+) -> Result<ServiceAccountPolicy, ConfigError> {
+    if let Some(name) = &default {
+        let alphanumeric =
+            |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        let valid = name.len() <= 253
+            && alphanumeric(name.chars().next())
+            && alphanumeric(name.chars().last())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+        if !valid {
+            return Err(ConfigError::DefaultServiceAccount(name.clone()));
+        }
+    }
+    Ok(ServiceAccountPolicy { default, required })
 }
 
 /// The renewal interval fits twice in the lease duration (one renewal may fail without the
@@ -369,5 +410,40 @@ mod tests {
             ..flags.run
         };
         assert_eq!(unchecked.validate().unwrap_err(), ConfigError::Shards);
+    }
+
+    #[test]
+    fn the_service_account_flags_are_checked_and_kept() {
+        let open = validate(&[]).unwrap();
+        assert_eq!(open.service_accounts, ServiceAccountPolicy::default());
+        let locked = validate(&[
+            "--default-service-account",
+            "module-deployer",
+            "--require-service-account",
+        ])
+        .unwrap();
+        assert_eq!(
+            locked.service_accounts,
+            ServiceAccountPolicy {
+                default: Some("module-deployer".into()),
+                required: true
+            }
+        );
+        assert!(
+            validate(&["--require-service-account"])
+                .unwrap()
+                .service_accounts
+                .required
+        );
+        let long = "a".repeat(254);
+        for bad in ["", "Deployer", "-x", "x-", "a_b", "a/b", long.as_str()] {
+            let flag = format!("--default-service-account={bad}");
+            assert_eq!(
+                validate(&[flag.as_str()]).unwrap_err(),
+                ConfigError::DefaultServiceAccount(bad.to_owned()),
+                "{bad:?}"
+            );
+        }
+        validate(&["--default-service-account", "a.b-1"]).unwrap();
     }
 }

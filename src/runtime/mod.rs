@@ -23,6 +23,8 @@ pub async fn run(config: RuntimeConfig) -> anyhow::Result<()> {
         preflight::Config {
             fleet_namespace: &config.fleet.membership.namespace,
             statefulset: config.fleet.statefulset.as_deref(),
+            impersonating: config.service_accounts.default.is_some()
+                || config.service_accounts.required,
         },
     )
     .await?;

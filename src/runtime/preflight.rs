@@ -40,6 +40,9 @@ pub enum When {
     Always,
     /// Only when the fleet follows a StatefulSet (`--statefulset`); checked on that object.
     FollowingStatefulSet,
+    /// Only when Manifests run as ServiceAccounts by the operator's flags
+    /// (`--default-service-account`, `--require-service-account`).
+    Impersonating,
 }
 
 /// One permission the operator's code uses.
@@ -253,6 +256,16 @@ pub const PERMISSIONS: &[Permission] = &[
     statefulset("get"),
     statefulset("list"),
     statefulset("watch"),
+    Permission {
+        when: When::Impersonating,
+        ..permission(
+            "impersonate",
+            "",
+            "serviceaccounts",
+            Scope::AllNamespaces,
+            "writing each Manifest's objects as its ServiceAccount (spec.serviceAccountName, --default-service-account)",
+        )
+    },
 ];
 
 /// What the operator runs with.
@@ -262,6 +275,8 @@ pub struct Config<'a> {
     pub fleet_namespace: &'a str,
     /// The StatefulSet the fleet follows (`--statefulset`), if any.
     pub statefulset: Option<&'a str>,
+    /// Whether the flags make Manifests run as ServiceAccounts (impersonated).
+    pub impersonating: bool,
 }
 
 /// One permission to ask about, with its namespace and object name resolved.
@@ -331,6 +346,8 @@ pub fn checks(config: Config<'_>) -> Vec<Check> {
             let name = match p.when {
                 When::Always => None,
                 When::FollowingStatefulSet => Some(config.statefulset?.to_owned()),
+                When::Impersonating if !config.impersonating => return None,
+                When::Impersonating => None,
             };
             let namespace = match p.scope {
                 Scope::Cluster | Scope::AllNamespaces => None,
@@ -438,6 +455,7 @@ mod tests {
     const CONFIG: Config<'static> = Config {
         fleet_namespace: "ops",
         statefulset: Some("mm"),
+        impersonating: true,
     };
 
     #[test]
@@ -465,6 +483,17 @@ mod tests {
             .find(|c| c.permission.resource == "manifests")
             .unwrap();
         assert_eq!(manifests.namespace, None);
+        let impersonate = all.iter().find(|c| c.permission.verb == "impersonate");
+        assert_eq!(
+            impersonate.map(|c| (c.permission.resource, c.namespace.clone())),
+            Some(("serviceaccounts", None))
+        );
+        let plain = checks(Config {
+            impersonating: false,
+            ..CONFIG
+        });
+        assert_eq!(plain.len(), PERMISSIONS.len() - 1);
+        assert!(plain.iter().all(|c| c.permission.verb != "impersonate"));
     }
 
     #[test]

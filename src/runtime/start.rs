@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use super::RuntimeConfig;
 use crate::admin::AdminState;
 use crate::apply::Cluster;
+use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
 use crate::reconcile::Context;
 use crate::render::HelmRenderer;
@@ -160,7 +161,34 @@ async fn context(
         shards: config.fleet.shards,
         metrics: metrics.reconcile.clone(),
         hook_timeout: config.hook_timeout,
+        tenancy: tenancy(config).await?,
     }))
+}
+
+/// Impersonation from the operator's own connection settings (inferred as the client's were),
+/// the ServiceAccount flags, and what is protected: the fleet's Lease namespace, the pod's own
+/// namespace (`POD_NAMESPACE`, when set: the StatefulSet sets it), and Leases carrying the
+/// fleet's labels.
+async fn tenancy(config: &RuntimeConfig) -> anyhow::Result<Tenancy> {
+    use crate::shard::membership::{FLEET_LABEL, LEASE_KIND_LABEL};
+    let base = kube::Config::infer().await?;
+    let mut namespaces = vec![config.fleet.membership.namespace.clone()];
+    if let Ok(own) = std::env::var("POD_NAMESPACE")
+        && !own.is_empty()
+        && !namespaces.contains(&own)
+    {
+        namespaces.push(own);
+    }
+    tracing::info!(protected = ?namespaces, default_service_account = ?config.service_accounts.default, require_service_account = config.service_accounts.required, "tenancy");
+    let protected = crate::plan::tenancy::Protected {
+        namespaces,
+        lease_labels: vec![FLEET_LABEL.to_owned(), LEASE_KIND_LABEL.to_owned()],
+    };
+    Ok(Tenancy::new(
+        Some(base),
+        config.service_accounts.clone(),
+        protected,
+    ))
 }
 
 /// The channels between the fleet loop and the admin API.

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use kube::Client;
 use kube::runtime::events::Reporter;
 use module_manager::apply::Cluster;
+use module_manager::apply::identity::Tenancy;
 use module_manager::apply::target::TargetClients;
 use module_manager::reconcile::Context;
 use module_manager::render::{HelmRenderer, RenderLimits};
@@ -21,6 +22,7 @@ pub struct ContextBuilder {
     render_limits: RenderLimits,
     targets: TargetClients,
     replica: String,
+    tenancy: Tenancy,
 }
 
 /// A Context on `client` whose helm home is `helm_home`. Defaults: the real helm
@@ -36,6 +38,7 @@ pub fn context(client: Client, helm_home: &Path) -> ContextBuilder {
         render_limits: RenderLimits::default(),
         targets: TargetClients::default(),
         replica: REPLICA.to_owned(),
+        tenancy: Tenancy::default(),
     }
 }
 
@@ -64,6 +67,13 @@ impl ContextBuilder {
         self
     }
 
+    /// Who the module's objects are written as, and what is protected (default: the
+    /// operator's client, no impersonation, nothing protected).
+    pub fn tenancy(mut self, tenancy: Tenancy) -> Self {
+        self.tenancy = tenancy;
+        self
+    }
+
     /// Discovers the cluster and checks the helm binary.
     pub async fn build(self) -> anyhow::Result<Context> {
         let renderer = HelmRenderer::new(
@@ -89,6 +99,7 @@ impl ContextBuilder {
             replica: self.replica,
             metrics: Default::default(),
             hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
+            tenancy: self.tenancy,
         })
     }
 }

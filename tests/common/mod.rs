@@ -45,6 +45,20 @@ pub async fn wait_for(
     }
 }
 
+/// Waits (at most `limit`) until the Manifest's current generation is reconciled into `state`.
+pub async fn wait_state(
+    manifests: &Api<Manifest>,
+    name: &str,
+    state: module_manager::api::State,
+    limit: Duration,
+) -> Manifest {
+    wait_for(manifests, name, &format!("{state:?}"), limit, |m| {
+        let status = m.status.clone().unwrap_or_default();
+        status.state == Some(state) && status.observed_generation == m.metadata.generation
+    })
+    .await
+}
+
 /// Events about the object named `regarding` in `namespace`, as (type, reason, note).
 pub async fn events(
     client: &Client,

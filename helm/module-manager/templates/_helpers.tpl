@@ -32,6 +32,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
+{{/* tenancy.mode, checked: cluster or impersonate. */}}
+{{- define "module-manager.tenancyMode" -}}
+{{- $mode := .Values.tenancy.mode -}}
+{{- if not (has $mode (list "cluster" "impersonate")) -}}
+{{- fail (printf "tenancy.mode must be cluster or impersonate, not %q" $mode) -}}
+{{- end -}}
+{{- $mode -}}
+{{- end -}}
+
 {{- define "module-manager.fleet" -}}
 {{- default (include "module-manager.fullname" .) .Values.fleet -}}
 {{- end -}}
