@@ -23,7 +23,7 @@ const PREFIX: &str = "module_manager_";
 const PROCESS_PREFIX: &str = "process_";
 
 /// The troubleshooting headings of `docs/operations.md` that runbook links may point at.
-const RUNBOOK_HEADINGS: [&str; 9] = [
+const RUNBOOK_HEADINGS: [&str; 10] = [
     "Stuck in Deleting",
     "Unowned shards",
     "Lease flapping",
@@ -33,6 +33,7 @@ const RUNBOOK_HEADINGS: [&str; 9] = [
     "Queue backlog",
     "Ownership violations",
     "No live replica",
+    "Fence lapses",
 ];
 
 fn repo() -> PathBuf {

@@ -403,6 +403,11 @@ impl Version {
 }
 
 impl Renewer {
+    /// When this renewer's last successful renewal started.
+    pub fn renewed_at(&self) -> Option<Instant> {
+        self.renewed_at.get()
+    }
+
     /// Renews the own Lease announcing `state` and `load` (bounded by the renew interval; a
     /// failure is logged and leaves `renewed_at` as it was). Returns whether it succeeded.
     pub async fn renew(&self, state: MemberState, load: Option<&MemberLoad>) -> bool {

@@ -208,6 +208,9 @@ pub struct FleetMetrics {
     /// Losses found while this replica was still within its renew deadline: another replica
     /// took a shard this one could still act on. Should stay 0 (`docs/metrics.md`).
     pub ownership_violations: Counter,
+    /// Times this replica found its fence's deadline passed (all work stopped meanwhile):
+    /// `module_manager_fence_lapses_total`, 0 on a healthy fleet.
+    pub fence_lapses: Counter,
 }
 
 impl Default for FleetMetrics {
@@ -227,6 +230,7 @@ impl Default for FleetMetrics {
             handover_gap: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             losses: Counter::default(),
             ownership_violations: Counter::default(),
+            fence_lapses: Counter::default(),
         }
     }
 }
@@ -235,6 +239,11 @@ impl FleetMetrics {
     /// Registers under `fleet_…` in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
+        registry.register(
+            "fence_lapses",
+            "Times this replica's renew deadline passed while it held its fence (all work stopped until the next renewal and round)",
+            metrics.fence_lapses.clone(),
+        );
         let sub = registry.sub_registry_with_prefix("fleet");
         sub.register(
             "shards_owned",
