@@ -287,8 +287,11 @@ pub struct ShardView {
     pub epoch: i32,
     /// Manifests of the shard, as its owner last published (None: not published).
     pub manifests: Option<u64>,
-    /// Manifests queued, as its owner last published.
+    /// Manifests due and waiting for a worker, as its owner last published.
     pub queued: Option<u64>,
+    /// Manifests queued for a later time (re-checks, retries), as its owner last published.
+    #[serde(default)]
+    pub scheduled: Option<u64>,
 }
 
 /// The fleet as one replica sees it: what `GET /v1/shards` and friends answer.
@@ -345,6 +348,7 @@ pub fn shard_views(
                 epoch: record.epoch,
                 manifests: load.map(|l| l.manifests),
                 queued: load.map(|l| l.queued),
+                scheduled: load.map(|l| l.scheduled),
             }
         })
         .collect()
@@ -1030,6 +1034,7 @@ mod tests {
                 super::super::membership::ShardLoad {
                     manifests: 7,
                     queued: 1,
+                    scheduled: 6,
                 },
             )]
             .into(),
@@ -1046,7 +1051,10 @@ mod tests {
                 ShardStatus::Orphaned
             ]
         );
-        assert_eq!((views[0].manifests, views[0].queued), (Some(7), Some(1)));
+        assert_eq!(
+            (views[0].manifests, views[0].queued, views[0].scheduled),
+            (Some(7), Some(1), Some(6))
+        );
         assert_eq!(views[1].manifests, None);
     }
 
