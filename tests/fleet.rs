@@ -24,6 +24,15 @@ use test_support::log_check;
 
 const SHARDS: u32 = 64;
 const LEASE_SECONDS: u64 = 4;
+/// The binary's default timings (lease 15 s, renew every 5 s, deadline 10 s), as extra args.
+const DEFAULT_TIMINGS: [&str; 6] = [
+    "--lease-duration-seconds",
+    "15",
+    "--renew-interval-seconds",
+    "5",
+    "--renew-deadline-seconds",
+    "10",
+];
 
 /// The fleet tests start several processes each; on a 2-core machine they run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -839,16 +848,7 @@ fn rss_mib(pid: u32) -> f64 {
 async fn measure_idle_lease_writes_and_memory_per_replica() {
     let _serial = SERIAL.lock().await;
     {
-        let defaults = [
-            "--shards",
-            "256",
-            "--lease-duration-seconds",
-            "15",
-            "--renew-interval-seconds",
-            "5",
-            "--renew-deadline-seconds",
-            "10",
-        ];
+        let defaults = [&["--shards", "256"][..], &DEFAULT_TIMINGS].concat();
         let fleet = Fleet::new("idle", 5, &defaults).await;
         fleet.wait_assignment(5, "idle fleet").await;
         tokio::time::sleep(Duration::from_secs(10)).await;
@@ -899,4 +899,105 @@ async fn measure_idle_lease_writes_and_memory_per_replica() {
         full1 - idle1,
         (full4 - idle4) / (full1 - idle1)
     );
+}
+
+/// Issue 19: an idle fleet with the default timings (lease 15 s, renew 5 s, deadline 10 s) lets
+/// no replica's fence lapse — before the fence followed the renewals, idle replicas lapsed about
+/// once a minute — and reports no queue: every Manifest is Ready, so each replica's queue holds
+/// only the scheduled drift re-checks (`spec.interval` 1 h): depth 0, scheduled = the Manifests,
+/// in `/v1/queue`, `/v1/shards` and the metrics.
+#[tokio::test]
+async fn an_idle_fleet_with_default_timings_never_lapses_and_reports_no_queue() {
+    use axum::http::Method;
+    use module_manager::admin::{QueueAnswer, ShardsAnswer};
+    use module_manager::cli::fetch;
+    const MANIFESTS: u64 = 30;
+    let _serial = SERIAL.lock().await;
+    let fleet = Fleet::new("idle19", 3, &DEFAULT_TIMINGS).await;
+    fleet.wait_assignment(3, "start").await;
+    fleet.create_manifests(MANIFESTS as usize).await;
+    fleet.wait_ready("30 Manifests").await;
+
+    // The queues settle (the last passes end, every member publishes its load at a renewal).
+    let start = Instant::now();
+    loop {
+        let mut local = (0, 0, 0); // depth, in flight, scheduled over the replicas' own queues
+        let mut metrics = (0.0, 0.0);
+        for ordinal in 0..3 {
+            let answer: QueueAnswer =
+                fetch(&fleet.admin_url(ordinal), Method::GET, "/v1/queue", None)
+                    .await
+                    .unwrap();
+            local.0 += answer.queue.depth;
+            local.1 += answer.queue.in_flight;
+            local.2 += answer.queue.scheduled;
+            metrics.0 += fleet.metric(ordinal, "module_manager_queue_due").await;
+            metrics.1 += fleet
+                .metric(ordinal, "module_manager_queue_scheduled")
+                .await;
+        }
+        let shards: ShardsAnswer = fetch(&fleet.admin_url(0), Method::GET, "/v1/shards", None)
+            .await
+            .unwrap();
+        let published = |f: fn(&module_manager::admin::MemberSummary) -> Option<u64>| {
+            shards.members.iter().filter_map(f).sum::<u64>()
+        };
+        let per_shard = (
+            shards.shards.iter().filter_map(|s| s.queued).sum::<u64>(),
+            shards
+                .shards
+                .iter()
+                .filter_map(|s| s.scheduled)
+                .sum::<u64>(),
+        );
+        let seen = (
+            local,
+            metrics,
+            (published(|m| m.queued), published(|m| m.scheduled)),
+            per_shard,
+        );
+        let idle = (
+            (0, 0, MANIFESTS as usize),
+            (0.0, MANIFESTS as f64),
+            (0, MANIFESTS),
+            (0, MANIFESTS),
+        );
+        if seen == idle {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "an idle fleet with {MANIFESTS} Ready Manifests should show depth 0 and {MANIFESTS} scheduled \
+             ((depth, in flight, scheduled) of /v1/queue, (due, scheduled) metrics, (queued, scheduled) \
+             of /v1/shards' members and shards): {seen:?}\n{}",
+            fleet.tails()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    let settled = start.elapsed();
+    // About a minute of idling (12 renew intervals per replica): no lapse anywhere.
+    let renewals_before = fleet
+        .metric(0, "module_manager_fleet_lease_renewals_total")
+        .await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let renewals = fleet
+        .metric(0, "module_manager_fleet_lease_renewals_total")
+        .await;
+    assert!(renewals > renewals_before, "the renewals go on");
+    let mut lapses = Vec::new();
+    for ordinal in 0..3 {
+        lapses.push(
+            fleet
+                .metric(ordinal, "module_manager_fence_lapses_total")
+                .await,
+        );
+    }
+    eprintln!(
+        "FLEET idle19: 3 replicas, default timings, {MANIFESTS} Ready Manifests: fence lapses per replica since they started {lapses:?} (the queues settled {:.0} s after all were Ready, then 60 s idle), {} renewals of replica 0 in the last minute",
+        settled.as_secs_f64(),
+        renewals - renewals_before
+    );
+    assert_eq!(lapses, [0.0; 3], "no replica's fence may lapse while idle");
+    fleet.assert_clean("idle fleet").await;
 }

@@ -394,7 +394,8 @@ impl Sampler {
                     let Some(samples) = samples else {
                         continue;
                     };
-                    sample.queue_depth += measure::sum(&samples, "module_manager_queue_depth", &[]);
+                    // Due and waiting (the backlog), not the re-checks scheduled for later.
+                    sample.queue_depth += measure::sum(&samples, "module_manager_queue_due", &[]);
                     let window_start = observed.window_start_unix;
                     observed
                         .accumulated

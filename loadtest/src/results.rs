@@ -245,7 +245,8 @@ pub struct Sample {
     pub operations_per_second: f64,
     /// Manifests converged per second since the previous sample.
     pub converged_per_second: f64,
-    /// Queue depth summed over replicas.
+    /// Queue depth summed over replicas: Manifests due and waiting for a worker
+    /// (`module_manager_queue_due`), not those scheduled for later.
     pub queue_depth: f64,
     /// Manifests existing.
     pub manifests: u64,

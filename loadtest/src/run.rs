@@ -382,7 +382,7 @@ fn spawn_ticker(
             progress.update(
                 load.elapsed() as u64,
                 format!(
-                    "{} Manifests · {sent} sent · {converged} converged · {failed} failed · queued {depth:.0} · unowned shards {unowned}",
+                    "{} Manifests · {sent} sent · {converged} converged · {failed} failed · due {depth:.0} · unowned shards {unowned}",
                     load.live_count()
                 ),
             );

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 
@@ -52,8 +53,14 @@ pub struct MemberSummary {
     pub shards: u32,
     /// Shards the assignment gives it.
     pub desired_shards: u32,
-    /// Manifests queued, as it last published.
+    /// Manifests due and waiting for a worker, as it last published.
     pub queued: Option<u64>,
+    /// Manifests queued for a later time (re-checks, retries), as it last published.
+    #[serde(default)]
+    pub scheduled: Option<u64>,
+    /// When its next scheduled Manifest is due (its clock), as it last published.
+    #[serde(default)]
+    pub next_due: Option<Timestamp>,
     /// Reconcile passes running, as it last published.
     pub in_flight: Option<u64>,
     /// Manifests in its cache, as it last published.
@@ -80,8 +87,14 @@ pub struct MemberQueue {
     pub live: bool,
     /// What it announces.
     pub state: MemberState,
-    /// Manifests queued (`None`: nothing published).
+    /// Manifests due and waiting for a worker (`None`: nothing published).
     pub queued: Option<u64>,
+    /// Manifests queued for a later time (re-checks, retries).
+    #[serde(default)]
+    pub scheduled: Option<u64>,
+    /// When its next scheduled Manifest is due (its clock).
+    #[serde(default)]
+    pub next_due: Option<Timestamp>,
     /// Reconcile passes running.
     pub in_flight: Option<u64>,
     /// Manifests in its cache.
@@ -159,6 +172,8 @@ pub fn member_summary(view: &FleetView) -> Vec<MemberSummary> {
                     shards: 0,
                     desired_shards: 0,
                     queued: load.map(|l| l.queued),
+                    scheduled: load.map(|l| l.scheduled),
+                    next_due: load.and_then(|l| l.next_due),
                     in_flight: load.map(|l| l.in_flight),
                     manifests: load.map(|l| l.manifests),
                 },
@@ -172,6 +187,8 @@ pub fn member_summary(view: &FleetView) -> Vec<MemberSummary> {
         shards: 0,
         desired_shards: 0,
         queued: None,
+        scheduled: None,
+        next_due: None,
         in_flight: None,
         manifests: None,
     };
@@ -207,6 +224,8 @@ pub fn queue_answer(replica: String, queue: QueueSnapshot, members: &Members) ->
                     live: m.live,
                     state: m.state,
                     queued: load.map(|l| l.queued),
+                    scheduled: load.map(|l| l.scheduled),
+                    next_due: load.and_then(|l| l.next_due),
                     in_flight: load.map(|l| l.in_flight),
                     manifests: load.map(|l| l.manifests),
                 }
@@ -269,15 +288,21 @@ mod tests {
         let json = serde_json::to_value(&answer).unwrap();
         assert_eq!(json["replica"], "mm-0");
         assert_eq!(
-            (&json["queue"]["depth"], &json["queue"]["in_flight"]),
-            (&json!(2), &json!(0))
+            (
+                &json["queue"]["depth"],
+                &json["queue"]["in_flight"],
+                &json["queue"]["scheduled"]
+            ),
+            (&json!(1), &json!(0), &json!(1))
         );
-        assert_eq!(json["queue"]["shards"]["0"]["depth"], 2);
+        assert!(json["queue"]["next_due_in_seconds"].as_f64().unwrap() > 59.0);
+        assert_eq!(json["queue"]["shards"]["0"]["depth"], 1);
+        assert_eq!(json["queue"]["shards"]["0"]["scheduled"], 1);
         assert_eq!(
             json["members"],
             json!([
-                {"name": "mm-0", "live": true, "state": "active", "queued": 2, "in_flight": 1, "manifests": 10},
-                {"name": "mm-1", "live": true, "state": "draining", "queued": null, "in_flight": null, "manifests": null},
+                {"name": "mm-0", "live": true, "state": "active", "queued": 2, "scheduled": 7, "next_due": "2026-12-01T12:00:00Z", "in_flight": 1, "manifests": 10},
+                {"name": "mm-1", "live": true, "state": "draining", "queued": null, "scheduled": null, "next_due": null, "in_flight": null, "manifests": null},
             ])
         );
         // The command line reads back what the server writes.

@@ -314,15 +314,15 @@ mod tests {
         );
         assert_eq!(
             body["shards"][0],
-            json!({"shard": 0, "owner": "mm-0", "desired_owner": "mm-0", "state": "owned", "epoch": 3, "manifests": 7, "queued": 1})
+            json!({"shard": 0, "owner": "mm-0", "desired_owner": "mm-0", "state": "owned", "epoch": 3, "manifests": 7, "queued": 1, "scheduled": 6})
         );
         assert_eq!(body["shards"][2]["owner"], json!(null));
         assert_eq!(
             body["members"],
             json!([
-                {"name": "gone", "live": false, "state": null, "shards": 1, "desired_shards": 0, "queued": null, "in_flight": null, "manifests": null},
-                {"name": "mm-0", "live": true, "state": "active", "shards": 1, "desired_shards": 4, "queued": 2, "in_flight": 1, "manifests": 10},
-                {"name": "mm-1", "live": true, "state": "draining", "shards": 1, "desired_shards": 0, "queued": null, "in_flight": null, "manifests": null},
+                {"name": "gone", "live": false, "state": null, "shards": 1, "desired_shards": 0, "queued": null, "scheduled": null, "next_due": null, "in_flight": null, "manifests": null},
+                {"name": "mm-0", "live": true, "state": "active", "shards": 1, "desired_shards": 4, "queued": 2, "scheduled": 7, "next_due": "2026-12-01T12:00:00Z", "in_flight": 1, "manifests": 10},
+                {"name": "mm-1", "live": true, "state": "draining", "shards": 1, "desired_shards": 0, "queued": null, "scheduled": null, "next_due": null, "in_flight": null, "manifests": null},
             ])
         );
         // Before the first round: an empty view, not an error.
@@ -509,7 +509,9 @@ mod tests {
             })
             .inc();
         metrics.render.cache_hits.inc();
-        metrics.queue.depth.set(7);
+        let queue = crate::work::queue::WorkQueue::new(metrics.queue.clone());
+        queue.add("due", std::time::Duration::ZERO);
+        queue.add("later", std::time::Duration::from_secs(3600));
         let router = router(state(registry, Members::default()));
 
         // Prometheus asks for OpenMetrics first.
@@ -545,7 +547,12 @@ mod tests {
             body.contains("module_manager_render_cache_hits_total 1"),
             "{body}"
         );
-        assert!(body.contains("module_manager_queue_depth 7"), "{body}");
+        // Read from the queue at the scrape.
+        assert!(body.contains("module_manager_queue_due 1\n"), "{body}");
+        assert!(
+            body.contains("module_manager_queue_scheduled 1\n"),
+            "{body}"
+        );
         assert!(!body.contains("# EOF"));
     }
 }

@@ -35,6 +35,7 @@ pub(crate) fn member(
     state: MemberState,
     load: Option<(u64, u64, u64)>,
 ) -> MemberView {
+    // The Manifests not due nor in flight are scheduled.
     MemberView {
         name: name.into(),
         live,
@@ -42,6 +43,8 @@ pub(crate) fn member(
         state,
         load: load.map(|(queued, in_flight, manifests)| MemberLoad {
             queued,
+            scheduled: manifests - queued - in_flight,
+            next_due: "2026-12-01T12:00:00Z".parse().ok(),
             in_flight,
             manifests,
             shards: BTreeMap::new(),
@@ -64,6 +67,7 @@ pub(crate) fn shard_view(
         epoch: 3,
         manifests: load.map(|l| l.0),
         queued: load.map(|l| l.1),
+        scheduled: load.map(|l| l.0 - l.1),
     }
 }
 

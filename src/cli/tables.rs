@@ -35,6 +35,19 @@ fn or_dash<T: ToString>(value: Option<T>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
+/// How long until something is due, for a terminal: `45.0s`, `12m30s`, `2h05m`.
+fn due_in(seconds: Option<f64>) -> String {
+    let Some(seconds) = seconds else {
+        return "-".to_owned();
+    };
+    let whole = seconds.max(0.0).round() as u64;
+    match whole {
+        _ if seconds < 60.0 => format!("{seconds:.1}s"),
+        0..3600 => format!("{}m{:02}s", whole / 60, whole % 60),
+        _ => format!("{}h{:02}m", whole / 3600, whole % 3600 / 60),
+    }
+}
+
 fn yes_no(value: bool) -> String {
     if value { "yes" } else { "no" }.to_owned()
 }
@@ -83,6 +96,7 @@ fn shard_row(shard: &ShardView) -> Vec<String> {
         shard.epoch.to_string(),
         or_dash(shard.manifests),
         or_dash(shard.queued),
+        or_dash(shard.scheduled),
     ]
 }
 
@@ -96,7 +110,8 @@ pub fn shards_table(answer: &ShardsAnswer) -> String {
             "STATE",
             "EPOCH",
             "MANIFESTS",
-            "QUEUED",
+            "DUE",
+            "SCHEDULED",
         ]
         .map(String::from)
         .to_vec(),
@@ -114,8 +129,9 @@ pub fn shards_table(answer: &ShardsAnswer) -> String {
             "STATE",
             "SHARDS",
             "DESIRED",
-            "QUEUED",
+            "DUE",
             "IN FLIGHT",
+            "SCHEDULED",
             "MANIFESTS",
         ]
         .map(String::from)
@@ -130,6 +146,7 @@ pub fn shards_table(answer: &ShardsAnswer) -> String {
             m.desired_shards.to_string(),
             or_dash(m.queued),
             or_dash(m.in_flight),
+            or_dash(m.scheduled),
             or_dash(m.manifests),
         ]
     }));
@@ -157,7 +174,8 @@ pub fn shard_table(shard: &ShardView) -> String {
         "STATE",
         "EPOCH",
         "MANIFESTS",
-        "QUEUED",
+        "DUE",
+        "SCHEDULED",
     ];
     let rows: Vec<Vec<String>> = names
         .iter()
@@ -167,39 +185,57 @@ pub fn shard_table(shard: &ShardView) -> String {
     columns(&rows)
 }
 
-/// `GET /v1/queue` as tables: the replica's queue per shard, then every member's load.
+/// `GET /v1/queue` as tables: the replica's queue per shard (due and waiting, in flight,
+/// scheduled for later), then every member's load.
 pub fn queue_table(answer: &QueueAnswer) -> String {
     let mut rows = vec![
-        ["SHARD", "QUEUED", "IN FLIGHT", "OLDEST WAIT"]
-            .map(String::from)
-            .to_vec(),
+        [
+            "SHARD",
+            "DUE",
+            "IN FLIGHT",
+            "SCHEDULED",
+            "OLDEST WAIT",
+            "NEXT DUE IN",
+        ]
+        .map(String::from)
+        .to_vec(),
     ];
     rows.extend(answer.queue.shards.iter().map(|(shard, q)| {
         vec![
             shard.to_string(),
             q.depth.to_string(),
             q.in_flight.to_string(),
+            q.scheduled.to_string(),
             format!("{:.1}s", q.oldest_wait_seconds),
+            due_in(q.next_due_in_seconds),
         ]
     }));
     let mut out = columns(&rows);
+    let queue = &answer.queue;
     out += &format!(
-        "{}: {} queued, {} in flight\n\n",
+        "{}: {} due, {} in flight, {} scheduled",
         if answer.replica.is_empty() {
             "the replica asked"
         } else {
             &answer.replica
         },
-        answer.queue.depth,
-        answer.queue.in_flight
+        queue.depth,
+        queue.in_flight,
+        queue.scheduled,
     );
+    if let Some(next) = queue.next_due_in_seconds {
+        out += &format!(" (next due in {})", due_in(Some(next)));
+    }
+    out += "\n\n";
     let mut rows = vec![
         [
             "MEMBER",
             "LIVE",
             "STATE",
-            "QUEUED",
+            "DUE",
             "IN FLIGHT",
+            "SCHEDULED",
+            "NEXT DUE",
             "MANIFESTS",
         ]
         .map(String::from)
@@ -212,6 +248,8 @@ pub fn queue_table(answer: &QueueAnswer) -> String {
             member_state_name(m.state).to_owned(),
             or_dash(m.queued),
             or_dash(m.in_flight),
+            or_dash(m.scheduled),
+            or_dash(m.next_due),
             or_dash(m.manifests),
         ]
     }));
@@ -318,31 +356,35 @@ mod tests {
                 "STATE",
                 "EPOCH",
                 "MANIFESTS",
-                "QUEUED"
+                "DUE",
+                "SCHEDULED"
             ]
         );
         assert_eq!(
             words(lines[1]),
-            ["0", "mm-0", "mm-0", "owned", "3", "7", "1"]
+            ["0", "mm-0", "mm-0", "owned", "3", "7", "1", "6"]
         );
         assert_eq!(
             words(lines[2]),
-            ["1", "mm-1", "mm-0", "handover", "3", "-", "-"]
+            ["1", "mm-1", "mm-0", "handover", "3", "-", "-", "-"]
         );
-        assert_eq!(words(lines[3]), ["2", "-", "mm-0", "free", "3", "-", "-"]);
+        assert_eq!(
+            words(lines[3]),
+            ["2", "-", "mm-0", "free", "3", "-", "-", "-"]
+        );
         assert_eq!(
             words(lines[4]),
-            ["3", "gone", "mm-0", "orphaned", "3", "-", "-"]
+            ["3", "gone", "mm-0", "orphaned", "3", "-", "-", "-"]
         );
         assert_eq!(lines[5], "");
         assert!(lines[6].starts_with("MEMBER") && lines[6].contains("IN FLIGHT"));
         assert_eq!(
             words(lines[7]),
-            ["gone", "no", "no", "lease", "1", "0", "-", "-", "-"]
+            ["gone", "no", "no", "lease", "1", "0", "-", "-", "-", "-"]
         );
         assert_eq!(
             words(lines[8]),
-            ["mm-0", "yes", "active", "1", "4", "2", "1", "10"]
+            ["mm-0", "yes", "active", "1", "4", "2", "1", "7", "10"]
         );
         assert_eq!(
             lines[11],
@@ -366,7 +408,7 @@ mod tests {
         let table = shard_table(&fleet().shards[0]);
         assert_eq!(
             table,
-            "SHARD      0\nOWNER      mm-0\nDESIRED    mm-0\nSTATE      owned\nEPOCH      3\nMANIFESTS  7\nQUEUED     1\n"
+            "SHARD      0\nOWNER      mm-0\nDESIRED    mm-0\nSTATE      owned\nEPOCH      3\nMANIFESTS  7\nDUE        1\nSCHEDULED  6\n"
         );
     }
 
@@ -377,13 +419,17 @@ mod tests {
             queue: QueueSnapshot {
                 depth: 3,
                 in_flight: 1,
+                scheduled: 40,
+                next_due_in_seconds: Some(750.4),
                 shards: [
                     (
                         0,
                         ShardQueue {
                             depth: 2,
                             in_flight: 1,
+                            scheduled: 0,
                             oldest_wait_seconds: 1.25,
+                            next_due_in_seconds: None,
                         },
                     ),
                     (
@@ -391,7 +437,9 @@ mod tests {
                         ShardQueue {
                             depth: 1,
                             in_flight: 0,
+                            scheduled: 40,
                             oldest_wait_seconds: 0.0,
+                            next_due_in_seconds: Some(750.4),
                         },
                     ),
                 ]
@@ -409,17 +457,42 @@ mod tests {
         };
         let table = queue_table(&answer);
         let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines[0], "SHARD  QUEUED  IN FLIGHT  OLDEST WAIT");
-        assert_eq!(lines[1], "0      2       1          1.2s");
-        assert_eq!(lines[2], "3      1       0          0.0s");
-        assert_eq!(lines[3], "mm-0: 3 queued, 1 in flight");
+        assert_eq!(
+            lines[0],
+            "SHARD  DUE  IN FLIGHT  SCHEDULED  OLDEST WAIT  NEXT DUE IN"
+        );
+        assert_eq!(lines[1], "0      2    1          0          1.2s         -");
+        assert_eq!(
+            lines[2],
+            "3      1    0          40         0.0s         12m30s"
+        );
+        assert_eq!(
+            lines[3],
+            "mm-0: 3 due, 1 in flight, 40 scheduled (next due in 12m30s)"
+        );
         assert_eq!(lines[4], "");
         assert_eq!(
             lines[5],
-            "MEMBER  LIVE  STATE     QUEUED  IN FLIGHT  MANIFESTS"
+            "MEMBER  LIVE  STATE     DUE  IN FLIGHT  SCHEDULED  NEXT DUE              MANIFESTS"
         );
-        assert_eq!(lines[6], "mm-0    yes   active    2       1          10");
-        assert_eq!(lines[7], "mm-1    yes   draining  -       -          -");
+        assert_eq!(
+            lines[6],
+            "mm-0    yes   active    2    1          7          2026-12-01T12:00:00Z  10"
+        );
+        assert_eq!(
+            lines[7],
+            "mm-1    yes   draining  -    -          -          -                     -"
+        );
+    }
+
+    #[test]
+    fn due_times_print_in_the_largest_fitting_units() {
+        assert_eq!(due_in(None), "-");
+        assert_eq!(due_in(Some(45.04)), "45.0s");
+        assert_eq!(due_in(Some(59.96)), "60.0s");
+        assert_eq!(due_in(Some(61.0)), "1m01s");
+        assert_eq!(due_in(Some(3599.4)), "59m59s");
+        assert_eq!(due_in(Some(7500.0)), "2h05m");
     }
 
     #[test]

@@ -88,7 +88,7 @@ pub async fn start(
         ..Default::default()
     };
     let ctx = context(&config, client.clone(), charts, &metrics).await?;
-    let ownership = Ownership::new();
+    let ownership = Ownership::counting_lapses(metrics.fleet.fence_lapses.clone());
     let controller_ownership = if config.fault_ignore_ownership {
         tracing::error!(
             "--fault-ignore-ownership: reconciling every Manifest regardless of shard ownership (fault injection for tests)"

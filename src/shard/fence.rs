@@ -9,10 +9,15 @@
 //! cannot renew (partitioned, paused, overloaded) stops itself before anyone else may take its
 //! shards over. The checks read the monotonic clock, which keeps running while a process is
 //! stopped: a process resumed after `SIGSTOP` finds its deadline passed.
+//!
+//! The deadline follows the renewals themselves (`extend`, called as soon as a renewal
+//! succeeds), not only the shard rounds, and it never moves backwards; every lapse (a deadline
+//! found passed while it was set) is counted in `module_manager_fence_lapses_total`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -25,6 +30,9 @@ struct Held {
     draining: BTreeSet<u32>,
     /// Acting is allowed until then (`None`: never).
     valid_until: Option<Instant>,
+    /// The unbroken chain of successful renewals: since the start of its first, and until
+    /// when its last allows acting (each renewal completed before the previous one's deadline).
+    chain: Option<(Instant, Instant)>,
     /// Owns every shard, forever: a replica outside any fleet (tests, benchmarks).
     everything: bool,
 }
@@ -36,6 +44,8 @@ pub struct Ownership {
     /// The shards whose Manifests this replica watches (owned, not draining); the controller
     /// re-filters its watch and queue when it changes.
     watched: watch::Sender<Watched>,
+    /// Lapses: deadlines found passed while set (`module_manager_fence_lapses_total`).
+    lapses: Counter,
 }
 
 /// The shards to watch (`None`: every shard), and how many times a shard has left the set: a
@@ -59,6 +69,26 @@ pub struct FenceLost {
     pub shard: u32,
     /// The epoch the pass started with.
     pub epoch: i32,
+}
+
+/// What a successful membership renewal allows: acting until `until` (its start + the renew
+/// deadline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// When the renewal started.
+    pub renewed_at: Instant,
+    /// Acting is allowed until then.
+    pub until: Instant,
+}
+
+impl Grant {
+    /// The grant of a renewal that started at `renewed_at`.
+    pub fn new(renewed_at: Instant, renew_deadline: std::time::Duration) -> Self {
+        Self {
+            renewed_at,
+            until: renewed_at + renew_deadline,
+        }
+    }
 }
 
 /// A pass's permission to act on one shard, checked before every write.
@@ -92,13 +122,24 @@ impl Fence {
 impl Ownership {
     /// Owns nothing until the first shard round.
     pub fn new() -> Arc<Self> {
+        Self::counting_lapses(Counter::default())
+    }
+
+    /// Owns nothing until the first shard round; counts every lapse in `lapses`.
+    pub fn counting_lapses(lapses: Counter) -> Arc<Self> {
         Arc::new(Self {
             held: Mutex::default(),
             watched: watch::Sender::new(Watched {
                 shards: Some(BTreeSet::new()),
                 losses: 0,
             }),
+            lapses,
         })
+    }
+
+    /// How many times the deadline was found passed while set.
+    pub fn lapses(&self) -> u64 {
+        self.lapses.get()
     }
 
     /// Owns every shard and never expires: a replica outside any fleet (tests, benchmarks).
@@ -109,6 +150,7 @@ impl Ownership {
                 ..Default::default()
             }),
             watched: watch::Sender::new(Watched::default()),
+            lapses: Counter::default(),
         })
     }
 
@@ -171,34 +213,57 @@ impl Ownership {
         held.everything || held.valid_until.is_some_and(|until| Instant::now() < until)
     }
 
-    /// Records the outcome of a shard round that read the shard Leases *after* the renewal that
-    /// started at `renewed_at`: the owned shards and their epochs, those draining, and the new
-    /// deadline.
-    pub fn set(&self, epochs: BTreeMap<u32, i32>, draining: BTreeSet<u32>, valid_until: Instant) {
+    /// Records the outcome of a shard round that read the shard Leases *after* the renewal of
+    /// `grant`: the owned shards and their epochs, those draining, and the new deadline — the
+    /// grant's, or a later one of the renewals that completed since in an unbroken chain with it
+    /// (each before the previous deadline: no one could have declared this replica dead
+    /// meanwhile). So a renewal that completes while a round runs is never lost.
+    pub fn set(&self, epochs: BTreeMap<u32, i32>, draining: BTreeSet<u32>, grant: Grant) {
         let mut held = self.lock();
         if held.everything {
             return;
         }
-        report_lapse(&held);
+        self.report_lapse(&held);
         held.epochs = epochs;
         held.draining = draining;
-        held.valid_until = Some(valid_until);
+        let now = Instant::now();
+        let chained = held
+            .chain
+            .filter(|(since, until)| *since <= grant.renewed_at && now < *until)
+            .map(|(_, until)| until);
+        held.valid_until = Some(chained.map_or(grant.until, |until| until.max(grant.until)));
         self.publish(&held);
     }
 
-    /// Extends the deadline after a renewal when the shard round failed: only valid if the
-    /// previous deadline had not passed (then no one could have declared this replica dead, so
-    /// its shards are still its own); after a lapse, everything is dropped until a round reads
-    /// the Leases again.
+    /// Records a successful renewal at once (the fence follows the renewals, not the rounds,
+    /// which tick independently): extends the deadline as [`Ownership::extend`] does, and the
+    /// renewal chain a later [`Ownership::set`] may use.
+    pub fn renewed(&self, grant: Grant) {
+        {
+            let mut held = self.lock();
+            let now = Instant::now();
+            held.chain = Some(match held.chain {
+                Some((since, until)) if now < until => (since, until.max(grant.until)),
+                _ => (grant.renewed_at, grant.until),
+            });
+        }
+        self.extend(grant.until);
+    }
+
+    /// Extends the deadline after a renewal (see [`Ownership::renewed`]; also after a renewal
+    /// when the shard round failed): only valid if the previous deadline had not passed (then
+    /// no one could have declared this replica dead, so its shards are still its own); after a
+    /// lapse, everything is dropped until a round reads the Leases again. Never moves the
+    /// deadline backwards.
     pub fn extend(&self, valid_until: Instant) {
         let mut held = self.lock();
         if held.everything {
             return;
         }
         if held.valid_until.is_some_and(|until| Instant::now() < until) {
-            held.valid_until = Some(valid_until);
+            held.valid_until = held.valid_until.max(Some(valid_until));
         } else {
-            report_lapse(&held);
+            self.report_lapse(&held);
             held.epochs.clear();
             held.draining.clear();
             held.valid_until = None;
@@ -207,9 +272,11 @@ impl Ownership {
     }
 
     /// Stops all work at once (renew deadline passed, or shutting down): nothing is
-    /// dispatchable and every fence fails. The shard Leases are not touched.
+    /// dispatchable and every fence fails. The shard Leases are not touched. A deadline found
+    /// passed here counts as a lapse (the caller logs it).
     pub fn fence(&self) {
         let mut held = self.lock();
+        self.count_lapse(&held);
         if held.everything {
             held.everything = false;
             held.epochs.clear();
@@ -256,14 +323,21 @@ impl Ownership {
     }
 }
 
-/// Logs that the previous deadline passed before this update (the process was stopped, or could
-/// not renew): every fence failed meanwhile.
-fn report_lapse(held: &Held) {
-    if let Some(until) = held.valid_until {
+impl Ownership {
+    /// Counts a lapse if the deadline was set and has passed; returns for how long it has.
+    fn count_lapse(&self, held: &Held) -> Option<std::time::Duration> {
         let now = Instant::now();
-        if now >= until {
+        let lapsed = held.valid_until.filter(|until| now >= *until)?;
+        self.lapses.inc();
+        Some(now - lapsed)
+    }
+
+    /// Counts and logs that the previous deadline passed before this update (the process was
+    /// stopped, or could not renew): every fence failed meanwhile.
+    fn report_lapse(&self, held: &Held) {
+        if let Some(lapsed) = self.count_lapse(held) {
             tracing::warn!(
-                lapsed_seconds = (now - until).as_secs_f64(),
+                lapsed_seconds = lapsed.as_secs_f64(),
                 "membership lease not renewed within the renew deadline: all work was stopped; resuming with the shards the Leases show now"
             );
         }
@@ -286,8 +360,8 @@ mod tests {
             ownership.dispatch(1).is_none(),
             "nothing owned before a round"
         );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        ownership.set(epochs(&[(1, 3), (2, 1)]), BTreeSet::from([2]), deadline);
+        let grant = Grant::new(Instant::now(), Duration::from_secs(10));
+        ownership.set(epochs(&[(1, 3), (2, 1)]), BTreeSet::from([2]), grant);
         let fence = ownership.dispatch(1).expect("owned");
         assert!(fence.check().is_ok());
         assert!(ownership.dispatch(2).is_none(), "draining: no new passes");
@@ -298,7 +372,7 @@ mod tests {
         );
 
         // Taken over and re-acquired: a new epoch; the old pass must not write.
-        ownership.set(epochs(&[(1, 5)]), BTreeSet::new(), deadline);
+        ownership.set(epochs(&[(1, 5)]), BTreeSet::new(), grant);
         assert_eq!(fence.check(), Err(FenceLost { shard: 1, epoch: 3 }));
         let fence = ownership.dispatch(1).unwrap();
         assert!(fence.check().is_ok());
@@ -315,7 +389,7 @@ mod tests {
         ownership.set(
             epochs(&[(1, 1)]),
             BTreeSet::new(),
-            Instant::now() + Duration::from_secs(10),
+            Grant::new(Instant::now(), Duration::from_secs(10)),
         );
         // In time: a renewal without a round keeps the shards.
         tokio::time::advance(Duration::from_secs(5)).await;
@@ -332,7 +406,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn stopping_dispatch_refuses_new_passes_and_counts_as_a_loss_for_the_watch() {
         let ownership = Ownership::new();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Grant::new(Instant::now(), Duration::from_secs(10));
         ownership.set(epochs(&[(1, 1), (2, 1)]), BTreeSet::new(), deadline);
         let before = ownership.subscribe().borrow().clone();
         let running = ownership.dispatch(1).unwrap();
@@ -363,5 +437,45 @@ mod tests {
         ownership.fence();
         assert!(fence.check().is_err());
         assert!(ownership.dispatch(77).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_extends_the_deadline_at_once_and_is_not_undone_by_an_older_round() {
+        let deadline = Duration::from_secs(10);
+        let ownership = Ownership::new();
+        let first = Grant::new(Instant::now(), deadline);
+        ownership.renewed(first);
+        assert!(!ownership.in_time(), "a renewal alone owns nothing");
+        ownership.set(epochs(&[(1, 1)]), BTreeSet::new(), first);
+        // A round starts with the first grant; the next renewal completes while it runs.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        ownership.renewed(Grant::new(Instant::now(), deadline));
+        ownership.set(epochs(&[(1, 1)]), BTreeSet::new(), first);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert!(
+            ownership.dispatch(1).is_some(),
+            "the renewal's deadline holds"
+        );
+        assert_eq!(ownership.lapses(), 0);
+        // No renewal: the deadline passes; the next update counts the lapse once.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(ownership.dispatch(1).is_none());
+        let late = Grant::new(Instant::now(), deadline);
+        ownership.renewed(late);
+        assert_eq!(ownership.lapses(), 1);
+        assert!(
+            ownership.owned().is_empty(),
+            "dropped until a round reads the Leases"
+        );
+        // A round that started before the late renewal cannot use its chain.
+        ownership.set(epochs(&[(1, 1)]), BTreeSet::new(), first);
+        assert!(ownership.dispatch(1).is_none());
+        ownership.set(epochs(&[(1, 2)]), BTreeSet::new(), late);
+        assert!(ownership.dispatch(1).is_some());
+        assert_eq!(
+            ownership.lapses(),
+            2,
+            "the stale round found its own deadline passed"
+        );
     }
 }

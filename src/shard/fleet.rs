@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::fence::Ownership;
+use super::fence::{Grant, Ownership};
 use super::hash::ShardCount;
 use super::leases::{Round, sync_shards};
 use super::membership::{
@@ -137,6 +137,127 @@ pub fn lost_shards(held: &BTreeMap<u32, i32>, round: &Round, me: &str) -> BTreeM
         .collect()
 }
 
+/// A membership renewal, as the renewal task needs it (a trait so that the timing of renewals
+/// and rounds can be tested on a paused clock).
+pub trait Renew: Send + Sync + 'static {
+    /// Renews the own Lease announcing `state` and `load`; on success, returns when the
+    /// renewal started (the fence is valid until then + the renew deadline).
+    fn renew(
+        &self,
+        state: MemberState,
+        load: MemberLoad,
+    ) -> impl std::future::Future<Output = Option<Instant>> + Send;
+}
+
+impl Renew for super::membership::Renewer {
+    async fn renew(&self, state: MemberState, load: MemberLoad) -> Option<Instant> {
+        if super::membership::Renewer::renew(self, state, Some(&load)).await {
+            self.renewed_at()
+        } else {
+            None
+        }
+    }
+}
+
+/// What the renewal task reads and updates.
+pub struct RenewalContext {
+    /// What to announce (besides `draining` while `drain` is set); a change renews at once.
+    pub announce: watch::Receiver<MemberState>,
+    /// Set while asked to drain; a change renews at once.
+    pub drain: watch::Receiver<bool>,
+    /// The load to publish.
+    pub work: Arc<dyn LocalWork>,
+    /// Renewals and their failures are counted here.
+    pub metrics: FleetMetrics,
+    /// Extended as soon as a renewal succeeds.
+    pub ownership: Arc<Ownership>,
+    /// How often to renew.
+    pub interval: Duration,
+    /// How long after a successful renewal's start this replica may act.
+    pub renew_deadline: Duration,
+}
+
+/// The renewal task's stop switch and handle.
+type Renewals = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+);
+
+/// Spawns the renewal task: renews every `interval` (and at once when what it announces
+/// changes) and extends the fence as soon as a renewal succeeds. Extending only in the shard
+/// round (which ticks independently) let the fence lapse by one renewal latency whenever a round
+/// started just before the renewal of the same tick completed (issue 19).
+pub fn spawn_renewals(renewer: impl Renew, context: RenewalContext) -> Renewals {
+    let RenewalContext {
+        mut announce,
+        mut drain,
+        work,
+        metrics,
+        ownership,
+        interval,
+        renew_deadline,
+    } = context;
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                Ok(()) = announce.changed() => {}
+                Ok(()) = drain.changed() => {}
+                _ = &mut stopped => break,
+            }
+            let state = announced(&drain, &announce.borrow_and_update());
+            match renewer.renew(state, work.load()).await {
+                Some(started) => {
+                    metrics.renewals.inc();
+                    ownership.renewed(Grant::new(started, renew_deadline));
+                }
+                None => {
+                    metrics.renewal_failures.inc();
+                }
+            }
+        }
+    });
+    (stop, task)
+}
+
+/// The deadline a shard round works to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deadline {
+    /// No renewal has succeeded yet: no round.
+    NotYet,
+    /// The last successful renewal is older than the renew deadline: everything was fenced.
+    Passed,
+    /// Act until the grant's deadline (or a later renewal's, see `Ownership::set`).
+    Until(Grant),
+}
+
+/// The deadline of a round starting now, from the start of the last successful renewal; when
+/// it has passed, fences everything (and logs it, once per lapse).
+pub fn round_deadline(
+    ownership: &Ownership,
+    renewed_at: Option<Instant>,
+    renew_deadline: Duration,
+) -> Deadline {
+    let Some(renewed_at) = renewed_at else {
+        return Deadline::NotYet;
+    };
+    let grant = Grant::new(renewed_at, renew_deadline);
+    if Instant::now() < grant.until {
+        return Deadline::Until(grant);
+    }
+    if ownership.in_time() || !ownership.owned().is_empty() {
+        tracing::error!(
+            renewed_seconds_ago = renewed_at.elapsed().as_secs_f64(),
+            "membership lease not renewed within the renew deadline: stopping all work"
+        );
+    }
+    ownership.fence();
+    Deadline::Passed
+}
+
 /// A shard's state in the fleet view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -166,8 +287,11 @@ pub struct ShardView {
     pub epoch: i32,
     /// Manifests of the shard, as its owner last published (None: not published).
     pub manifests: Option<u64>,
-    /// Manifests queued, as its owner last published.
+    /// Manifests due and waiting for a worker, as its owner last published.
     pub queued: Option<u64>,
+    /// Manifests queued for a later time (re-checks, retries), as its owner last published.
+    #[serde(default)]
+    pub scheduled: Option<u64>,
 }
 
 /// The fleet as one replica sees it: what `GET /v1/shards` and friends answer.
@@ -224,6 +348,7 @@ pub fn shard_views(
                 epoch: record.epoch,
                 manifests: load.map(|l| l.manifests),
                 queued: load.map(|l| l.queued),
+                scheduled: load.map(|l| l.scheduled),
             }
         })
         .collect()
@@ -268,10 +393,7 @@ pub struct Fleet {
     /// For the `ShardLost`/`OwnershipViolation` Events on the membership Lease.
     client: Client,
     /// The task renewing the membership Lease, and its stop switch.
-    renewals: Option<(
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<()>,
-    )>,
+    renewals: Option<Renewals>,
 }
 
 impl Fleet {
@@ -386,37 +508,23 @@ impl Fleet {
     }
 
     /// Renews the membership Lease every renew interval (and at once when what it announces
-    /// changes) in a task of its own, so that a slow shard round never delays a renewal.
+    /// changes) in a task of its own, so that a slow shard round never delays a renewal; each
+    /// successful renewal extends the fence at once.
     fn start_renewals(&mut self) {
         if self.renewals.is_some() {
             return;
         }
-        let renewer = self.membership.renewer();
-        let mut announce = self.announce.subscribe();
-        let mut drain = self.drain.clone();
-        let work = self.work.clone();
-        let metrics = self.metrics.clone();
-        let mut tick = tokio::time::interval(self.config.membership.renew_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-        self.renewals = Some((
-            stop,
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = tick.tick() => {}
-                        Ok(()) = announce.changed() => {}
-                        Ok(()) = drain.changed() => {}
-                        _ = &mut stopped => break,
-                    }
-                    let state = announced(&drain, &announce.borrow_and_update());
-                    if renewer.renew(state, Some(&work.load())).await {
-                        metrics.renewals.inc();
-                    } else {
-                        metrics.renewal_failures.inc();
-                    }
-                }
-            }),
+        self.renewals = Some(spawn_renewals(
+            self.membership.renewer(),
+            RenewalContext {
+                announce: self.announce.subscribe(),
+                drain: self.drain.clone(),
+                work: self.work.clone(),
+                metrics: self.metrics.clone(),
+                ownership: self.ownership.clone(),
+                interval: self.config.membership.renew_interval,
+                renew_deadline: self.config.renew_deadline,
+            },
         ));
     }
 
@@ -453,24 +561,21 @@ impl Fleet {
 
     /// One shard round, if this replica may act; publishes ownership and the fleet view.
     async fn round(&mut self) {
-        let Some(renewed_at) = self.membership.renewed_at() else {
-            return;
-        };
-        let valid_until = renewed_at + self.config.renew_deadline;
-        if Instant::now() >= valid_until {
-            if self.ownership.in_time() || !self.ownership.owned().is_empty() {
-                tracing::error!(
-                    renewed_seconds_ago = renewed_at.elapsed().as_secs_f64(),
-                    "membership lease not renewed within the renew deadline: stopping all work"
-                );
+        let grant = match round_deadline(
+            &self.ownership,
+            self.membership.renewed_at(),
+            self.config.renew_deadline,
+        ) {
+            Deadline::NotYet => return,
+            Deadline::Passed => {
+                self.publish(None, &[], &BTreeSet::new());
+                return;
             }
-            self.ownership.fence();
-            self.publish(None, &[], &BTreeSet::new());
-            return;
-        }
+            Deadline::Until(grant) => grant,
+        };
         if self.config.statefulset.is_some() && self.desired.is_none() {
             // Which ordinals are desired is unknown: change nothing, keep working.
-            self.ownership.extend(valid_until);
+            self.ownership.extend(grant.until);
             return;
         }
         let assigned = self.assigned();
@@ -506,7 +611,7 @@ impl Fleet {
         match result {
             Ok(round) => {
                 self.ownership
-                    .set(round.epochs.clone(), round.draining.clone(), valid_until);
+                    .set(round.epochs.clone(), round.draining.clone(), grant);
                 let lost = lost_shards(&self.held, &round, self.me());
                 self.held = round.epochs.clone();
                 if !lost.is_empty() {
@@ -517,7 +622,7 @@ impl Fleet {
             }
             Err(e) => {
                 tracing::warn!("list shard leases: {e}");
-                self.ownership.extend(valid_until);
+                self.ownership.extend(grant.until);
             }
         }
     }
@@ -929,6 +1034,7 @@ mod tests {
                 super::super::membership::ShardLoad {
                     manifests: 7,
                     queued: 1,
+                    scheduled: 6,
                 },
             )]
             .into(),
@@ -945,7 +1051,156 @@ mod tests {
                 ShardStatus::Orphaned
             ]
         );
-        assert_eq!((views[0].manifests, views[0].queued), (Some(7), Some(1)));
+        assert_eq!(
+            (views[0].manifests, views[0].queued, views[0].scheduled),
+            (Some(7), Some(1), Some(6))
+        );
         assert_eq!(views[1].manifests, None);
+    }
+
+    /// A renewal with a fixed latency that succeeds while `up` is set, recording its start as
+    /// the Lease I/O does (`Renewer::renew`).
+    struct TimedRenewal {
+        latency: Duration,
+        up: Arc<std::sync::atomic::AtomicBool>,
+        renewed_at: Arc<std::sync::Mutex<Option<Instant>>>,
+    }
+
+    impl Renew for TimedRenewal {
+        async fn renew(&self, _: MemberState, _: MemberLoad) -> Option<Instant> {
+            let started = Instant::now();
+            tokio::time::sleep(self.latency).await;
+            if !self.up.load(std::sync::atomic::Ordering::SeqCst) {
+                return None;
+            }
+            *self.renewed_at.lock().unwrap() = Some(started);
+            Some(started)
+        }
+    }
+
+    struct Idle;
+
+    impl LocalWork for Idle {
+        fn in_flight(&self, _: u32) -> usize {
+            0
+        }
+        fn load(&self) -> MemberLoad {
+            MemberLoad::default()
+        }
+    }
+
+    /// One replica's two timers on a paused clock: the production renewal task (renewals of
+    /// `latency`) and rounds every renew interval starting `phase` later, each taking
+    /// `round_latency` between reading `renewed_at` and publishing ownership (as `Fleet::round`
+    /// does). Runs for two minutes, then stops the renewals (they fail from then on) and runs
+    /// a deadline and two intervals more.
+    async fn lapses(phase: Duration, latency: Duration, round_latency: Duration) -> Sweep {
+        const INTERVAL: Duration = Duration::from_secs(5);
+        const DEADLINE: Duration = Duration::from_secs(10);
+        let ownership = Ownership::new();
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let renewed_at = Arc::new(std::sync::Mutex::new(None));
+        let (_announce_tx, announce) = watch::channel(MemberState::Active);
+        let (_drain_tx, drain) = watch::channel(false);
+        let start = Instant::now();
+        let rounds = tokio::spawn({
+            let ownership = ownership.clone();
+            let renewed_at = renewed_at.clone();
+            async move {
+                tokio::time::sleep(phase).await;
+                let mut tick = tokio::time::interval(INTERVAL);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let read = *renewed_at.lock().unwrap();
+                    if let Deadline::Until(until) = round_deadline(&ownership, read, DEADLINE) {
+                        tokio::time::sleep(round_latency).await;
+                        ownership.set(BTreeMap::from([(0, 1)]), BTreeSet::new(), until);
+                    }
+                }
+            }
+        });
+        let renewal = TimedRenewal {
+            latency,
+            up: up.clone(),
+            renewed_at,
+        };
+        let (stop, task) = spawn_renewals(
+            renewal,
+            RenewalContext {
+                announce,
+                drain,
+                work: Arc::new(Idle),
+                metrics: FleetMetrics::default(),
+                ownership: ownership.clone(),
+                interval: INTERVAL,
+                renew_deadline: DEADLINE,
+            },
+        );
+        tokio::time::sleep_until(start + Duration::from_secs(120)).await;
+        let while_up = ownership.lapses();
+        let acting = ownership.in_time();
+        up.store(false, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(DEADLINE + 2 * INTERVAL).await;
+        let fenced = !ownership.in_time();
+        let _ = stop.send(());
+        task.await.unwrap();
+        rounds.abort();
+        Sweep {
+            while_up,
+            total: ownership.lapses(),
+            acting,
+            fenced,
+        }
+    }
+
+    /// What one combination of the sweep showed.
+    #[derive(Debug)]
+    struct Sweep {
+        /// Lapses while renewals succeeded.
+        while_up: u64,
+        /// Lapses in all, after renewals stopped too.
+        total: u64,
+        /// Acting when the renewals stopped.
+        acting: bool,
+        /// Fenced after a deadline and two intervals without renewals.
+        fenced: bool,
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fence_never_lapses_while_renewals_succeed_at_any_phase_of_the_two_timers() {
+        let ms = Duration::from_millis;
+        // Renewal latencies as seen on an idle fleet (15-60 ms, max 0.84 s) and beyond, up to
+        // just under the renewal's own timeout (the renew interval).
+        let latencies = [1, 15, 60, 840, 2_000, 4_900].map(ms);
+        // The round's phase after the renewal timer, densest where the latencies fall.
+        let phases = [
+            0, 1, 5, 10, 14, 16, 30, 59, 61, 100, 500, 839, 841, 1_000, 1_999, 2_001, 3_000, 4_000,
+            4_899, 4_901, 4_999,
+        ]
+        .map(ms);
+        let mut lapsed = Vec::new();
+        let mut combinations = 0;
+        for latency in latencies {
+            for phase in phases {
+                for round_latency in [ms(0), ms(20)] {
+                    combinations += 1;
+                    let sweep = lapses(phase, latency, round_latency).await;
+                    if sweep.while_up > 0 || !sweep.acting {
+                        lapsed.push((latency, phase, round_latency, sweep.while_up));
+                    }
+                    assert!(
+                        sweep.fenced && sweep.total > sweep.while_up,
+                        "renewals stopped but no lapse (latency {latency:?}, phase {phase:?}): {sweep:?}"
+                    );
+                }
+            }
+        }
+        assert!(
+            lapsed.is_empty(),
+            "{} of {combinations} combinations lapsed while renewals succeeded, {} lapses in all (latency, phase, round latency, lapses): {lapsed:?}",
+            lapsed.len(),
+            lapsed.iter().map(|l| l.3).sum::<u64>(),
+        );
     }
 }

@@ -163,16 +163,30 @@ pub struct ShardLoad {
     /// Manifests of the shard in the owner's cache.
     #[serde(rename = "m")]
     pub manifests: u64,
-    /// Manifests of the shard queued.
+    /// Manifests of the shard due and waiting for a worker.
     #[serde(rename = "q")]
     pub queued: u64,
+    /// Manifests of the shard queued for a later time (re-checks, retries).
+    #[serde(rename = "s", default, skip_serializing_if = "is_zero")]
+    pub scheduled: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A member's load, published on its Lease.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberLoad {
-    /// Manifests queued (due or not).
+    /// Manifests due and waiting for a worker (the backlog; before issue 19 also the
+    /// scheduled ones).
     pub queued: u64,
+    /// Manifests queued for a later time (re-checks, retries).
+    #[serde(default)]
+    pub scheduled: u64,
+    /// When the next scheduled one is due (this member's clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_due: Option<Timestamp>,
     /// Reconcile passes running.
     pub in_flight: u64,
     /// Manifests in its cache (those of its shards).
@@ -403,6 +417,11 @@ impl Version {
 }
 
 impl Renewer {
+    /// When this renewer's last successful renewal started.
+    pub fn renewed_at(&self) -> Option<Instant> {
+        self.renewed_at.get()
+    }
+
     /// Renews the own Lease announcing `state` and `load` (bounded by the renew interval; a
     /// failure is logged and leaves `renewed_at` as it was). Returns whether it succeeded.
     pub async fn renew(&self, state: MemberState, load: Option<&MemberLoad>) -> bool {

@@ -134,8 +134,9 @@ impl RenderMetrics {
 /// Metrics of the work queue.
 #[derive(Clone, Debug)]
 pub struct QueueMetrics {
-    /// Keys queued (due or not), not counting those being worked on.
-    pub depth: Gauge,
+    /// Keys due and waiting for a worker, and keys scheduled for later: read from the queue at
+    /// scrape time (a key becomes due as time passes, with no event to update a gauge on).
+    pub counts: QueueCounts,
     /// Passes running now.
     pub in_flight: Gauge,
     /// How long a key waited between being due and being handed to a worker.
@@ -145,10 +146,64 @@ pub struct QueueMetrics {
 impl Default for QueueMetrics {
     fn default() -> Self {
         Self {
-            depth: Gauge::default(),
+            counts: QueueCounts::default(),
             in_flight: Gauge::default(),
             wait: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
         }
+    }
+}
+
+/// What the queue counts at one instant: `(due, scheduled)`.
+type CountQueue = dyn Fn() -> (u64, u64) + Send + Sync;
+
+/// The source of `queue_due` and `queue_scheduled`: the queue installs a reader of its state
+/// (`WorkQueue::new`); without one both are 0.
+#[derive(Clone, Default)]
+pub struct QueueCounts(std::sync::Arc<std::sync::RwLock<Option<std::sync::Arc<CountQueue>>>>);
+
+impl std::fmt::Debug for QueueCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("QueueCounts").field(&self.get()).finish()
+    }
+}
+
+impl QueueCounts {
+    /// Reads the counts from `source` from now on.
+    pub fn install(&self, source: impl Fn() -> (u64, u64) + Send + Sync + 'static) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(std::sync::Arc::new(source));
+    }
+
+    /// `(due, scheduled)` now.
+    pub fn get(&self) -> (u64, u64) {
+        let source = self.0.read().unwrap_or_else(|e| e.into_inner()).clone();
+        source.map_or((0, 0), |count| count())
+    }
+}
+
+impl prometheus_client::collector::Collector for QueueCounts {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let (due, scheduled) = self.get();
+        for (name, help, value) in [
+            (
+                "due",
+                "Manifests due and waiting for a worker (the backlog), not counting those being reconciled",
+                due,
+            ),
+            (
+                "scheduled",
+                "Manifests queued for a later time (drift re-checks, retries after a backoff)",
+                scheduled,
+            ),
+        ] {
+            let gauge = ConstGauge::new(value as i64);
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        Ok(())
     }
 }
 
@@ -157,11 +212,7 @@ impl QueueMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
         let sub = registry.sub_registry_with_prefix("queue");
-        sub.register(
-            "depth",
-            "Manifests queued, not counting those being reconciled",
-            metrics.depth.clone(),
-        );
+        sub.register_collector(Box::new(metrics.counts.clone()));
         sub.register(
             "in_flight",
             "Reconcile passes running now",
@@ -208,6 +259,9 @@ pub struct FleetMetrics {
     /// Losses found while this replica was still within its renew deadline: another replica
     /// took a shard this one could still act on. Should stay 0 (`docs/metrics.md`).
     pub ownership_violations: Counter,
+    /// Times this replica found its fence's deadline passed (all work stopped meanwhile):
+    /// `module_manager_fence_lapses_total`, 0 on a healthy fleet.
+    pub fence_lapses: Counter,
 }
 
 impl Default for FleetMetrics {
@@ -227,6 +281,7 @@ impl Default for FleetMetrics {
             handover_gap: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             losses: Counter::default(),
             ownership_violations: Counter::default(),
+            fence_lapses: Counter::default(),
         }
     }
 }
@@ -235,6 +290,11 @@ impl FleetMetrics {
     /// Registers under `fleet_…` in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
+        registry.register(
+            "fence_lapses",
+            "Times this replica's renew deadline passed while it held its fence (all work stopped until the next renewal and round)",
+            metrics.fence_lapses.clone(),
+        );
         let sub = registry.sub_registry_with_prefix("fleet");
         sub.register(
             "shards_owned",

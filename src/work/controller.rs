@@ -228,13 +228,25 @@ impl LocalWork for Work {
             }
         }
         for (shard, queue) in &snapshot.shards {
-            shards.entry(*shard).or_default().queued = queue.depth as u64;
+            let load = shards.entry(*shard).or_default();
+            load.queued = queue.depth as u64;
+            load.scheduled = queue.scheduled as u64;
         }
         if shards.len() > MAX_PUBLISHED_SHARDS {
             shards.clear();
         }
+        let next_due = snapshot.next_due_in_seconds.and_then(|seconds| {
+            let due_in = k8s_openapi::jiff::SignedDuration::try_from_secs_f64(seconds).ok()?;
+            let at = k8s_openapi::jiff::Timestamp::now()
+                .checked_add(due_in)
+                .ok()?;
+            // Whole seconds: the annotation stays short, and a table shows no nanoseconds.
+            at.round(k8s_openapi::jiff::Unit::Second).ok()
+        });
         MemberLoad {
             queued: snapshot.depth as u64,
+            scheduled: snapshot.scheduled as u64,
+            next_due,
             in_flight: snapshot.in_flight as u64,
             manifests: cached.len() as u64,
             shards,

@@ -2,11 +2,16 @@
 //!
 //! kube-runtime's `Controller` does not expose its queue; this one is small enough to own, and
 //! the fleet needs its exact depth per shard, and to drop a shard's keys at handover.
+//!
+//! Its *depth* is what client-go's workqueue calls depth: the keys due and waiting for a worker
+//! (the backlog). Keys in flight are counted apart, and so are the keys *scheduled* for a later
+//! time (the drift re-check of every Ready Manifest, a retry after its backoff): an idle replica
+//! has depth 0 however many Manifests it owns.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::hash::Hash;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -15,40 +20,70 @@ use crate::telemetry::metrics::QueueMetrics;
 use tokio::time::Instant;
 
 /// A queue key: knows the shard it belongs to (per-shard depth, handover).
-pub trait QueueKey: Clone + Eq + Hash + Ord {
+pub trait QueueKey: Clone + Eq + Hash + Ord + Send + 'static {
     /// The key's shard (0 for keys that are not sharded).
     fn shard(&self) -> u32 {
         0
     }
 }
 
-impl QueueKey for &str {}
+impl QueueKey for &'static str {}
 
 /// One shard's part of the queue.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ShardQueue {
-    /// Keys queued (due or not).
+    /// Keys due and waiting for a worker.
     pub depth: usize,
     /// Keys being worked on.
     pub in_flight: usize,
+    /// Keys queued for a later time.
+    #[serde(default)]
+    pub scheduled: usize,
     /// How long the longest-waiting due key has waited, in seconds.
     pub oldest_wait_seconds: f64,
+    /// In how many seconds the next scheduled key is due (`None`: none is scheduled).
+    #[serde(default)]
+    pub next_due_in_seconds: Option<f64>,
 }
 
 /// The queue at one instant.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct QueueSnapshot {
-    /// Keys queued (due or not).
+    /// Keys due and waiting for a worker (the backlog).
     pub depth: usize,
     /// Keys being worked on.
     pub in_flight: usize,
+    /// Keys queued for a later time (re-checks, retries).
+    #[serde(default)]
+    pub scheduled: usize,
+    /// In how many seconds the next scheduled key is due (`None`: none is scheduled).
+    #[serde(default)]
+    pub next_due_in_seconds: Option<f64>,
     /// Per shard, only shards with queued or in-flight keys.
     pub shards: BTreeMap<u32, ShardQueue>,
 }
 
+impl ShardQueue {
+    /// Counts one queued key due at `at`, as seen at `now`.
+    fn count(&mut self, at: Instant, now: Instant) {
+        if at <= now {
+            self.depth += 1;
+            let waited = (now - at).as_secs_f64();
+            self.oldest_wait_seconds = self.oldest_wait_seconds.max(waited);
+        } else {
+            self.scheduled += 1;
+            let due_in = (at - now).as_secs_f64();
+            self.next_due_in_seconds = Some(
+                self.next_due_in_seconds
+                    .map_or(due_in, |next| next.min(due_in)),
+            );
+        }
+    }
+}
+
 /// A queue of keys, each due at an instant.
 pub struct WorkQueue<K> {
-    state: Mutex<QueueState<K>>,
+    state: Arc<Mutex<QueueState<K>>>,
     wake: Notify,
     metrics: QueueMetrics,
 }
@@ -74,16 +109,27 @@ impl<K: QueueKey> Default for WorkQueue<K> {
 }
 
 impl<K: QueueKey> WorkQueue<K> {
-    /// A queue that keeps `metrics` (depth, in flight) exact as keys come and go.
+    /// A queue that keeps `metrics` exact: in flight as keys come and go, due and scheduled
+    /// read from it at each scrape (the last queue made with `metrics` is the one they show).
     pub fn new(metrics: QueueMetrics) -> Self {
+        let state = Arc::new(Mutex::new(QueueState {
+            due: HashMap::new(),
+            heap: BinaryHeap::new(),
+            in_flight: HashSet::new(),
+            sequence: 0,
+            closed: false,
+        }));
+        let weak = Arc::downgrade(&state);
+        metrics.counts.install(move || {
+            weak.upgrade().map_or((0, 0), |state| {
+                let state = state.lock().unwrap_or_else(|e| e.into_inner());
+                let now = Instant::now();
+                let due = state.due.values().filter(|at| **at <= now).count();
+                (due as u64, (state.due.len() - due) as u64)
+            })
+        });
         Self {
-            state: Mutex::new(QueueState {
-                due: HashMap::new(),
-                heap: BinaryHeap::new(),
-                in_flight: HashSet::new(),
-                sequence: 0,
-                closed: false,
-            }),
+            state,
             wake: Notify::new(),
             metrics,
         }
@@ -105,7 +151,6 @@ impl<K: QueueKey> WorkQueue<K> {
         state.sequence += 1;
         let sequence = state.sequence;
         state.heap.push(Reverse((at, sequence, key)));
-        self.metrics.depth.set(state.due.len() as i64);
         drop(state);
         self.wake.notify_one();
     }
@@ -122,7 +167,6 @@ impl<K: QueueKey> WorkQueue<K> {
                 match state.pop_due() {
                     Ok((key, waited)) => {
                         self.metrics.wait.observe(waited.as_secs_f64());
-                        self.metrics.depth.set(state.due.len() as i64);
                         self.metrics.in_flight.set(state.in_flight.len() as i64);
                         return Some(key);
                     }
@@ -150,7 +194,7 @@ impl<K: QueueKey> WorkQueue<K> {
         self.wake.notify_one();
     }
 
-    /// Number of queued keys (due or not), not counting those in flight.
+    /// Number of queued keys, due or scheduled, not counting those in flight.
     pub fn len(&self) -> usize {
         self.lock().due.len()
     }
@@ -168,7 +212,6 @@ impl<K: QueueKey> WorkQueue<K> {
         state.due.retain(|key, _| keep(key.shard()));
         let dropped = before - state.due.len();
         // Heap entries of dropped keys are now stale and skipped.
-        self.metrics.depth.set(state.due.len() as i64);
         dropped
     }
 
@@ -181,23 +224,25 @@ impl<K: QueueKey> WorkQueue<K> {
             .count()
     }
 
-    /// Depth, in flight and the longest wait, in total and per shard.
+    /// Depth (due and waiting), in flight, scheduled, the longest wait and the next due time,
+    /// in total and per shard.
     pub fn snapshot(&self) -> QueueSnapshot {
         let now = Instant::now();
         let state = self.lock();
         let mut shards: BTreeMap<u32, ShardQueue> = BTreeMap::new();
+        let mut total = ShardQueue::default();
         for (key, at) in &state.due {
-            let entry = shards.entry(key.shard()).or_default();
-            entry.depth += 1;
-            let waited = now.saturating_duration_since(*at).as_secs_f64();
-            entry.oldest_wait_seconds = entry.oldest_wait_seconds.max(waited);
+            shards.entry(key.shard()).or_default().count(*at, now);
+            total.count(*at, now);
         }
         for key in &state.in_flight {
             shards.entry(key.shard()).or_default().in_flight += 1;
         }
         QueueSnapshot {
-            depth: state.due.len(),
+            depth: total.depth,
             in_flight: state.in_flight.len(),
+            scheduled: total.scheduled,
+            next_due_in_seconds: total.next_due_in_seconds,
             shards,
         }
     }
@@ -291,16 +336,60 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn depth_and_in_flight_gauges_follow_the_queue() {
+    async fn the_metrics_count_due_scheduled_and_in_flight_apart() {
         let metrics = QueueMetrics::default();
         let queue = WorkQueue::new(metrics.clone());
         queue.add("a", Duration::ZERO);
         queue.add("b", Duration::from_secs(1));
-        assert_eq!((metrics.depth.get(), metrics.in_flight.get()), (2, 0));
+        assert_eq!((metrics.counts.get(), metrics.in_flight.get()), ((1, 1), 0));
         let key = queue.next().await.unwrap();
-        assert_eq!((metrics.depth.get(), metrics.in_flight.get()), (1, 1));
+        assert_eq!((metrics.counts.get(), metrics.in_flight.get()), ((0, 1), 1));
         queue.done(&key);
-        assert_eq!((metrics.depth.get(), metrics.in_flight.get()), (1, 0));
+        assert_eq!((metrics.counts.get(), metrics.in_flight.get()), ((0, 1), 0));
+        // Nothing happens to the queue; time alone makes b due.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(metrics.counts.get(), (1, 0));
+        drop(queue);
+        assert_eq!(metrics.counts.get(), (0, 0), "no queue: nothing counted");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn depth_counts_only_due_keys_and_scheduled_ones_are_reported_apart() {
+        let queue = WorkQueue::default();
+        // An idle replica: every Manifest Ready, each with its re-check an hour away.
+        for (shard, name, minutes) in [(1, "a", 60), (1, "b", 30), (2, "c", 45)] {
+            queue.add(Sharded(shard, name), Duration::from_secs(minutes * 60));
+        }
+        let idle = queue.snapshot();
+        assert_eq!(
+            (idle.depth, idle.in_flight, idle.scheduled),
+            (0, 0, 3),
+            "{idle:?}"
+        );
+        assert_eq!(idle.next_due_in_seconds, Some(1800.0));
+        assert_eq!(idle.shards[&1].next_due_in_seconds, Some(1800.0));
+        assert_eq!((idle.shards[&2].depth, idle.shards[&2].scheduled), (0, 1));
+        // An event makes one due now, a second one runs: depth 1, in flight 1.
+        queue.add(Sharded(2, "d"), Duration::ZERO);
+        queue.add(Sharded(2, "e"), Duration::ZERO);
+        assert_eq!(queue.next().await, Some(Sharded(2, "d")));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let busy = queue.snapshot();
+        assert_eq!(
+            (busy.depth, busy.in_flight, busy.scheduled),
+            (1, 1, 3),
+            "{busy:?}"
+        );
+        assert_eq!(busy.shards[&2].oldest_wait_seconds, 2.0);
+        assert_eq!(busy.next_due_in_seconds, Some(1798.0));
+        // Half an hour later b is due too, and waits like any other due key.
+        tokio::time::advance(Duration::from_secs(1800)).await;
+        let later = queue.snapshot();
+        assert_eq!((later.depth, later.scheduled), (2, 2), "{later:?}");
+        assert_eq!(later.shards[&1].depth, 1);
+        assert_eq!(later.shards[&1].oldest_wait_seconds, 2.0);
+        assert_eq!(later.next_due_in_seconds, Some(898.0));
+        assert_eq!(queue.len(), 4, "len counts due and scheduled");
     }
 
     #[tokio::test(start_paused = true)]
@@ -334,13 +423,18 @@ mod tests {
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(queue.next().await, Some(Sharded(1, "a")));
         let snapshot = queue.snapshot();
-        assert_eq!((snapshot.depth, snapshot.in_flight), (2, 1));
+        assert_eq!(
+            (snapshot.depth, snapshot.in_flight, snapshot.scheduled),
+            (1, 1, 1)
+        );
         assert_eq!(
             snapshot.shards[&1],
             ShardQueue {
-                depth: 1,
+                depth: 0, // b is not due yet
                 in_flight: 1,
-                oldest_wait_seconds: 0.0 // b is not due yet
+                scheduled: 1,
+                oldest_wait_seconds: 0.0,
+                next_due_in_seconds: Some(7.0),
             }
         );
         assert_eq!(snapshot.shards[&2].oldest_wait_seconds, 3.0);
