@@ -177,7 +177,9 @@ cp Cargo.toml Cargo.lock "$work/sbom/"
 cp -R src benches examples tests testenv test-support loadtest "$work/sbom/"
 "$cyclonedx" cyclonedx --manifest-path "$work/sbom/Cargo.toml" --format json \
   --target "$TARGET" --override-filename "$name.cdx" >&2
-mv "$work/sbom/$name.cdx.json" "$out/"
+# The copy's temporary path names the workspace's own packages: as /module-manager, like the
+# binary's remapped paths (and the same in every run).
+sed "s|$work/sbom|/module-manager|g" "$work/sbom/$name.cdx.json" > "$out/$name.cdx.json"
 
 # --- checksums ------------------------------------------------------------------------------
 (cd "$out" && find . -maxdepth 1 -type f ! -name SHA256SUMS -printf '%f\n' | LC_ALL=C sort \
