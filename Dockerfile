@@ -44,6 +44,15 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 
 # --- the image ----------------------------------------------------------------------------------
 FROM ${RUNTIME_IMAGE}
+# OCI labels. VERSION's default is Cargo.toml's version (tests/deploy.rs checks that they agree;
+# hack/set-version.sh bumps both); `make release` prints the build command with both arguments.
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="module-manager" \
+      org.opencontainers.image.description="A sharded Kubernetes operator that manages the lifecycle of Helm-chart modules" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=operator /module-manager /usr/local/bin/module-manager
 COPY --from=helm /out/helm /usr/local/bin/helm
 # The default chart root (--chart-root=/charts): empty. Build an image FROM this one with your

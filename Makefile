@@ -9,10 +9,11 @@ TESTENV := $(CARGO) run --quiet -p testenv --bin testenv --
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-setup: tools ## Everything the tests and the demo need: the pinned Rust toolchain, the tools, promtool and docker-registry
+setup: tools ## Everything the tests and the demo need: the pinned Rust toolchain, the tools, promtool, docker-registry, cargo-deny and cargo-cyclonedx
 	@hack/ensure-rust.sh >/dev/null
 	@hack/ensure-promtool.sh >/dev/null
 	@hack/ensure-docker-registry.sh >/dev/null
+	@hack/ensure-cargo-tools.sh >/dev/null
 
 tools: ## Build the pinned kube-apiserver, kube-controller-manager, etcd, helm, kwok and kustomize (cached in ~/.cache/module-manager)
 	@hack/build-tools.sh >/dev/null
@@ -34,10 +35,11 @@ verify-crds: ## Fail when the CRD differs from what the Rust types generate
 fmt: ## Format the code
 	$(CARGO) fmt --all
 
-lint: ## Format check, module layers (no cycles), clippy with warnings as errors
+lint: ## Format check, module layers (no cycles), clippy with warnings as errors, supply chain (deny.toml)
 	$(CARGO) fmt --all -- --check
 	@hack/check-layers.py
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	@PATH="$$(hack/ensure-cargo-tools.sh):$$PATH" $(CARGO) deny --locked check --hide-inclusion-graph licenses bans sources
 
 test: setup lint verify-crds ## Everything CI checks: format, clippy, CRD drift, unit and integration tests
 	$(CARGO) test --workspace --no-fail-fast
@@ -57,6 +59,11 @@ loadtest: setup ## Load test (docs/loadtest.md): `make loadtest SCENARIO=chaos A
 			$${CARGO_TARGET_DIR:-target}/release/loadtest $$s $(ARGS) || exit $$?; done; \
 	else $${CARGO_TARGET_DIR:-target}/release/loadtest $(SCENARIO) $(ARGS); fi
 
+VERSION ?=
+IMAGE ?= module-manager
+release: setup ## Build a release into dist/: `make release VERSION=x.y.z [IMAGE=registry/module-manager]` (docs/development.md)
+	@VERSION="$(VERSION)" IMAGE="$(IMAGE)" hack/release.sh
+
 cluster-up: setup ## Start a local control plane with the CRDs installed; prints the kubeconfig path
 	@$(TESTENV) up --crds crds/manifest.yaml
 
@@ -68,4 +75,4 @@ cluster-down: ## Stop the operator started by `make run` and the local control p
 run: cluster-up ## The demo: control plane, CRDs, the operator and the example Manifests
 	@hack/demo.sh
 
-.PHONY: help setup tools build crds verify-crds fmt lint test bench measure-fleet loadtest cluster-up cluster-down run
+.PHONY: help setup tools build crds verify-crds fmt lint test bench measure-fleet loadtest release cluster-up cluster-down run

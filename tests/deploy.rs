@@ -41,6 +41,7 @@ use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::runtime::preflight;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 /// The namespace `deploy/` installs into.
 const NAMESPACE: &str = "module-manager";
@@ -125,10 +126,15 @@ fn helm(home: &Path) -> Command {
 
 /// `helm template mm helm/module-manager --namespace mm-helm --include-crds <args>`.
 fn helm_template(args: &[&str]) -> Vec<Value> {
+    helm_template_of(&repo().join("helm/module-manager"), args)
+}
+
+/// `helm template mm <chart> --namespace mm-helm --include-crds <args>` (a directory or `.tgz`).
+fn helm_template_of(chart: &Path, args: &[&str]) -> Vec<Value> {
     let home = tempfile::tempdir().unwrap();
     documents(&run(helm(home.path())
         .args(["template", RELEASE])
-        .arg(repo().join("helm/module-manager"))
+        .arg(chart)
         .args(["--namespace", HELM_NAMESPACE, "--include-crds"])
         .args(args)))
 }
@@ -1206,4 +1212,197 @@ async fn without_its_rbac_the_operator_exits_with_the_missing_permissions() {
         .await
         .unwrap();
     assert!(leases.items.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Releases: `make release` (hack/release.sh) and the version written down in several places.
+
+/// The operator's version in Cargo.toml: the one source of truth.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The text after `prefix` on the first line of `<repo>/path` that starts with it, unquoted.
+fn line_value(path: &str, prefix: &str) -> String {
+    let text = std::fs::read_to_string(repo().join(path)).unwrap();
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no line starting with {prefix:?} in {path}"));
+    line.trim().trim_matches('"').to_owned()
+}
+
+/// The image of every container (and init container) of every workload in `objects`.
+fn images(objects: &[Value]) -> BTreeSet<String> {
+    objects
+        .iter()
+        .flat_map(|o| {
+            let pod = &o["spec"]["template"]["spec"];
+            [&pod["containers"], &pod["initContainers"]]
+                .into_iter()
+                .filter_map(Value::as_array)
+                .flatten()
+                .map(|c| c["image"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn every_version_is_cargos() {
+    let chart: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo().join("helm/module-manager/Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    let kustomization: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo().join("deploy/base/kustomization.yaml")).unwrap(),
+    )
+    .unwrap();
+    let found = [
+        (
+            "helm/module-manager/Chart.yaml version",
+            chart["version"].as_str().unwrap().to_owned(),
+        ),
+        (
+            "helm/module-manager/Chart.yaml appVersion",
+            chart["appVersion"].as_str().unwrap().to_owned(),
+        ),
+        (
+            "deploy/base/kustomization.yaml image tag",
+            kustomization["images"][0]["newTag"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        ),
+        (
+            "Dockerfile ARG VERSION",
+            line_value("Dockerfile", "ARG VERSION="),
+        ),
+        (
+            "CHANGELOG.md latest release",
+            line_value("CHANGELOG.md", "## [0")
+                .split(']')
+                .next()
+                .map(|v| format!("0{v}"))
+                .unwrap(),
+        ),
+    ];
+    let wrong: Vec<String> = found
+        .iter()
+        .filter(|(_, v)| v != VERSION)
+        .map(|(what, v)| format!("{what} is {v:?}"))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "Cargo.toml says {VERSION}, but {}: run hack/set-version.sh {VERSION}",
+        wrong.join(", ")
+    );
+    let shown = run(Command::new(env!("CARGO_BIN_EXE_module-manager")).arg("--version"));
+    assert_eq!(shown.trim(), format!("module-manager {VERSION}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_release_installs() {
+    const IMAGE: &str = "registry.example.com/platform/module-manager";
+    let dir = tempfile::tempdir().unwrap();
+    let dist = dir.path().join("dist");
+    // The release script as `make release` runs it, around the test's (debug) binary: the
+    // release build itself is what `make release` adds (docs/development.md).
+    run(Command::new(repo().join("hack/release.sh"))
+        .env("VERSION", VERSION)
+        .env("IMAGE", IMAGE)
+        .env("DIST", &dist)
+        .env("RELEASE_BINARY", env!("CARGO_BIN_EXE_module-manager")));
+    let name = format!("module-manager-{VERSION}");
+    let file = |suffix: &str| dist.join(format!("{name}{suffix}"));
+
+    // SHA256SUMS names every other file, with its sum.
+    let sums = std::fs::read_to_string(dist.join("SHA256SUMS")).unwrap();
+    let mut listed = BTreeSet::new();
+    for line in sums.lines() {
+        let (sum, file) = line.split_once("  ").expect("`<sum>  <file>` lines");
+        let bytes = std::fs::read(dist.join(file)).unwrap();
+        assert_eq!(sum, format!("{:x}", Sha256::digest(&bytes)), "{file}");
+        listed.insert(file.to_owned());
+    }
+    let present: BTreeSet<String> = std::fs::read_dir(&dist)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|f| f != "SHA256SUMS")
+        .collect();
+    assert_eq!(listed, present);
+    for suffix in [
+        "-linux-amd64",
+        "-crd.yaml",
+        "-install.yaml",
+        "-install-monitoring.yaml",
+        ".tgz",
+        ".cdx.json",
+    ] {
+        assert!(present.contains(&format!("{name}{suffix}")), "{present:?}");
+    }
+
+    // The binary runs, and its CRD is the generated one, shipped beside it.
+    let binary = file("-linux-amd64");
+    let shown = run(Command::new(&binary).arg("--version"));
+    assert_eq!(shown.trim(), format!("module-manager {VERSION}"));
+    let crd = run(Command::new(&binary).arg("crd"));
+    assert!(crd == module_manager::api::manifest_crd_yaml());
+    assert!(crd == std::fs::read_to_string(file("-crd.yaml")).unwrap());
+
+    // The SBOM names the operator at this version and its dependencies.
+    let sbom: Value = serde_json::from_slice(&std::fs::read(file(".cdx.json")).unwrap()).unwrap();
+    assert_eq!(sbom["bomFormat"], "CycloneDX");
+    assert_eq!(sbom["metadata"]["component"]["name"], "module-manager");
+    assert_eq!(sbom["metadata"]["component"]["version"], VERSION);
+    let components: BTreeSet<&str> = sbom["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    for dependency in ["kube-client", "rustls", "tokio", "prometheus-client"] {
+        assert!(
+            components.contains(dependency),
+            "{dependency} not in the SBOM"
+        );
+    }
+    assert!(
+        !components.contains("openssl-sys"),
+        "the SBOM lists openssl-sys"
+    );
+
+    // The bundles and the packaged chart: the deployment, on the released image.
+    let image = BTreeSet::from([format!("{IMAGE}:{VERSION}")]);
+    let documents_of = |path: PathBuf| documents(&std::fs::read_to_string(path).unwrap());
+    let bundle = documents_of(file("-install-monitoring.yaml"));
+    check_deployment(&bundle, "module-manager");
+    assert_eq!(images(&bundle), image);
+    let base = documents_of(file("-install.yaml"));
+    assert!(
+        base.iter().all(|o| bundle.contains(o)),
+        "install ⊄ install-monitoring"
+    );
+    let chart = helm_template_of(&file(".tgz"), ALL_MONITORING);
+    check_deployment(&chart, "mm-module-manager");
+    assert_eq!(images(&chart), image);
+    let home = tempfile::tempdir().unwrap();
+    let packaged: Value = serde_yaml_ng::from_str(&run(helm(home.path())
+        .args(["show", "chart"])
+        .arg(file(".tgz"))))
+    .unwrap();
+    assert_eq!(packaged["version"], VERSION);
+    assert_eq!(packaged["appVersion"], VERSION);
+
+    // The API server accepts all of it.
+    let client = control_plane().await.client().await.unwrap();
+    install_monitoring_crds(&client).await;
+    restricted_namespace(&client, NAMESPACE).await;
+    restricted_namespace(&client, HELM_NAMESPACE).await;
+    for (what, objects) in [("the bundle", &bundle), ("the packaged chart", &chart)] {
+        let refused = apply(&client, objects, true).await;
+        assert!(
+            refused.is_empty(),
+            "{what} refused:\n{}",
+            refused.join("\n")
+        );
+    }
 }
