@@ -18,6 +18,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends musl-tools \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+# ring's C code is compiled by musl-gcc (cc-rs looks for <arch>-linux-musl-gcc otherwise; hack/release.sh
+# sets the same variable).
 # rust-toolchain.toml first: rustup installs the pinned toolchain and the musl target once.
 COPY rust-toolchain.toml ./
 RUN rustup target add "$(uname -m)-unknown-linux-musl"
@@ -25,6 +27,7 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     target="$(uname -m)-unknown-linux-musl" \
+ && export "CC_$(echo "$target" | tr - _)=musl-gcc" \
  && cargo build --release --locked --target "$target" -p module-manager --bin module-manager \
  && cp "target/$target/release/module-manager" /module-manager \
  && mkdir /charts
