@@ -48,10 +48,14 @@ FROM ${GO_IMAGE} AS renderer
 ENV CGO_ENABLED=0 GOTOOLCHAIN=local
 WORKDIR /src
 COPY renderer/ ./
+COPY hack/versions.env /versions.env
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
-    go build -mod=readonly -trimpath -ldflags "-s -w" -o /out/module-manager-renderer . \
- && /out/module-manager-renderer --version
+    . /versions.env \
+ && go build -mod=readonly -trimpath \
+      -ldflags "-s -w -X helm.sh/helm/v${HELM_VERSION%%.*}/internal/version.version=v${HELM_VERSION}" \
+      -o /out/module-manager-renderer . \
+ && /out/module-manager-renderer --version | grep -qF "v${HELM_VERSION}"
 
 # --- the image ----------------------------------------------------------------------------------
 FROM ${RUNTIME_IMAGE}

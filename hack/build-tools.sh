@@ -158,7 +158,10 @@ build_renderer() {
     log "renderer/go.mod does not require $want (run: cd renderer && go get helm.sh/helm/v${HELM_VERSION%%.*}@v$HELM_VERSION && go mod tidy)"; exit 1; }
   log "renderer $key: building"
   mkdir -p "$dir"
-  (cd "$src" && go build -mod=readonly -trimpath -ldflags "-s -w" -o "$dir/module-manager-renderer.tmp" .)
+  # The same -X as build_helm: .Capabilities.HelmVersion must read the same in both backends.
+  (cd "$src" && go build -mod=readonly -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v${HELM_VERSION%%.*}/internal/version.version=v$HELM_VERSION" \
+    -o "$dir/module-manager-renderer.tmp" .)
   mv "$dir/module-manager-renderer.tmp" "$dir/module-manager-renderer"
   has_version "$dir/module-manager-renderer" "v$HELM_VERSION" --version || { log "the renderer does not report v$HELM_VERSION"; exit 1; }
 }
