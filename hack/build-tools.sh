@@ -166,6 +166,11 @@ build_renderer() {
   has_version "$dir/module-manager-renderer" "v$HELM_VERSION" --version || { log "the renderer does not report v$HELM_VERSION"; exit 1; }
 }
 
+# `hack/build-tools.sh renderer-path`: where the renderer of this checkout is (or will be) cached.
+if [ "${1:-}" = renderer-path ]; then
+  echo "$tools/renderer-$(renderer_key "$here/../renderer")/module-manager-renderer"; exit 0
+fi
+
 start=$(date +%s)
 build_etcd
 build_helm

@@ -47,7 +47,7 @@ pub struct RunArgs {
     pub helm_home: Option<PathBuf>,
     /// What renders charts: `renderer` (one long-lived child on Helm's packages, `--renderer`)
     /// or `helm` (one `helm template` process per render, `--helm`).
-    #[arg(long, env = "MODULE_MANAGER_RENDER_BACKEND", value_enum, default_value_t = RenderBackendArg::Helm)]
+    #[arg(long, env = "MODULE_MANAGER_RENDER_BACKEND", value_enum, default_value_t = RenderBackendArg::Renderer)]
     pub render_backend: RenderBackendArg,
     /// The renderer binary (`module-manager-renderer`, built from `renderer/`).
     #[arg(

@@ -25,12 +25,12 @@ pub struct ContextBuilder {
 }
 
 /// The backend tests render with unless told otherwise: `$MODULE_MANAGER_TEST_RENDER_BACKEND`
-/// (`renderer` or `helm`), else the helm CLI; the binaries from `testenv::Tools`.
+/// (`renderer` or `helm`), else the renderer; the binaries from `testenv::Tools`.
 pub fn render_backend() -> anyhow::Result<Backend> {
     let tools = testenv::Tools::locate()?;
     match std::env::var("MODULE_MANAGER_TEST_RENDER_BACKEND").as_deref() {
-        Ok("renderer") => Ok(Backend::Renderer(tools.renderer)),
-        Ok("helm") | Err(_) => Ok(Backend::Helm(tools.helm)),
+        Ok("renderer") | Err(_) => Ok(Backend::Renderer(tools.renderer)),
+        Ok("helm") => Ok(Backend::Helm(tools.helm)),
         Ok(other) => {
             anyhow::bail!("MODULE_MANAGER_TEST_RENDER_BACKEND={other}: not renderer or helm")
         }
