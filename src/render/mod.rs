@@ -2,7 +2,7 @@
 //! `renderer` child (Helm's own packages) or one `helm` process per render — isolated and
 //! bounded, behind a cache keyed by everything that changes the output.
 //!
-//! Why a real helm binary: no Rust template engine renders every common chart as Helm does
+//! Why Helm's own code: no Rust template engine renders every common chart as Helm does
 //! (Go template and sprig semantics, Helm's loader); Argo CD made the same choice. See
 //! `docs/reconcile.md`.
 
