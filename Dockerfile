@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# The module-manager image: the operator as a static binary (musl) and the pinned helm it renders
-# charts with, on distroless/static, running as the non-root user 65532. docs/deploy.md.
+# The module-manager image: the operator as a static binary (musl), and the pinned helm and the
+# renderer (renderer/: Helm's packages at the same version) it renders charts with, on
+# distroless/static, running as the non-root user 65532. docs/deploy.md.
 #
 #   docker build -t <registry>/module-manager:<tag> .
 #
@@ -45,6 +46,20 @@ RUN --mount=type=cache,target=/go/pkg/mod \
       "helm.sh/helm/v${major}/cmd/helm@v${HELM_VERSION}" \
  && /out/helm version --short | grep -qF "v${HELM_VERSION}"
 
+# --- the renderer: Helm's engine as a long-lived child (renderer/, docs/reconcile.md) --------------
+FROM ${GO_IMAGE} AS renderer
+ENV CGO_ENABLED=0 GOTOOLCHAIN=local
+WORKDIR /src
+COPY renderer/ ./
+COPY hack/versions.env /versions.env
+RUN --mount=type=cache,target=/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    . /versions.env \
+ && go build -mod=readonly -trimpath \
+      -ldflags "-s -w -X helm.sh/helm/v${HELM_VERSION%%.*}/internal/version.version=v${HELM_VERSION}" \
+      -o /out/module-manager-renderer . \
+ && /out/module-manager-renderer --version | grep -qF "v${HELM_VERSION}"
+
 # --- the image ----------------------------------------------------------------------------------
 FROM ${RUNTIME_IMAGE}
 # OCI labels. VERSION's default is Cargo.toml's version (tests/deploy.rs checks that they agree;
@@ -58,6 +73,7 @@ LABEL org.opencontainers.image.title="module-manager" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=operator /module-manager /usr/local/bin/module-manager
 COPY --from=helm /out/helm /usr/local/bin/helm
+COPY --from=renderer /out/module-manager-renderer /usr/local/bin/module-manager-renderer
 # The default chart root (--chart-root=/charts): empty. Build an image FROM this one with your
 # charts in /charts, or mount a volume there.
 COPY --from=operator --chown=65532:65532 /charts /charts

@@ -46,6 +46,7 @@ test: setup lint verify-crds ## Everything CI checks: format, clippy, CRD drift,
 
 bench: setup ## Benchmarks on the real control plane and helm (figures in docs/benchmarks.md)
 	$(CARGO) bench --bench reconcile
+	$(CARGO) bench --bench render
 
 measure-fleet: setup ## Fleet figures: idle Lease writes (S=256, N=5) and memory of 1 of 4 replicas vs 1 (minutes)
 	$(CARGO) test --release --test fleet -- --ignored --nocapture measure_

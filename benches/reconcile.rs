@@ -1,4 +1,4 @@
-//! Benchmarks of the reconcile pipeline on the real control plane and helm (`make bench`):
+//! Benchmarks of the reconcile pipeline on the real control plane and renderer (`make bench`):
 //! a fresh install vs a pass over an unchanged Manifest, and a render-cache miss vs a hit.
 //! Reported as medians and ratios measured in the same run (the machine is shared and noisy).
 #![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
@@ -98,7 +98,7 @@ async fn main() -> anyhow::Result<()> {
     assert_eq!(
         ctx.renderer.cache_stats().misses,
         misses_before,
-        "unchanged passes must not run helm"
+        "unchanged passes must not render"
     );
     assert_eq!(
         manifests.get("install-0").await?.metadata.resource_version,
@@ -106,7 +106,7 @@ async fn main() -> anyhow::Result<()> {
         "and must not write"
     );
 
-    // Render-cache miss (helm runs) vs hit.
+    // Render-cache miss (the renderer runs) vs hit.
     let source = module_manager::api::ChartSource {
         path: Some("examples/charts/web".into()),
         ..Default::default()
@@ -157,7 +157,7 @@ async fn main() -> anyhow::Result<()> {
         ms(unchanged_p90)
     );
     println!(
-        "| render, cache miss (helm runs) | {RENDER_MISSES} | {} | {} |",
+        "| render, cache miss (the renderer runs) | {RENDER_MISSES} | {} | {} |",
         ms(miss_p50),
         ms(miss_p90)
     );

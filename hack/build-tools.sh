@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned kube-apiserver, kube-controller-manager, kube-scheduler, etcd, helm, kwok and
-# kustomize from their Go modules
+# kustomize from their Go modules, and the renderer from renderer/,
 # into a versioned cache outside the repository. Idempotent: a tool whose binary is present and
 # reports the pinned version is not rebuilt.
 #
@@ -135,11 +135,48 @@ build_kustomize() {
   has_version "$dir/kustomize" "v$v" version || { log "kustomize does not report v$v"; exit 1; }
 }
 
+# The renderer (renderer/ in this repository): Helm's engine at HELM_VERSION as a long-lived child
+# of each replica (docs/reconcile.md). Cached under a key over HELM_VERSION and its sources, so an
+# edit rebuilds it; testenv/src/tools.rs computes the same key (renderer_key) to find it.
+renderer_key() {
+  local src=$1 f
+  {
+    echo "HELM_VERSION=$HELM_VERSION"
+    for f in $(cd "$src" && ls -- *.go go.mod go.sum | LC_ALL=C sort); do
+      echo "$f"; sha256sum < "$src/$f" | cut -d' ' -f1
+    done
+  } | sha256sum | cut -c1-16
+}
+
+build_renderer() {
+  local src="$here/../renderer" key dir want
+  key=$(renderer_key "$src")
+  dir="$tools/renderer-$key"
+  if has_version "$dir/module-manager-renderer" "v$HELM_VERSION" --version; then log "renderer $key: cached"; return; fi
+  want="helm.sh/helm/v${HELM_VERSION%%.*} v$HELM_VERSION"
+  grep -qF "$want" "$src/go.mod" || {
+    log "renderer/go.mod does not require $want (run: cd renderer && go get helm.sh/helm/v${HELM_VERSION%%.*}@v$HELM_VERSION && go mod tidy)"; exit 1; }
+  log "renderer $key: building"
+  mkdir -p "$dir"
+  # The same -X as build_helm: .Capabilities.HelmVersion must read the same in both backends.
+  (cd "$src" && go build -mod=readonly -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v${HELM_VERSION%%.*}/internal/version.version=v$HELM_VERSION" \
+    -o "$dir/module-manager-renderer.tmp" .)
+  mv "$dir/module-manager-renderer.tmp" "$dir/module-manager-renderer"
+  has_version "$dir/module-manager-renderer" "v$HELM_VERSION" --version || { log "the renderer does not report v$HELM_VERSION"; exit 1; }
+}
+
+# `hack/build-tools.sh renderer-path`: where the renderer of this checkout is (or will be) cached.
+if [ "${1:-}" = renderer-path ]; then
+  echo "$tools/renderer-$(renderer_key "$here/../renderer")/module-manager-renderer"; exit 0
+fi
+
 start=$(date +%s)
 build_etcd
 build_helm
 build_kubernetes
 build_kwok
 build_kustomize
+build_renderer
 log "done in $(( $(date +%s) - start ))s"
 echo "$tools"

@@ -32,6 +32,7 @@ for i in $(seq 0 $((replicas - 1))); do
     --replica "module-manager-$i" \
     --chart-root . \
     --helm "$tools/helm-v$HELM_VERSION/helm" \
+    --renderer "$(hack/build-tools.sh renderer-path)" \
     --helm-home "$state_dir/helm-$i" \
     --admin-address "127.0.0.1:$((admin_port + i))" \
     --log-format json > "$state_dir/operator-$i.log" 2>&1 < /dev/null &

@@ -1,22 +1,24 @@
-//! Render: runs the pinned `helm template` on a resolved chart, isolated and bounded, behind a
-//! cache keyed by everything that changes the output.
+//! Render: renders a resolved chart as the pinned `helm template` does — through the long-lived
+//! `renderer` child (Helm's own packages) or one `helm` process per render — isolated and
+//! bounded, behind a cache keyed by everything that changes the output.
 //!
-//! Why a real helm binary: no Rust template engine renders every common chart as Helm does
+//! Why Helm's own code: no Rust template engine renders every common chart as Helm does
 //! (Go template and sprig semantics, Helm's loader); Argo CD made the same choice. See
 //! `docs/reconcile.md`.
 
+mod child;
+mod cli;
+pub mod frame;
 pub mod values;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use crate::source::ResolvedChart;
 use crate::telemetry::metrics::RenderMetrics;
@@ -34,6 +36,10 @@ pub struct RenderLimits {
     pub max_output: usize,
     /// Most renders kept in the cache.
     pub cache_entries: usize,
+    /// Most bytes of Go heap the renderer child may use (all its renders together); past it the
+    /// child exits and its renders fail with [`RenderError::MemoryLimit`]. Unused by the helm
+    /// CLI backend.
+    pub memory_limit: u64,
 }
 
 impl Default for RenderLimits {
@@ -42,6 +48,7 @@ impl Default for RenderLimits {
             timeout: Duration::from_secs(30),
             max_output: 16 * 1024 * 1024,
             cache_entries: 1024,
+            memory_limit: 512 * 1024 * 1024,
         }
     }
 }
@@ -61,9 +68,16 @@ pub enum RenderError {
     /// helm reported an error (a template error, a missing required value, a schema violation).
     #[error("helm template failed: {0}")]
     Helm(String),
-    /// `helm version` did not answer as expected.
+    /// `helm version` (or the renderer's hello) did not answer as expected.
     #[error("helm version: {0}")]
     Version(String),
+    /// the renderer's heap outgrew its limit (twice: once more on a new child, since every render
+    /// in flight on the first one is suspect).
+    #[error("render exceeded the renderer's memory limit of {0} bytes")]
+    MemoryLimit(u64),
+    /// the renderer child stopped while rendering, also on the retry.
+    #[error("renderer stopped: {0}")]
+    RendererDied(String),
 }
 
 impl RenderError {
@@ -72,7 +86,7 @@ impl RenderError {
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
-            Self::Timeout(_) | Self::OutputTooLarge(_) | Self::Helm(_)
+            Self::Timeout(_) | Self::OutputTooLarge(_) | Self::Helm(_) | Self::MemoryLimit(_)
         )
     }
 }
@@ -136,21 +150,47 @@ pub struct Rendered {
     pub digest: String,
 }
 
-/// Runs the pinned helm binary.
+/// Which program renders.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// One `helm template` process per render (the reference).
+    Helm(PathBuf),
+    /// The long-lived `renderer` child built on Helm's packages (`renderer/`).
+    Renderer(PathBuf),
+}
+
+/// The backend behind a [`HelmRenderer`].
+enum Engine {
+    Cli(cli::Cli),
+    Child(child::ChildRenderer),
+}
+
+/// Renders charts as the pinned helm does, through the chosen [`Backend`], behind the cache.
 pub struct HelmRenderer {
-    helm: PathBuf,
+    engine: Engine,
     version: String,
-    home: PathBuf,
     limits: RenderLimits,
     cache: RenderCache,
     metrics: RenderMetrics,
 }
 
 impl HelmRenderer {
-    /// Checks the binary (`helm version --short`) and prepares an isolated helm home in `home`.
-    /// `metrics` receives cache hits/misses and helm durations/failures.
+    /// The `helm` CLI backend: checks the binary (`helm version --short`) and prepares an
+    /// isolated helm home in `home`. `metrics` receives cache hits/misses and render
+    /// durations/failures.
     pub async fn new(
         helm: PathBuf,
+        home: PathBuf,
+        limits: RenderLimits,
+        metrics: RenderMetrics,
+    ) -> Result<Self, RenderError> {
+        Self::start(Backend::Helm(helm), home, limits, metrics).await
+    }
+
+    /// Starts `backend` (the renderer child answers its hello; helm answers `version`) with a
+    /// private helm home in `home`.
+    pub async fn start(
+        backend: Backend,
         home: PathBuf,
         limits: RenderLimits,
         metrics: RenderMetrics,
@@ -158,22 +198,19 @@ impl HelmRenderer {
         for dir in ["cache", "config", "data"] {
             std::fs::create_dir_all(home.join(dir)).map_err(RenderError::Spawn)?;
         }
-        let output = isolated(Command::new(&helm), &home)
-            .args(["version", "--short"])
-            .output()
-            .await
-            .map_err(RenderError::Spawn)?;
-        let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-        if !output.status.success() || !version.starts_with('v') {
-            return Err(RenderError::Version(format!(
-                "{version} {}",
-                String::from_utf8_lossy(&output.stderr)
-            )));
-        }
+        let (engine, version) = match backend {
+            Backend::Helm(helm) => {
+                let (cli, version) = cli::Cli::start(helm, home).await?;
+                (Engine::Cli(cli), version)
+            }
+            Backend::Renderer(binary) => {
+                let (child, version) = child::ChildRenderer::start(binary, home, limits).await?;
+                (Engine::Child(child), version)
+            }
+        };
         Ok(Self {
-            helm,
+            engine,
             version,
-            home,
             cache: RenderCache::new(limits.cache_entries, &metrics),
             metrics,
             limits,
@@ -183,6 +220,22 @@ impl HelmRenderer {
     /// The helm version, e.g. `v4.3.2+g…`.
     pub fn version(&self) -> &str {
         &self.version
+    }
+
+    /// `helm` or `renderer`.
+    pub fn backend(&self) -> &'static str {
+        match self.engine {
+            Engine::Cli(_) => "helm",
+            Engine::Child(_) => "renderer",
+        }
+    }
+
+    /// The renderer child's state (`None` for the helm CLI backend).
+    pub async fn renderer_state(&self) -> Option<RendererState> {
+        match &self.engine {
+            Engine::Cli(_) => None,
+            Engine::Child(child) => Some(child.state().await),
+        }
     }
 
     /// Render-cache hits and misses so far.
@@ -201,7 +254,12 @@ impl HelmRenderer {
         let rendered = self.run(request).await;
         let seconds = started.elapsed().as_secs_f64();
         self.metrics.helm_duration.observe(seconds);
-        tracing::debug!(seconds, ok = rendered.is_ok(), "helm template");
+        tracing::debug!(
+            seconds,
+            ok = rendered.is_ok(),
+            backend = self.backend(),
+            "render"
+        );
         let rendered = Arc::new(rendered.inspect_err(|_| {
             self.metrics.helm_failures.inc();
         })?);
@@ -209,116 +267,44 @@ impl HelmRenderer {
         Ok(rendered)
     }
 
+    /// Renders without the cache.
+    pub async fn render_uncached(&self, request: &RenderRequest) -> Result<Rendered, RenderError> {
+        self.run(request).await
+    }
+
     async fn run(&self, request: &RenderRequest) -> Result<Rendered, RenderError> {
-        let child = self
-            .template_command(request)
-            .spawn()
-            .map_err(RenderError::Spawn)?;
-        let values = Value::Object(request.values.clone()).to_string();
-        let run = exchange(child, values, self.limits.max_output);
-        let (status, out, err) = match tokio::time::timeout(self.limits.timeout, run).await {
-            Err(_) => return Err(RenderError::Timeout(self.limits.timeout)),
-            Ok(result) => result?,
+        let manifest = match &self.engine {
+            Engine::Cli(cli) => cli.render(request, &self.limits).await?,
+            Engine::Child(child) => child.render(request).await?,
         };
-        if !status.success() {
-            return Err(RenderError::Helm(helm_message(&err)));
-        }
-        let manifest =
-            String::from_utf8(out).map_err(|_| RenderError::Helm("output is not UTF-8".into()))?;
         Ok(Rendered {
             digest: sha256(manifest.as_bytes()),
             manifest,
         })
     }
-
-    /// `helm template` of a request, its values to come on stdin, every pipe captured.
-    fn template_command(&self, request: &RenderRequest) -> Command {
-        let mut command = isolated(Command::new(&self.helm), &self.home);
-        command
-            .arg("template")
-            .args([
-                "--namespace",
-                &request.namespace,
-                "--kube-version",
-                &request.kube_version,
-            ])
-            .args(FIXED_FLAGS);
-        for api_version in request.api_versions.iter() {
-            command.args(["--api-versions", api_version]);
-        }
-        if request.is_upgrade {
-            command.arg("--is-upgrade");
-        }
-        // `--` ends the flags: a release name like `-f/etc/passwd` or `--output-dir=/x` is an
-        // argument (which helm then rejects as a name), never a flag.
-        command
-            .arg("--")
-            .arg(&request.release)
-            .arg(&request.chart.path);
-        command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        command
-    }
 }
 
-/// Writes `values` to a helm child and reads its output (at most `max_output` bytes) and the
-/// start of its stderr, then waits for it: its exit status, stdout and stderr.
-async fn exchange(
-    mut child: Child,
-    values: String,
-    max_output: usize,
-) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), RenderError> {
-    let mut stdin = child.stdin.take().expect("stdin is piped");
-    let mut stdout = child.stdout.take().expect("stdout is piped");
-    let mut stderr = child.stderr.take().expect("stderr is piped");
-    let mut out = Vec::new();
-    let mut err = Vec::new();
-    // Values are JSON, which is YAML. Writing and both reads run together, so neither a
-    // large input nor a large output can deadlock on a full pipe; an oversized output
-    // ends the wait at once (the child is killed on drop).
-    let write = async move {
-        let _ = stdin.write_all(values.as_bytes()).await;
-        Ok(())
-    };
-    let read_out = async {
-        let mut limited = (&mut stdout).take(max_output as u64 + 1);
-        limited
-            .read_to_end(&mut out)
-            .await
-            .map_err(RenderError::Spawn)?;
-        if out.len() > max_output {
-            return Err(RenderError::OutputTooLarge(max_output));
-        }
-        Ok(())
-    };
-    let read_err = async {
-        // Keep the first 64 KiB; drain the rest, so a chatty helm cannot block on a
-        // full stderr pipe (which would look like a timeout).
-        let _ = (&mut stderr).take(64 * 1024).read_to_end(&mut err).await;
-        let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
-        Ok(())
-    };
-    tokio::try_join!(write, read_out, read_err)?;
-    let status = child.wait().await.map_err(RenderError::Spawn)?;
-    Ok((status, out, err))
+/// The renderer child as its backend sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RendererState {
+    /// The running child's process id (`None` between a death and the next render).
+    pub pid: Option<u32>,
+    /// Renders sent to it and not answered yet.
+    pub in_flight: usize,
+    /// Children started so far (the first included).
+    pub starts: u64,
+    /// Renders sent again because their child died under them.
+    pub retries: u64,
 }
 
-/// A helm command with a private home, no inherited environment, and no way out to the network
-/// (a chart that needs to fetch dependencies fails instead of reaching out).
-fn isolated(mut command: Command, home: &Path) -> Command {
+/// A private helm home in `home` and nothing else of the environment.
+fn private_home<'c>(command: &'c mut Command, home: &Path) -> &'c mut Command {
     command
         .env_clear()
         .env("HOME", home)
         .env("HELM_CACHE_HOME", home.join("cache"))
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_DATA_HOME", home.join("data"))
-        .env("HTTP_PROXY", "http://127.0.0.1:9")
-        .env("HTTPS_PROXY", "http://127.0.0.1:9")
-        .env("NO_PROXY", "");
-    command
 }
 
 /// The useful part of helm's stderr: from its first `Error` line on (warnings before it are

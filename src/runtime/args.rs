@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::apply::target::TargetSettings;
 use crate::plan::tenancy::ServiceAccountPolicy;
-use crate::render::RenderLimits;
+use crate::render::{Backend, RenderLimits};
 use crate::shard::ShardCount;
 use crate::shard::fleet::FleetConfig;
 use crate::shard::membership::MembershipConfig;
@@ -46,6 +46,21 @@ pub struct RunArgs {
     /// Private helm home (cache, config, data); a temporary directory when omitted.
     #[arg(long)]
     pub helm_home: Option<PathBuf>,
+    /// What renders charts: `renderer` (one long-lived child on Helm's packages, `--renderer`)
+    /// or `helm` (one `helm template` process per render, `--helm`).
+    #[arg(long, env = "MODULE_MANAGER_RENDER_BACKEND", value_enum, default_value_t = RenderBackendArg::Renderer)]
+    pub render_backend: RenderBackendArg,
+    /// The renderer binary (`module-manager-renderer`, built from `renderer/`).
+    #[arg(
+        long,
+        env = "MODULE_MANAGER_RENDERER",
+        default_value = "module-manager-renderer"
+    )]
+    pub renderer: PathBuf,
+    /// Most Go heap of the renderer child, in MiB; past it the child is restarted and the
+    /// renders in flight fail (once retried).
+    #[arg(long, default_value_t = 512)]
+    pub render_memory_limit_mib: u64,
     /// Most reconciles at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
@@ -174,6 +189,8 @@ pub struct RuntimeConfig {
     pub helm: PathBuf,
     /// Private helm home; a temporary directory per process when `None`.
     pub helm_home: Option<PathBuf>,
+    /// What renders charts.
+    pub render_backend: Backend,
     /// Bounds on one helm run.
     pub render_limits: RenderLimits,
     /// Most reconciles at once.
@@ -194,6 +211,15 @@ pub struct RuntimeConfig {
     pub fault_ignore_ownership: bool,
     /// `--default-service-account` and `--require-service-account`.
     pub service_accounts: ServiceAccountPolicy,
+}
+
+/// `--render-backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RenderBackendArg {
+    /// The long-lived renderer child.
+    Renderer,
+    /// One `helm template` process per render.
+    Helm,
 }
 
 impl RunArgs {
@@ -219,10 +245,15 @@ impl RunArgs {
                 ..RemoteConfig::new(chart_cache)
             },
             chart_root: self.chart_root,
+            render_backend: match self.render_backend {
+                RenderBackendArg::Renderer => Backend::Renderer(self.renderer),
+                RenderBackendArg::Helm => Backend::Helm(self.helm.clone()),
+            },
             helm: self.helm,
             helm_home: self.helm_home,
             render_limits: RenderLimits {
                 timeout: Duration::from_secs(self.render_timeout_seconds),
+                memory_limit: self.render_memory_limit_mib.saturating_mul(1024 * 1024),
                 ..Default::default()
             },
             concurrency: self.concurrency,

@@ -40,17 +40,18 @@ pub struct Charts {
     remote: RemoteCharts,
 }
 
-/// Checks the helm binary, resolves the chart root and opens the chart cache; logs `starting`.
+/// Starts the renderer (or checks the helm binary), resolves the chart root and opens the chart cache; logs `starting`.
 pub async fn charts(config: &RuntimeConfig, metrics: RenderMetrics) -> anyhow::Result<Charts> {
     let helm_home = match &config.helm_home {
         Some(dir) => dir.clone(),
         None => std::env::temp_dir().join(format!("module-manager-helm-{}", std::process::id())),
     };
     let limits = config.render_limits;
-    let renderer = HelmRenderer::new(config.helm.clone(), helm_home, limits, metrics).await?;
+    let backend = config.render_backend.clone();
+    let renderer = HelmRenderer::start(backend, helm_home, limits, metrics).await?;
     let chart_root = config.chart_root.canonicalize()?;
     let chart_cache = &config.remote.cache_dir;
-    tracing::info!(replica = %config.replica, helm = renderer.version(), chart_root = %chart_root.display(), chart_cache = %chart_cache.display(), "starting");
+    tracing::info!(replica = %config.replica, helm = renderer.version(), render_backend = renderer.backend(), chart_root = %chart_root.display(), chart_cache = %chart_cache.display(), "starting");
     let remote = RemoteCharts::new(config.remote.clone())?;
     Ok(Charts {
         renderer,

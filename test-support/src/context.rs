@@ -8,7 +8,7 @@ use module_manager::apply::Cluster;
 use module_manager::apply::identity::Tenancy;
 use module_manager::apply::target::TargetClients;
 use module_manager::reconcile::Context;
-use module_manager::render::{HelmRenderer, RenderLimits};
+use module_manager::render::{Backend, HelmRenderer, RenderLimits};
 use module_manager::source::{Limits, RemoteCharts, RemoteConfig};
 
 /// The replica name tests run as unless [`ContextBuilder::replica`] says otherwise.
@@ -20,13 +20,27 @@ pub struct ContextBuilder {
     helm_home: PathBuf,
     chart_cache: PathBuf,
     render_limits: RenderLimits,
+    backend: Option<Backend>,
     targets: TargetClients,
     replica: String,
     tenancy: Tenancy,
 }
 
-/// A Context on `client` whose helm home is `helm_home`. Defaults: the real helm
-/// (`testenv::Tools`), chart root [`repo`](crate::repo), default chart and render limits, the remote-chart
+/// The backend tests render with unless told otherwise: `$MODULE_MANAGER_TEST_RENDER_BACKEND`
+/// (`renderer` or `helm`), else the renderer; the binaries from `testenv::Tools`.
+pub fn render_backend() -> anyhow::Result<Backend> {
+    let tools = testenv::Tools::locate()?;
+    match std::env::var("MODULE_MANAGER_TEST_RENDER_BACKEND").as_deref() {
+        Ok("renderer") | Err(_) => Ok(Backend::Renderer(tools.renderer)),
+        Ok("helm") => Ok(Backend::Helm(tools.helm)),
+        Ok(other) => {
+            anyhow::bail!("MODULE_MANAGER_TEST_RENDER_BACKEND={other}: not renderer or helm")
+        }
+    }
+}
+
+/// A Context on `client` whose helm home is `helm_home`. Defaults: the real helm or renderer
+/// ([`render_backend`]), chart root [`repo`](crate::repo), default chart and render limits, the remote-chart
 /// cache in `<helm_home>/charts`, default target clients, replica [`REPLICA`] (also the Events'
 /// reporting instance, controller `module-manager`), the default shard count, the
 /// default hook timeout, fresh metrics.
@@ -36,6 +50,7 @@ pub fn context(client: Client, helm_home: &Path) -> ContextBuilder {
         helm_home: helm_home.to_owned(),
         chart_cache: helm_home.join("charts"),
         render_limits: RenderLimits::default(),
+        backend: None,
         targets: TargetClients::default(),
         replica: REPLICA.to_owned(),
         tenancy: Tenancy::default(),
@@ -61,6 +76,12 @@ impl ContextBuilder {
         self
     }
 
+    /// The render backend (default [`render_backend`]).
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+
     /// The clients of remote targets (e.g. with short timeouts).
     pub fn targets(mut self, targets: TargetClients) -> Self {
         self.targets = targets;
@@ -76,8 +97,12 @@ impl ContextBuilder {
 
     /// Discovers the cluster and checks the helm binary.
     pub async fn build(self) -> anyhow::Result<Context> {
-        let renderer = HelmRenderer::new(
-            testenv::Tools::locate()?.helm,
+        let backend = match self.backend {
+            Some(backend) => backend,
+            None => render_backend()?,
+        };
+        let renderer = HelmRenderer::start(
+            backend,
             self.helm_home,
             self.render_limits,
             Default::default(),

@@ -153,6 +153,7 @@ impl LocalFleet {
             .arg(&settings.chart_root)
             .arg("--helm")
             .arg(&settings.helm)
+            .args(render_backend_flags())
             .args(["--shards", &settings.shards.to_string()])
             .args(["--fleet", &self.name])
             .args(["--lease-namespace", &self.namespace]);
@@ -329,6 +330,23 @@ pub fn cpu_seconds_from_stat(stat: &str) -> Option<f64> {
     // SAFETY: sysconf has no memory effects.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Some(ticks / hz)
+}
+
+/// `--render-backend` (and `--renderer`) as [`crate::render_backend`] chooses: the replicas
+/// render as the in-process tests do.
+fn render_backend_flags() -> Vec<std::ffi::OsString> {
+    match crate::render_backend() {
+        Ok(module_manager::render::Backend::Renderer(path)) => vec![
+            "--render-backend".into(),
+            "renderer".into(),
+            "--renderer".into(),
+            path.into(),
+        ],
+        // The harness's own `--helm` (settings.helm) renders.
+        Ok(module_manager::render::Backend::Helm(_)) | Err(_) => {
+            vec!["--render-backend".into(), "helm".into()]
+        }
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ pub mod context;
 pub mod fleet;
 pub mod log_check;
 
-pub use context::{ContextBuilder, context};
+pub use context::{ContextBuilder, context, render_backend};
 
 use std::path::{Path, PathBuf};
 

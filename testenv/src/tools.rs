@@ -1,6 +1,8 @@
-//! Locates the pinned control-plane, helm and kustomize binaries that `hack/build-tools.sh` builds.
+//! Locates the pinned control-plane, helm, renderer and kustomize binaries that `hack/build-tools.sh` builds.
 
 use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
 
 use crate::Error;
 
@@ -43,6 +45,9 @@ pub struct Tools {
     pub etcd: PathBuf,
     /// `helm`.
     pub helm: PathBuf,
+    /// `module-manager-renderer`: Helm's engine as a long-lived child (`renderer/`), in
+    /// `renderer-<key>/` (see [`renderer_key`]).
+    pub renderer: PathBuf,
     /// `kustomize` (renders `deploy/`; like kwok, not required by [`Tools::locate`]: the tests
     /// that use it check it).
     pub kustomize: PathBuf,
@@ -69,6 +74,9 @@ impl Tools {
             helm: tools
                 .join(format!("helm-v{}", pinned_version("HELM_VERSION")))
                 .join("helm"),
+            renderer: tools
+                .join(format!("renderer-{}", renderer_key(&renderer_source())?))
+                .join("module-manager-renderer"),
             kustomize: tools
                 .join(format!(
                     "kustomize-v{}",
@@ -81,6 +89,7 @@ impl Tools {
             &found.kube_controller_manager,
             &found.etcd,
             &found.helm,
+            &found.renderer,
         ] {
             if !path.is_file() {
                 return Err(Error::ToolMissing(path.clone()));
@@ -88,6 +97,30 @@ impl Tools {
         }
         Ok(found)
     }
+}
+
+/// `renderer/` of this repository.
+pub fn renderer_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../renderer")
+}
+
+/// The renderer's cache key, as `renderer_key` in `hack/build-tools.sh` computes it: the first 16
+/// hex digits of the sha256 of `HELM_VERSION=<v>` and, for each `*.go`, `go.mod` and `go.sum` of
+/// `src` in byte order, its name and the sha256 of its contents (one per line).
+pub fn renderer_key(src: &Path) -> Result<String, Error> {
+    let read = |path: &Path| std::fs::read(path).map_err(|_| Error::ToolMissing(path.to_owned()));
+    let mut names: Vec<String> = std::fs::read_dir(src)
+        .map_err(|_| Error::ToolMissing(src.to_owned()))?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".go") || name == "go.mod" || name == "go.sum")
+        .collect();
+    names.sort();
+    let mut listing = format!("HELM_VERSION={}\n", pinned_version("HELM_VERSION"));
+    for name in names {
+        let digest = Sha256::digest(read(&src.join(&name))?);
+        listing.push_str(&format!("{name}\n{digest:x}\n"));
+    }
+    Ok(format!("{:x}", Sha256::digest(listing.as_bytes()))[..16].to_owned())
 }
 
 #[cfg(test)]

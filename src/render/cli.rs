@@ -1,0 +1,142 @@
+//! The `helm` CLI backend: one `helm template` process per render (the reference the renderer
+//! backend is tested against, and still selectable with `--render-backend helm`).
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+use super::{FIXED_FLAGS, RenderError, RenderLimits, RenderRequest, helm_message};
+
+/// Runs the pinned helm binary once per render.
+pub(super) struct Cli {
+    helm: PathBuf,
+    home: PathBuf,
+}
+
+impl Cli {
+    /// Checks the binary (`helm version --short`); returns the backend and helm's version.
+    pub(super) async fn start(helm: PathBuf, home: PathBuf) -> Result<(Self, String), RenderError> {
+        let output = isolated(Command::new(&helm), &home)
+            .args(["version", "--short"])
+            .output()
+            .await
+            .map_err(RenderError::Spawn)?;
+        let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        if !output.status.success() || !version.starts_with('v') {
+            return Err(RenderError::Version(format!(
+                "{version} {}",
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        Ok((Self { helm, home }, version))
+    }
+
+    /// `helm template` of one request, bounded by `limits`: the manifest as helm printed it.
+    pub(super) async fn render(
+        &self,
+        request: &RenderRequest,
+        limits: &RenderLimits,
+    ) -> Result<String, RenderError> {
+        let child = self
+            .template_command(request)
+            .spawn()
+            .map_err(RenderError::Spawn)?;
+        let values = Value::Object(request.values.clone()).to_string();
+        let run = exchange(child, values, limits.max_output);
+        let (status, out, err) = match tokio::time::timeout(limits.timeout, run).await {
+            Err(_) => return Err(RenderError::Timeout(limits.timeout)),
+            Ok(result) => result?,
+        };
+        if !status.success() {
+            return Err(RenderError::Helm(helm_message(&err)));
+        }
+        String::from_utf8(out).map_err(|_| RenderError::Helm("output is not UTF-8".into()))
+    }
+
+    /// `helm template` of a request, its values to come on stdin, every pipe captured.
+    fn template_command(&self, request: &RenderRequest) -> Command {
+        let mut command = isolated(Command::new(&self.helm), &self.home);
+        command
+            .arg("template")
+            .args([
+                "--namespace",
+                &request.namespace,
+                "--kube-version",
+                &request.kube_version,
+            ])
+            .args(FIXED_FLAGS);
+        for api_version in request.api_versions.iter() {
+            command.args(["--api-versions", api_version]);
+        }
+        if request.is_upgrade {
+            command.arg("--is-upgrade");
+        }
+        // `--` ends the flags: a release name like `-f/etc/passwd` or `--output-dir=/x` is an
+        // argument (which helm then rejects as a name), never a flag.
+        command
+            .arg("--")
+            .arg(&request.release)
+            .arg(&request.chart.path);
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        command
+    }
+}
+
+/// Writes `values` to a helm child and reads its output (at most `max_output` bytes) and the
+/// start of its stderr, then waits for it: its exit status, stdout and stderr.
+async fn exchange(
+    mut child: Child,
+    values: String,
+    max_output: usize,
+) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), RenderError> {
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    // Values are JSON, which is YAML. Writing and both reads run together, so neither a
+    // large input nor a large output can deadlock on a full pipe; an oversized output
+    // ends the wait at once (the child is killed on drop).
+    let write = async move {
+        let _ = stdin.write_all(values.as_bytes()).await;
+        Ok(())
+    };
+    let read_out = async {
+        let mut limited = (&mut stdout).take(max_output as u64 + 1);
+        limited
+            .read_to_end(&mut out)
+            .await
+            .map_err(RenderError::Spawn)?;
+        if out.len() > max_output {
+            return Err(RenderError::OutputTooLarge(max_output));
+        }
+        Ok(())
+    };
+    let read_err = async {
+        // Keep the first 64 KiB; drain the rest, so a chatty helm cannot block on a
+        // full stderr pipe (which would look like a timeout).
+        let _ = (&mut stderr).take(64 * 1024).read_to_end(&mut err).await;
+        let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
+        Ok(())
+    };
+    tokio::try_join!(write, read_out, read_err)?;
+    let status = child.wait().await.map_err(RenderError::Spawn)?;
+    Ok((status, out, err))
+}
+
+/// A helm command with a private home, no inherited environment, and no way out to the network
+/// (a chart that needs to fetch dependencies fails instead of reaching out).
+fn isolated(mut command: Command, home: &Path) -> Command {
+    super::private_home(&mut command, home)
+        .env("HTTP_PROXY", "http://127.0.0.1:9")
+        .env("HTTPS_PROXY", "http://127.0.0.1:9")
+        .env("NO_PROXY", "");
+    command
+}

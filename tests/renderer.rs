@@ -1,0 +1,272 @@
+//! The renderer backend with the real renderer binary: many renders at once on one child, and
+//! every way a render or the child can go wrong — a chart that hangs, one that eats memory, one
+//! that panics, an output too large, the child killed between renders and during one.
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use module_manager::render::{Backend, HelmRenderer, RenderError, RenderLimits, RenderRequest};
+use module_manager::source::{self, Limits};
+use serde_json::{Map, Value, json};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .canonicalize()
+        .unwrap()
+}
+
+async fn renderer(home: &Path, limits: RenderLimits) -> HelmRenderer {
+    let binary = testenv::Tools::locate().expect("tools built").renderer;
+    HelmRenderer::start(
+        Backend::Renderer(binary),
+        home.to_owned(),
+        limits,
+        Default::default(),
+    )
+    .await
+    .expect("the renderer starts")
+}
+
+async fn helm(home: &Path) -> HelmRenderer {
+    let helm = testenv::Tools::locate().expect("tools built").helm;
+    HelmRenderer::new(
+        helm,
+        home.to_owned(),
+        RenderLimits::default(),
+        Default::default(),
+    )
+    .await
+    .expect("helm runs")
+}
+
+fn request(chart: &str, release: &str, values: Value) -> RenderRequest {
+    let source = module_manager::api::ChartSource {
+        path: Some(chart.into()),
+        ..Default::default()
+    };
+    RenderRequest {
+        chart: source::resolve(&source, &repo(), Limits::default()).expect("chart resolves"),
+        release: release.into(),
+        namespace: "apps".into(),
+        values: values.as_object().cloned().unwrap_or_else(Map::new),
+        kube_version: "v1.36.3".into(),
+        api_versions: vec!["apps/v1".into(), "v1".into()].into(),
+        is_upgrade: false,
+    }
+}
+
+fn kill(pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {pid}");
+}
+
+/// Polls (every 20 ms, up to a minute) until `check` holds for the renderer's state.
+async fn until(
+    renderer: &HelmRenderer,
+    what: &str,
+    check: impl Fn(&module_manager::render::RendererState) -> bool,
+) {
+    for _ in 0..3000 {
+        if check(&renderer.renderer_state().await.unwrap()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what}: {:?}", renderer.renderer_state().await);
+}
+
+#[tokio::test]
+async fn many_renders_at_once_on_one_child_match_helm() {
+    let home = tempfile::tempdir().unwrap();
+    let renderer = Arc::new(renderer(home.path(), RenderLimits::default()).await);
+    assert_eq!(renderer.backend(), "renderer");
+    assert_eq!(
+        renderer.version(),
+        format!("v{}", testenv::tools::pinned_version("HELM_VERSION"))
+    );
+    let requests: Vec<RenderRequest> = (0..24)
+        .map(|i| {
+            request(
+                "examples/charts/web",
+                &format!("web-{i}"),
+                json!({"replicaCount": i}),
+            )
+        })
+        .collect();
+    let rendered = futures::future::join_all(requests.iter().map(|r| {
+        let renderer = renderer.clone();
+        async move { renderer.render_uncached(r).await }
+    }))
+    .await;
+    let helm = helm(home.path()).await;
+    for (request, rendered) in requests.iter().zip(rendered) {
+        let rendered = rendered.unwrap();
+        let expected = helm.render_uncached(request).await.unwrap();
+        assert_eq!(rendered, expected, "{}", request.release);
+        assert!(
+            rendered
+                .manifest
+                .contains(&format!("name: {}-web", request.release))
+        );
+    }
+    let state = renderer.renderer_state().await.unwrap();
+    assert_eq!(
+        (state.starts, state.retries, state.in_flight),
+        (1, 0, 0),
+        "{state:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_hanging_chart_times_out_and_the_renders_beside_it_are_retried() {
+    let home = tempfile::tempdir().unwrap();
+    let timeout = Duration::from_secs(10);
+    let renderer = Arc::new(
+        renderer(
+            home.path(),
+            RenderLimits {
+                timeout,
+                ..Default::default()
+            },
+        )
+        .await,
+    );
+    let first_pid = renderer.renderer_state().await.unwrap().pid.unwrap();
+    let hanging = {
+        let renderer = renderer.clone();
+        tokio::spawn(async move {
+            renderer
+                .render(&request("tests/fixtures/charts/loop", "loop", json!({})))
+                .await
+        })
+    };
+    until(&renderer, "the looping render is in flight", |s| {
+        s.in_flight == 1
+    })
+    .await;
+    // Slow renders back to back until the hanging one's timeout kills the child: one of them is
+    // in flight then, and must be sent again to the new child rather than fail.
+    let mut rounds = 0;
+    while renderer.renderer_state().await.unwrap().starts < 2 {
+        let slow = request(
+            "tests/fixtures/charts/slow",
+            &format!("slow-{rounds}"),
+            json!({}),
+        );
+        let rendered = renderer.render_uncached(&slow).await;
+        assert!(
+            rendered
+                .as_ref()
+                .is_ok_and(|r| r.manifest.contains("slow-")),
+            "{rendered:?}"
+        );
+        rounds += 1;
+        assert!(rounds < 1000, "the hanging render never stopped its child");
+    }
+    let hung = hanging.await.unwrap();
+    assert!(
+        matches!(hung, Err(RenderError::Timeout(t)) if t == timeout),
+        "{hung:?}"
+    );
+    assert!(hung.unwrap_err().is_permanent());
+    let state = renderer.renderer_state().await.unwrap();
+    assert_eq!(
+        state.retries, 1,
+        "the render in flight was retried once: {state:?}"
+    );
+    assert_ne!(state.pid, Some(first_pid), "the hung child was replaced");
+}
+
+#[tokio::test]
+async fn a_killed_child_is_restarted_between_renders_and_during_one() {
+    let home = tempfile::tempdir().unwrap();
+    let renderer = renderer(home.path(), RenderLimits::default()).await;
+    let web = request("examples/charts/web", "web", json!({}));
+    let expected = renderer.render_uncached(&web).await.unwrap();
+
+    // Between renders: the next render starts a new child.
+    let pid = renderer.renderer_state().await.unwrap().pid.unwrap();
+    kill(pid);
+    until(&renderer, "the death is noticed", |s| s.pid.is_none()).await;
+    assert_eq!(renderer.render_uncached(&web).await.unwrap(), expected);
+    let state = renderer.renderer_state().await.unwrap();
+    assert_eq!((state.starts, state.retries), (2, 0), "{state:?}");
+    assert_ne!(state.pid, Some(pid));
+
+    // During one: the render is sent again to the next child and succeeds.
+    let slow = request(
+        "tests/fixtures/charts/slow",
+        "slow",
+        json!({"rounds": 3000}),
+    );
+    let rendering = renderer.render_uncached(&slow);
+    let killer = async {
+        until(&renderer, "the slow render is in flight", |s| {
+            s.in_flight == 1
+        })
+        .await;
+        kill(renderer.renderer_state().await.unwrap().pid.unwrap());
+    };
+    let (rendered, ()) = tokio::join!(rendering, killer);
+    assert!(rendered.unwrap().manifest.contains("rounds: \"3000\""));
+    let state = renderer.renderer_state().await.unwrap();
+    assert_eq!((state.starts, state.retries), (3, 1), "{state:?}");
+}
+
+#[tokio::test]
+async fn memory_panics_and_huge_output_fail_that_render_only() {
+    let home = tempfile::tempdir().unwrap();
+    let limits = RenderLimits {
+        memory_limit: 64 * 1024 * 1024,
+        max_output: 512 * 1024,
+        ..Default::default()
+    };
+    let renderer = renderer(home.path(), limits).await;
+    let web = request("examples/charts/web", "web", json!({}));
+    assert!(renderer.render_uncached(&web).await.is_ok());
+
+    let huge = renderer
+        .render_uncached(&request("tests/fixtures/charts/huge", "huge", json!({})))
+        .await;
+    assert!(
+        matches!(huge, Err(RenderError::OutputTooLarge(524_288))),
+        "{huge:?}"
+    );
+    let panicked = renderer
+        .render_uncached(&request("tests/fixtures/charts/panic", "panic", json!({})))
+        .await;
+    assert!(
+        matches!(&panicked, Err(e @ RenderError::Helm(m)) if e.is_permanent() && m.contains("negative Repeat count")),
+        "{panicked:?}"
+    );
+    assert_eq!(
+        renderer.renderer_state().await.unwrap().starts,
+        1,
+        "the child survived both"
+    );
+
+    let eaten = renderer
+        .render_uncached(&request(
+            "tests/fixtures/charts/memory",
+            "memory",
+            json!({}),
+        ))
+        .await;
+    assert!(
+        matches!(&eaten, Err(e @ RenderError::MemoryLimit(67_108_864)) if e.is_permanent()),
+        "{eaten:?}"
+    );
+    assert!(
+        renderer.render_uncached(&web).await.is_ok(),
+        "a new child renders"
+    );
+    let state = renderer.renderer_state().await.unwrap();
+    // The first death is not blamed on anyone (every render in flight is retried once); the
+    // second, on the retry, fails the render; the next render starts a third child.
+    assert_eq!((state.starts, state.retries), (3, 1), "{state:?}");
+}
