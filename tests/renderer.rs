@@ -183,6 +183,41 @@ async fn a_hanging_chart_times_out_and_the_renders_beside_it_are_retried() {
 }
 
 #[tokio::test]
+async fn a_hanging_render_whose_caller_gave_up_still_stops_its_child_at_the_timeout() {
+    let home = tempfile::tempdir().unwrap();
+    let renderer = renderer(
+        home.path(),
+        RenderLimits {
+            timeout: Duration::from_secs(3),
+            ..Default::default()
+        },
+    )
+    .await;
+    let first_pid = renderer.renderer_state().await.unwrap().pid.unwrap();
+    // The pass that asked is cancelled (its shard was lost): the render's future is dropped
+    // while the child still executes the looping template.
+    let looping = request("tests/fixtures/charts/loop", "loop", json!({}));
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(500),
+        renderer.render_uncached(&looping),
+    )
+    .await;
+    assert!(
+        given_up.is_err(),
+        "the looping render answered: {given_up:?}"
+    );
+    assert_eq!(renderer.renderer_state().await.unwrap().in_flight, 1);
+    until(
+        &renderer,
+        "the child spinning on the abandoned render is stopped",
+        |s| s.pid != Some(first_pid),
+    )
+    .await;
+    let web = request("examples/charts/web", "web", json!({}));
+    assert!(renderer.render_uncached(&web).await.is_ok());
+}
+
+#[tokio::test]
 async fn a_killed_child_is_restarted_between_renders_and_during_one() {
     let home = tempfile::tempdir().unwrap();
     let renderer = renderer(home.path(), RenderLimits::default()).await;

@@ -172,7 +172,15 @@ impl ChildRenderer {
                     "the values exceed the renderer's request limit of {MAX_REQUEST} bytes"
                 )));
             }
-            match tokio::time::timeout(self.limits.timeout, live.call(id, &frame)).await {
+            let mut watchdog = Watchdog {
+                live: live.clone(),
+                id,
+                deadline: tokio::time::Instant::now() + self.limits.timeout,
+                armed: true,
+            };
+            let answered = tokio::time::timeout(self.limits.timeout, live.call(id, &frame)).await;
+            watchdog.armed = false;
+            match answered {
                 Err(_) => {
                     let _ = live
                         .kill
@@ -217,6 +225,37 @@ impl ChildRenderer {
         tracing::info!(pid = ?live.pid, "renderer started");
         *current = Some(live.clone());
         Ok(live)
+    }
+}
+
+/// Stops the child when a render whose caller gave up on it (its pass was cancelled, e.g. the
+/// shard was lost) is still running at its deadline: Go cannot stop the template, and with its
+/// caller gone nothing else would notice that it hangs.
+struct Watchdog {
+    live: Arc<Live>,
+    id: u64,
+    deadline: tokio::time::Instant,
+    /// Cleared once the caller has its answer or its timeout (the timeout kills by itself).
+    armed: bool,
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !self.armed {
+            return;
+        }
+        let (live, id, deadline) = (self.live.clone(), self.id, self.deadline);
+        runtime.spawn(async move {
+            tokio::time::sleep_until(deadline).await;
+            if lock(&live.pending).waiting.contains_key(&id) {
+                let _ = live
+                    .kill
+                    .send(Death::Killed("a render given up on ran past its timeout"));
+            }
+        });
     }
 }
 
