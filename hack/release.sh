@@ -27,10 +27,16 @@ cd "$repo"
 # shellcheck source=versions.env
 . "$here/versions.env"
 
-# Binaries shipped beside the operator when they exist, each looked up as <tool dir>/<name>
-# (the tool cache hack/build-tools.sh fills), then on PATH. The renderer of the in-process
-# rendering issue goes here once hack/build-tools.sh builds it.
+# Binaries shipped beside the operator, each looked up where hack/build-tools.sh caches it
+# (extra_path), then on PATH. The renderer (renderer/, Helm's engine as a long-lived child) is
+# cached under a key of its source: `hack/build-tools.sh renderer-path` says where.
 EXTRA_BINARIES=(module-manager-renderer)
+extra_path() {
+  case $1 in
+    module-manager-renderer) "$here/build-tools.sh" renderer-path ;;
+    *) echo "$tools/$1" ;;
+  esac
+}
 
 cache=${MODULE_MANAGER_CACHE:-$HOME/.cache/module-manager}
 tools="$cache/tools"
@@ -115,7 +121,7 @@ chmod 0755 "$binary"
   || die "$binary --version says '$("$binary" --version)', not module-manager $VERSION"
 
 for extra in "${EXTRA_BINARIES[@]}"; do
-  path="$tools/$extra"
+  path=$(extra_path "$extra")
   [ -x "$path" ] || path=$(command -v "$extra" || true)
   if [ -n "$path" ]; then
     log "shipping $extra from $path"
