@@ -695,6 +695,7 @@ fn operator(sts: &Value, kubeconfig: &Path, helm_home: &Path, admin: u16) -> Com
             repo().join("tests/fixtures/charts").display()
         ))
         .arg(format!("--helm={}", tools().helm.display()))
+        .arg(format!("--renderer={}", tools().renderer.display()))
         .arg(format!("--helm-home={}", helm_home.display()))
         .arg(format!("--admin-address=127.0.0.1:{admin}"));
     command

@@ -441,6 +441,57 @@ async fn hooks_run_as_the_tenant() {
 }
 
 #[tokio::test]
+async fn a_delete_hook_in_the_operators_namespace_is_never_run() {
+    // As the operator (no account): only the protected check stands between the chart and
+    // the operator's namespace. The hook is added after the install and the Manifest deleted:
+    // the delete hooks are rendered from the current spec, so they must be vetted too.
+    let t = start("tenancy-delete-hook", ServiceAccountPolicy::default()).await;
+    t.create("leaver", None, json!({"configMaps": [{"name": "kept"}]}))
+        .await;
+    t.wait_state("leaver", State::Ready).await;
+    let hook = json!({"name": "cleanup", "namespace": t.op, "events": "pre-delete"});
+    let patch = json!({"spec": {"values": {"configMaps": [{"name": "kept"}], "hook": hook}}});
+    t.manifests
+        .patch("leaver", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let message = t.error("leaver").await;
+    assert!(
+        message.contains(&format!("Job/{}/cleanup", t.op)),
+        "{message}"
+    );
+    t.manifests
+        .delete("leaver", &DeleteParams::default())
+        .await
+        .unwrap();
+    let start = std::time::Instant::now();
+    while t.manifests.get_opt("leaver").await.unwrap().is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "the Manifest was not deleted; Jobs in the operator's namespace: {:?}",
+            Api::<Job>::namespaced(t.client.clone(), &t.op)
+                .list(&Default::default())
+                .await
+                .map(|l| l
+                    .items
+                    .iter()
+                    .map(ResourceExt::name_any)
+                    .collect::<Vec<_>>())
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let jobs = Api::<Job>::namespaced(t.client.clone(), &t.op);
+    assert!(
+        jobs.get_opt("cleanup").await.unwrap().is_none(),
+        "a delete hook ran in the operator's namespace"
+    );
+    assert!(
+        t.config_map(&t.a, "kept").await.is_none(),
+        "the module was deleted"
+    );
+}
+
+#[tokio::test]
 async fn require_service_account_refuses_a_manifest_without_one() {
     let required = ServiceAccountPolicy {
         default: None,

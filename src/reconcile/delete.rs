@@ -11,7 +11,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
 use super::hook_runner::{HookScope, PhaseOutcome, prepare_hooks};
-use super::inputs::render_request;
+use super::inputs::{render_request, vetted_render};
 use super::objects::{delete_object, still_there};
 use super::records::publish;
 use super::{
@@ -280,8 +280,7 @@ impl HookScope<'_> {
             .status
             .as_ref()
             .is_none_or(|s| s.inventory.is_empty());
-        let rendered = self.ctx.renderer.render(&request).await?;
-        let plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
+        let (_, plan) = vetted_render(self.manifest, self.ctx, self.cluster, &request).await?;
         prepare_hooks(self.cluster, &plan.hooks, event, &request.namespace).await
     }
 
@@ -330,7 +329,10 @@ fn cannot_render_for_good(error: &ReconcileError) -> bool {
         ReconcileError::ResolveChart(_)
         | ReconcileError::ValuesSourceMissing(_)
         | ReconcileError::ParseValues(_)
-        | ReconcileError::Plan(_) => true,
+        | ReconcileError::Plan(_)
+        // A hook no module may write (in the operator's namespace, a fleet Lease): the
+        // deletion goes on without the hooks.
+        | ReconcileError::Protected(_) => true,
         ReconcileError::Render(e) => e.is_permanent(),
         _ => false,
     }

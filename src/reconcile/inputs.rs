@@ -6,11 +6,79 @@ use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::{Map, Value};
 
+use std::sync::Arc;
+
 use super::{Context, DISCOVERY_MAX_AGE, ReconcileError};
 use crate::api::{Manifest, ValuesReference, ValuesSourceKind};
 use crate::apply::Cluster;
-use crate::render::RenderRequest;
+use crate::plan::tenancy::check_protected;
+use crate::plan::{self, Plan, RenderedObject};
 use crate::render::values;
+use crate::render::{RenderRequest, Rendered};
+
+/// Renders (cached) and plans the chart; refuses a render that writes what no module may
+/// write, or (impersonating) anything the identity may not write, before any of it is. Every
+/// render whose objects or hooks are applied goes through here: the install path and the
+/// delete hooks.
+pub(super) async fn vetted_render(
+    manifest: &Manifest,
+    ctx: &Context,
+    cluster: &Cluster,
+    request: &RenderRequest,
+) -> Result<(Arc<Rendered>, Plan), ReconcileError> {
+    let rendered = ctx.renderer.render(request).await?;
+    let plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
+    // On the local cluster only: a remote target's namespaces are not the operator's.
+    if manifest.spec.target.is_none() {
+        let manifest_namespace = manifest.namespace().unwrap_or_default();
+        let protected = &ctx.tenancy.protected;
+        check_protected(&plan, &request.namespace, &manifest_namespace, protected)?;
+    }
+    check_permitted(
+        cluster,
+        &plan,
+        &request.namespace,
+        &manifest.uid().unwrap_or_default(),
+    )
+    .await?;
+    tracing::debug!(
+        crds = plan.crds.len(),
+        objects = plan.objects.len(),
+        digest = %rendered.digest,
+        "rendered"
+    );
+    Ok((rendered, plan))
+}
+
+/// With an impersonated identity, every object of the render (CRDs, objects, hooks) whose
+/// kind is served is first applied with `dryRun=All`: a missing permission (the API
+/// server's 403 names the user, the verb, the resource and the namespace) fails the pass
+/// before anything of the render is written — not after the first objects were applied.
+/// One extra request per object and pass (docs/reconcile.md § Identity).
+async fn check_permitted(
+    cluster: &Cluster,
+    plan: &Plan,
+    namespace: &str,
+    uid: &str,
+) -> Result<(), ReconcileError> {
+    if cluster.impersonating().is_none() {
+        return Ok(());
+    }
+    let surface = cluster.surface();
+    let mut objects: Vec<RenderedObject> = plan
+        .applied()
+        .chain(plan.hooks.iter().map(|h| &h.object))
+        .filter(|o| surface.resolve(&o.id).is_some())
+        .cloned()
+        .collect();
+    plan::assign_namespaces(&mut objects, namespace, |id| {
+        surface.resolve(id).map(|(_, scope)| *scope)
+    })?;
+    for object in &objects {
+        cluster.check_permitted(object, uid).await?;
+    }
+    Ok(())
+}
 
 /// Resolves the chart (blocking file I/O, off the async workers), merges the values and reads
 /// the target's discovery: everything helm needs but `--is-upgrade` (left `false`).

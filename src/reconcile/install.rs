@@ -11,7 +11,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
 use super::hook_runner::{HookScope, PhaseOutcome, prepare_hooks};
-use super::inputs::render_request;
+use super::inputs::{render_request, vetted_render};
 use super::objects::{apply_all, delete_object};
 use super::{
     CRD_ESTABLISH_TIMEOUT, Context, HOOK_REQUEUE, Pass, Progress, ReconcileError, finalizer,
@@ -24,7 +24,6 @@ use crate::apply::namespace::ensure_namespace;
 use crate::plan::hooks;
 use crate::plan::readiness::{Readiness, readiness};
 use crate::plan::status::{Facts, Operation, Outcome, Reason};
-use crate::plan::tenancy::check_protected;
 use crate::plan::{self, Plan, PruneDecision, RenderedObject, Scope};
 use crate::render::{RenderRequest, Rendered};
 use crate::shard::SHARD_LABEL;
@@ -165,53 +164,12 @@ impl Install<'_> {
         Ok(run)
     }
 
-    /// Renders (cached) and plans the chart; refuses a render that writes what no module may
-    /// write, or (impersonating) anything the identity may not write, before any of it is.
+    /// Renders (cached), plans and vets the chart ([`vetted_render`]).
     async fn render(
         &self,
         request: &RenderRequest,
     ) -> Result<(Arc<Rendered>, Plan), ReconcileError> {
-        let rendered = self.ctx.renderer.render(request).await?;
-        let plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
-        // On the local cluster only: a remote target's namespaces are not the operator's.
-        if self.manifest.spec.target.is_none() {
-            let manifest_namespace = self.manifest.namespace().unwrap_or_default();
-            let protected = &self.ctx.tenancy.protected;
-            check_protected(&plan, &request.namespace, &manifest_namespace, protected)?;
-        }
-        self.check_permitted(&plan, &request.namespace).await?;
-        tracing::debug!(
-            crds = plan.crds.len(),
-            objects = plan.objects.len(),
-            digest = %rendered.digest,
-            "rendered"
-        );
-        Ok((rendered, plan))
-    }
-
-    /// With an impersonated identity, every object of the render (CRDs, objects, hooks) whose
-    /// kind is served is first applied with `dryRun=All`: a missing permission (the API
-    /// server's 403 names the user, the verb, the resource and the namespace) fails the pass
-    /// before anything of the render is written — not after the first objects were applied.
-    /// One extra request per object and pass (docs/reconcile.md § Identity).
-    async fn check_permitted(&self, plan: &Plan, namespace: &str) -> Result<(), ReconcileError> {
-        if self.cluster.impersonating().is_none() {
-            return Ok(());
-        }
-        let surface = self.cluster.surface();
-        let mut objects: Vec<RenderedObject> = plan
-            .applied()
-            .chain(plan.hooks.iter().map(|h| &h.object))
-            .filter(|o| surface.resolve(&o.id).is_some())
-            .cloned()
-            .collect();
-        plan::assign_namespaces(&mut objects, namespace, |id| {
-            surface.resolve(id).map(|(_, scope)| *scope)
-        })?;
-        for object in &objects {
-            self.cluster.check_permitted(object, &self.uid).await?;
-        }
-        Ok(())
+        vetted_render(self.manifest, self.ctx, self.cluster, request).await
     }
 
     fn hook_scope<'s>(&'s self, previous: &'s ManifestStatus) -> HookScope<'s> {

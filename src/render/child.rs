@@ -299,7 +299,9 @@ async fn spawn(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     address_space_limit(&mut command, limits.memory_limit);
-    let mut child = command.spawn().map_err(RenderError::Spawn)?;
+    let mut child = command
+        .spawn()
+        .map_err(|e| RenderError::Spawn("the renderer", e))?;
     let stdin = child.stdin.take().expect("stdin is piped");
     let mut stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
@@ -308,7 +310,10 @@ async fn spawn(
         Ok(Ok(Some(hello))) => hello.hello.helm,
         Ok(Ok(None)) => {
             let tail = tail(stderr).await;
-            let status = child.wait().await.map_err(RenderError::Spawn)?;
+            let status = child
+                .wait()
+                .await
+                .map_err(|e| RenderError::Spawn("the renderer", e))?;
             return Err(RenderError::Version(format!(
                 "the renderer exited before its hello ({status}): {tail}"
             )));

@@ -23,7 +23,7 @@ impl Cli {
             .args(["version", "--short"])
             .output()
             .await
-            .map_err(RenderError::Spawn)?;
+            .map_err(|e| RenderError::Spawn("helm", e))?;
         let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
         if !output.status.success() || !version.starts_with('v') {
             return Err(RenderError::Version(format!(
@@ -43,7 +43,7 @@ impl Cli {
         let child = self
             .template_command(request)
             .spawn()
-            .map_err(RenderError::Spawn)?;
+            .map_err(|e| RenderError::Spawn("helm", e))?;
         let values = Value::Object(request.values.clone()).to_string();
         let run = exchange(child, values, limits.max_output);
         let (status, out, err) = match tokio::time::timeout(limits.timeout, run).await {
@@ -113,7 +113,7 @@ async fn exchange(
         limited
             .read_to_end(&mut out)
             .await
-            .map_err(RenderError::Spawn)?;
+            .map_err(|e| RenderError::Spawn("helm", e))?;
         if out.len() > max_output {
             return Err(RenderError::OutputTooLarge(max_output));
         }
@@ -127,7 +127,10 @@ async fn exchange(
         Ok(())
     };
     tokio::try_join!(write, read_out, read_err)?;
-    let status = child.wait().await.map_err(RenderError::Spawn)?;
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| RenderError::Spawn("helm", e))?;
     Ok((status, out, err))
 }
 

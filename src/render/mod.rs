@@ -56,9 +56,9 @@ impl Default for RenderLimits {
 /// Why a render failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
-    /// helm could not be started.
-    #[error("start helm: {0}")]
-    Spawn(std::io::Error),
+    /// helm or the renderer (the program named) could not be started.
+    #[error("start {0}: {1}")]
+    Spawn(&'static str, #[source] std::io::Error),
     /// helm ran longer than the limit and was killed.
     #[error("helm template did not finish within {0:?} and was stopped")]
     Timeout(Duration),
@@ -196,7 +196,8 @@ impl HelmRenderer {
         metrics: RenderMetrics,
     ) -> Result<Self, RenderError> {
         for dir in ["cache", "config", "data"] {
-            std::fs::create_dir_all(home.join(dir)).map_err(RenderError::Spawn)?;
+            std::fs::create_dir_all(home.join(dir))
+                .map_err(|e| RenderError::Spawn("helm (its home directory)", e))?;
         }
         let (engine, version) = match backend {
             Backend::Helm(helm) => {
