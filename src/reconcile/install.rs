@@ -14,8 +14,8 @@ use super::hook_runner::{HookScope, PhaseOutcome, prepare_hooks};
 use super::inputs::{render_request, vetted_render};
 use super::objects::{apply_all, delete_object};
 use super::{
-    CRD_ESTABLISH_TIMEOUT, Context, HOOK_REQUEUE, Pass, Progress, ReconcileError, finalizer,
-    progress_requeue, rolling_out_for, target,
+    CRD_ESTABLISH_TIMEOUT, Context, HOOK_REQUEUE, Pass, Progress, ReconcileError, STALLED_RECHECK,
+    finalizer, progress_requeue, rolling_out_for, target,
 };
 use crate::api::State;
 use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
@@ -483,7 +483,8 @@ impl Ended {
             )
         } else if !self.readiness.failed.is_empty() {
             let message = format!("failed: {}", plan::readiness::list(&self.readiness.failed));
-            verdict(State::Error, Reason::ObjectFailed, message, true, interval)
+            let requeue = interval.min(STALLED_RECHECK);
+            verdict(State::Error, Reason::ObjectFailed, message, true, requeue)
         } else if !waiting.is_empty()
             && plan::readiness::deadline_passed(self.wait.started, self.wait.now, self.wait.timeout)
         {
@@ -495,7 +496,7 @@ impl Ended {
                 Reason::ReadinessTimeout,
                 message,
                 true,
-                interval,
+                interval.min(STALLED_RECHECK),
             )
         } else if let Some(first) = waiting.first() {
             let message = format!("waiting for {} objects: {first}", waiting.len());
@@ -844,5 +845,32 @@ mod tests {
         // Ready objects past the deadline are simply ready.
         let ready = applied(&ended(None, [&[], &[]], None, 900));
         assert_eq!(ready.state, State::Ready);
+    }
+
+    #[test]
+    fn a_module_stalled_by_its_objects_is_looked_at_again_within_a_minute() {
+        let previous = ManifestStatus::default();
+        let interval = Duration::from_secs(600);
+        let requeue = |ended: Ended| ended.state(&previous, interval).requeue;
+        let waiting: &[&str] = &["Deployment web: 0 of 1 replicas"];
+        let failed: &[&str] = &["Pod p: CrashLoopBackOff"];
+        assert_eq!(
+            requeue(ended(None, [waiting, &[]], None, 300)),
+            STALLED_RECHECK
+        );
+        assert_eq!(
+            requeue(ended(None, [&[], failed], None, 10)),
+            STALLED_RECHECK
+        );
+        // A shorter interval is kept; a refused prune waits for the interval (only a person
+        // changes it); a ready module waits for its drift check.
+        let short = Duration::from_secs(20);
+        let failing = ended(None, [&[], failed], None, 10);
+        assert_eq!(failing.state(&previous, short).requeue, short);
+        assert_eq!(
+            requeue(ended(Some("refused"), [&[], &[]], None, 10)),
+            interval
+        );
+        assert_eq!(requeue(ended(None, [&[], &[]], None, 10)), interval);
     }
 }

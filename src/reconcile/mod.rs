@@ -55,6 +55,12 @@ const PROGRESS_REQUEUE: Duration = Duration::from_secs(5);
 const PROGRESS_REQUEUE_MIN: Duration = Duration::from_millis(500);
 /// Requeue while a hook (a Job) runs: a pass looks at it and returns.
 const HOOK_REQUEUE: Duration = Duration::from_secs(2);
+/// Longest requeue of a module stalled by its objects (one failed, or not ready past
+/// `spec.timeout`): most such causes pass by themselves (a crash loop while a database starts,
+/// a Pod unschedulable until a node is added, a rollout past its progress deadline that
+/// recovers), and nothing watches the module's objects, so `spec.interval` (up to a day) would
+/// keep it `Stalled` long after the cause is gone.
+const STALLED_RECHECK: Duration = Duration::from_secs(60);
 
 /// When to look again at objects still rolling out or being deleted, `waited` after the wait
 /// began: half that (the wait so far), between [`PROGRESS_REQUEUE_MIN`] and
