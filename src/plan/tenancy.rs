@@ -161,14 +161,14 @@ pub fn check_protected(
     plan: &Plan,
     target_namespace: &str,
     manifest_namespace: &str,
-    protected: &Protected,
+    protected_all: &Protected,
 ) -> Result<(), ProtectedError> {
     let protected = Protected {
-        namespaces: (protected.namespaces.iter())
+        namespaces: (protected_all.namespaces.iter())
             .filter(|ns| *ns != manifest_namespace)
             .cloned()
             .collect(),
-        lease_labels: protected.lease_labels.clone(),
+        lease_labels: protected_all.lease_labels.clone(),
     };
     if protected.namespaces.iter().any(|p| p == target_namespace) {
         return Err(ProtectedError {
@@ -176,8 +176,28 @@ pub fn check_protected(
             why: "it is the operator's own namespace and no module may write in it".to_owned(),
         });
     }
+    let all_protected = &protected_all.namespaces;
     let hooks = plan.hooks.iter().map(|h| &h.object);
     for object in plan.crds.iter().chain(&plan.objects).chain(hooks) {
+        let id = &object.id;
+        let namespace = if id.namespace.is_empty() {
+            target_namespace
+        } else {
+            &id.namespace
+        };
+        // Not even a Manifest living there may write a Lease there: an unlabelled Lease named
+        // like a member's or a shard's would be taken over by the forced apply.
+        if id.group == "coordination.k8s.io"
+            && id.kind == "Lease"
+            && all_protected.iter().any(|p| p == namespace)
+        {
+            return Err(ProtectedError {
+                object: format!("Lease/{namespace}/{}", id.name),
+                why: format!(
+                    "namespace {namespace} holds the fleet's Leases and no module may write a Lease in it"
+                ),
+            });
+        }
         if let Some(why) = protected.refusal(object) {
             return Err(ProtectedError {
                 object: describe(&object.id),
@@ -323,5 +343,14 @@ mod tests {
         let refused =
             check_protected(&leases, "module-manager", "module-manager", &protected()).unwrap_err();
         assert!(refused.why.contains("fleet"), "{refused}");
+        // Nor an unlabelled Lease there, named like a shard's: the forced apply would take it.
+        let named =
+            "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: fleet-shard-3\n";
+        let named = plan(parse_documents(named).unwrap()).unwrap();
+        let refused =
+            check_protected(&named, "module-manager", "module-manager", &protected()).unwrap_err();
+        assert_eq!(refused.object, "Lease/module-manager/fleet-shard-3");
+        // In the tenant's own namespace an unlabelled Lease stays the tenant's business.
+        check_protected(&named, "team-a", "team-a", &protected()).unwrap();
     }
 }

@@ -83,14 +83,37 @@ impl Live {
             pending.waiting.insert(id, reply);
         }
         let mut stdin = self.stdin.lock().await;
+        // A write cut off (its render was given up on mid-write) leaves half a frame on the
+        // pipe, and the next request would be read as its rest: the child must go.
+        let mut cut_off = CutOff {
+            kill: &self.kill,
+            armed: true,
+        };
         // A failed write means the child is going; its supervisor answers with the reason.
         if stdin.write_all(request).await.is_ok() {
             let _ = stdin.flush().await;
         }
+        cut_off.armed = false;
         drop(stdin);
         answer
             .await
             .unwrap_or_else(|_| Err(Death::Exited("the renderer's supervisor stopped".into())))
+    }
+}
+
+/// Stops the child when dropped armed: a request frame was cut off mid-write.
+struct CutOff<'a> {
+    kill: &'a mpsc::UnboundedSender<Death>,
+    armed: bool,
+}
+
+impl Drop for CutOff<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self
+                .kill
+                .send(Death::Killed("a request to it was cut off mid-write"));
+        }
     }
 }
 
