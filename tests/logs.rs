@@ -296,7 +296,7 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
         "rendered",
         "applied",
         "deleted",
-        "helm template",
+        "render",
         "reconcile failed",
         "connecting to a target cluster",
     ] {

@@ -101,6 +101,11 @@ impl Live {
     }
 }
 
+/// The log target of the child's own lifecycle (not one render's).
+const PROCESS_TARGET: &str = "module_manager::process::renderer";
+/// Why a child ends when its backend is dropped (the replica shuts down).
+const DROPPED: &str = "the renderer backend was dropped";
+
 /// Stops the child when dropped armed: a request frame was cut off mid-write.
 struct CutOff<'a> {
     kill: &'a mpsc::UnboundedSender<Death>,
@@ -412,7 +417,7 @@ impl Supervisor {
             tokio::select! {
                 reason = killed.recv() => {
                     let _ = child.start_kill();
-                    break reason.unwrap_or(Death::Killed("the renderer backend was dropped"));
+                    break reason.unwrap_or(Death::Killed(DROPPED));
                 }
                 frame = frame::read::<Response, _>(&mut stdout, self.max_frame) => match frame {
                     Ok(Some(response)) => self.deliver(response),
@@ -435,7 +440,13 @@ impl Supervisor {
             pending.closed = true;
             std::mem::take(&mut pending.waiting)
         };
-        tracing::warn!(?death, in_flight = waiting.len(), "renderer stopped");
+        // The child serves every pass: its end is the process's news, not one pass's (its own
+        // log target, outside the pipeline's; tests/logs.rs holds pipeline lines to a pass).
+        if matches!(death, Death::Killed(DROPPED)) {
+            tracing::info!(target: PROCESS_TARGET, in_flight = waiting.len(), "renderer stopped: the backend was dropped");
+        } else {
+            tracing::warn!(target: PROCESS_TARGET, ?death, in_flight = waiting.len(), "renderer stopped");
+        }
         for (_, reply) in waiting {
             let _ = reply.send(Err(death.clone()));
         }
