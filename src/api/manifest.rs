@@ -307,6 +307,16 @@ pub struct ManifestStatus {
     /// owns the Manifest.
     #[serde(default)]
     pub readiness_started: Option<Time>,
+
+    /// The value of the `reconcile.modulemanager.io/requestedAt` annotation the last pass
+    /// handled (a pass asked for on demand; Flux's `lastHandledReconcileAt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_handled_reconcile_at: Option<String>,
+
+    /// The value of the `reconcile.modulemanager.io/resetAt` annotation the last pass handled
+    /// (a failed hook run or a permanent error tried again without a spec change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_handled_reset_at: Option<String>,
 }
 
 /// What a hook run does.

@@ -12,6 +12,14 @@ pub fn manifest_crd() -> CustomResourceDefinition {
     Manifest::crd()
 }
 
+/// Annotation asking for a pass now, whatever `spec.interval` says: set it to any new value
+/// (by convention the current time, as `module-manager reconcile` does); the value a pass
+/// handled is echoed in `status.lastHandledReconcileAt`.
+pub const RECONCILE_REQUESTED_AT: &str = "reconcile.modulemanager.io/requestedAt";
+/// Annotation asking for a failed hook run or a permanent error to be tried again without a
+/// spec change (`module-manager retry`); echoed in `status.lastHandledResetAt`.
+pub const RESET_REQUESTED_AT: &str = "reconcile.modulemanager.io/resetAt";
+
 /// The shortest drift-check interval: shorter ones are raised to it (no busy loop).
 pub const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// The longest drift-check interval: longer ones are lowered to it.

@@ -217,6 +217,8 @@ pub fn next_status(
         readiness_started: facts
             .readiness_started
             .unwrap_or(previous.readiness_started),
+        last_handled_reconcile_at: previous.last_handled_reconcile_at,
+        last_handled_reset_at: previous.last_handled_reset_at,
     }
 }
 
