@@ -1001,3 +1001,179 @@ async fn an_idle_fleet_with_default_timings_never_lapses_and_reports_no_queue() 
     assert_eq!(lapses, [0.0; 3], "no replica's fence may lapse while idle");
     fleet.assert_clean("idle fleet").await;
 }
+
+/// The CRD of the capabilities test: `widgets.x.example.com`, served at `v1`.
+fn widget_crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.x.example.com"},
+        "spec": {
+            "group": "x.example.com",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    }))
+    .unwrap()
+}
+
+impl Fleet {
+    /// Creates Manifests `<prefix><i>` of the `capabilities` chart until every replica in
+    /// `0..replicas` owns at least `per_replica` of them; returns their names.
+    async fn create_capability_manifests(
+        &self,
+        prefix: &str,
+        replicas: u32,
+        per_replica: usize,
+    ) -> Vec<String> {
+        let api = self.manifests();
+        let holders = self.holders().await;
+        let shards = ShardCount::new(self.shards).unwrap();
+        let mut owned: BTreeMap<String, usize> = BTreeMap::new();
+        let mut names = Vec::new();
+        while (0..replicas).any(|o| owned.get(&self.member(o)).copied().unwrap_or(0) < per_replica)
+        {
+            assert!(
+                names.len() < 100,
+                "no even spread over the replicas: {owned:?}"
+            );
+            let name = format!("{prefix}{}", names.len());
+            let manifest: Manifest = serde_json::from_value(json!({
+                "apiVersion": "modulemanager.io/v1alpha1",
+                "kind": "Manifest",
+                "metadata": {"name": name, "labels": {"fleet-test": self.name}},
+                "spec": {
+                    "module": "capabilities",
+                    "chart": {"path": "tests/fixtures/charts/capabilities"},
+                    "interval": "1h"
+                }
+            }))
+            .unwrap();
+            let created = api.create(&PostParams::default(), &manifest).await.unwrap();
+            let shard = shards.shard_of(&created.uid().unwrap());
+            if let Some((Some(holder), _)) = holders.get(&shard) {
+                *owned.entry(holder.clone()).or_default() += 1;
+            }
+            names.push(name);
+        }
+        eprintln!(
+            "FLEET {}: {prefix}* Manifests per replica {owned:?}",
+            self.name
+        );
+        names
+    }
+
+    /// Creates `capabilities` Manifests `<prefix>…` until each of 3 replicas owns two, waits
+    /// until they are Ready and checks that every one rendered `want`; returns their names.
+    async fn assert_all_render(
+        &self,
+        prefix: &str,
+        want: &(String, String),
+        what: &str,
+    ) -> Vec<String> {
+        let names = self.create_capability_manifests(prefix, 3, 2).await;
+        self.wait_ready(what).await;
+        let answers = self.capability_answers(&names).await;
+        let wrong: Vec<_> = answers.iter().filter(|(_, a)| *a != want).collect();
+        assert!(
+            wrong.is_empty(),
+            "{what}: rendered other than (has, hasKind) = {want:?}: {wrong:?}\n{}",
+            self.tails()
+        );
+        names
+    }
+
+    /// The `has` and `hasKind` answers the `capabilities` chart rendered for each release.
+    async fn capability_answers(&self, names: &[String]) -> BTreeMap<String, (String, String)> {
+        let configmaps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+            self.client.clone(),
+            &self.namespace,
+        );
+        let mut answers = BTreeMap::new();
+        for name in names {
+            let data = configmaps
+                .get(&format!("{name}-caps"))
+                .await
+                .unwrap()
+                .data
+                .unwrap_or_default();
+            answers.insert(
+                name.clone(),
+                (
+                    data.get("has").cloned().unwrap_or_default(),
+                    data.get("hasKind").cloned().unwrap_or_default(),
+                ),
+            );
+        }
+        answers
+    }
+}
+
+/// Issue 14 item 3: right after a CRD is Established, new Manifests render
+/// `.Capabilities.APIVersions.Has "x.example.com/v1"` true on every replica, and right after it
+/// is deleted, false on every replica (before, each replica refreshed discovery at 5 minutes of
+/// age: the replicas started before the CRD rendered false for minutes).
+#[tokio::test]
+async fn every_replica_renders_capabilities_as_the_cluster_is_right_after_a_crd_changes() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let _serial = SERIAL.lock().await;
+    let fleet = Fleet::new("caps", 3, &[]).await;
+    fleet.wait_assignment(3, "start").await;
+    // Every replica has run discovery (at startup) and rendered before the CRD exists.
+    let before = fleet.create_capability_manifests("before", 3, 1).await;
+    fleet.wait_ready("before the CRD").await;
+    let no = ("false".to_owned(), "false".to_owned());
+    let yes = ("true".to_owned(), "true".to_owned());
+    let answers = fleet.capability_answers(&before).await;
+    assert!(
+        answers.values().all(|a| *a == no),
+        "no CRD yet: {answers:?}"
+    );
+
+    let crds = Api::<CustomResourceDefinition>::all(fleet.client.clone());
+    crds.create(&PostParams::default(), &widget_crd())
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        kube::runtime::wait::await_condition(
+            crds.clone(),
+            "widgets.x.example.com",
+            kube::runtime::conditions::is_crd_established(),
+        ),
+    )
+    .await
+    .expect("CRD Established")
+    .unwrap();
+    let established = fleet
+        .assert_all_render("established", &yes, "right after the CRD was Established")
+        .await;
+
+    crds.delete("widgets.x.example.com", &Default::default())
+        .await
+        .unwrap();
+    let start = Instant::now();
+    while crds
+        .get_opt("widgets.x.example.com")
+        .await
+        .unwrap()
+        .is_some()
+    {
+        assert!(start.elapsed() < Duration::from_secs(60), "CRD never went");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deleted = fleet
+        .assert_all_render("deleted", &no, "right after the CRD was deleted")
+        .await;
+    eprintln!(
+        "FLEET caps: {} Manifests after Established all rendered true, {} after deletion all false, on 3 replicas",
+        established.len(),
+        deleted.len()
+    );
+    fleet.assert_clean("capabilities").await;
+}

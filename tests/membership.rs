@@ -177,3 +177,166 @@ async fn renewals_are_conditional_and_cannot_undo_a_leave() {
         "and does not recreate the Lease"
     );
 }
+
+struct Idle;
+
+impl module_manager::shard::fleet::LocalWork for Idle {
+    fn in_flight(&self, _: u32) -> usize {
+        0
+    }
+    fn load(&self) -> module_manager::shard::membership::MemberLoad {
+        Default::default()
+    }
+}
+
+/// One process's fleet side as far as the fence goes: its membership, the production renewal
+/// task, and its ownership (given shard 0 once its first renewal succeeded, as a round would).
+struct Process {
+    membership: module_manager::shard::membership::Membership,
+    ownership: std::sync::Arc<module_manager::shard::fence::Ownership>,
+    metrics: module_manager::telemetry::metrics::FleetMetrics,
+    _renewals: (oneshot::Sender<()>, tokio::task::JoinHandle<()>),
+    _announce: watch::Sender<module_manager::shard::membership::MemberState>,
+    _drain: watch::Sender<bool>,
+}
+
+const DEADLINE: Duration = Duration::from_secs(2);
+
+async fn process(client: &kube::Client, namespace: &str, replica: &str) -> Process {
+    use module_manager::shard::fence::{Grant, Ownership};
+    use module_manager::shard::fleet::{RenewalContext, spawn_renewals};
+    use module_manager::shard::membership::{MemberState, Membership};
+    let config = config(namespace, replica);
+    let membership = Membership::new(client.clone(), config.clone());
+    let ownership = Ownership::new();
+    let metrics = module_manager::telemetry::metrics::FleetMetrics::default();
+    let (announce_tx, announce) = watch::channel(MemberState::Active);
+    let (drain_tx, drain) = watch::channel(false);
+    let renewer = membership.renewer();
+    let renewals = spawn_renewals(
+        membership.renewer(),
+        RenewalContext {
+            announce,
+            drain,
+            work: std::sync::Arc::new(Idle),
+            metrics: metrics.clone(),
+            ownership: ownership.clone(),
+            interval: config.renew_interval,
+            renew_deadline: DEADLINE,
+        },
+    );
+    let start = Instant::now();
+    let renewed_at = loop {
+        if let Some(at) = renewer.renewed_at() {
+            break at;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{replica} never renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ownership.set(
+        [(0, 1)].into(),
+        Default::default(),
+        Grant::new(renewed_at, DEADLINE),
+    );
+    Process {
+        membership,
+        ownership,
+        metrics,
+        _renewals: renewals,
+        _announce: announce_tx,
+        _drain: drain_tx,
+    }
+}
+
+/// Issue 15 item 8: a second process under the same replica name takes the membership Lease
+/// over; the first is fenced at its next renewal and stays fenced (it no longer overwrites the
+/// Lease), the second keeps working, and the first reports it (metric, Event). Before, the first
+/// re-read the version on the conflict and overwrote the Lease: both kept renewing and acting.
+#[tokio::test]
+async fn two_processes_under_one_name_exactly_one_keeps_working() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, ListParams};
+    use module_manager::shard::membership::MEMBER_INCARNATION_ANNOTATION;
+    let control_plane = testenv::shared(testenv::Options::default())
+        .await
+        .expect("control plane");
+    let client = control_plane.client().await.unwrap();
+    let ns = control_plane.namespace(&client, "one-name").await.unwrap();
+    let first = process(&client, &ns, "module-manager-0").await;
+    tokio::time::sleep(Duration::from_millis(700)).await; // a few renewals
+    assert!(first.ownership.in_time(), "the first works alone");
+
+    let second = process(&client, &ns, "module-manager-0").await;
+    let start = Instant::now();
+    while !first.ownership.is_superseded() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the first process was never fenced: it keeps renewing the Lease the second took over"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // For longer than the renew deadline (many renewals of both): exactly one works.
+    let watched = Instant::now();
+    while watched.elapsed() < DEADLINE * 2 {
+        assert!(
+            !first.ownership.in_time() && first.ownership.dispatch(0).is_none(),
+            "the superseded process acts again"
+        );
+        assert!(
+            second.ownership.in_time() && second.ownership.dispatch(0).is_some(),
+            "the second process stopped working"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(first.metrics.superseded.get(), 1);
+    assert_eq!(second.metrics.superseded.get(), 0);
+    let lease = Api::<Lease>::namespaced(client.clone(), &ns)
+        .get("test-member-module-manager-0")
+        .await
+        .unwrap();
+    assert_eq!(
+        lease
+            .annotations()
+            .get(MEMBER_INCARNATION_ANNOTATION)
+            .map(String::as_str),
+        Some(second.membership.incarnation()),
+        "the Lease stays the second's"
+    );
+    assert_ne!(
+        first.membership.incarnation(),
+        second.membership.incarnation()
+    );
+    // The superseded process does not delete the other's Lease when it shuts down.
+    first.membership.leave().await;
+    let start = Instant::now();
+    loop {
+        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        if events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("MemberSuperseded"))
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no MemberSuperseded Event"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        Api::<Lease>::namespaced(client.clone(), &ns)
+            .get_opt("test-member-module-manager-0")
+            .await
+            .unwrap()
+            .is_some(),
+        "the superseded process deleted the Lease of the one that took it over"
+    );
+    assert!(second.ownership.in_time());
+}

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use kube::{Client, Config};
 
+use super::catalog::CrdCatalog;
 use super::target::to_evict;
 use super::{ApplyError, Cluster};
 use crate::plan::tenancy::{Protected, ServiceAccount, ServiceAccountPolicy};
@@ -35,6 +36,8 @@ pub struct Tenancy {
     /// fails with [`ApplyError::NoImpersonation`].
     base: Option<Config>,
     clients: Mutex<HashMap<ServiceAccount, (Arc<Cluster>, Instant)>>,
+    /// The local cluster's CRDs, which every impersonating client's renders follow.
+    catalog: Option<Arc<CrdCatalog>>,
 }
 
 impl Default for Tenancy {
@@ -52,7 +55,13 @@ impl Tenancy {
             protected,
             base,
             clients: Mutex::new(HashMap::new()),
+            catalog: None,
         }
+    }
+
+    /// Every impersonating client follows `catalog` (see [`Cluster::with_catalog`]).
+    pub fn with_catalog(self, catalog: Option<Arc<CrdCatalog>>) -> Self {
+        Self { catalog, ..self }
     }
 
     /// Impersonating clients cached now.
@@ -76,7 +85,11 @@ impl Tenancy {
         config.auth_info.impersonate = Some(user.clone());
         config.auth_info.impersonate_groups = None;
         let client = Client::try_from(config).map_err(ApplyError::Discovery)?;
-        let cluster = Arc::new(Cluster::connect_as(client, user).await?);
+        let cluster = Arc::new(
+            Cluster::connect_as(client, user)
+                .await?
+                .with_catalog(self.catalog.clone()),
+        );
         let mut clients = self.lock();
         clients.insert(account.clone(), (cluster.clone(), now));
         let used: Vec<(ServiceAccount, Instant)> =

@@ -1,6 +1,7 @@
 //! Apply: a target cluster's discovery, server-side apply with one field manager, CRD
 //! establishment, and deletion.
 
+pub mod catalog;
 pub mod identity;
 pub mod kubeconfig;
 pub mod namespace;
@@ -129,6 +130,8 @@ pub struct ApiSurface {
     pub api_versions: Arc<[String]>,
     kinds: HashMap<(String, String, String), (ApiResource, Scope)>,
     discovered_at: std::time::Instant,
+    /// The CRD catalog's generation when this discovery started (0 without a catalog).
+    generation: u64,
 }
 
 impl ApiSurface {
@@ -173,12 +176,14 @@ impl ApiSurface {
             api_versions: api_versions.into(),
             kinds,
             discovered_at: std::time::Instant::now(),
+            generation: 0,
         }
     }
 }
 
-/// Runs discovery (the version, then every group through aggregated discovery).
-async fn discover(client: &Client) -> Result<ApiSurface, ApplyError> {
+/// Runs discovery (the version, then every group through aggregated discovery); `generation`:
+/// the CRD catalog's, read before discovery started.
+async fn discover(client: &Client, generation: u64) -> Result<ApiSurface, ApplyError> {
     let version = client
         .apiserver_version()
         .await
@@ -187,7 +192,10 @@ async fn discover(client: &Client) -> Result<ApiSurface, ApplyError> {
         .run_aggregated()
         .await
         .map_err(ApplyError::Discovery)?;
-    Ok(ApiSurface::from_discovery(version.git_version, &discovery))
+    Ok(ApiSurface {
+        generation,
+        ..ApiSurface::from_discovery(version.git_version, &discovery)
+    })
 }
 
 /// A cluster that modules are applied to, with its discovery cached.
@@ -196,16 +204,20 @@ pub struct Cluster {
     surface: RwLock<Arc<ApiSurface>>,
     /// The user the client impersonates, if any.
     user: Option<String>,
+    /// The local cluster's CRDs, followed by a watch (`None`: a remote target, or a test
+    /// Context: discovery alone, refreshed by age).
+    catalog: Option<Arc<catalog::CrdCatalog>>,
 }
 
 impl Cluster {
     /// Connects and runs discovery.
     pub async fn connect(client: Client) -> Result<Self, ApplyError> {
-        let surface = RwLock::new(Arc::new(discover(&client).await?));
+        let surface = RwLock::new(Arc::new(discover(&client, 0).await?));
         Ok(Self {
             client,
             surface,
             user: None,
+            catalog: None,
         })
     }
 
@@ -215,6 +227,12 @@ impl Cluster {
             user: Some(user),
             ..Self::connect(client).await?
         })
+    }
+
+    /// Follows `catalog` (the local cluster's CRDs): renders get its API versions
+    /// ([`catalog::compose`]) and discovery is re-run on the next render after it changed.
+    pub fn with_catalog(self, catalog: Option<Arc<catalog::CrdCatalog>>) -> Self {
+        Self { catalog, ..self }
     }
 
     /// The user this cluster's requests impersonate; `None`: the client's own identity.
@@ -237,21 +255,39 @@ impl Cluster {
 
     /// Re-runs discovery (after CRDs changed, or when a kind is unknown).
     pub async fn refresh_discovery(&self) -> Result<(), ApplyError> {
-        let surface = Arc::new(discover(&self.client).await?);
+        let generation = self.catalog.as_ref().map_or(0, |c| c.generation());
+        let surface = Arc::new(discover(&self.client, generation).await?);
         *self.surface.write().unwrap_or_else(|e| e.into_inner()) = surface;
         Ok(())
     }
 
     /// The discovery snapshot, refreshed first when it is older than `max_age` (the target may
-    /// have been upgraded, or served new APIs, since).
+    /// have been upgraded, or served new APIs, since) or when the CRD catalog changed since it
+    /// was taken.
     pub async fn fresh_surface(
         &self,
         max_age: std::time::Duration,
     ) -> Result<Arc<ApiSurface>, ApplyError> {
-        if self.surface().discovered_at.elapsed() > max_age {
+        let surface = self.surface();
+        let generation = self.catalog.as_ref().map(|c| c.generation());
+        if surface.discovered_at.elapsed() > max_age
+            || generation.is_some_and(|g| g != surface.generation)
+        {
             self.refresh_discovery().await?;
         }
         Ok(self.surface())
+    }
+
+    /// The `--api-versions` a render gets from `surface`: with a synced CRD catalog, discovery's
+    /// built-in and aggregated APIs plus the Established CRDs' versions from the watch (the same
+    /// on every replica from the moment a CRD changes); else discovery's list.
+    pub fn render_api_versions(&self, surface: &ApiSurface) -> Arc<[String]> {
+        match &self.catalog {
+            Some(catalog) if catalog.is_synced() => {
+                catalog.api_versions(&surface.api_versions).into()
+            }
+            _ => surface.api_versions.clone(),
+        }
     }
 
     fn api_for(&self, id: &InventoryEntry) -> Result<Api<DynamicObject>, ApplyError> {

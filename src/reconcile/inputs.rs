@@ -109,7 +109,7 @@ pub(super) async fn render_request(
         namespace,
         values,
         kube_version: surface.kube_version.clone(),
-        api_versions: surface.api_versions.clone(),
+        api_versions: cluster.render_api_versions(&surface),
         is_upgrade: false,
     })
 }

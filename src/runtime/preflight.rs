@@ -181,14 +181,14 @@ pub const PERMISSIONS: &[Permission] = &[
         "apiextensions.k8s.io",
         "customresourcedefinitions",
         Scope::Cluster,
-        "waiting until a module's CRDs are Established",
+        "waiting until a module's CRDs are Established, and following CRDs for renders' API versions",
     ),
     permission(
         "watch",
         "apiextensions.k8s.io",
         "customresourcedefinitions",
         Scope::Cluster,
-        "waiting until a module's CRDs are Established",
+        "waiting until a module's CRDs are Established, and following CRDs for renders' API versions",
     ),
     permission(
         "create",

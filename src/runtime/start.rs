@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use super::RuntimeConfig;
 use crate::admin::AdminState;
 use crate::apply::Cluster;
+use crate::apply::catalog::CrdCatalog;
 use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
 use crate::reconcile::Context;
@@ -149,8 +150,11 @@ async fn context(
         controller: "module-manager".into(),
         instance: Some(config.replica.clone()),
     };
+    let catalog = crds(&client).await;
     Ok(Arc::new(Context {
-        cluster: Cluster::connect(client.clone()).await?,
+        cluster: Cluster::connect(client.clone())
+            .await?
+            .with_catalog(Some(catalog.clone())),
         targets: TargetClients::new(config.targets, metrics.target.clone()),
         reporter,
         client,
@@ -162,8 +166,24 @@ async fn context(
         shards: config.fleet.shards,
         metrics: metrics.reconcile.clone(),
         hook_timeout: config.hook_timeout,
-        tenancy: tenancy(config).await?,
+        tenancy: tenancy(config).await?.with_catalog(Some(catalog)),
     }))
+}
+
+/// The local cluster's CRD catalog, followed by a watch; waits (bounded) for its first list, so
+/// that the first renders already use it (until then, renders use discovery alone).
+async fn crds(client: &kube::Client) -> Arc<CrdCatalog> {
+    const FIRST_LIST: Duration = Duration::from_secs(30);
+    let catalog = CrdCatalog::watch(client.clone());
+    if tokio::time::timeout(FIRST_LIST, catalog.synced())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "CustomResourceDefinitions not listed within {FIRST_LIST:?}: rendering with discovery alone until they are"
+        );
+    }
+    catalog
 }
 
 /// Impersonation from the operator's own connection settings (inferred as the client's were),

@@ -35,6 +35,9 @@ struct Held {
     chain: Option<(Instant, Instant)>,
     /// Owns every shard, forever: a replica outside any fleet (tests, benchmarks).
     everything: bool,
+    /// Another process renews this replica's membership Lease under its name: nothing is
+    /// owned, for good ([`Ownership::supersede`]).
+    superseded: bool,
 }
 
 /// This replica's ownership, shared.
@@ -220,7 +223,7 @@ impl Ownership {
     /// meanwhile). So a renewal that completes while a round runs is never lost.
     pub fn set(&self, epochs: BTreeMap<u32, i32>, draining: BTreeSet<u32>, grant: Grant) {
         let mut held = self.lock();
-        if held.everything {
+        if held.everything || held.superseded {
             return;
         }
         self.report_lapse(&held);
@@ -257,7 +260,7 @@ impl Ownership {
     /// deadline backwards.
     pub fn extend(&self, valid_until: Instant) {
         let mut held = self.lock();
-        if held.everything {
+        if held.everything || held.superseded {
             return;
         }
         if held.valid_until.is_some_and(|until| Instant::now() < until) {
@@ -283,6 +286,25 @@ impl Ownership {
         }
         held.valid_until = None;
         self.publish(&held);
+    }
+
+    /// Stops all work for good: another process renews this replica's membership Lease under
+    /// its name (a second process with the same replica name, which took the Lease over). No
+    /// later round or renewal grants anything again; the process must be restarted.
+    pub fn supersede(&self) {
+        let mut held = self.lock();
+        held.superseded = true;
+        held.everything = false;
+        held.epochs.clear();
+        held.draining.clear();
+        held.valid_until = None;
+        held.chain = None;
+        self.publish(&held);
+    }
+
+    /// Whether [`Ownership::supersede`] was called.
+    pub fn is_superseded(&self) -> bool {
+        self.lock().superseded
     }
 
     /// Stops new passes on `shard` at once (before its release is decided): a pass dispatched

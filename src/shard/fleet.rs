@@ -147,6 +147,10 @@ pub trait Renew: Send + Sync + 'static {
         state: MemberState,
         load: MemberLoad,
     ) -> impl std::future::Future<Output = Option<Instant>> + Send;
+
+    /// Whether another process took the membership Lease over under this replica's name (after
+    /// a failed renewal): then all work stops for good.
+    fn superseded(&self) -> bool;
 }
 
 impl Renew for super::membership::Renewer {
@@ -156,6 +160,10 @@ impl Renew for super::membership::Renewer {
         } else {
             None
         }
+    }
+
+    fn superseded(&self) -> bool {
+        super::membership::Renewer::superseded(self).is_some()
     }
 }
 
@@ -213,6 +221,14 @@ pub fn spawn_renewals(renewer: impl Renew, context: RenewalContext) -> Renewals 
                 Some(started) => {
                     metrics.renewals.inc();
                     ownership.renewed(Grant::new(started, renew_deadline));
+                }
+                None if renewer.superseded() => {
+                    // Another process renews this replica's Lease: fence at once and for good
+                    // (not at the renew deadline), and renew no more.
+                    metrics.renewal_failures.inc();
+                    metrics.superseded.inc();
+                    ownership.supersede();
+                    break;
                 }
                 None => {
                     metrics.renewal_failures.inc();
@@ -1076,6 +1092,86 @@ mod tests {
             *self.renewed_at.lock().unwrap() = Some(started);
             Some(started)
         }
+
+        fn superseded(&self) -> bool {
+            false
+        }
+    }
+
+    /// Renewals that succeed until `taken_over` is set; from then on another process renews
+    /// the Lease under this replica's name (what `Renewer::renew` finds after a conflict).
+    struct TakenOver {
+        taken_over: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Renew for TakenOver {
+        async fn renew(&self, _: MemberState, _: MemberLoad) -> Option<Instant> {
+            let started = Instant::now();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            (!self.superseded()).then_some(started)
+        }
+
+        fn superseded(&self) -> bool {
+            self.taken_over.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    /// Issue 15 item 8: a replica whose membership Lease another process (same name, another
+    /// incarnation) took over stops all work at its first failed renewal, not at its renew
+    /// deadline, and no later shard round (with the grant of an earlier renewal) gives it work
+    /// again.
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_whose_lease_another_incarnation_took_over_is_fenced_at_once_and_for_good() {
+        const INTERVAL: Duration = Duration::from_secs(5);
+        const DEADLINE: Duration = Duration::from_secs(10);
+        let ownership = Ownership::new();
+        let taken_over = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (_announce_tx, announce) = watch::channel(MemberState::Active);
+        let (_drain_tx, drain) = watch::channel(false);
+        let metrics = FleetMetrics::default();
+        let (_stop, task) = spawn_renewals(
+            TakenOver {
+                taken_over: taken_over.clone(),
+            },
+            RenewalContext {
+                announce,
+                drain,
+                work: Arc::new(Idle),
+                metrics: metrics.clone(),
+                ownership: ownership.clone(),
+                interval: INTERVAL,
+                renew_deadline: DEADLINE,
+            },
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let grant = Grant::new(Instant::now(), DEADLINE);
+        ownership.set(BTreeMap::from([(0, 1)]), BTreeSet::new(), grant);
+        assert!(
+            ownership.in_time() && ownership.dispatch(0).is_some(),
+            "working"
+        );
+
+        taken_over.store(true, std::sync::atomic::Ordering::SeqCst);
+        // The next renewal (within one interval) finds the Lease taken over.
+        tokio::time::sleep(INTERVAL + Duration::from_millis(100)).await;
+        assert!(
+            Instant::now() < grant.until,
+            "still well within the last renewal's deadline"
+        );
+        assert!(
+            !ownership.in_time() && ownership.dispatch(0).is_none(),
+            "fenced at the first renewal after the takeover, before the renew deadline"
+        );
+        // A round that read the last good renewal publishes late: nothing comes back.
+        ownership.set(BTreeMap::from([(0, 1)]), BTreeSet::new(), grant);
+        ownership.extend(grant.until);
+        assert!(!ownership.in_time() && ownership.owned().is_empty());
+        assert!(ownership.is_superseded());
+        assert_eq!(metrics.superseded.get(), 1);
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("the renewal task ends: nothing more to renew")
+            .unwrap();
     }
 
     struct Idle;

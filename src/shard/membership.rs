@@ -140,6 +140,11 @@ impl Liveness {
 /// `restarting` (shut down gracefully while still desired: keep its shards for the restart grace)
 /// or `draining` (asked to hand over all its shards, or leaving for good). Absent: working.
 pub const MEMBER_STATE_ANNOTATION: &str = "modulemanager.io/state";
+/// Annotation on a membership Lease naming the process that renews it: a random id drawn at
+/// start ([`new_incarnation`]). A renewal that meets a conflict re-reads the Lease; if it now
+/// names another incarnation, a second process under this replica's name took the Lease over,
+/// and this one stops all work instead of overwriting it ([`after_conflict`]).
+pub const MEMBER_INCARNATION_ANNOTATION: &str = "modulemanager.io/incarnation";
 /// Annotation on a membership Lease with the member's load ([`MemberLoad`] as JSON), published
 /// with each renewal (no extra writes), so that any replica can show the fleet's queues.
 pub const MEMBER_LOAD_ANNOTATION: &str = "modulemanager.io/load";
@@ -242,6 +247,60 @@ impl Members {
     }
 }
 
+/// A fresh incarnation id: 128 bits from the standard library's per-process random hasher keys
+/// (seeded from the operating system's random source), mixed with the process id and the time.
+pub fn new_incarnation() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut words = [0u64; 2];
+    for (i, word) in words.iter_mut().enumerate() {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        hasher.write_usize(i);
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        *word = hasher.finish();
+    }
+    format!("{:016x}{:016x}", words[0], words[1])
+}
+
+/// What a renewal that met a conflict (409, or 404 after a write) does next (pure), from the
+/// own Lease as re-read (`None`: gone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AfterConflict {
+    /// Write again, conditional on this version (`None`: create it): the Lease was last
+    /// written by this process (a renewal of its own that landed after its client gave up), by
+    /// no incarnation at all (an older operator version), or is gone.
+    Retry(Option<String>),
+    /// Another process renews the Lease under this replica's name (its incarnation given):
+    /// stop all work, never overwrite it.
+    Superseded(String),
+}
+
+/// Decides what a renewal by incarnation `own` does after a conflict, from the Lease re-read.
+pub fn after_conflict(own: &str, lease: Option<&Lease>) -> AfterConflict {
+    let Some(lease) = lease else {
+        return AfterConflict::Retry(None);
+    };
+    match lease.annotations().get(MEMBER_INCARNATION_ANNOTATION) {
+        Some(other) if other != own => AfterConflict::Superseded(other.clone()),
+        _ => AfterConflict::Retry(lease.resource_version()),
+    }
+}
+
+/// The member a membership Lease stands for: the name after `<fleet>-member-`, never its
+/// `holderIdentity` (any writer of Leases could name someone else there and keep a dead member
+/// looking alive). A Lease whose holder differs from its name is no member at all.
+pub fn member_of(lease: &Lease, fleet: &str) -> Option<String> {
+    let name = lease.metadata.name.as_deref()?;
+    let member = name.strip_prefix(fleet)?.strip_prefix("-member-")?;
+    let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
+    (!member.is_empty() && holder == member).then(|| member.to_owned())
+}
+
 /// One replica's side of membership: renews its own Lease, reads the fleet's, and judges who is
 /// alive. [`run`] drives it on a schedule; the fleet loop (`fleet.rs`) drives it between shard
 /// rounds.
@@ -254,6 +313,8 @@ pub struct Membership {
     renewed_at: RenewedAt,
     version: Version,
     left: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    incarnation: std::sync::Arc<str>,
+    superseded: Superseded,
     /// Member states and loads from the last successful list.
     annotations: BTreeMap<String, (MemberState, Option<MemberLoad>)>,
 }
@@ -270,8 +331,15 @@ impl Membership {
             renewed_at: RenewedAt::default(),
             version: Version::default(),
             left: Default::default(),
+            incarnation: new_incarnation().into(),
+            superseded: Superseded::default(),
             annotations: BTreeMap::new(),
         }
+    }
+
+    /// This process's incarnation (written on the Lease with every renewal).
+    pub fn incarnation(&self) -> &str {
+        &self.incarnation
     }
 
     /// The configuration.
@@ -294,6 +362,8 @@ impl Membership {
             renewed_at: self.renewed_at.clone(),
             version: self.version.clone(),
             left: self.left.clone(),
+            incarnation: self.incarnation.clone(),
+            superseded: self.superseded.clone(),
         }
     }
 
@@ -319,8 +389,8 @@ impl Membership {
                 let mut observed = Vec::new();
                 self.annotations.clear();
                 for lease in &list.items {
-                    let Some(member) = lease.spec.as_ref().and_then(|s| s.holder_identity.clone())
-                    else {
+                    let Some(member) = member_of(lease, &self.config.fleet) else {
+                        tracing::warn!(lease = %lease.name_any(), holder = ?lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()), "a membership lease whose holder is not its name: not a member");
                         continue;
                     };
                     observed.push((member.clone(), lease.resource_version().unwrap_or_default()));
@@ -385,6 +455,20 @@ impl RenewedAt {
     fn set(&self, at: Instant) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
     }
+
+    fn clear(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// The incarnation that took the own Lease over, once one did; shared.
+#[derive(Clone, Debug, Default)]
+struct Superseded(std::sync::Arc<std::sync::Mutex<Option<String>>>);
+
+impl Superseded {
+    fn get(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// Renews one member's Lease.
@@ -400,6 +484,10 @@ pub struct Renewer {
     version: Version,
     /// Set by [`Renewer::leave`]: no renewal after it.
     left: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// This process's incarnation, written with every renewal.
+    incarnation: std::sync::Arc<str>,
+    /// Set when another incarnation took the Lease over: no renewal (nor leave) after it.
+    superseded: Superseded,
 }
 
 /// The own Lease's last known resourceVersion, shared.
@@ -425,32 +513,36 @@ impl Renewer {
     /// Renews the own Lease announcing `state` and `load` (bounded by the renew interval; a
     /// failure is logged and leaves `renewed_at` as it was). Returns whether it succeeded.
     pub async fn renew(&self, state: MemberState, load: Option<&MemberLoad>) -> bool {
-        if self.left.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.left.load(std::sync::atomic::Ordering::SeqCst) || self.superseded().is_some() {
             return false;
         }
         // The renewal happened no earlier than the request started: count from there.
         let started = Instant::now();
         let request = async {
             // A conflict means the Lease changed since this replica last wrote it: one of its
-            // own renewals landed after its client gave up, or another process renews it (a
-            // second replica under the same name). Read the version and try again.
+            // own renewals landed after its client gave up (same incarnation: try again), or
+            // another process renews it under the same name (another incarnation: stop).
             for _ in 0..3 {
                 let expected = self.version.get();
-                match renew(
+                let written = renew(
                     &self.leases,
                     &self.own,
-                    &self.config,
+                    (&self.config, &self.incarnation),
                     state,
                     load,
                     expected.as_deref(),
                 )
-                .await
-                {
+                .await;
+                match written {
                     Err(kube::Error::Api(status))
                         if status.code == 409 || (status.code == 404 && expected.is_some()) =>
                     {
-                        tracing::warn!(lease = %self.own, "membership lease changed by another writer (a late renewal of this replica, or a second process named {}?): re-reading it", self.config.replica);
-                        self.refresh_version().await;
+                        if let Some(other) = self.reread_after_conflict().await {
+                            self.supersede(other.clone());
+                            return Err(kube::Error::Service(
+                                format!("taken over by incarnation {other}").into(),
+                            ));
+                        }
                     }
                     other => return other,
                 }
@@ -465,6 +557,7 @@ impl Renewer {
                 self.renewed_at.set(started);
                 true
             }
+            Ok(Err(_)) if self.superseded().is_some() => false, // logged at error already
             Ok(Err(e)) => {
                 tracing::warn!(lease = %self.own, "renew membership lease: {e}");
                 false
@@ -478,17 +571,78 @@ impl Renewer {
 }
 
 impl Renewer {
-    async fn refresh_version(&self) {
+    /// The incarnation that took the own Lease over, if one did: then this process renews
+    /// nothing and acts on nothing any more.
+    pub fn superseded(&self) -> Option<String> {
+        self.superseded.get()
+    }
+
+    /// This process's incarnation.
+    pub fn incarnation(&self) -> &str {
+        &self.incarnation
+    }
+
+    /// Re-reads the own Lease after a conflict ([`after_conflict`]): returns the other
+    /// incarnation if one took it over; else takes its version for the next attempt (a failed
+    /// read keeps the version as it was).
+    async fn reread_after_conflict(&self) -> Option<String> {
         match self.leases.get_opt(&self.own).await {
-            Ok(lease) => self.version.set(lease.and_then(|l| l.resource_version())),
+            Ok(lease) => match after_conflict(&self.incarnation, lease.as_ref()) {
+                AfterConflict::Superseded(other) => return Some(other),
+                AfterConflict::Retry(version) => {
+                    tracing::warn!(lease = %self.own, "membership lease changed under this replica by its own incarnation (a late renewal): retrying");
+                    self.version.set(version);
+                }
+            },
             Err(e) => tracing::warn!(lease = %self.own, "read membership lease: {e}"),
         }
+        None
+    }
+
+    /// Records that incarnation `other` took the own Lease over: no renewal counts any more
+    /// (the fence follows `renewed_at`, cleared here), logged at error, and a Warning Event
+    /// `MemberSuperseded` on the Lease (in a task of its own, bounded by the renew interval).
+    fn supersede(&self, other: String) {
+        *self.superseded.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(other.clone());
+        self.renewed_at.clear();
+        let note = format!(
+            "another process renews {} under the replica name {} (incarnation {other}; this process is {}): this process stopped all work and must be restarted",
+            self.own, self.config.replica, self.incarnation
+        );
+        tracing::error!(lease = %self.own, incarnation = %self.incarnation, other = %other, "membership lease taken over by another process with this replica's name: stopping all work for good");
+        let regarding = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("coordination.k8s.io/v1".into()),
+            kind: Some("Lease".into()),
+            namespace: Some(self.config.namespace.clone()),
+            name: Some(self.own.clone()),
+            ..Default::default()
+        };
+        let events = crate::telemetry::events::Publisher::new(
+            self.leases.clone().into_client(),
+            kube::runtime::events::Reporter {
+                controller: "module-manager".into(),
+                instance: Some(self.config.replica.clone()),
+            },
+        );
+        let timeout = self.config.renew_interval;
+        tokio::spawn(async move {
+            let warning = kube::runtime::events::EventType::Warning;
+            let publish = events.publish(&regarding, warning, "MemberSuperseded", "Renew", &note);
+            match tokio::time::timeout(timeout, publish).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("publish event MemberSuperseded: {e}"),
+                Err(_) => tracing::warn!("publish event MemberSuperseded: timed out"),
+            }
+        });
     }
 
     /// Deletes the own Lease (a clean leave), conditional on the version last written, so that
     /// a renewal landing late cannot recreate it, and no renewal after it can either.
     pub async fn leave(&self) {
         self.left.store(true, std::sync::atomic::Ordering::SeqCst);
+        if self.superseded().is_some() {
+            return; // the Lease is the other process's now
+        }
         for _ in 0..3 {
             let params = DeleteParams {
                 preconditions: self.version.get().map(|version| Preconditions {
@@ -498,7 +652,12 @@ impl Renewer {
                 ..Default::default()
             };
             match self.leases.delete(&self.own, &params).await {
-                Err(kube::Error::Api(status)) if status.code == 409 => self.refresh_version().await,
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    if let Some(other) = self.reread_after_conflict().await {
+                        tracing::warn!(lease = %self.own, other = %other, "membership lease taken over by another process with this replica's name: not deleting it");
+                        break;
+                    }
+                }
                 Err(kube::Error::Api(status)) if status.code == 404 => break,
                 Err(e) => {
                     tracing::warn!(lease = %self.own, "delete membership lease on shutdown: {e}");
@@ -554,12 +713,13 @@ pub async fn run(
 async fn renew(
     leases: &Api<Lease>,
     name: &str,
-    config: &MembershipConfig,
+    (config, incarnation): (&MembershipConfig, &str),
     state: MemberState,
     load: Option<&MemberLoad>,
     expected: Option<&str>,
 ) -> Result<Option<String>, kube::Error> {
     let mut annotations = serde_json::Map::new();
+    annotations.insert(MEMBER_INCARNATION_ANNOTATION.into(), incarnation.into());
     match state {
         MemberState::Active => {}
         MemberState::Restarting => {
@@ -717,6 +877,100 @@ mod tests {
         // Had it shown up meanwhile, it would be live.
         liveness.observe(leases(&[("a", "5"), ("x", "1")]), Instant::now());
         assert!(!liveness.is_dead("x", DURATION));
+    }
+
+    fn lease(name: &str, holder: &str, incarnation: Option<&str>, version: &str) -> Lease {
+        let mut lease: Lease = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "resourceVersion": version},
+            "spec": {"holderIdentity": holder},
+        }))
+        .unwrap();
+        if let Some(incarnation) = incarnation {
+            lease.metadata.annotations = Some(
+                [(
+                    MEMBER_INCARNATION_ANNOTATION.to_owned(),
+                    incarnation.to_owned(),
+                )]
+                .into(),
+            );
+        }
+        lease
+    }
+
+    /// Issue 15 item 8: a conflict caused by another incarnation stops this one; one caused
+    /// by its own late renewal (or by a writer without incarnation, an older version) retries.
+    #[test]
+    fn a_conflict_with_another_incarnation_supersedes_and_an_own_late_write_retries() {
+        let taken = lease("f-member-f-0", "f-0", Some("bbbb"), "12");
+        assert_eq!(
+            after_conflict("aaaa", Some(&taken)),
+            AfterConflict::Superseded("bbbb".into())
+        );
+        let own = lease("f-member-f-0", "f-0", Some("aaaa"), "13");
+        assert_eq!(
+            after_conflict("aaaa", Some(&own)),
+            AfterConflict::Retry(Some("13".into()))
+        );
+        let unmarked = lease("f-member-f-0", "f-0", None, "14");
+        assert_eq!(
+            after_conflict("aaaa", Some(&unmarked)),
+            AfterConflict::Retry(Some("14".into()))
+        );
+        assert_eq!(after_conflict("aaaa", None), AfterConflict::Retry(None));
+    }
+
+    #[test]
+    fn incarnations_differ_between_draws() {
+        let (a, b) = (new_incarnation(), new_incarnation());
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, b);
+    }
+
+    /// Issue 15 item 8: members are keyed by Lease name. A forged Lease under another name
+    /// naming a dead member as its holder (what a chart could create) does not keep that member
+    /// alive, and is no member itself.
+    #[tokio::test(start_paused = true)]
+    async fn a_forged_lease_naming_a_dead_member_does_not_keep_it_alive() {
+        let observe = |liveness: &mut Liveness, leases: &[Lease]| {
+            let observed: Vec<(String, String)> = leases
+                .iter()
+                .filter_map(|l| Some((member_of(l, "f")?, l.resource_version()?)))
+                .collect();
+            liveness.observe(observed, Instant::now());
+        };
+        let mut liveness = Liveness::default();
+        observe(
+            &mut liveness,
+            &[
+                lease("f-member-f-0", "f-0", None, "1"),
+                lease("f-member-f-1", "f-1", None, "1"),
+            ],
+        );
+        // f-1 dies (its Lease stays at "1"); a forged Lease naming it changes every 5 s.
+        for step in 1..=4u32 {
+            tokio::time::advance(Duration::from_secs(5)).await;
+            let version = (1 + step).to_string();
+            observe(
+                &mut liveness,
+                &[
+                    lease("f-member-f-0", "f-0", None, &version),
+                    lease("f-member-f-1", "f-1", None, "1"),
+                    lease("f-member-forged", "f-1", None, &version),
+                    lease("other-lease", "f-1", None, &version),
+                ],
+            );
+        }
+        assert!(
+            liveness.is_dead("f-1", DURATION),
+            "the forgery kept f-1 alive"
+        );
+        assert_eq!(liveness.live(DURATION), names(&["f-0"]));
+        assert_eq!(
+            member_of(&lease("f-member-forged", "f-1", None, "1"), "f"),
+            None,
+            "a Lease whose holder is not its name is no member"
+        );
+        assert_eq!(member_of(&lease("f-member-", "", None, "1"), "f"), None);
     }
 
     #[test]
