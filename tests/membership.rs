@@ -200,13 +200,18 @@ struct Process {
     _drain: watch::Sender<bool>,
 }
 
-const DEADLINE: Duration = Duration::from_secs(2);
+/// Generous for a loaded machine: the fence of the process that keeps working holds while at
+/// least one renewal (each bounded by the renew interval) succeeds per deadline.
+const DEADLINE: Duration = Duration::from_secs(5);
 
 async fn process(client: &kube::Client, namespace: &str, replica: &str) -> Process {
     use module_manager::shard::fence::{Grant, Ownership};
     use module_manager::shard::fleet::{RenewalContext, spawn_renewals};
     use module_manager::shard::membership::{MemberState, Membership};
-    let config = config(namespace, replica);
+    let config = MembershipConfig {
+        renew_interval: Duration::from_secs(1),
+        ..config(namespace, replica)
+    };
     let membership = Membership::new(client.clone(), config.clone());
     let ownership = Ownership::new();
     let metrics = module_manager::telemetry::metrics::FleetMetrics::default();
@@ -266,7 +271,7 @@ async fn two_processes_under_one_name_exactly_one_keeps_working() {
     let client = control_plane.client().await.unwrap();
     let ns = control_plane.namespace(&client, "one-name").await.unwrap();
     let first = process(&client, &ns, "module-manager-0").await;
-    tokio::time::sleep(Duration::from_millis(700)).await; // a few renewals
+    tokio::time::sleep(Duration::from_millis(1500)).await; // a renewal or two
     assert!(first.ownership.in_time(), "the first works alone");
 
     let second = process(&client, &ns, "module-manager-0").await;

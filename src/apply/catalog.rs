@@ -20,6 +20,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
+/// The log target of the watch: the process's, not a pass's (`module_manager::apply` lines
+/// belong inside a pass, `tests/logs.rs`).
+const PROCESS_TARGET: &str = "module_manager::process::crds";
+
 /// What one CRD contributes (pure, from the object).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CrdEntry {
@@ -216,7 +220,9 @@ impl CrdCatalog {
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => follower.apply(event),
-                    Err(e) => tracing::warn!("watch CustomResourceDefinitions: {e}"),
+                    Err(e) => {
+                        tracing::warn!(target: PROCESS_TARGET, "watch CustomResourceDefinitions: {e}");
+                    }
                 }
             }
         });

@@ -577,6 +577,9 @@ impl Fleet {
 
     /// One shard round, if this replica may act; publishes ownership and the fleet view.
     async fn round(&mut self) {
+        if self.ownership.is_superseded() {
+            return; // another process renews this name's Lease: no shard Lease is touched
+        }
         let grant = match round_deadline(
             &self.ownership,
             self.membership.renewed_at(),
