@@ -198,6 +198,25 @@ impl Prepared {
             .iter()
             .any(|p| p.get(&self.steady).is_none())
     }
+
+    /// The candidates a [`handover`] body holds, as pointers (for a log line: paths, never
+    /// values, which may be a Secret's).
+    pub fn handed_over(&self, handover: &Value) -> Vec<String> {
+        self.candidates
+            .iter()
+            .filter(|p| p.get(&self.steady).is_none() && p.get(handover).is_some())
+            .map(ToString::to_string)
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Pointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for segment in &self.0 {
+            write!(f, "/{}", segment.replace('~', "~0").replace('/', "~1"))?;
+        }
+        Ok(())
+    }
 }
 
 /// The handover apply for `live` before [`Prepared::steady`] is applied by `manager`: the
@@ -408,6 +427,8 @@ mod tests {
             assert!(error.contains(why), "{bad:?}: {error}");
         }
         assert!(Pointer::parse("/metadata/labels/team").is_ok());
+        let text = "/metadata/annotations/example.com~1owner~0x";
+        assert_eq!(Pointer::parse(text).unwrap().to_string(), text);
     }
 
     #[test]
@@ -538,11 +559,16 @@ mod tests {
                 "f:metadata": {"f:annotations": {".": {}, "f:a": {}}},
                 "f:data": {"f:counter": {}, "f:mode": {}}}}]);
         let prepared = prepare(&object, &rules, true);
+        let body = handover(&prepared, &live, "module-manager").unwrap();
         assert_eq!(
-            handover(&prepared, &live, "module-manager"),
-            Some(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            body,
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": "c", "namespace": "ns", "annotations": {"a": "1"}},
-                "data": {"counter": "7"}}))
+                "data": {"counter": "7"}})
+        );
+        assert_eq!(
+            prepared.handed_over(&body),
+            ["/metadata/annotations", "/data/counter"]
         );
     }
 

@@ -44,20 +44,21 @@ pub(super) async fn apply_all(
     let mut applied = Vec::with_capacity(objects.len());
     for object in objects {
         let exists = previous.contains(&object.id);
-        let prepared = drift::prepare(object, pass.rules, exists);
+        let mut prepared = drift::prepare(object, pass.rules, exists);
         if exists && pass.changed && prepared.may_release() {
             // One read, only when a field may be released: is it module-manager's?
             if let Some(live) = cluster.get(&object.id).await? {
                 hand_over(cluster, fence, &object.id, &prepared, &live).await?;
             }
         }
+        let first_with_ignored = !exists && prepared.body != prepared.steady;
         let body = RenderedObject {
             id: object.id.clone(),
-            body: prepared.body.clone(),
+            body: std::mem::take(&mut prepared.body),
         };
         fence.check()?;
         let answer = cluster.apply(&body, &uid).await?;
-        if !exists && prepared.body != prepared.steady {
+        if first_with_ignored {
             // The first apply set the ignored fields: hand them over now (from the answer, no
             // read), so the next apply, without them, releases nothing to a default.
             hand_over(cluster, fence, &object.id, &prepared, &answer).await?;
@@ -81,7 +82,8 @@ async fn hand_over(
     if let Some(body) = drift::handover(prepared, &live, FIELD_MANAGER) {
         fence.check()?;
         cluster.hand_over(id, &body).await?;
-        tracing::info!(object = %plan::describe(id), fields = %body, "handed over to {}", drift::HANDOVER_MANAGER);
+        let fields = prepared.handed_over(&body).join(", ");
+        tracing::info!(object = %plan::describe(id), %fields, "handed over to {}", drift::HANDOVER_MANAGER);
     }
     Ok(())
 }
