@@ -287,3 +287,21 @@ async fn drift_ignore_fields_are_neither_enforced_nor_released() {
         ready.message
     );
 }
+
+#[tokio::test]
+async fn a_chart_that_sets_replicas_again_takes_them_back_from_the_handover() {
+    let h = start("drift-again").await;
+    h.create("app", json!({"replicas": 2}), json!([])).await;
+    h.applied("app").await;
+    common::patch_spec(&h.manifests, "app", json!({"values": {"replicas": null}})).await;
+    h.applied("app").await;
+    let deployments = h.deployments();
+    let deployment = deployments.get("app").await.unwrap();
+    assert_eq!(replicas_owners(&deployment), ["module-manager-handover"]);
+    // Nobody scaled it since: the chart's new value is applied, not yielded to the handover.
+    common::patch_spec(&h.manifests, "app", json!({"values": {"replicas": 4}})).await;
+    h.applied("app").await;
+    let deployment = deployments.get("app").await.unwrap();
+    assert_eq!(replicas(&deployment), Some(4));
+    assert_eq!(replicas_owners(&deployment), ["module-manager"]);
+}

@@ -324,13 +324,15 @@ fn insert(into: &mut Value, path: &[String], value: Value) {
 
 /// The fields of an apply conflict (HTTP 409) that are left to their owner: `spec.replicas`
 /// of a built-in workload, which only autoscalers and `kubectl scale` write (through the scale
-/// subresource) besides the chart. `message` is the API server's: `Apply failed with 1
-/// conflict: conflict with "kube-controller-manager" using apps/v1: .spec.replicas`, or one
-/// `- <path>` line per field after `conflicts with "<manager>":` lines.
+/// subresource) besides the chart — unless its owner is [`HANDOVER_MANAGER`], which only holds a
+/// field until someone changes it (a chart that sets `replicas` again takes it back). `message`
+/// is the API server's: `Apply failed with 1 conflict: conflict with "kube-controller-manager"
+/// using apps/v1: .spec.replicas`, or `conflicts with "<manager>" …:` lines each followed by
+/// one `- <path>` line per field.
 pub fn yielded(id: &InventoryEntry, message: &str) -> Vec<Pointer> {
-    let replicas = conflict_paths(message)
+    let replicas = conflicts(message)
         .iter()
-        .any(|p| p == ".spec.replicas");
+        .any(|(manager, path)| path == ".spec.replicas" && manager != HANDOVER_MANAGER);
     if scalable(id) && replicas {
         vec![Pointer::parse(REPLICAS).expect("a valid pointer")]
     } else {
@@ -338,19 +340,31 @@ pub fn yielded(id: &InventoryEntry, message: &str) -> Vec<Pointer> {
     }
 }
 
-/// The field paths an apply conflict message names.
-fn conflict_paths(message: &str) -> Vec<String> {
-    if message.contains("with 1 conflict:") {
-        return message
+/// The (manager, field path) pairs an apply conflict message names.
+fn conflicts(message: &str) -> Vec<(String, String)> {
+    let manager_of = |text: &str| -> String {
+        let quoted = text.split_once('"').map_or("", |(_, rest)| rest);
+        quoted
+            .split_once('"')
+            .map_or(quoted, |(name, _)| name)
+            .to_owned()
+    };
+    if let Some((_, conflict)) = message.split_once("with 1 conflict: conflict with ") {
+        return conflict
             .rsplit_once(": ")
-            .map(|(_, path)| vec![path.trim().to_owned()])
+            .map(|(manager, path)| vec![(manager_of(manager), path.trim().to_owned())])
             .unwrap_or_default();
     }
-    message
-        .lines()
-        .filter_map(|line| line.trim().strip_prefix("- "))
-        .map(|path| path.trim().to_owned())
-        .collect()
+    let mut manager = String::new();
+    let mut pairs = Vec::new();
+    for line in message.lines() {
+        if let Some((_, about)) = line.split_once("conflicts with ") {
+            manager = manager_of(about);
+        } else if let Some(path) = line.trim().strip_prefix("- ") {
+            pairs.push((manager.clone(), path.trim().to_owned()));
+        }
+    }
+    pairs
 }
 
 #[cfg(test)]
@@ -600,16 +614,28 @@ mod tests {
         let many = "Apply failed with 2 conflicts: conflicts with \"hpa\" using apps/v1 at \
                     2026-12-02T01:00:00Z:\n- .spec.replicas\nconflicts with \"kubectl-edit\" \
                     using apps/v1:\n- .spec.template.spec.containers[name=\"web\"].image";
+        let pair = |manager: &str, path: &str| (manager.to_owned(), path.to_owned());
         assert_eq!(
-            conflict_paths(many),
+            conflicts(many),
             [
-                ".spec.replicas",
-                ".spec.template.spec.containers[name=\"web\"].image"
+                pair("hpa", ".spec.replicas"),
+                pair(
+                    "kubectl-edit",
+                    ".spec.template.spec.containers[name=\"web\"].image"
+                )
             ]
         );
         assert_eq!(yielded(&workload, many).len(), 1);
         let other = "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using \
                      apps/v1: .spec.template.spec.containers[name=\"web\"].image";
         assert!(yielded(&workload, other).is_empty());
+        // The handover manager only holds the field: a chart that sets it again takes it back.
+        let held = "Apply failed with 1 conflict: conflict with \"module-manager-handover\": \
+                    .spec.replicas";
+        assert_eq!(
+            conflicts(held),
+            [pair("module-manager-handover", ".spec.replicas")]
+        );
+        assert!(yielded(&workload, held).is_empty());
     }
 }
