@@ -305,3 +305,71 @@ async fn a_chart_that_sets_replicas_again_takes_them_back_from_the_handover() {
     assert_eq!(replicas(&deployment), Some(4));
     assert_eq!(replicas_owners(&deployment), ["module-manager"]);
 }
+
+/// The requests of `verb` for `resource` the API server has served so far, from its `/metrics`.
+async fn requests(client: &kube::Client, resource: &str, verb: &str) -> f64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap();
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains(&format!("resource=\"{resource}\""))
+                && l.contains(&format!("verb=\"{verb}\""))
+                && !l.contains("dry_run=\"All\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The request cost of drift passes over an autoscaled Deployment after its handover
+/// (docs/reconcile.md § Drift and field ownership, "Cost"): drift passes every second for 15 s;
+/// prints the Deployment applies and reads per pass (a pass applies the module's one ConfigMap
+/// once). Run alone (the API server's counters are global):
+/// `cargo test --test drift measure -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "measurement: run alone, prints the request counts"]
+async fn measure_the_request_cost_of_drift_passes_after_a_handover() {
+    let h = start("drift-cost").await;
+    h.create("cost", json!({"replicas": 2}), json!([])).await;
+    h.applied("cost").await;
+    common::patch_spec(
+        &h.manifests,
+        "cost",
+        json!({"values": {"autoscale": true, "replicas": null}}),
+    )
+    .await;
+    h.applied("cost").await;
+    let hpa = PatchParams {
+        field_manager: Some("hpa-like-writer".into()),
+        ..Default::default()
+    };
+    h.deployments()
+        .patch_scale(
+            "cost",
+            &hpa,
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    let counts = async || {
+        [
+            requests(&h.client, "configmaps", "APPLY").await,
+            requests(&h.client, "deployments", "APPLY").await,
+            requests(&h.client, "deployments", "GET").await,
+        ]
+    };
+    let before = counts().await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let after = counts().await;
+    let [passes, applies, reads] = [0, 1, 2].map(|i| after[i] - before[i]);
+    println!(
+        "{passes} drift passes: {applies} Deployment applies ({:.2} per pass), {reads} Deployment reads",
+        applies / passes.max(1.0)
+    );
+    assert!(passes > 0.0);
+    assert_eq!(reads, 0.0, "drift passes read no object");
+    assert_eq!(
+        applies, passes,
+        "one apply per object and pass (no handover, no conflict)"
+    );
+}
