@@ -46,6 +46,7 @@ fn manifest(name: &str, chart: ChartSource) -> Manifest {
             suspend: false,
             interval: "10m".into(),
             timeout: "5m".into(),
+            drift_ignore: vec![],
         },
     )
 }

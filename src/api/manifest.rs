@@ -124,6 +124,50 @@ pub struct ManifestSpec {
     #[serde(default = "default_timeout")]
     #[schemars(length(max = 32), regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
     pub timeout: String,
+
+    /// Fields module-manager neither enforces nor owns once an object exists, so that other
+    /// controllers or people may set them (Flux's `driftDetection.ignore`): the matching JSON
+    /// pointers are left out of every apply after the object's first one, and a field
+    /// module-manager owned until then is handed over with its live value (no default applied).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub drift_ignore: Vec<DriftIgnoreRule>,
+}
+
+/// A `spec.driftIgnore` rule: JSON pointers (RFC 6901) left alone on the objects it targets.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriftIgnoreRule {
+    /// JSON pointers into the object, e.g. `/spec/replicas`, `/data/counter`,
+    /// `/metadata/annotations/example.com~1owner` (`~1` is `/`, `~0` is `~`).
+    #[schemars(length(min = 1, max = 32), inner(length(min = 1, max = 512)))]
+    pub paths: Vec<String>,
+    /// The objects the rule applies to; omitted: every object of the module.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<DriftIgnoreTarget>,
+}
+
+/// Which objects a `spec.driftIgnore` rule applies to: every field that is set must match
+/// exactly (omitted fields match anything).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriftIgnoreTarget {
+    /// API group (`apps`; empty for the core group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub group: Option<String>,
+    /// Kind, e.g. `Deployment`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub kind: Option<String>,
+    /// Object name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub name: Option<String>,
+    /// Object namespace (as applied: the target namespace unless the chart names another).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
 }
 
 fn default_interval() -> String {

@@ -19,7 +19,8 @@ use kube::discovery::{ApiResource, Discovery, Scope as DiscoveryScope};
 use kube::{Client, Error as KubeError, ResourceExt};
 
 use crate::api::InventoryEntry;
-use crate::plan::{RenderedObject, Scope, describe};
+use crate::plan::{RenderedObject, Scope, describe, drift};
+use serde_json::Value;
 
 /// The field manager of every write module-manager makes to a module's objects.
 pub const FIELD_MANAGER: &str = "module-manager";
@@ -337,22 +338,45 @@ impl Cluster {
         }
     }
 
-    /// Server-side applies one object (forcing ownership of its fields), labelled as managed by
-    /// the Manifest `owner_uid`, and returns it as stored.
+    /// Server-side applies one object, labelled as managed by the Manifest `owner_uid`, and
+    /// returns it as stored. Applied without `force` first: a field another manager changed
+    /// is a conflict (HTTP 409), answered by a forced apply that takes the drift back — less
+    /// the fields left to their owner ([`drift::yielded`]: an autoscaler's `spec.replicas`).
+    /// No conflict, no second request.
     pub async fn apply(
         &self,
         object: &RenderedObject,
         owner_uid: &str,
     ) -> Result<DynamicObject, ApplyError> {
         let api = self.api_for(&object.id)?;
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        api.patch(
-            &object.id.name,
-            &params,
-            &Patch::Apply(&labelled(object, owner_uid)),
-        )
-        .await
-        .map_err(|e| ApplyError::from_kube(&object.id, e))
+        let mut body = labelled(object, owner_uid);
+        let name = &object.id.name;
+        let gentle = PatchParams::apply(FIELD_MANAGER);
+        let answer = match api.patch(name, &gentle, &Patch::Apply(&body)).await {
+            Err(KubeError::Api(status)) if status.code == 409 => {
+                for pointer in drift::yielded(&object.id, &status.message) {
+                    pointer.remove(&mut body);
+                }
+                let forced = PatchParams::apply(FIELD_MANAGER).force();
+                api.patch(name, &forced, &Patch::Apply(&body)).await
+            }
+            answer => answer,
+        };
+        answer.map_err(|e| ApplyError::from_kube(&object.id, e))
+    }
+
+    /// Applies `body` (fields at their live values, [`drift::handover`]) under
+    /// [`drift::HANDOVER_MANAGER`], so that module-manager's next apply, which lacks them,
+    /// does not release them to their defaults. Not forced: a conflict means another manager
+    /// changed the field meanwhile and owns it — releasing it resets nothing then.
+    pub async fn hand_over(&self, id: &InventoryEntry, body: &Value) -> Result<(), ApplyError> {
+        let api = self.api_for(id)?;
+        let params = PatchParams::apply(drift::HANDOVER_MANAGER);
+        match api.patch(&id.name, &params, &Patch::Apply(body)).await {
+            Ok(_) => Ok(()),
+            Err(KubeError::Api(status)) if status.code == 409 => Ok(()),
+            Err(e) => Err(ApplyError::from_kube(id, e)),
+        }
     }
 
     /// Whether this cluster's identity may apply `object`: a server-side apply with

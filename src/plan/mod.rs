@@ -1,6 +1,7 @@
 //! Plan (pure): split rendered documents into CRDs, hooks and objects, order them as Helm
 //! installs them, give namespaced objects their namespace, and decide what to prune.
 
+pub mod drift;
 pub mod hooks;
 pub mod readiness;
 pub mod status;
@@ -88,6 +89,16 @@ pub enum PlanError {
     /// the API server does not serve the object's kind.
     #[error("{0}: the target cluster does not serve this kind")]
     UnknownKind(String),
+    /// a `spec.driftIgnore` rule names a path that is not a usable JSON pointer.
+    #[error("spec.driftIgnore[{rule}]: invalid path {path:?}: {reason}")]
+    DriftIgnore {
+        /// The rule's position in `spec.driftIgnore`, from 0.
+        rule: usize,
+        /// The path as written.
+        path: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }
 
 /// One object of a render.

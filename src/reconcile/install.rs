@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::hook_runner::{HookScope, PhaseOutcome, prepare_hooks};
 use super::inputs::{render_request, vetted_render};
-use super::objects::{apply_all, delete_object};
+use super::objects::{DriftPass, apply_all, delete_object};
 use super::{
     CRD_ESTABLISH_TIMEOUT, Context, HOOK_REQUEUE, Pass, Progress, ReconcileError, STALLED_RECHECK,
     finalizer, progress_requeue, rolling_out_for, target,
@@ -21,6 +21,7 @@ use crate::api::State;
 use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
 use crate::apply::Cluster;
 use crate::apply::namespace::ensure_namespace;
+use crate::plan::drift::IgnoreRules;
 use crate::plan::hooks;
 use crate::plan::readiness::{Readiness, readiness};
 use crate::plan::status::{Facts, Operation, Outcome, Reason};
@@ -87,6 +88,12 @@ impl Install<'_> {
         // (also on drift passes after an install, which re-apply what the install applied).
         request.is_upgrade = run.operation == HookOperation::Upgrade;
         let (rendered, mut plan) = self.render(&request).await?;
+        let rules = IgnoreRules::parse(&self.manifest.spec.drift_ignore)?;
+        let drift = DriftPass {
+            rules: &rules,
+            changed: previous.rendered_digest.as_deref() != Some(rendered.digest.as_str())
+                || previous.applied_generation != self.manifest.meta().generation,
+        };
         // Recorded from here on: a render that fails does not replace the previous run.
         let run = progress.hook_run.insert(run);
         let scope = self.hook_scope(&previous);
@@ -99,11 +106,13 @@ impl Install<'_> {
             return Ok(Some(self.waiting(hook_running(message), progress)));
         }
         let inventory = &mut progress.inventory;
-        self.crds(&previous, inventory, &mut plan, namespace)
+        self.crds(&previous, inventory, &mut plan, namespace, &drift)
             .await?;
         self.resolve_scopes(&mut plan, namespace).await?;
         // Apply, recording the inventory first so that nothing applied can be forgotten.
-        let applied = self.apply(&previous, inventory, &plan.objects).await?;
+        let applied = self
+            .apply(&previous, inventory, &plan.objects, &drift)
+            .await?;
         let changed_inputs = inputs_changed(self.manifest, &previous, &request, &values_digest);
         let pruned = self
             .prune(&previous, plan.inventory(), changed_inputs)
@@ -234,9 +243,10 @@ impl Install<'_> {
         inventory: &mut Option<Vec<InventoryEntry>>,
         plan: &mut Plan,
         namespace: &str,
+        drift: &DriftPass<'_>,
     ) -> Result<(), ReconcileError> {
         plan::assign_namespaces(&mut plan.crds, namespace, |_| Some(Scope::Cluster))?;
-        self.apply(previous, inventory, &plan.crds).await?;
+        self.apply(previous, inventory, &plan.crds, drift).await?;
         if !plan.crds.is_empty() {
             let names: Vec<String> = plan.crds.iter().map(|c| c.id.name.clone()).collect();
             self.cluster
@@ -285,6 +295,7 @@ impl Install<'_> {
         previous: &ManifestStatus,
         recorded: &mut Option<Vec<InventoryEntry>>,
         objects: &[RenderedObject],
+        drift: &DriftPass<'_>,
     ) -> Result<Vec<(InventoryEntry, DynamicObject)>, ReconcileError> {
         let (manifest, ctx, cluster, fence) = (self.manifest, self.ctx, self.cluster, self.fence);
         let applied = apply_all(
@@ -295,6 +306,7 @@ impl Install<'_> {
             &previous.inventory,
             recorded,
             objects,
+            drift,
         )
         .await?;
         tracing::debug!(objects = applied.len(), "applied");

@@ -7,13 +7,27 @@ use kube::api::DynamicObject;
 use super::records::record_inventory;
 use super::{Context, ReconcileError};
 use crate::api::{InventoryEntry, Manifest};
-use crate::apply::{Cluster, Deletion};
+use crate::apply::{Cluster, Deletion, FIELD_MANAGER};
+use crate::plan::drift::{self, IgnoreRules};
 use crate::plan::{self, RenderedObject};
 use crate::shard::fence::Fence;
 
+/// How a pass applies under the drift rules (`spec.driftIgnore`, the handover).
+pub(super) struct DriftPass<'a> {
+    /// The Manifest's checked `spec.driftIgnore`.
+    pub rules: &'a IgnoreRules,
+    /// Whether the render or the spec changed since the last pass that applied everything: only
+    /// then can an apply lack a field the last one set (an unchanged pass applies the same
+    /// bodies), so only then is an object read to see what it would release.
+    pub changed: bool,
+}
+
 /// Applies `objects` in order, after refusing objects that are not this Manifest's and recording
 /// them all in the inventory (nothing applied can be forgotten); the fence is checked before each
-/// write. Returns each object as the server returned it.
+/// write. Fields the drift rules ignore are left out once an object exists, and fields an apply
+/// would release are handed over first ([`hand_over`]). Returns each object as the server
+/// returned it.
+#[allow(clippy::too_many_arguments, reason = "the pass's parts, each borrowed")]
 pub(super) async fn apply_all(
     manifest: &Manifest,
     ctx: &Context,
@@ -22,17 +36,56 @@ pub(super) async fn apply_all(
     previous: &[InventoryEntry],
     recorded: &mut Option<Vec<InventoryEntry>>,
     objects: &[RenderedObject],
+    pass: &DriftPass<'_>,
 ) -> Result<Vec<(InventoryEntry, DynamicObject)>, ReconcileError> {
     let uid = manifest.uid().unwrap_or_default();
     adopt_check(cluster, &uid, previous, objects).await?;
     record_inventory(manifest, ctx, fence, previous, recorded, objects).await?;
     let mut applied = Vec::with_capacity(objects.len());
     for object in objects {
+        let exists = previous.contains(&object.id);
+        let mut prepared = drift::prepare(object, pass.rules, exists);
+        if exists && pass.changed && prepared.may_release() {
+            // One read, only when a field may be released: is it module-manager's?
+            if let Some(live) = cluster.get(&object.id).await? {
+                hand_over(cluster, fence, &object.id, &prepared, &live).await?;
+            }
+        }
+        let first_with_ignored = !exists && prepared.body != prepared.steady;
+        let body = RenderedObject {
+            id: object.id.clone(),
+            body: std::mem::take(&mut prepared.body),
+        };
         fence.check()?;
-        applied.push((object.id.clone(), cluster.apply(object, &uid).await?));
+        let answer = cluster.apply(&body, &uid).await?;
+        if first_with_ignored {
+            // The first apply set the ignored fields: hand them over now (from the answer, no
+            // read), so the next apply, without them, releases nothing to a default.
+            hand_over(cluster, fence, &object.id, &prepared, &answer).await?;
+        }
+        applied.push((object.id.clone(), answer));
         ctx.metrics.applied.inc();
     }
     Ok(applied)
+}
+
+/// Applies the live values of the fields `prepared.steady` would release (those
+/// module-manager owns on `live`) under the handover field manager; nothing when none.
+async fn hand_over(
+    cluster: &Cluster,
+    fence: &Fence,
+    id: &InventoryEntry,
+    prepared: &drift::Prepared,
+    live: &DynamicObject,
+) -> Result<(), ReconcileError> {
+    let live = serde_json::to_value(live).unwrap_or_default();
+    if let Some(body) = drift::handover(prepared, &live, FIELD_MANAGER) {
+        fence.check()?;
+        cluster.hand_over(id, &body).await?;
+        let fields = prepared.handed_over(&body).join(", ");
+        tracing::info!(object = %plan::describe(id), %fields, "handed over to {}", drift::HANDOVER_MANAGER);
+    }
+    Ok(())
 }
 
 /// Refuses, before anything is recorded or applied, objects new to the inventory that already

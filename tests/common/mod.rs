@@ -128,3 +128,63 @@ pub async fn deployment_rolled_out(client: &Client, ns: &str, name: &str, replic
         .await
         .unwrap_or_else(|e| panic!("write the status of Deployment {name}: {e}"));
 }
+
+/// An operator reconciling one test namespace on the shared control plane (the namespace,
+/// garbage-collector and ServiceAccount controllers, no workload controllers: tests play those),
+/// stopped when dropped.
+pub struct Operator {
+    pub client: Client,
+    pub ns: String,
+    pub manifests: Api<Manifest>,
+    pub ctx: std::sync::Arc<module_manager::reconcile::Context>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _helm_home: tempfile::TempDir,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Starts an [`Operator`] as `replica` in a new namespace named after `prefix`.
+pub async fn operator(prefix: &str, replica: &str) -> Operator {
+    use module_manager::work::controller::{self, ControllerConfig};
+    let control_plane = testenv::shared(testenv::Options {
+        controller_manager: true,
+        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
+        crd_files: vec![test_support::repo().join("crds/manifest.yaml")],
+        ..Default::default()
+    })
+    .await
+    .expect("control plane");
+    let client = control_plane.client().await.unwrap();
+    let ns = control_plane.namespace(&client, prefix).await.unwrap();
+    let helm_home = tempfile::tempdir().unwrap();
+    let ctx = std::sync::Arc::new(
+        test_support::context(client.clone(), helm_home.path())
+            .replica(replica)
+            .build()
+            .await
+            .unwrap(),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let config = ControllerConfig {
+        concurrency: 2,
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    tokio::spawn(controller::run(ctx.clone(), config, async move {
+        let _ = stopped.await;
+    }));
+    Operator {
+        manifests: Api::namespaced(client.clone(), &ns),
+        client,
+        ns,
+        ctx,
+        stop: Some(stop),
+        _helm_home: helm_home,
+    }
+}
