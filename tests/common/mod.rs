@@ -128,3 +128,15 @@ pub async fn deployment_rolled_out(client: &Client, ns: &str, name: &str, replic
         .await
         .unwrap_or_else(|e| panic!("write the status of Deployment {name}: {e}"));
 }
+
+/// Sets an annotation of a Manifest (a metadata-only change: the generation stays).
+pub async fn annotate(manifests: &Api<Manifest>, name: &str, key: &str, value: &str) {
+    manifests
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": {"annotations": {key: value}} })),
+        )
+        .await
+        .unwrap();
+}
