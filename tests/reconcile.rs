@@ -1051,3 +1051,36 @@ async fn a_labelled_values_source_that_changes_is_applied_at_once_an_unlabelled_
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_reset_counts_the_readiness_deadline_anew() {
+    use module_manager::api::RESET_REQUESTED_AT;
+    let h = start("reset-timeout", RenderLimits::default()).await;
+    let mut manifest = h.manifest("web", "examples/charts/web", json!({"replicaCount": 1}));
+    manifest.spec.timeout = "3s".into();
+    manifest.spec.interval = "1h".into();
+    h.create(&manifest).await;
+    // Nothing plays the Deployment controller: stalled once the timeout has passed.
+    let stalled = h.wait_condition("web", "Stalled", "True").await;
+    let started = stalled.status.clone().unwrap().readiness_started.unwrap();
+    let (_, reason, _) = current_condition(&stalled, "Ready").unwrap();
+    assert_eq!(reason, "ReadinessTimeout");
+
+    common::annotate(&h.manifests, "web", RESET_REQUESTED_AT, "r1").await;
+    let reset = h
+        .wait_for("web", "the reset echoed", |m| {
+            m.status
+                .as_ref()
+                .is_some_and(|s| s.last_handled_reset_at.as_deref() == Some("r1"))
+        })
+        .await;
+    let restarted = reset.status.clone().unwrap().readiness_started.unwrap();
+    assert!(
+        restarted.0 > started.0,
+        "spec.timeout counts from the reset's pass: {restarted:?} after {started:?}"
+    );
+    assert_eq!(
+        reset.metadata.generation, stalled.metadata.generation,
+        "no spec change"
+    );
+}
