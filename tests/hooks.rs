@@ -937,3 +937,52 @@ async fn a_reset_runs_a_failed_hook_again_without_a_spec_change() {
     );
     h.assert_no_pods().await;
 }
+
+#[tokio::test]
+async fn a_reset_runs_a_failed_delete_hook_again_and_the_deletion_completes() {
+    use module_manager::api::RESET_REQUESTED_AT;
+    let h = start("hook-delete-reset").await;
+    h.create(
+        "db",
+        json!({"hooks": [{"name": "drain", "events": "pre-delete"}]}),
+    )
+    .await;
+    h.wait_state("db", State::Ready, "Ready").await;
+    h.manifests
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(h.unfinished_jobs().await, ["db-drain"]);
+    let first = h.job_uid("db-drain").await;
+    h.finish_job("db-drain", false).await;
+    let failed = h
+        .wait_for("db", "the delete hook failed", |m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.hook_run.as_ref())
+                .is_some_and(|r| {
+                    r.operation == HookOperation::Delete && r.phase == HookRunPhase::Failed
+                })
+        })
+        .await;
+    assert_eq!(failed.status.unwrap().state, Some(State::Error));
+    assert_eq!(
+        h.config_map_version("db-app").await.as_deref(),
+        Some("1"),
+        "the deletion stopped before the objects"
+    );
+
+    common::annotate(&h.manifests, "db", RESET_REQUESTED_AT, "r1").await;
+    h.wait_until("the delete hook Job is started again", async || {
+        let uid = h.job_uid("db-drain").await;
+        uid.is_some() && uid != first
+    })
+    .await;
+    h.finish_job("db-drain", true).await;
+    h.wait_until("the Manifest is gone", async || {
+        h.manifests.get_opt("db").await.unwrap().is_none()
+    })
+    .await;
+    assert_eq!(h.config_map_version("db-app").await, None);
+    h.assert_no_pods().await;
+}

@@ -7,8 +7,6 @@
 //! the pass that handles it echoes the value in `status.lastHandledReconcileAt` /
 //! `status.lastHandledResetAt`, so a client knows its request was seen.
 
-use std::collections::BTreeMap;
-
 use crate::api::{Manifest, ManifestStatus, RECONCILE_REQUESTED_AT, RESET_REQUESTED_AT};
 use crate::plan::hooks;
 
@@ -27,13 +25,10 @@ pub fn pending<'a>(value: Option<&'a str>, handled: Option<&str>) -> Option<&'a 
     value.filter(|v| !v.is_empty() && Some(*v) != handled)
 }
 
+/// The value of annotation `key` of `manifest`.
 fn annotation<'a>(manifest: &'a Manifest, key: &str) -> Option<&'a str> {
-    manifest
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a: &BTreeMap<String, String>| a.get(key))
-        .map(String::as_str)
+    let annotations = manifest.metadata.annotations.as_ref()?;
+    annotations.get(key).map(String::as_str)
 }
 
 impl Requests {
