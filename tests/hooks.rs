@@ -881,3 +881,108 @@ async fn deleting_the_namespace_of_a_manifest_with_delete_hooks_does_not_hang() 
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_reset_runs_a_failed_hook_again_without_a_spec_change() {
+    use module_manager::api::RESET_REQUESTED_AT;
+    let h = start("hook-reset").await;
+    // The migration needs a ConfigMap `db-schema`: the test, playing the Job controller, fails
+    // the Job while it does not exist.
+    let migrate =
+        json!([{"name": "migrate", "events": "pre-install", "policy": "before-hook-creation"}]);
+    h.create("db", json!({"hooks": migrate, "version": "1"}))
+        .await;
+    let schema_exists = async || {
+        h.config_maps()
+            .get_opt("db-schema")
+            .await
+            .unwrap()
+            .is_some()
+    };
+    assert_eq!(h.unfinished_jobs().await, ["db-migrate"]);
+    let first = h.job_uid("db-migrate").await;
+    h.finish_job("db-migrate", schema_exists().await).await;
+    let failed = h.wait_state("db", State::Error, "HookFailed").await;
+    assert_eq!(hook_run(&failed).phase, HookRunPhase::Failed);
+    assert_eq!(
+        h.config_map_version("db-app").await,
+        None,
+        "nothing installed"
+    );
+
+    // The cause is fixed outside the Manifest; passes (every 2 s) keep the run failed.
+    let schema: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "db-schema"}})).unwrap();
+    h.config_maps()
+        .create(&PostParams::default(), &schema)
+        .await
+        .unwrap();
+    common::annotate(&h.manifests, "db", RESET_REQUESTED_AT, "r1").await;
+    // The reset: the hook runs again (a new Job in place of the failed one), then the install.
+    h.wait_until("the hook Job is started again", async || {
+        let uid = h.job_uid("db-migrate").await;
+        uid.is_some() && uid != first
+    })
+    .await;
+    assert_eq!(h.unfinished_jobs().await, ["db-migrate"]);
+    h.finish_job("db-migrate", schema_exists().await).await;
+    let ready = h.wait_state("db", State::Ready, "Ready").await;
+    let status = ready.status.clone().unwrap();
+    assert_eq!(status.last_handled_reset_at.as_deref(), Some("r1"));
+    assert_eq!(hook_run(&ready).operation, HookOperation::Install);
+    assert_eq!(h.config_map_version("db-app").await.as_deref(), Some("1"));
+    assert_eq!(
+        ready.metadata.generation, failed.metadata.generation,
+        "no spec change"
+    );
+    h.assert_no_pods().await;
+}
+
+#[tokio::test]
+async fn a_reset_runs_a_failed_delete_hook_again_and_the_deletion_completes() {
+    use module_manager::api::RESET_REQUESTED_AT;
+    let h = start("hook-delete-reset").await;
+    h.create(
+        "db",
+        json!({"hooks": [{"name": "drain", "events": "pre-delete"}]}),
+    )
+    .await;
+    h.wait_state("db", State::Ready, "Ready").await;
+    h.manifests
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(h.unfinished_jobs().await, ["db-drain"]);
+    let first = h.job_uid("db-drain").await;
+    h.finish_job("db-drain", false).await;
+    let failed = h
+        .wait_for("db", "the delete hook failed", |m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.hook_run.as_ref())
+                .is_some_and(|r| {
+                    r.operation == HookOperation::Delete && r.phase == HookRunPhase::Failed
+                })
+        })
+        .await;
+    assert_eq!(failed.status.unwrap().state, Some(State::Error));
+    assert_eq!(
+        h.config_map_version("db-app").await.as_deref(),
+        Some("1"),
+        "the deletion stopped before the objects"
+    );
+
+    common::annotate(&h.manifests, "db", RESET_REQUESTED_AT, "r1").await;
+    h.wait_until("the delete hook Job is started again", async || {
+        let uid = h.job_uid("db-drain").await;
+        uid.is_some() && uid != first
+    })
+    .await;
+    h.finish_job("db-drain", true).await;
+    h.wait_until("the Manifest is gone", async || {
+        h.manifests.get_opt("db").await.unwrap().is_none()
+    })
+    .await;
+    assert_eq!(h.config_map_version("db-app").await, None);
+    h.assert_no_pods().await;
+}

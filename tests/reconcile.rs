@@ -154,6 +154,19 @@ impl Harness {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
+    /// Merge-patches a ConfigMap of the test's namespace.
+    async fn patch_config_map(&self, name: &str, patch: Value) {
+        self.config_maps()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    /// The `greeting` of a ConfigMap the catalog chart renders (`<release>-settings`).
+    async fn greeting(&self, name: &str) -> Option<String> {
+        self.config_map_data(name, "greeting").await
+    }
+
     async fn config_map_exists(&self, name: &str) -> bool {
         self.config_maps().get_opt(name).await.unwrap().is_some()
     }
@@ -914,5 +927,160 @@ async fn a_custom_resource_that_is_not_ready_keeps_the_manifest_from_ready() {
     assert!(
         message.contains("Gadget gadget-gadget: stalled (InvalidSize): size too big"),
         "{message}"
+    );
+}
+
+/// `status.lastHandledReconcileAt` as a Manifest has it.
+fn handled_reconcile(manifest: &Manifest) -> Option<String> {
+    manifest.status.as_ref()?.last_handled_reconcile_at.clone()
+}
+
+#[tokio::test]
+async fn a_pass_requested_now_repairs_drift_whatever_the_interval_and_is_echoed() {
+    use module_manager::api::RECONCILE_REQUESTED_AT;
+    let h = start("requested", RenderLimits::default()).await;
+    let mut manifest = h.manifest(
+        "catalog",
+        "examples/charts/catalog-v1",
+        json!({"greeting": "hi"}),
+    );
+    manifest.spec.interval = "1h".into();
+    h.create(&manifest).await;
+    let ready = h.wait_state("catalog", State::Ready).await;
+    let installed = ready.status.clone().unwrap().last_operation.unwrap();
+    assert_eq!(handled_reconcile(&ready), None);
+
+    // Drift that the next drift check (in an hour) would repair.
+    let tamper = json!({"data": {"greeting": "tampered"}});
+    h.patch_config_map("catalog-settings", tamper.clone()).await;
+    // A metadata-only change of the annotation: a pass at once, its status echoes the value.
+    common::annotate(
+        &h.manifests,
+        "catalog",
+        RECONCILE_REQUESTED_AT,
+        "2026-12-02T02:00:00Z",
+    )
+    .await;
+    let handled = h
+        .wait_for("catalog", "the request echoed", |m| {
+            handled_reconcile(m).as_deref() == Some("2026-12-02T02:00:00Z")
+        })
+        .await;
+    // The echo is written by the pass that repaired the drift (the status comes after the apply).
+    assert_eq!(h.greeting("catalog-settings").await.as_deref(), Some("hi"));
+    let status = handled.status.clone().unwrap();
+    assert_eq!(status.state, Some(State::Ready));
+    assert_eq!(
+        status.last_operation.unwrap(),
+        installed,
+        "inputs unchanged: a drift pass, no upgrade"
+    );
+
+    // Each new value asks again.
+    h.patch_config_map("catalog-settings", tamper.clone()).await;
+    common::annotate(&h.manifests, "catalog", RECONCILE_REQUESTED_AT, "second").await;
+    h.wait_for("catalog", "the second request echoed", |m| {
+        handled_reconcile(m).as_deref() == Some("second")
+    })
+    .await;
+    assert_eq!(h.greeting("catalog-settings").await.as_deref(), Some("hi"));
+}
+
+#[tokio::test]
+async fn a_labelled_values_source_that_changes_is_applied_at_once_an_unlabelled_one_waits() {
+    use module_manager::api::{WATCH_LABEL, WATCH_LABEL_VALUE};
+    let h = start("values-watch", RenderLimits::default()).await;
+    let values = |greeting: &str| json!({"values.yaml": format!("greeting: {greeting}\n")});
+    let source = |name: &str, labelled: bool| -> ConfigMap {
+        let labels = if labelled {
+            json!({WATCH_LABEL: WATCH_LABEL_VALUE})
+        } else {
+            json!({})
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "data": values("one"),
+        }))
+        .unwrap()
+    };
+    for (name, labelled) in [("watched-values", true), ("plain-values", false)] {
+        h.config_maps()
+            .create(&PostParams::default(), &source(name, labelled))
+            .await
+            .unwrap();
+    }
+    for (name, values_from) in [("watched", "watched-values"), ("plain", "plain-values")] {
+        let mut manifest = h.manifest(name, "examples/charts/catalog-v1", json!({}));
+        manifest.spec.interval = "1h".into();
+        manifest.spec.values_from =
+            serde_json::from_value(json!([{"kind": "ConfigMap", "name": values_from}])).unwrap();
+        h.create(&manifest).await;
+    }
+    for name in ["watched", "plain"] {
+        h.wait_state(name, State::Ready).await;
+        let settings = format!("{name}-settings");
+        assert_eq!(h.greeting(&settings).await.as_deref(), Some("one"));
+    }
+    let edit = |greeting: &str| json!({"data": values(greeting)});
+
+    // The unlabelled source is edited first, then the labelled one: once the labelled edit is
+    // applied, the watch has handled everything before it — and it never saw the unlabelled one.
+    h.patch_config_map("plain-values", edit("two")).await;
+    h.patch_config_map("watched-values", edit("two")).await;
+    h.wait_until("the labelled source's new value is applied", async || {
+        h.greeting("watched-settings").await.as_deref() == Some("two")
+    })
+    .await;
+    assert_eq!(
+        h.greeting("plain-settings").await.as_deref(),
+        Some("one"),
+        "an unlabelled source waits for spec.interval"
+    );
+    let watched = h.manifests.get("watched").await.unwrap();
+    assert_eq!(
+        watched.status.unwrap().last_operation.unwrap().operation,
+        "Upgrade",
+        "new merged values: an upgrade"
+    );
+
+    // Labelled later, it is watched from then on (it enters the watch: a change).
+    let label = json!({"metadata": {"labels": {WATCH_LABEL: WATCH_LABEL_VALUE}}});
+    h.patch_config_map("plain-values", label).await;
+    h.wait_until("the newly labelled source is applied", async || {
+        h.greeting("plain-settings").await.as_deref() == Some("two")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_reset_counts_the_readiness_deadline_anew() {
+    use module_manager::api::RESET_REQUESTED_AT;
+    let h = start("reset-timeout", RenderLimits::default()).await;
+    let mut manifest = h.manifest("web", "examples/charts/web", json!({"replicaCount": 1}));
+    manifest.spec.timeout = "3s".into();
+    manifest.spec.interval = "1h".into();
+    h.create(&manifest).await;
+    // Nothing plays the Deployment controller: stalled once the timeout has passed.
+    let stalled = h.wait_condition("web", "Stalled", "True").await;
+    let started = stalled.status.clone().unwrap().readiness_started.unwrap();
+    let (_, reason, _) = current_condition(&stalled, "Ready").unwrap();
+    assert_eq!(reason, "ReadinessTimeout");
+
+    common::annotate(&h.manifests, "web", RESET_REQUESTED_AT, "r1").await;
+    let reset = h
+        .wait_for("web", "the reset echoed", |m| {
+            m.status
+                .as_ref()
+                .is_some_and(|s| s.last_handled_reset_at.as_deref() == Some("r1"))
+        })
+        .await;
+    let restarted = reset.status.clone().unwrap().readiness_started.unwrap();
+    assert!(
+        restarted.0 > started.0,
+        "spec.timeout counts from the reset's pass: {restarted:?} after {started:?}"
+    );
+    assert_eq!(
+        reset.metadata.generation, stalled.metadata.generation,
+        "no spec change"
     );
 }

@@ -385,7 +385,8 @@ pub enum HookRunPhase {
     PostHooks,
     /// Every step is done (deletion: the hook objects are being cleaned up).
     Done,
-    /// A hook failed or timed out; retried when the inputs or the generation change.
+    /// A hook failed or timed out; retried when the inputs or the generation change, or on a
+    /// reset (annotation `reconcile.modulemanager.io/resetAt`).
     Failed,
 }
 
@@ -401,7 +402,7 @@ pub struct HookRun {
     #[serde(default)]
     pub inputs_digest: String,
     /// The `metadata.generation` the run started at; once `Failed`, the generation it failed
-    /// at (a failed run is retried once the generation differs from it).
+    /// at (a failed run is retried once the generation differs from it, or on a reset).
     #[serde(default)]
     pub generation: Option<i64>,
     /// Identifies the run: a hash of its operation, inputs digest, starting generation and the

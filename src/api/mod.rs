@@ -19,6 +19,13 @@ pub const RECONCILE_REQUESTED_AT: &str = "reconcile.modulemanager.io/requestedAt
 /// Annotation asking for a failed hook run or a permanent error to be tried again without a
 /// spec change (`module-manager retry`); echoed in `status.lastHandledResetAt`.
 pub const RESET_REQUESTED_AT: &str = "reconcile.modulemanager.io/resetAt";
+/// Label that opts a ConfigMap or Secret into the values-source watch: set to `true`, a change
+/// of the object queues at once the Manifests that name it (`valuesFrom`, or `spec.target`'s
+/// kubeconfig Secret); without it a change waits for `spec.interval` (Flux's
+/// `reconcile.fluxcd.io/watch: Enabled`).
+pub const WATCH_LABEL: &str = "modulemanager.io/watch";
+/// The value of [`WATCH_LABEL`] that opts an object in.
+pub const WATCH_LABEL_VALUE: &str = "true";
 
 /// The shortest drift-check interval: shorter ones are raised to it (no busy loop).
 pub const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);

@@ -117,13 +117,23 @@ pub fn current_run(
     } else {
         HookOperation::Install
     };
+    new_run(
+        operation,
+        inputs_digest,
+        generation,
+        previous.map(|p| p.id.as_str()),
+    )
+}
+
+/// A run that starts now with its `pre-*` hooks, its id chained to the previous run's.
+fn new_run(
+    operation: HookOperation,
+    inputs_digest: &str,
+    generation: Option<i64>,
+    previous: Option<&str>,
+) -> HookRun {
     HookRun {
-        id: run_id(
-            operation,
-            inputs_digest,
-            generation,
-            previous.map(|p| p.id.as_str()),
-        ),
+        id: run_id(operation, inputs_digest, generation, previous),
         operation,
         inputs_digest: inputs_digest.to_owned(),
         generation,
@@ -132,6 +142,28 @@ pub fn current_run(
         running: None,
         message: None,
     }
+}
+
+/// A failed run started again by a reset (`reconcile.modulemanager.io/resetAt`): a new run for
+/// the same inputs, from its `pre-*` hooks, whose id is chained to the failed one's (so its hook
+/// objects carry a new stamp: the failed instances are replaced or refused by their delete
+/// policy, never adopted). A deletion stays a deletion; otherwise an upgrade once the module
+/// counts as installed ([`installed`]), else an install. `None` when `run` has not failed.
+pub fn restart(run: &HookRun, generation: Option<i64>, inventory_empty: bool) -> Option<HookRun> {
+    if run.phase != HookRunPhase::Failed {
+        return None;
+    }
+    let operation = match run.operation {
+        HookOperation::Delete => HookOperation::Delete,
+        _ if installed(Some(run), inventory_empty) => HookOperation::Upgrade,
+        _ => HookOperation::Install,
+    };
+    Some(new_run(
+        operation,
+        &run.inputs_digest,
+        generation,
+        Some(&run.id),
+    ))
 }
 
 /// The event a phase of an operation runs; `None` for the phases that run no hooks.
@@ -436,6 +468,55 @@ metadata:
             current_run(Some(&deleting), true, "", Some(2), true),
             deleting
         );
+    }
+
+    #[test]
+    fn a_reset_starts_a_failed_run_again_for_the_same_inputs() {
+        let mut failed = run(HookOperation::Upgrade, HookRunPhase::Failed);
+        failed.message = Some("Job migrate failed".into());
+        failed.completed = vec![];
+        let again = restart(&failed, Some(1), false).expect("a failed run restarts");
+        assert_eq!(
+            (again.operation, again.phase, again.generation),
+            (HookOperation::Upgrade, HookRunPhase::PreHooks, Some(1))
+        );
+        assert_eq!(again.inputs_digest, failed.inputs_digest);
+        assert_eq!(again.message, None);
+        assert_ne!(
+            again.id, failed.id,
+            "a new stamp: the failed Job is not adopted"
+        );
+        assert_eq!(
+            restart(&failed, Some(1), false),
+            Some(again.clone()),
+            "the same reset gives the same run (a pass that repeats it adopts its hooks)"
+        );
+        // The pass then continues the restarted run, at the same generation.
+        assert_eq!(
+            current_run(Some(&again), false, "sha256:a", Some(1), true),
+            again
+        );
+        // An install that failed before its objects stays an install; a deletion a deletion.
+        let install = run(HookOperation::Install, HookRunPhase::Failed);
+        let reinstall = restart(&install, Some(1), true).unwrap();
+        assert_eq!(reinstall.operation, HookOperation::Install);
+        let delete = run(HookOperation::Delete, HookRunPhase::Failed);
+        assert_eq!(
+            restart(&delete, Some(1), false).unwrap().operation,
+            HookOperation::Delete
+        );
+        // Only a failed run restarts: a running or finished one is left alone.
+        for phase in [
+            HookRunPhase::PreHooks,
+            HookRunPhase::Objects,
+            HookRunPhase::PostHooks,
+            HookRunPhase::Done,
+        ] {
+            assert_eq!(
+                restart(&run(HookOperation::Upgrade, phase), Some(1), false),
+                None
+            );
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod hooks;
 pub mod readiness;
 pub mod status;
 pub mod tenancy;
+pub mod trigger;
 
 use std::collections::BTreeSet;
 

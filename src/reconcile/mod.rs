@@ -36,6 +36,7 @@ use crate::apply::Cluster;
 use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
 use crate::plan::status::{Facts, Operation, Outcome, Reason};
+use crate::plan::trigger::{self, Requests};
 use crate::render::HelmRenderer;
 use crate::shard::ShardCount;
 use crate::shard::fence::Fence;
@@ -234,7 +235,7 @@ pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) ->
 /// then records the outcome.
 async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, PassResult) {
     let manifest = match records::read_fresh(&manifest, ctx).await {
-        Ok(Some(fresh)) => Arc::new(fresh),
+        Ok(Some(fresh)) => Arc::new(starting_point(fresh)),
         // Deleted meanwhile, or re-created under a new UID (queued under its own key).
         Ok(None) => return (Next::Idle, PassResult::Done),
         Err(e) => return retry(e),
@@ -270,6 +271,18 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
         }
         Err(error) => failed(&manifest, ctx, fence, interval, &progress, error).await,
     }
+}
+
+/// The Manifest as a pass starts from it: with a reset pending (`resetAt` not yet echoed), its
+/// status as the reset leaves it ([`trigger::after_reset`]), so that every status write of the
+/// pass — success or error — records the reset together with its echo.
+fn starting_point(mut manifest: Manifest) -> Manifest {
+    let reset = Requests::of(&manifest).reset;
+    if let (Some(reset), Some(status)) = (reset, &manifest.status) {
+        tracing::info!(reset_at = %reset, "reset requested: a failed hook run and the readiness deadline start over");
+        manifest.status = Some(trigger::after_reset(status, manifest.meta().generation));
+    }
+    manifest
 }
 
 /// A transient failure outside the pipeline's steps (reading the Manifest, writing its status).

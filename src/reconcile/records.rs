@@ -11,6 +11,7 @@ use super::{Context, ReconcileError};
 use crate::api::{InventoryEntry, Manifest, State};
 use crate::plan::RenderedObject;
 use crate::plan::status::{Facts, Operation, Outcome, next_status};
+use crate::plan::trigger;
 use crate::shard::fence::Fence;
 use crate::telemetry::events::Publisher;
 
@@ -46,7 +47,8 @@ pub(super) fn operation(manifest: &Manifest) -> Operation {
 }
 
 /// Writes the status when it differs from the current one; publishes an Event when the state
-/// changed, or an error's message did.
+/// changed, or an error's message did. The status echoes the requests the pass read
+/// (`lastHandledReconcileAt`, `lastHandledResetAt`): no write of their own.
 pub(super) async fn write_status(
     manifest: &Manifest,
     ctx: &Context,
@@ -55,7 +57,7 @@ pub(super) async fn write_status(
 ) -> Result<(), ReconcileError> {
     let previous = manifest.status.as_ref();
     let shard = manifest.uid().map(|uid| ctx.shards.shard_of(&uid));
-    let next = next_status(
+    let mut next = next_status(
         previous,
         manifest.meta().generation,
         outcome,
@@ -64,6 +66,7 @@ pub(super) async fn write_status(
         &ctx.replica,
         &Time(Timestamp::now()),
     );
+    trigger::echo(&mut next, manifest);
     if previous == Some(&next) {
         return Ok(());
     }

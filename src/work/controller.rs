@@ -6,7 +6,8 @@
 //! changes, so the cache and the event stream scale with this replica's share) and
 //! `!modulemanager.io/shard` (new Manifests, whose owner stamps the label in its first pass).
 //! Ownership is checked on every event, when a key is dispatched, and by the pass's fence before
-//! every write.
+//! every write. A third watch, of the ConfigMaps and Secrets labelled `modulemanager.io/watch=true`
+//! (`sources.rs`), queues the Manifests that read one that changed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -29,6 +30,7 @@ use crate::shard::membership::{MAX_PUBLISHED_SHARDS, MemberLoad, ShardLoad};
 use crate::telemetry::metrics::{ManifestMetrics, QueueMetrics, StateLabels};
 use crate::work::dispatch::Passes;
 use crate::work::queue::{QueueKey, WorkQueue};
+use crate::work::sources::feed_sources;
 use crate::work::watches::{Seen, feed_queue};
 
 /// A Manifest's queue key: its shard, namespace and name.
@@ -117,6 +119,13 @@ impl Work {
             namespace: manifest.namespace().unwrap_or_default(),
             name: manifest.name_any(),
         })
+    }
+
+    /// Every cached Manifest, of both watches (one being labelled may be in both).
+    pub(super) fn cached(&self) -> Vec<Arc<Manifest>> {
+        let mut all = self.labelled.state();
+        all.extend(self.unlabelled.state());
+        all
     }
 
     pub(super) fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Seen>> {
@@ -303,14 +312,24 @@ impl Controller {
             Some(namespace) => Api::<Manifest>::namespaced(ctx.client.clone(), namespace),
             None => Api::<Manifest>::all(ctx.client.clone()),
         };
-        let watch = tokio::spawn(feed_queue(
+        let manifests = feed_queue(
             api,
             config.selector.clone(),
             ownership.clone(),
             work.clone(),
             writers,
             config.synced.clone(),
-        ));
+        );
+        let sources = feed_sources(
+            ctx.client.clone(),
+            config.namespace.clone(),
+            ownership.clone(),
+            work.clone(),
+        );
+        // One task: shutdown stops both watches together.
+        let watch = tokio::spawn(async move {
+            tokio::join!(manifests, sources);
+        });
 
         let passes = Passes::new(work, ctx, ownership);
         let tasks = passes.dispatch(config.concurrency, shutdown).await?;

@@ -18,6 +18,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use crate::api::Manifest;
+use crate::plan::trigger::Requests;
 use crate::shard::SHARD_LABEL;
 use crate::shard::fence::{Ownership, Watched};
 use crate::work::controller::{Key, Work};
@@ -29,12 +30,15 @@ const MAX_SELECTOR_SHARDS: usize = 1024;
 /// The labelled watch's index in [`Feed`]'s per-watch arrays (the unlabelled one is 1).
 const LABELLED: usize = 0;
 
-/// What the watch loop remembers of a Manifest to tell a spec change from a status-only write.
-#[derive(PartialEq)]
+/// What the watch loop remembers of a Manifest to tell a spec change or a request from a
+/// status-only write.
+#[derive(Debug, PartialEq)]
 pub(super) struct Seen {
     uid: Option<String>,
     generation: Option<i64>,
     deleting: bool,
+    /// The requests (pass now, reset) no pass has echoed yet.
+    requests: Requests,
 }
 
 impl Seen {
@@ -43,7 +47,25 @@ impl Seen {
             uid: manifest.uid(),
             generation: manifest.meta().generation,
             deleting: manifest.meta().deletion_timestamp.is_some(),
+            requests: Requests::of(manifest),
         }
+    }
+
+    /// Whether the Manifest as it is now needs a pass, after `before` (what was seen last): it is
+    /// new to this replica or re-created, its spec changed (generation), its deletion started, or
+    /// it asks for a pass or a reset it did not ask for before. Anything else does not: status
+    /// writes (ours, also the echo of a handled request, which ends the request) and other
+    /// metadata (an unrelated annotation, a label).
+    fn wants_pass_after(&self, before: Option<&Seen>) -> bool {
+        let Some(before) = before else {
+            return true;
+        };
+        let new = |now: &Option<String>, then: &Option<String>| now.is_some() && now != then;
+        self.uid != before.uid
+            || self.generation != before.generation
+            || self.deleting != before.deleting
+            || new(&self.requests.reconcile, &before.requests.reconcile)
+            || new(&self.requests.reset, &before.requests.reset)
     }
 }
 
@@ -76,8 +98,9 @@ fn watch_with(api: &Api<Manifest>, selector: Option<String>) -> Events {
 }
 
 /// Feeds the queue from both watches: a Manifest is queued when it is new to this replica, its
-/// spec changed (generation) or its deletion started, and its shard is owned here. Status-only
-/// writes (ours) do not requeue: drift repair runs on the reconcile's own schedule.
+/// spec changed (generation), its deletion started or it asks for a pass or a reset
+/// ([`Seen::wants_pass_after`]), and its shard is owned here. Status-only writes (ours) do not
+/// requeue: drift repair runs on the reconcile's own schedule.
 pub(super) async fn feed_queue(
     api: Api<Manifest>,
     base: Option<String>,
@@ -212,8 +235,14 @@ impl Feed {
             return;
         };
         let now = Seen::of(manifest);
-        if self.ownership.wants(key.shard) && self.work.seen().get(&key) != Some(&now) {
-            self.work.seen().insert(key.clone(), now);
+        if !self.ownership.wants(key.shard) {
+            return;
+        }
+        let mut seen = self.work.seen();
+        let wanted = now.wants_pass_after(seen.get(&key));
+        seen.insert(key.clone(), now);
+        drop(seen);
+        if wanted {
             self.work.queue.add(key, Duration::ZERO);
         }
     }
@@ -222,9 +251,12 @@ impl Feed {
     fn listed_all(&mut self, stream: usize) {
         for (key, now) in self.listed[stream].drain(..) {
             let mut seen = self.work.seen();
-            if self.ownership.wants(key.shard) && seen.get(&key) != Some(&now) {
+            if self.ownership.wants(key.shard) {
+                let wanted = now.wants_pass_after(seen.get(&key));
                 seen.insert(key.clone(), now);
-                self.work.queue.add(key, Duration::ZERO);
+                if wanted {
+                    self.work.queue.add(key, Duration::ZERO);
+                }
             }
         }
         self.synced[stream] = true;
@@ -237,6 +269,57 @@ impl Feed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn manifest(
+        generation: i64,
+        annotations: serde_json::Value,
+        status: serde_json::Value,
+    ) -> Manifest {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": "m", "namespace": "ns", "uid": "u1", "generation": generation,
+                "annotations": annotations},
+            "spec": {"module": "m", "chart": {"path": "p"}},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_request_queues_a_pass_and_its_echo_does_not() {
+        use crate::api::{RECONCILE_REQUESTED_AT as NOW, RESET_REQUESTED_AT as RESET};
+        use serde_json::json;
+        let seen = |annotations, status| Seen::of(&manifest(1, annotations, status));
+        let plain = seen(json!({}), json!({}));
+        assert!(plain.wants_pass_after(None), "new to this replica");
+        let status_write = seen(json!({}), json!({"state": "Ready"}));
+        assert!(!status_write.wants_pass_after(Some(&plain)));
+        let unrelated = seen(json!({"team": "a"}), json!({}));
+        assert!(
+            !unrelated.wants_pass_after(Some(&plain)),
+            "another annotation"
+        );
+        assert!(Seen::of(&manifest(2, json!({}), json!({}))).wants_pass_after(Some(&plain)));
+
+        // requestedAt set: a pass, whatever spec.interval; the echo ends the request, no pass.
+        let asked = seen(json!({NOW: "t1"}), json!({}));
+        assert!(asked.wants_pass_after(Some(&plain)));
+        let echoed = seen(json!({NOW: "t1"}), json!({"lastHandledReconcileAt": "t1"}));
+        assert!(!echoed.wants_pass_after(Some(&asked)));
+        assert!(
+            !asked.wants_pass_after(Some(&asked)),
+            "the same request once"
+        );
+        // A new value asks again.
+        let again = seen(json!({NOW: "t2"}), json!({"lastHandledReconcileAt": "t1"}));
+        assert!(again.wants_pass_after(Some(&echoed)));
+        // resetAt the same way.
+        let reset = seen(json!({RESET: "r1"}), json!({}));
+        assert!(reset.wants_pass_after(Some(&plain)));
+        let reset_echoed = seen(json!({RESET: "r1"}), json!({"lastHandledResetAt": "r1"}));
+        assert!(!reset_echoed.wants_pass_after(Some(&reset)));
+    }
 
     #[test]
     fn the_shard_watch_selects_the_owned_shards() {

@@ -188,3 +188,15 @@ pub async fn operator(prefix: &str, replica: &str) -> Operator {
         _helm_home: helm_home,
     }
 }
+
+/// Sets an annotation of a Manifest (a metadata-only change: the generation stays).
+pub async fn annotate(manifests: &Api<Manifest>, name: &str, key: &str, value: &str) {
+    manifests
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": {"annotations": {key: value}} })),
+        )
+        .await
+        .unwrap();
+}
