@@ -310,7 +310,8 @@ async fn failed(
     tracing::warn!(
         category = error.category(),
         permanent = error.is_permanent(),
-        "reconcile failed: {error}"
+        "reconcile failed: {}",
+        error.for_log()
     );
     let facts = progress.facts();
     // A pass that lost its shard meanwhile must not write over the new owner's status.
