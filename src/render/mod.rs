@@ -319,22 +319,22 @@ fn helm_message(stderr: &[u8]) -> String {
 /// [`helm_message`] of a stderr of which only the ends were kept: `head`, `omitted` bytes
 /// dropped, `tail`.
 fn helm_message_ends(head: &[u8], omitted: usize, tail: &[u8]) -> String {
-    let lines = |bytes: &[u8]| -> Vec<String> {
-        String::from_utf8_lossy(bytes)
-            .lines()
+    let (head, omitted, tail) = mend_cut(head, omitted, tail);
+    let lines = |text: &str| -> Vec<String> {
+        text.lines()
             .map(str::trim)
             .filter(|l| !l.is_empty())
             .map(str::to_owned)
             .collect()
     };
-    let head_lines = lines(head);
+    let head_lines = lines(&head);
     let first_error = head_lines
         .iter()
         .position(|l| l.starts_with("Error"))
         .unwrap_or(0);
     let message = head_lines[first_error..].join("; ");
     let message = message.strip_prefix("Error: ").unwrap_or(&message);
-    let tail = lines(tail).join("; ");
+    let tail = lines(&tail).join("; ");
     let separator = if message.is_empty() || tail.is_empty() || omitted > 0 {
         ""
     } else {
@@ -345,6 +345,41 @@ fn helm_message_ends(head: &[u8], omitted: usize, tail: &[u8]) -> String {
         omitted,
         &format!("{separator}{tail}"),
         MESSAGE_LIMIT,
+    )
+}
+
+/// The two ends of a cut stream as text, the cut moved past what would read differently from
+/// the whole text: a character split by it and the spaces at it (trimmed as a line's ends,
+/// which they are not) count as omitted. So the message is the one the whole stderr gives.
+fn mend_cut(head: &[u8], omitted: usize, tail: &[u8]) -> (String, usize, String) {
+    if omitted == 0 {
+        let text = |bytes| String::from_utf8_lossy(bytes).into_owned();
+        return (text(head), 0, text(tail));
+    }
+    let whole_head = head.len();
+    let head = match std::str::from_utf8(head) {
+        Err(e) if e.error_len().is_none() => &head[..e.valid_up_to()],
+        _ => head,
+    };
+    let split = tail
+        .iter()
+        .take(3)
+        .take_while(|b| (**b & 0xC0) == 0x80)
+        .count();
+    let (head_text, tail_text) = (
+        String::from_utf8_lossy(head),
+        String::from_utf8_lossy(&tail[split..]),
+    );
+    let kept_head = head_text.trim_end_matches([' ', '\t']);
+    let kept_tail = tail_text.trim_start_matches([' ', '\t']);
+    let cut_off = (whole_head - head.len())
+        + (head_text.len() - kept_head.len())
+        + split
+        + (tail_text.len() - kept_tail.len());
+    (
+        kept_head.to_owned(),
+        omitted + cut_off,
+        kept_tail.to_owned(),
     )
 }
 
@@ -550,5 +585,30 @@ mod tests {
             "the start; more … [70000 bytes omitted] … tail of a line; the cause"
         );
         assert_eq!(helm_message_ends(b"Error: a\n", 0, b"b\n"), "a; b");
+    }
+
+    #[test]
+    fn a_cut_inside_a_character_or_at_spaces_reads_as_the_whole_text() {
+        // The same stderr whole and as two ends cut inside "é" (2 bytes), followed by spaces:
+        // the same message, marker count included.
+        let whole = format!(
+            "Error: {}é  {}the cause\n",
+            "a".repeat(3000),
+            "b".repeat(3000)
+        );
+        let bytes = whole.as_bytes();
+        let cut = 7 + 3000 + 1;
+        let (head, omitted, tail) = mend_cut(&bytes[..cut], 1, &bytes[cut + 1..]);
+        assert_eq!((head.len(), omitted), (7 + 3000, 1 + 1 + 2));
+        assert!(tail.starts_with('b'));
+        assert_eq!(
+            helm_message_ends(&bytes[..cut], 1, &bytes[cut + 1..]),
+            helm_message(bytes)
+        );
+        // Cut inside the character on the tail's side.
+        assert_eq!(
+            helm_message_ends(&bytes[..cut - 1], 1, &bytes[cut..]),
+            helm_message(bytes)
+        );
     }
 }
