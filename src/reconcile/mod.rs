@@ -13,6 +13,8 @@
 //! to the Manifest itself (`records.rs`, `finalizer.rs`), the target (`target.rs`) and the errors
 //! (`error.rs`).
 
+#[cfg(test)]
+mod argocd_health;
 mod delete;
 mod error;
 mod finalizer;
