@@ -1407,3 +1407,88 @@ async fn a_staged_release_installs() {
         );
     }
 }
+
+/// The schema's node for a values path (`properties` all the way down), if it has one.
+fn schema_at<'a>(schema: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter()
+        .try_fold(schema, |node, key| node.get("properties")?.get(*key))
+}
+
+/// Every path of `values` (maps entered, the rest leaves), as key lists.
+fn value_paths(values: &Value, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    if let Some(map) = values.as_object().filter(|m| !m.is_empty()) {
+        for (key, value) in map {
+            prefix.push(key.clone());
+            out.push(prefix.clone());
+            value_paths(value, prefix, out);
+            prefix.pop();
+        }
+    }
+}
+
+#[test]
+fn the_values_schema_covers_every_value_and_refuses_wrong_ones() {
+    let chart = repo().join("helm/module-manager");
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(chart.join("values.schema.json")).unwrap())
+            .unwrap();
+    let values: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(chart.join("values.yaml")).unwrap())
+            .unwrap();
+    let mut paths = Vec::new();
+    value_paths(&values, &mut Vec::new(), &mut paths);
+    // Every named value has a node, down to a free-form map (labels, resources' quantities:
+    // a node without `properties`, whose keys are anyone's).
+    let missing: Vec<String> = paths
+        .iter()
+        .filter(|path| {
+            let path: Vec<&str> = path.iter().map(String::as_str).collect();
+            let parent = schema_at(&schema, &path[..path.len() - 1]);
+            parent.is_none_or(|p| p.get("properties").is_some())
+                && schema_at(&schema, &path).is_none()
+        })
+        .map(|path| path.join("."))
+        .collect();
+    assert!(missing.is_empty(), "not in values.schema.json: {missing:?}");
+    assert!(paths.len() > 50, "{} values", paths.len());
+
+    // Wrong values are refused at render time, each named by helm's schema check.
+    let home = tempfile::tempdir().unwrap();
+    for (set, named) in [
+        ("tenancy.mode=team", "/tenancy/mode"),
+        ("shards=100", "/shards"),
+        ("replicas=-1", "/replicas"),
+        ("logFormat=xml", "/logFormat"),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("adminPort=70000", "/adminPort"),
+        ("concurrency=0", "/concurrency"),
+        (
+            "podDisruptionBudget.maxUnavailable=half",
+            "/podDisruptionBudget/maxUnavailable",
+        ),
+        ("replica=3", "additional properties 'replica' not allowed"),
+        (
+            "monitoring.serviceMonitor.enable=true",
+            "'enable' not allowed",
+        ),
+    ] {
+        let output = helm(home.path())
+            .args(["template", RELEASE])
+            .arg(&chart)
+            .args(["--set", set])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{set} is accepted");
+        assert!(
+            stderr.contains("values don't meet the specifications of the schema")
+                && stderr.contains(named),
+            "{set}: {stderr}"
+        );
+    }
+    // … and right ones are not (the defaults render in the other tests).
+    run(helm(home.path())
+        .args(["template", RELEASE])
+        .arg(&chart)
+        .args(["--set", "tenancy.mode=impersonate,shards=1024,podDisruptionBudget.maxUnavailable=50%,logFormat=text"]));
+}

@@ -23,7 +23,7 @@ const PREFIX: &str = "module_manager_";
 const PROCESS_PREFIX: &str = "process_";
 
 /// The troubleshooting headings of `docs/operations.md` that runbook links may point at.
-const RUNBOOK_HEADINGS: [&str; 10] = [
+const RUNBOOK_HEADINGS: [&str; 12] = [
     "Stuck in Deleting",
     "Unowned shards",
     "Lease flapping",
@@ -34,6 +34,8 @@ const RUNBOOK_HEADINGS: [&str; 10] = [
     "Ownership violations",
     "No live replica",
     "Fence lapses",
+    "Stalled Manifests",
+    "Retrying Manifests",
 ];
 
 fn repo() -> PathBuf {

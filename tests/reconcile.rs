@@ -16,7 +16,7 @@ use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::reconcile::Context;
-use module_manager::render::RenderLimits;
+use module_manager::render::{Backend, RenderLimits};
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use test_support::repo;
@@ -44,6 +44,11 @@ impl Drop for Harness {
 }
 
 async fn start(prefix: &str, limits: RenderLimits) -> Harness {
+    start_with(prefix, limits, None).await
+}
+
+/// [`start`] with this render backend (`None`: the one `MM_RENDER_BACKEND` names).
+async fn start_with(prefix: &str, limits: RenderLimits, backend: Option<Backend>) -> Harness {
     let control_plane = testenv::shared(testenv::Options {
         controller_manager: true,
         // Garbage collection and namespace deletion, but no workload controllers: the tests
@@ -58,15 +63,14 @@ async fn start(prefix: &str, limits: RenderLimits) -> Harness {
     let ns = control_plane.namespace(&client, prefix).await.unwrap();
     let helm_home = tempfile::tempdir().unwrap();
     let chart_cache = tempfile::tempdir().unwrap();
-    let ctx = Arc::new(
-        test_support::context(client.clone(), helm_home.path())
-            .replica(REPLICA)
-            .chart_cache(chart_cache.path())
-            .render_limits(limits)
-            .build()
-            .await
-            .unwrap(),
-    );
+    let mut builder = test_support::context(client.clone(), helm_home.path())
+        .replica(REPLICA)
+        .chart_cache(chart_cache.path())
+        .render_limits(limits);
+    if let Some(backend) = backend {
+        builder = builder.backend(backend);
+    }
+    let ctx = Arc::new(builder.build().await.unwrap());
     let (stop, stopped) = oneshot::channel::<()>();
     let config = ControllerConfig {
         concurrency: 2,
@@ -1083,4 +1087,89 @@ async fn a_reset_counts_the_readiness_deadline_anew() {
         reset.metadata.generation, stalled.metadata.generation,
         "no spec change"
     );
+#[tokio::test]
+async fn a_long_render_error_keeps_its_cause_in_the_status_and_the_event_with_either_backend() {
+    // helm stops an include recursion after 1000 levels with a ~130 kB error whose cause is
+    // its last line; status and Event used to keep the first 1 KiB, a thousand times "error
+    // calling include".
+    let tools = testenv::Tools::locate().expect("tools built");
+    let cause = "rendering template has a nested reference name: recursion.loop: unable to execute template; Use --debug flag to render out invalid YAML";
+    for (prefix, backend) in [
+        ("recursion-helm", Backend::Helm(tools.helm.clone())),
+        (
+            "recursion-renderer",
+            Backend::Renderer(tools.renderer.clone()),
+        ),
+    ] {
+        let h = start_with(prefix, RenderLimits::default(), Some(backend)).await;
+        h.create(&h.manifest("loop", "tests/fixtures/charts/recursion", json!({})))
+            .await;
+        let failed = h
+            .wait_for("loop", "the render error", |m| {
+                m.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.reason == "RenderError")
+                })
+            })
+            .await;
+        let status = failed.status.unwrap();
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert!(
+            ready.message.len() <= 2048,
+            "{prefix}: {} bytes",
+            ready.message.len()
+        );
+        assert!(
+            ready.message.starts_with(
+                "render: helm template failed: template: recursion/templates/configmap.yaml:6:12: "
+            ),
+            "{prefix}: {}",
+            ready.message
+        );
+        assert!(
+            ready.message.contains(" bytes omitted] … "),
+            "{prefix}: {}",
+            ready.message
+        );
+        assert!(
+            ready.message.ends_with(cause),
+            "{prefix}: {}",
+            ready.message
+        );
+        let stalled = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Stalled")
+            .unwrap();
+        assert_eq!(stalled.message, ready.message, "{prefix}");
+        assert!(
+            status.last_operation.unwrap().message.ends_with(cause),
+            "{prefix}"
+        );
+        let mut notes = Vec::new();
+        h.wait_until("the Warning Event", async || {
+            notes = h
+                .events("loop")
+                .await
+                .into_iter()
+                .filter(|(k, r, _)| k == "Warning" && r == "RenderError")
+                .map(|(_, _, note)| note)
+                .collect();
+            !notes.is_empty()
+        })
+        .await;
+        for note in &notes {
+            assert!(note.len() <= 1024, "{prefix}: {} bytes", note.len());
+            assert!(
+                note.starts_with("render: helm template failed: template: "),
+                "{prefix}: {note}"
+            );
+            assert!(note.ends_with(cause), "{prefix}: {note}");
+        }
+    }
 }

@@ -208,7 +208,7 @@ pub fn classify(error: &kube::Error) -> Option<(Failure, String)> {
 }
 
 /// `a: b: c` from an error's sources, without the top level (kube's own wrapper) and without
-/// repeats.
+/// repeats; at most 300 bytes, keeping both ends.
 fn describe_chain(error: &kube::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut next = error.source();
@@ -222,15 +222,7 @@ fn describe_chain(error: &kube::Error) -> String {
     if parts.is_empty() {
         parts.push(error.to_string());
     }
-    let mut text = parts.join(": ");
-    if text.len() > 300 {
-        let mut end = 300;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
-    text
+    crate::telemetry::events::shorten(&parts.join(": "), 300).into_owned()
 }
 
 fn network_kind(kind: ErrorKind) -> bool {

@@ -62,13 +62,23 @@ const INSTALL_ORDER: &[&str] = &[
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
     /// a document is not valid YAML.
-    #[error("rendered output is not valid YAML: {0}")]
-    Yaml(String),
+    #[error("rendered output{} is not valid YAML: {error}", from_template(template.as_deref()))]
+    Yaml {
+        /// The template it came from (helm's `# Source:` line), if named.
+        template: Option<String>,
+        /// The parser's message.
+        error: String,
+    },
     /// a document is not a Kubernetes object.
-    #[error("rendered document {index} is not a Kubernetes object: {reason}")]
+    #[error("rendered document {}is not a Kubernetes object: {reason}", match template {
+        Some(template) => format!("from {template} "),
+        None => format!("{index} "),
+    })]
     NotAnObject {
         /// Position of the document in the output, from 0.
         index: usize,
+        /// The template it came from (helm's `# Source:` line), if named.
+        template: Option<String>,
         /// What is missing.
         reason: &'static str,
     },
@@ -255,50 +265,98 @@ pub fn describe(id: &InventoryEntry) -> String {
     }
 }
 
+/// ` of <template>` when the template is known.
+fn from_template(template: Option<&str>) -> String {
+    template.map(|t| format!(" of {t}")).unwrap_or_default()
+}
+
 /// Parses `helm template` output (multi-document YAML) into objects, expanding `List` kinds and
-/// skipping empty documents.
+/// skipping empty documents. A document that is not an object is named by the template it
+/// came from: helm starts each with `# Source: <chart>/templates/<file>`.
 pub fn parse_documents(yaml: &str) -> Result<Vec<RenderedObject>, PlanError> {
     let mut objects = Vec::new();
-    for (index, document) in serde_yaml_ng::Deserializer::from_str(yaml).enumerate() {
-        let value = Value::deserialize(document).map_err(|e| PlanError::Yaml(e.to_string()))?;
-        if value.is_null() {
+    let mut index = 0;
+    for chunk in split_documents(yaml) {
+        if chunk.trim().is_empty() {
             continue;
         }
-        if value
-            .get("kind")
-            .and_then(Value::as_str)
-            .is_some_and(|k| k.ends_with("List"))
-            && let Some(items) = value.get("items").and_then(Value::as_array)
-        {
-            for item in items {
-                objects.push(object(index, item.clone())?);
+        let template = source_line(chunk);
+        let at = |index, reason| PlanError::NotAnObject {
+            index,
+            template: template.map(str::to_owned),
+            reason,
+        };
+        for document in serde_yaml_ng::Deserializer::from_str(chunk) {
+            let value = Value::deserialize(document).map_err(|e| PlanError::Yaml {
+                template: template.map(str::to_owned),
+                error: e.to_string(),
+            })?;
+            if value.is_null() {
+                index += 1;
+                continue;
             }
-            continue;
+            if value
+                .get("kind")
+                .and_then(Value::as_str)
+                .is_some_and(|k| k.ends_with("List"))
+                && let Some(items) = value.get("items").and_then(Value::as_array)
+            {
+                for item in items {
+                    objects.push(object(item.clone()).map_err(|r| at(index, r))?);
+                }
+            } else {
+                objects.push(object(value).map_err(|r| at(index, r))?);
+            }
+            index += 1;
         }
-        objects.push(object(index, value)?);
     }
     Ok(objects)
 }
 
-fn object(index: usize, body: Value) -> Result<RenderedObject, PlanError> {
-    let not = |reason| PlanError::NotAnObject { index, reason };
+/// The documents of a YAML stream, split where helm splits its own output: at lines that are
+/// `---` (or start with `--- `), which open a document.
+fn split_documents(yaml: &str) -> Vec<&str> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    let mut offset = 0;
+    for line in yaml.split_inclusive('\n') {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        if bare == "---" || bare.starts_with("--- ") {
+            chunks.push(&yaml[start..offset]);
+            // The rest of the marker line (`--- {a: b}`) belongs to the new document.
+            start = offset + 3;
+        }
+        offset += line.len();
+    }
+    chunks.push(&yaml[start..]);
+    chunks
+}
+
+/// The template named by a document's `# Source: ` comment line, if any.
+fn source_line(document: &str) -> Option<&str> {
+    document
+        .lines()
+        .find_map(|line| line.strip_prefix("# Source: "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+/// The object of one document, or what it lacks.
+fn object(body: Value) -> Result<RenderedObject, &'static str> {
     if !body.is_object() {
-        return Err(not("not a mapping"));
+        return Err("not a mapping");
     }
     let api_version = body
         .get("apiVersion")
         .and_then(Value::as_str)
-        .ok_or_else(|| not("no apiVersion"))?;
-    let kind = body
-        .get("kind")
-        .and_then(Value::as_str)
-        .ok_or_else(|| not("no kind"))?;
-    let metadata = body.get("metadata").ok_or_else(|| not("no metadata"))?;
+        .ok_or("no apiVersion")?;
+    let kind = body.get("kind").and_then(Value::as_str).ok_or("no kind")?;
+    let metadata = body.get("metadata").ok_or("no metadata")?;
     let name = metadata
         .get("name")
         .and_then(Value::as_str)
         .filter(|n| !n.is_empty())
-        .ok_or_else(|| not("no metadata.name"))?;
+        .ok_or("no metadata.name")?;
     let (group, version) = match api_version.split_once('/') {
         Some((group, version)) => (group, version),
         None => ("", api_version),
@@ -689,11 +747,74 @@ metadata:
     }
 
     #[test]
+    fn a_document_that_is_not_an_object_names_its_template() {
+        let render = "---\n# Source: demo/templates/a.yaml\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\n# Source: demo/templates/empty.yaml\n---\n# Source: demo/templates/notes.yaml\njust some text\n";
+        let error = parse_documents(render).unwrap_err();
+        assert_eq!(
+            error,
+            PlanError::NotAnObject {
+                index: 2,
+                template: Some("demo/templates/notes.yaml".into()),
+                reason: "not a mapping"
+            }
+        );
+        assert_eq!(
+            error.to_string(),
+            "rendered document from demo/templates/notes.yaml is not a Kubernetes object: not a mapping"
+        );
+        let no_kind = "---\n# Source: demo/templates/b.yaml\napiVersion: v1\nmetadata: {name: b}\n";
+        assert_eq!(
+            parse_documents(no_kind).unwrap_err().to_string(),
+            "rendered document from demo/templates/b.yaml is not a Kubernetes object: no kind"
+        );
+        let list = "---\n# Source: demo/templates/list.yaml\napiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: ConfigMap}\n";
+        assert!(
+            parse_documents(list)
+                .unwrap_err()
+                .to_string()
+                .contains("from demo/templates/list.yaml"),
+            "an item of a List is named by the List's template"
+        );
+        let bad_yaml = "---\n# Source: demo/templates/a.yaml\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\n# Source: demo/templates/bad.yaml\na: [b\n";
+        let error = parse_documents(bad_yaml).unwrap_err().to_string();
+        assert!(
+            error.starts_with("rendered output of demo/templates/bad.yaml is not valid YAML: "),
+            "{error}"
+        );
+        let unnamed = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\nkind: x\n";
+        assert_eq!(
+            parse_documents(unnamed).unwrap_err().to_string(),
+            "rendered document 1 is not a Kubernetes object: no apiVersion"
+        );
+    }
+
+    #[test]
+    fn documents_split_as_helm_splits_them() {
+        assert_eq!(split_documents("a: 1\n---\nb: 2\n"), ["a: 1\n", "\nb: 2\n"]);
+        assert_eq!(split_documents("--- {a: 1}\n"), ["", " {a: 1}\n"]);
+        // Not a marker: indented, or longer.
+        assert_eq!(
+            split_documents("a: |\n  ---\n----\n"),
+            ["a: |\n  ---\n----\n"]
+        );
+        let objects =
+            parse_documents("--- {apiVersion: v1, kind: ConfigMap, metadata: {name: a}}\n...\n")
+                .unwrap();
+        assert_eq!(objects.len(), 1);
+        assert_eq!(
+            parse_documents(RENDER).unwrap().len(),
+            8,
+            "every object of the sample render, the empty documents skipped"
+        );
+    }
+
+    #[test]
     fn bad_documents_are_named() {
         assert_eq!(
             parse_documents("apiVersion: v1\nkind: ConfigMap\nmetadata: {}\n"),
             Err(PlanError::NotAnObject {
                 index: 0,
+                template: None,
                 reason: "no metadata.name"
             })
         );
@@ -701,12 +822,13 @@ metadata:
             parse_documents("---\n- a\n- b\n"),
             Err(PlanError::NotAnObject {
                 index: 0,
+                template: None,
                 reason: "not a mapping"
             })
         );
         assert!(matches!(
             parse_documents("a: [b\n"),
-            Err(PlanError::Yaml(_))
+            Err(PlanError::Yaml { template: None, .. })
         ));
         let twice = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: s}\n";
         assert_eq!(

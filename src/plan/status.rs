@@ -4,6 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::{HookOperation, HookRun, InventoryEntry, LastOperation, ManifestStatus, State};
+use crate::telemetry::events::{MESSAGE_LIMIT, shorten};
 
 /// What one reconcile pass found.
 #[derive(Clone, Debug, PartialEq)]
@@ -128,7 +129,8 @@ pub struct Facts {
 }
 
 /// The status after a pass. Unchanged inputs give an equal status (so the caller can skip the
-/// write): times are carried over unless the thing they time changed.
+/// write): times are carried over unless the thing they time changed. The message is shortened
+/// to [`MESSAGE_LIMIT`] bytes, keeping its beginning and its end.
 pub fn next_status(
     previous: Option<&ManifestStatus>,
     generation: Option<i64>,
@@ -139,6 +141,7 @@ pub fn next_status(
     now: &Time,
 ) -> ManifestStatus {
     let previous = previous.cloned().unwrap_or_default();
+    let message = shorten(&outcome.message, MESSAGE_LIMIT);
     let mut conditions = previous.conditions.clone();
     let set = |conditions: &mut Vec<Condition>, kind: &str, value: bool| {
         set_condition(
@@ -146,7 +149,7 @@ pub fn next_status(
             kind,
             value,
             outcome.reason.as_str(),
-            &outcome.message,
+            &message,
             generation,
             now,
         );
@@ -161,7 +164,7 @@ pub fn next_status(
             "Reconciling",
             true,
             PROGRESSING_WITH_RETRY,
-            &outcome.message,
+            &message,
             generation,
             now,
         );
@@ -186,14 +189,14 @@ pub fn next_status(
             let same = previous
                 .last_operation
                 .as_ref()
-                .is_some_and(|last| last.operation == operation && last.message == outcome.message);
+                .is_some_and(|last| last.operation == operation && last.message == message);
             if same {
                 previous.last_operation.clone()
             } else {
                 Some(LastOperation {
                     operation: operation.to_owned(),
                     time: now.clone(),
-                    message: outcome.message.clone(),
+                    message: message.clone().into_owned(),
                 })
             }
         }
@@ -381,6 +384,56 @@ mod tests {
         assert_eq!(Operation::from(HookOperation::Install).as_str(), "Install");
         assert_eq!(Operation::from(HookOperation::Upgrade).as_str(), "Upgrade");
         assert_eq!(Operation::from(HookOperation::Delete).as_str(), "Delete");
+    }
+
+    #[test]
+    fn a_long_message_is_shortened_keeping_its_cause_and_stays_equal() {
+        let failing = Outcome {
+            state: State::Error,
+            reason: Reason::Failed("RenderError"),
+            message: format!("template: x.yaml:{}the cause", " nested:".repeat(20_000)),
+            rendered: Some(false),
+            applied: None,
+            stalled: true,
+            operation: Some(Operation::Install),
+        };
+        let first = next_status(
+            None,
+            Some(1),
+            &failing,
+            Facts::default(),
+            None,
+            "r0",
+            &at(1),
+        );
+        let second = next_status(
+            Some(&first),
+            Some(1),
+            &failing,
+            Facts::default(),
+            None,
+            "r0",
+            &at(2),
+        );
+        assert_eq!(
+            first, second,
+            "a shortened message compares equal on the next pass"
+        );
+        for condition in &first.conditions {
+            assert!(
+                condition.message.len() <= MESSAGE_LIMIT,
+                "{}",
+                condition.type_
+            );
+            assert!(condition.message.starts_with("template: x.yaml:"));
+            assert!(
+                condition.message.ends_with("the cause"),
+                "{}",
+                condition.type_
+            );
+        }
+        let last = first.last_operation.unwrap();
+        assert!(last.message.len() <= MESSAGE_LIMIT && last.message.ends_with("the cause"));
     }
 
     #[test]

@@ -313,7 +313,12 @@ impl HookScope<'_> {
             )));
         }
         let note = format!("{} hooks not run: {error}", event.as_str());
-        tracing::warn!(category = error.category(), "{note}");
+        let logged = error.for_log();
+        tracing::warn!(
+            category = error.category(),
+            "{} hooks not run: {logged}",
+            event.as_str()
+        );
         self.publish_skipped(&note).await?;
         hooks::advance(run);
         Ok(None)

@@ -8,6 +8,7 @@ use crate::render::RenderError;
 use crate::render::values::ValuesError;
 use crate::shard::fence::FenceLost;
 use crate::source::SourceError;
+use crate::telemetry::events::{MESSAGE_LIMIT, shorten};
 
 /// Why a pass failed, by the step that failed.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +73,20 @@ pub enum ReconcileError {
 }
 
 impl ReconcileError {
+    /// The error as a log line: helm's own message is left out (a chart's `fail`/`required`
+    /// text may carry values, secrets among them; it goes to the Manifest's status and Event
+    /// only, which whoever may read the Manifest may read), the rest shortened to
+    /// [`MESSAGE_LIMIT`] bytes.
+    pub fn for_log(&self) -> String {
+        match self {
+            Self::Render(RenderError::Helm(message)) => format!(
+                "render: helm template failed (its message, {} bytes, is in the Manifest's status, not logged)",
+                message.len()
+            ),
+            other => shorten(&other.to_string(), MESSAGE_LIMIT).into_owned(),
+        }
+    }
+
     /// The static category: the only thing used as a metric label or Event reason.
     pub fn category(&self) -> &'static str {
         match self {
@@ -119,6 +134,26 @@ impl ReconcileError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn helm_messages_are_not_logged_and_others_are_shortened() {
+        let message = "execution error at (x/templates/a.yaml:1:3): password hunter2 is too short";
+        let secret = ReconcileError::Render(RenderError::Helm(message.into()));
+        let line = secret.for_log();
+        assert!(!line.contains("hunter2"), "{line}");
+        assert!(line.contains(&format!("{} bytes", message.len())), "{line}");
+        assert_eq!(secret.category(), "RenderError");
+        let long =
+            ReconcileError::HookFailed(format!("hook x failed: {}the cause", "y".repeat(9000)));
+        let line = long.for_log();
+        assert!(
+            line.len() <= MESSAGE_LIMIT && line.ends_with("the cause"),
+            "{line}"
+        );
+        let timeout =
+            ReconcileError::Render(RenderError::Timeout(std::time::Duration::from_secs(3)));
+        assert_eq!(timeout.for_log(), timeout.to_string());
+    }
 
     #[test]
     fn unknown_kinds_are_retried_and_bad_charts_are_not() {

@@ -608,7 +608,7 @@ fn hook_running(message: String) -> Outcome {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::error_outcome;
     use super::*;
     use crate::plan::PlanError;
@@ -619,7 +619,7 @@ mod tests {
 
     /// kstatus' answers that matter to a user (`Terminating` reads as in progress).
     #[derive(Debug, PartialEq)]
-    enum Kstatus {
+    pub(in crate::reconcile) enum Kstatus {
         Current,
         InProgress,
         Failed,
@@ -678,7 +678,7 @@ mod tests {
     }
 
     /// The status after a pass with `outcome` over `previous`.
-    fn after(
+    pub(in crate::reconcile) fn after(
         previous: Option<&ManifestStatus>,
         generation: i64,
         outcome: &Outcome,
@@ -701,7 +701,7 @@ mod tests {
 
     /// Every state the pipeline can end a pass in, from its own outcome functions, with what
     /// kstatus must read.
-    fn pipeline_states() -> Vec<(&'static str, Outcome, Kstatus)> {
+    pub(in crate::reconcile) fn pipeline_states() -> Vec<(&'static str, Outcome, Kstatus)> {
         let waiting: &[&str] = &["Deployment web: 0 of 1 replicas"];
         let transient = error_outcome(
             &ReconcileError::ValuesSourceMissing("ConfigMap v does not exist".into()),

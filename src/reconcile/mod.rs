@@ -13,6 +13,8 @@
 //! to the Manifest itself (`records.rs`, `finalizer.rs`), the target (`target.rs`) and the errors
 //! (`error.rs`).
 
+#[cfg(test)]
+mod argocd_health;
 mod delete;
 mod error;
 mod finalizer;
@@ -323,7 +325,8 @@ async fn failed(
     tracing::warn!(
         category = error.category(),
         permanent = error.is_permanent(),
-        "reconcile failed: {error}"
+        "reconcile failed: {}",
+        error.for_log()
     );
     let facts = progress.facts();
     // A pass that lost its shard meanwhile must not write over the new owner's status.

@@ -8,7 +8,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::{Context, ReconcileError};
-use crate::api::{InventoryEntry, Manifest, State};
+use crate::api::{InventoryEntry, Manifest, ManifestStatus, State};
 use crate::plan::RenderedObject;
 use crate::plan::status::{Facts, Operation, Outcome, next_status};
 use crate::plan::trigger;
@@ -70,12 +70,18 @@ pub(super) async fn write_status(
     if previous == Some(&next) {
         return Ok(());
     }
-    let previous_message = previous
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| c.message.as_str());
+    // The messages as written (shortened), so a long one that did not change is not news.
+    let ready_message = |status: &ManifestStatus| {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.message.clone())
+    };
+    let message = ready_message(&next).unwrap_or_default();
     let problem = matches!(outcome.state, State::Error | State::Warning);
     let notable = previous.and_then(|s| s.state) != next.state
-        || (problem && previous_message != Some(&outcome.message));
+        || (problem && previous.and_then(ready_message).as_ref() != Some(&message));
     patch_status(
         manifest,
         ctx,
@@ -84,13 +90,19 @@ pub(super) async fn write_status(
     .await?;
     if notable {
         let reason = outcome.reason.as_str();
-        tracing::info!(state = ?outcome.state, reason, "{}", outcome.message);
+        // A render error's text is helm's (a chart's `fail` may quote values): status and
+        // Event only; the failed pass logged what it may (`ReconcileError::for_log`).
+        if reason == "RenderError" {
+            tracing::info!(state = ?outcome.state, reason, "the message is in the status");
+        } else {
+            tracing::info!(state = ?outcome.state, reason, "{message}");
+        }
         let kind = if problem {
             EventType::Warning
         } else {
             EventType::Normal
         };
-        publish(manifest, ctx, kind, reason, &outcome.message).await;
+        publish(manifest, ctx, kind, reason, &message).await;
     }
     Ok(())
 }

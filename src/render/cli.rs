@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
-use super::{FIXED_FLAGS, RenderError, RenderLimits, RenderRequest, helm_message};
+use super::{FIXED_FLAGS, RenderError, RenderLimits, RenderRequest, helm_message_ends};
 
 /// Runs the pinned helm binary once per render.
 pub(super) struct Cli {
@@ -51,7 +51,11 @@ impl Cli {
             Ok(result) => result?,
         };
         if !status.success() {
-            return Err(RenderError::Helm(helm_message(&err)));
+            return Err(RenderError::Helm(helm_message_ends(
+                &err.head,
+                err.omitted,
+                &err.tail,
+            )));
         }
         String::from_utf8(out).map_err(|_| RenderError::Helm("output is not UTF-8".into()))
     }
@@ -90,17 +94,17 @@ impl Cli {
 }
 
 /// Writes `values` to a helm child and reads its output (at most `max_output` bytes) and the
-/// start of its stderr, then waits for it: its exit status, stdout and stderr.
+/// ends of its stderr, then waits for it: its exit status, stdout and stderr.
 async fn exchange(
     mut child: Child,
     values: String,
     max_output: usize,
-) -> Result<(ExitStatus, Vec<u8>, Vec<u8>), RenderError> {
+) -> Result<(ExitStatus, Vec<u8>, Ends), RenderError> {
     let mut stdin = child.stdin.take().expect("stdin is piped");
     let mut stdout = child.stdout.take().expect("stdout is piped");
     let mut stderr = child.stderr.take().expect("stderr is piped");
     let mut out = Vec::new();
-    let mut err = Vec::new();
+    let mut err = Ends::default();
     // Values are JSON, which is YAML. Writing and both reads run together, so neither a
     // large input nor a large output can deadlock on a full pipe; an oversized output
     // ends the wait at once (the child is killed on drop).
@@ -120,10 +124,16 @@ async fn exchange(
         Ok(())
     };
     let read_err = async {
-        // Keep the first 64 KiB; drain the rest, so a chatty helm cannot block on a
-        // full stderr pipe (which would look like a timeout).
-        let _ = (&mut stderr).take(64 * 1024).read_to_end(&mut err).await;
-        let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
+        // Keep its first and last 32 KiB (the error comes first, its innermost cause last);
+        // read all of it, so a chatty helm cannot block on a full stderr pipe (which would
+        // look like a timeout).
+        let mut buffer = [0u8; 8192];
+        while let Ok(n) = stderr.read(&mut buffer).await {
+            if n == 0 {
+                break;
+            }
+            err.push(&buffer[..n], STDERR_END);
+        }
         Ok(())
     };
     tokio::try_join!(write, read_out, read_err)?;
@@ -134,6 +144,33 @@ async fn exchange(
     Ok((status, out, err))
 }
 
+/// How much of each end of helm's stderr is kept.
+const STDERR_END: usize = 32 * 1024;
+
+/// The ends of a stream read in chunks: its first bytes, how many were dropped after them,
+/// and its last bytes.
+#[derive(Debug, Default, PartialEq)]
+struct Ends {
+    head: Vec<u8>,
+    omitted: usize,
+    tail: Vec<u8>,
+}
+
+impl Ends {
+    /// Takes the next chunk, keeping at most `keep` bytes at each end.
+    fn push(&mut self, mut chunk: &[u8], keep: usize) {
+        let room = keep.saturating_sub(self.head.len()).min(chunk.len());
+        self.head.extend_from_slice(&chunk[..room]);
+        chunk = &chunk[room..];
+        self.tail.extend_from_slice(chunk);
+        if self.tail.len() > keep {
+            let drop = self.tail.len() - keep;
+            self.tail.drain(..drop);
+            self.omitted += drop;
+        }
+    }
+}
+
 /// A helm command with a private home, no inherited environment, and no way out to the network
 /// (a chart that needs to fetch dependencies fails instead of reaching out).
 fn isolated(mut command: Command, home: &Path) -> Command {
@@ -142,4 +179,36 @@ fn isolated(mut command: Command, home: &Path) -> Command {
         .env("HTTPS_PROXY", "http://127.0.0.1:9")
         .env("NO_PROXY", "");
     command
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_stream_keeps_both_ends_and_counts_the_middle() {
+        let stream: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let mut ends = Ends::default();
+        for chunk in stream.chunks(8192) {
+            ends.push(chunk, 1000);
+        }
+        assert_eq!(ends.head, stream[..1000]);
+        assert_eq!(ends.tail, stream[stream.len() - 1000..]);
+        assert_eq!(ends.omitted, 98_000);
+    }
+
+    #[test]
+    fn a_short_stream_is_kept_whole() {
+        let mut ends = Ends::default();
+        ends.push(b"Error: a", 8);
+        ends.push(b"bc", 8);
+        assert_eq!(
+            ends,
+            Ends {
+                head: b"Error: a".to_vec(),
+                omitted: 0,
+                tail: b"bc".to_vec()
+            }
+        );
+    }
 }

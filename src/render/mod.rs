@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 use tokio::process::Command;
 
 use crate::source::ResolvedChart;
+use crate::telemetry::events::{MESSAGE_LIMIT, shorten_ends};
 use crate::telemetry::metrics::RenderMetrics;
 use prometheus_client::metrics::counter::Counter;
 
@@ -309,24 +310,77 @@ fn private_home<'c>(command: &'c mut Command, home: &Path) -> &'c mut Command {
 }
 
 /// The useful part of helm's stderr: from its first `Error` line on (warnings before it are
-/// dropped), lines joined with `; `; at most 1 KiB.
+/// dropped), lines joined with `; `, at most [`MESSAGE_LIMIT`] bytes keeping the beginning and
+/// the end (an include recursion's cause is the last line of ~130 kB).
 fn helm_message(stderr: &[u8]) -> String {
-    let text = String::from_utf8_lossy(stderr);
-    let lines: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    let first_error = lines
+    helm_message_ends(stderr, 0, b"")
+}
+
+/// [`helm_message`] of a stderr of which only the ends were kept: `head`, `omitted` bytes
+/// dropped, `tail`.
+fn helm_message_ends(head: &[u8], omitted: usize, tail: &[u8]) -> String {
+    let (head, omitted, tail) = mend_cut(head, omitted, tail);
+    let lines = |text: &str| -> Vec<String> {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let head_lines = lines(&head);
+    let first_error = head_lines
         .iter()
         .position(|l| l.starts_with("Error"))
         .unwrap_or(0);
-    let message = lines[first_error..].join("; ");
+    let message = head_lines[first_error..].join("; ");
     let message = message.strip_prefix("Error: ").unwrap_or(&message);
-    match message.char_indices().nth(1024) {
-        Some((cut, _)) => format!("{}…", &message[..cut]),
-        None => message.to_owned(),
+    let tail = lines(&tail).join("; ");
+    let separator = if message.is_empty() || tail.is_empty() || omitted > 0 {
+        ""
+    } else {
+        "; "
+    };
+    shorten_ends(
+        message,
+        omitted,
+        &format!("{separator}{tail}"),
+        MESSAGE_LIMIT,
+    )
+}
+
+/// The two ends of a cut stream as text, the cut moved past what would read differently from
+/// the whole text: a character split by it and the spaces at it (trimmed as a line's ends,
+/// which they are not) count as omitted. So the message is the one the whole stderr gives.
+fn mend_cut(head: &[u8], omitted: usize, tail: &[u8]) -> (String, usize, String) {
+    if omitted == 0 {
+        let text = |bytes| String::from_utf8_lossy(bytes).into_owned();
+        return (text(head), 0, text(tail));
     }
+    let whole_head = head.len();
+    let head = match std::str::from_utf8(head) {
+        Err(e) if e.error_len().is_none() => &head[..e.valid_up_to()],
+        _ => head,
+    };
+    let split = tail
+        .iter()
+        .take(3)
+        .take_while(|b| (**b & 0xC0) == 0x80)
+        .count();
+    let (head_text, tail_text) = (
+        String::from_utf8_lossy(head),
+        String::from_utf8_lossy(&tail[split..]),
+    );
+    let kept_head = head_text.trim_end_matches([' ', '\t']);
+    let kept_tail = tail_text.trim_start_matches([' ', '\t']);
+    let cut_off = (whole_head - head.len())
+        + (head_text.len() - kept_head.len())
+        + split
+        + (tail_text.len() - kept_tail.len());
+    (
+        kept_head.to_owned(),
+        omitted + cut_off,
+        kept_tail.to_owned(),
+    )
 }
 
 /// Hit and miss counts of the render cache.
@@ -498,6 +552,63 @@ mod tests {
             "values don't meet the specifications of the schema(s):; typed:; - at '/replicaCount': got string"
         );
         assert_eq!(helm_message(b"  something odd \n"), "something odd");
-        assert_eq!(helm_message(&[b'x'; 2000]).chars().count(), 1025);
+        let long = helm_message(&[b'x'; 5000]);
+        assert_eq!(long.len(), MESSAGE_LIMIT);
+        assert!(long.contains(" … [2982 bytes omitted] … "), "{long}");
+    }
+
+    #[test]
+    fn a_long_helm_error_keeps_its_cause_at_the_end() {
+        let nested = "error calling include: template: c/templates/_h.tpl:2:3: executing \"loop\" at <include \"loop\" .>: ".repeat(1000);
+        let stderr = format!(
+            "walk.go:74: a warning\nError: template: c/templates/cm.yaml:6:12: {nested}error calling include: rendering template has a nested reference name: loop: unable to execute template\n\nUse --debug flag to render out invalid YAML\n"
+        );
+        let message = helm_message(stderr.as_bytes());
+        assert!(message.len() <= MESSAGE_LIMIT);
+        assert!(
+            message.starts_with("template: c/templates/cm.yaml:6:12: error calling include"),
+            "{message}"
+        );
+        assert!(message.ends_with("nested reference name: loop: unable to execute template; Use --debug flag to render out invalid YAML"), "{message}");
+        assert!(message.contains("bytes omitted"));
+    }
+
+    #[test]
+    fn a_stderr_kept_by_its_ends_keeps_both_and_counts_the_gap() {
+        let message = helm_message_ends(
+            b"noise\nError: the start\nmore",
+            70_000,
+            b"tail of a line\nthe cause\n",
+        );
+        assert_eq!(
+            message,
+            "the start; more … [70000 bytes omitted] … tail of a line; the cause"
+        );
+        assert_eq!(helm_message_ends(b"Error: a\n", 0, b"b\n"), "a; b");
+    }
+
+    #[test]
+    fn a_cut_inside_a_character_or_at_spaces_reads_as_the_whole_text() {
+        // The same stderr whole and as two ends cut inside "é" (2 bytes), followed by spaces:
+        // the same message, marker count included.
+        let whole = format!(
+            "Error: {}é  {}the cause\n",
+            "a".repeat(3000),
+            "b".repeat(3000)
+        );
+        let bytes = whole.as_bytes();
+        let cut = 7 + 3000 + 1;
+        let (head, omitted, tail) = mend_cut(&bytes[..cut], 1, &bytes[cut + 1..]);
+        assert_eq!((head.len(), omitted), (7 + 3000, 1 + 1 + 2));
+        assert!(tail.starts_with('b'));
+        assert_eq!(
+            helm_message_ends(&bytes[..cut], 1, &bytes[cut + 1..]),
+            helm_message(bytes)
+        );
+        // Cut inside the character on the tail's side.
+        assert_eq!(
+            helm_message_ends(&bytes[..cut - 1], 1, &bytes[cut..]),
+            helm_message(bytes)
+        );
     }
 }

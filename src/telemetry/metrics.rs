@@ -442,10 +442,43 @@ pub struct ManifestMetrics {
     pub by_state: Family<StateLabels, Gauge>,
     /// Age of the oldest deletion request among them, 0 when none is being deleted.
     pub oldest_deletion: Gauge<f64, AtomicU64>,
+    /// Manifests that failed, by how (stalled or retrying) and the Ready condition's reason.
+    pub failing: Family<FailingLabels, Gauge>,
 }
 
+/// How a Manifest fails, as metric labels: `Stalled=True` or `Reconciling=True` with reason
+/// `ProgressingWithRetry`, and the Ready condition's reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailingLabels {
+    /// `stalled` (waits for a change) or `retrying` (backs off and tries again).
+    pub status: &'static str,
+    /// One of [`FAILING_REASONS`].
+    pub reason: &'static str,
+}
+
+/// Every `reason` label value of `module_manager_manifests_failing` (the Ready reasons a
+/// failing pass writes; `Other` for any other), so the series exist (at 0) from the start.
+pub const FAILING_REASONS: &[&str] = &[
+    "ReadinessTimeout",
+    "ObjectFailed",
+    "ChartError",
+    "ValuesError",
+    "RenderError",
+    "PlanError",
+    "TenancyError",
+    "ApplyError",
+    "JobFailed",
+    "HookFailed",
+    "KubeError",
+    "TargetError",
+    "TargetUnreachable",
+    "TargetAuthError",
+    "Other",
+];
+
 impl ManifestMetrics {
-    /// Registers `manifests` and `manifests_oldest_deletion_seconds` in `registry`.
+    /// Registers `manifests`, `manifests_oldest_deletion_seconds` and `manifests_failing` in
+    /// `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
         registry.register(
@@ -458,6 +491,18 @@ impl ManifestMetrics {
             "Age of the oldest deletionTimestamp among this replica's Manifests (0 when none)",
             metrics.oldest_deletion.clone(),
         );
+        registry.register(
+            "manifests_failing",
+            "Manifests in the shards this replica owns that failed: stalled (Stalled=True, waits for a change) or retrying (Reconciling=True, ProgressingWithRetry), by the Ready reason",
+            metrics.failing.clone(),
+        );
+        for status in ["stalled", "retrying"] {
+            for reason in FAILING_REASONS {
+                let _ = metrics
+                    .failing
+                    .get_or_create(&FailingLabels { status, reason });
+            }
+        }
         metrics
     }
 }

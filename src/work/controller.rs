@@ -22,12 +22,15 @@ use kube::{Resource, ResourceExt};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{Manifest, State};
+use crate::plan::status::PROGRESSING_WITH_RETRY;
 use crate::reconcile::Context;
 use crate::shard::ShardCount;
 use crate::shard::fence::Ownership;
 use crate::shard::fleet::LocalWork;
 use crate::shard::membership::{MAX_PUBLISHED_SHARDS, MemberLoad, ShardLoad};
-use crate::telemetry::metrics::{ManifestMetrics, QueueMetrics, StateLabels};
+use crate::telemetry::metrics::{
+    FAILING_REASONS, FailingLabels, ManifestMetrics, QueueMetrics, StateLabels,
+};
 use crate::work::dispatch::Passes;
 use crate::work::queue::{QueueKey, WorkQueue};
 use crate::work::sources::feed_sources;
@@ -159,6 +162,29 @@ pub struct Census {
     pub by_state: BTreeMap<&'static str, i64>,
     /// Age of the oldest `deletionTimestamp`, if any Manifest is being deleted.
     pub oldest_deletion: Option<Duration>,
+    /// (`stalled` | `retrying`, Ready reason) → count of the failing Manifests; every pair
+    /// of [`FAILING_REASONS`] is present.
+    pub failing: BTreeMap<(&'static str, &'static str), i64>,
+}
+
+/// How a Manifest fails, if it does: `stalled` (`Stalled=True`) or `retrying`
+/// (`Reconciling=True` with `ProgressingWithRetry`), with its Ready reason as one of
+/// [`FAILING_REASONS`] (`Other` for one not in the list, so the label stays bounded).
+fn failing(status: &crate::api::ManifestStatus) -> Option<(&'static str, &'static str)> {
+    let condition = |kind: &str| status.conditions.iter().find(|c| c.type_ == kind);
+    let is_true = |kind: &str| condition(kind).is_some_and(|c| c.status == "True");
+    let how = if is_true("Stalled") {
+        "stalled"
+    } else if condition("Reconciling")
+        .is_some_and(|c| c.status == "True" && c.reason == PROGRESSING_WITH_RETRY)
+    {
+        "retrying"
+    } else {
+        return None;
+    };
+    let reason = condition("Ready").map_or("Other", |c| c.reason.as_str());
+    let known = FAILING_REASONS.iter().copied().find(|r| *r == reason);
+    Some((how, known.unwrap_or("Other")))
 }
 
 /// Counts `manifests` by state (pure).
@@ -175,7 +201,18 @@ pub fn census<'a>(manifests: impl IntoIterator<Item = &'a Manifest>, now: Timest
     .map(|state| (state, 0))
     .collect();
     let mut oldest_deletion: Option<Duration> = None;
+    let mut failing_count: BTreeMap<(&'static str, &'static str), i64> = ["stalled", "retrying"]
+        .into_iter()
+        .flat_map(|how| {
+            FAILING_REASONS
+                .iter()
+                .map(move |reason| ((how, *reason), 0))
+        })
+        .collect();
     for manifest in manifests {
+        if let Some(key) = manifest.status.as_ref().and_then(failing) {
+            *failing_count.entry(key).or_default() += 1;
+        }
         let state = match manifest.status.as_ref().and_then(|s| s.state.as_ref()) {
             Some(State::Ready) => "Ready",
             Some(State::Processing) => "Processing",
@@ -193,6 +230,7 @@ pub fn census<'a>(manifests: impl IntoIterator<Item = &'a Manifest>, now: Timest
     Census {
         by_state,
         oldest_deletion,
+        failing: failing_count,
     }
 }
 
@@ -219,6 +257,12 @@ pub async fn publish_census(
         metrics
             .oldest_deletion
             .set(census.oldest_deletion.unwrap_or_default().as_secs_f64());
+        for ((status, reason), count) in census.failing {
+            metrics
+                .failing
+                .get_or_create(&FailingLabels { status, reason })
+                .set(count);
+        }
     }
 }
 
@@ -386,5 +430,72 @@ mod tests {
         assert_eq!(counted.by_state["Error"], 0, "every state is present");
         assert_eq!(counted.oldest_deletion, Some(Duration::from_secs(600)));
         assert_eq!(census(&manifests[..3], now).oldest_deletion, None);
+    }
+
+    #[test]
+    fn failing_manifests_are_counted_by_how_and_reason() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        let condition = |kind: &str, status: &str, reason: &str| Condition {
+            type_: kind.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::UNIX_EPOCH,
+            ),
+        };
+        let with = |conditions: Vec<Condition>| {
+            let mut m = Manifest::new(
+                "m",
+                serde_json::from_value(serde_json::json!({"module": "x", "chart": {"path": "x"}}))
+                    .unwrap(),
+            );
+            m.status = Some(crate::api::ManifestStatus {
+                state: Some(State::Error),
+                conditions,
+                ..Default::default()
+            });
+            m
+        };
+        let stalled = |reason| {
+            with(vec![
+                condition("Ready", "False", reason),
+                condition("Reconciling", "False", reason),
+                condition("Stalled", "True", reason),
+            ])
+        };
+        let manifests = [
+            stalled("ReadinessTimeout"),
+            stalled("ReadinessTimeout"),
+            stalled("ObjectFailed"),
+            stalled("SomethingNew"),
+            with(vec![
+                condition("Ready", "False", "ValuesError"),
+                condition("Reconciling", "True", PROGRESSING_WITH_RETRY),
+                condition("Stalled", "False", "ValuesError"),
+            ]),
+            // In progress without an error, and ready: not failing.
+            with(vec![
+                condition("Ready", "False", "Progressing"),
+                condition("Reconciling", "True", "Progressing"),
+            ]),
+            with(vec![condition("Ready", "True", "Ready")]),
+        ];
+        let counted = census(&manifests, Timestamp::UNIX_EPOCH).failing;
+        assert_eq!(counted[&("stalled", "ReadinessTimeout")], 2);
+        assert_eq!(counted[&("stalled", "ObjectFailed")], 1);
+        assert_eq!(
+            counted[&("stalled", "Other")],
+            1,
+            "an unknown reason is bounded"
+        );
+        assert_eq!(counted[&("retrying", "ValuesError")], 1);
+        assert_eq!(counted.values().sum::<i64>(), 5);
+        assert_eq!(
+            counted.len(),
+            2 * FAILING_REASONS.len(),
+            "every series is present"
+        );
     }
 }
