@@ -1087,6 +1087,8 @@ async fn a_reset_counts_the_readiness_deadline_anew() {
         reset.metadata.generation, stalled.metadata.generation,
         "no spec change"
     );
+}
+
 #[tokio::test]
 async fn a_long_render_error_keeps_its_cause_in_the_status_and_the_event_with_either_backend() {
     // helm stops an include recursion after 1000 levels with a ~130 kB error whose cause is
