@@ -308,15 +308,8 @@ impl Cluster {
         object: &RenderedObject,
         owner_uid: &str,
     ) -> Result<DynamicObject, ApplyError> {
-        let api = self.api_for(&object.id)?;
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        api.patch(
-            &object.id.name,
-            &params,
-            &Patch::Apply(&labelled(object, owner_uid)),
-        )
-        .await
-        .map_err(|e| ApplyError::from_kube(&object.id, e))
+        self.server_side_apply(object, owner_uid, PatchParams::apply(FIELD_MANAGER).force())
+            .await
     }
 
     /// Whether this cluster's identity may apply `object`: a server-side apply with
@@ -346,6 +339,31 @@ impl Cluster {
             }),
             _ => Ok(()),
         }
+    }
+
+    /// What [`Cluster::apply`] would store, without storing it: the same server-side apply (the
+    /// same field manager, forced, labelled) with `dryRun=All`, so that defaulting, admission
+    /// and fields released by the field manager show as the real apply would leave them.
+    pub async fn dry_run_apply(
+        &self,
+        object: &RenderedObject,
+        owner_uid: &str,
+    ) -> Result<DynamicObject, ApplyError> {
+        let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
+        self.server_side_apply(object, owner_uid, params).await
+    }
+
+    async fn server_side_apply(
+        &self,
+        object: &RenderedObject,
+        owner_uid: &str,
+        params: PatchParams,
+    ) -> Result<DynamicObject, ApplyError> {
+        let api = self.api_for(&object.id)?;
+        let body = labelled(object, owner_uid);
+        api.patch(&object.id.name, &params, &Patch::Apply(&body))
+            .await
+            .map_err(|e| ApplyError::from_kube(&object.id, e))
     }
 
     /// Deletes an object managed by the Manifest `owner_uid`, in the background (dependents by
