@@ -31,11 +31,10 @@ pub async fn preview(manifest: &Manifest, ctx: &Context) -> Result<Diff, Reconci
     let mut request = render_request(manifest, ctx, &cluster).await?;
     let values_digest = request.values_digest();
     let run = hook_run(manifest, &previous, &request, &values_digest);
-    let mut diff = Diff::default();
-    if manifest.spec.suspend {
-        diff.notes
-            .push("the Manifest is suspended: no pass runs until it is resumed".into());
-    }
+    let mut diff = Diff {
+        notes: notes(manifest),
+        ..Diff::default()
+    };
     if run.phase == HookRunPhase::Failed {
         let message = run.message.unwrap_or_default();
         diff.notes.push(format!(
@@ -73,6 +72,20 @@ pub async fn preview(manifest: &Manifest, ctx: &Context) -> Result<Diff, Reconci
         }
     }
     Ok(diff)
+}
+
+/// What keeps the next pass from doing what the diff shows: a deletion, a suspension.
+fn notes(manifest: &Manifest) -> Vec<String> {
+    let mut notes = Vec::new();
+    if manifest.meta().deletion_timestamp.is_some() {
+        notes.push(
+            "the Manifest is being deleted: the next pass deletes its objects instead".into(),
+        );
+    }
+    if manifest.spec.suspend {
+        notes.push("the Manifest is suspended: no pass runs until it is resumed".into());
+    }
+    notes
 }
 
 /// The hook run the pass would work on (as the install step computes it).
