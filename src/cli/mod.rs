@@ -181,6 +181,19 @@ pub async fn admin(args: AdminArgs) -> anyhow::Result<String> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_plugin_name_is_recognised_from_argv0() {
+        let name = |argv0: &str| display_name(Some(OsStr::new(argv0)));
+        assert_eq!(name("kubectl-module_manager"), "kubectl module-manager");
+        assert_eq!(
+            name("/usr/local/bin/kubectl-module_manager"),
+            "kubectl module-manager"
+        );
+        assert_eq!(name("/usr/local/bin/module-manager"), "module-manager");
+        assert_eq!(name("kubectl-module_manager-0.1.0"), "module-manager");
+        assert_eq!(display_name(None), "module-manager");
+    }
+
     #[tokio::test]
     async fn a_manifest_is_named_validly_before_any_request() {
         let args = AdminArgs {
