@@ -601,3 +601,55 @@ fn kubectl() -> PathBuf {
     );
     kubectl
 }
+
+#[tokio::test]
+async fn diff_lists_the_hooks_an_upgrade_would_run_and_the_pass_runs_them() {
+    let h = start("cli-hooks").await;
+    let values = |version: &str| {
+        json!({"version": version,
+            "hooks": [{"name": "migrate", "events": "pre-upgrade", "kind": "ConfigMap"}]})
+    };
+    let manifest: Manifest = serde_json::from_value(json!({
+        "apiVersion": "modulemanager.io/v1alpha1", "kind": "Manifest",
+        "metadata": {"name": "ledger", "namespace": h.ns},
+        "spec": {"module": "ledger", "chart": {"path": "tests/fixtures/charts/hooks"},
+            "values": values("1"), "interval": "1h"},
+    }))
+    .unwrap();
+    h.manifests
+        .create(&PostParams::default(), &manifest)
+        .await
+        .unwrap();
+    let limit = Duration::from_secs(90);
+    common::wait_state(&h.manifests, "ledger", State::Ready, limit).await;
+    let flags = render_flags();
+    let mut args = vec!["diff", "ledger"];
+    args.extend(flags.iter().map(String::as_str));
+    // An install runs no pre-upgrade hook: nothing left to do.
+    assert_eq!(h.mm_ok(&args, 0).await, "No changes.\n");
+    h.mm_ok(&["suspend", "ledger"], 0).await;
+    common::patch_spec(&h.manifests, "ledger", json!({"values": values("2")})).await;
+    let ns = &h.ns;
+    assert_eq!(
+        h.mm_ok(&args, 1).await,
+        format!(
+            "~ change ConfigMap/{ns}/ledger-app\n    ~ /data/version: \"1\" -> \"2\"\n\
+             > run hook ConfigMap/{ns}/ledger-migrate (pre-upgrade)\n\
+             note: the Manifest is suspended: no pass runs until it is resumed\n"
+        )
+    );
+    assert!(
+        h.config_maps()
+            .get_opt("ledger-migrate")
+            .await
+            .unwrap()
+            .is_none(),
+        "the diff ran the hook"
+    );
+    // The pass does what the diff said, and then there is nothing left.
+    h.mm_ok(&["resume", "ledger"], 0).await;
+    common::wait_state(&h.manifests, "ledger", State::Ready, limit).await;
+    let hook = h.config_maps().get("ledger-migrate").await.unwrap();
+    assert_eq!(hook.data.unwrap()["version"], "2");
+    assert_eq!(h.mm_ok(&args, 0).await, "No changes.\n");
+}
