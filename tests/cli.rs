@@ -314,6 +314,68 @@ async fn get_describe_and_the_requests_change_exactly_their_field() {
         "{}",
         forbidden.stderr
     );
+    // diff runs as the caller: one who may read the Manifest but not its objects sees none of
+    // them (exit 2, the refusal named), whatever the operator could read.
+    let viewer = token_kubeconfig(&h, dir.path(), "viewer").await;
+    grant_manifest_reads(&h, "viewer").await;
+    // The authorizer sees a new binding shortly, not at once.
+    let deadline = std::time::Instant::now() + COMMAND_LIMIT;
+    while run_program(&binary, &["get", "catalog", "-n", &h.ns], &viewer, None)
+        .await
+        .code
+        != 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the viewer's Role never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // `--kubeconfig` names the viewer while $KUBECONFIG is the admin's: the flag must win.
+    let viewer_flag = viewer.display().to_string();
+    let mut args = vec![
+        "diff",
+        "catalog",
+        "-n",
+        h.ns.as_str(),
+        "--kubeconfig",
+        &viewer_flag,
+    ];
+    let flags = render_flags();
+    args.extend(flags.iter().map(String::as_str));
+    let refused = run_program(&binary, &args, &h.kubeconfig, None).await;
+    assert_eq!(refused.code, 2, "{}\n{}", refused.stdout, refused.stderr);
+    assert!(refused.stdout.is_empty(), "{}", refused.stdout);
+    let expected = format!(
+        "User \"system:serviceaccount:{}:viewer\" cannot get resource \"configmaps\"",
+        h.ns
+    );
+    assert!(refused.stderr.contains(&expected), "{}", refused.stderr);
+}
+
+/// Lets the ServiceAccount `account` get Manifests of the test's namespace, and nothing else.
+async fn grant_manifest_reads(h: &Harness, account: &str) {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": account},
+        "rules": [{"apiGroups": ["modulemanager.io"], "resources": ["manifests"], "verbs": ["get"]}],
+    }))
+    .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": account},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": h.ns}],
+    }))
+    .unwrap();
+    let params = PostParams::default();
+    Api::<Role>::namespaced(h.client.clone(), &h.ns)
+        .create(&params, &role)
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(h.client.clone(), &h.ns)
+        .create(&params, &binding)
+        .await
+        .unwrap();
 }
 
 /// A kubeconfig for the control plane as a new ServiceAccount without any role.
