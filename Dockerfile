@@ -31,7 +31,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && export "CC_$(echo "$target" | tr - _)=musl-gcc" \
  && cargo build --release --locked --target "$target" -p module-manager --bin module-manager \
  && cp "target/$target/release/module-manager" /module-manager \
- && mkdir /charts
+ && mkdir /charts /plugin \
+ && ln -s module-manager /plugin/kubectl-module_manager
 
 # --- helm, at the pinned version, from the Go module proxy --------------------------------------
 FROM ${GO_IMAGE} AS helm
@@ -72,6 +73,9 @@ LABEL org.opencontainers.image.title="module-manager" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=operator /module-manager /usr/local/bin/module-manager
+# The kubectl plugin name (`kubectl module-manager …`, docs/cli.md): a symlink to the binary
+# (COPY of a directory keeps the link; distroless has no shell to make one).
+COPY --from=operator /plugin/ /usr/local/bin/
 COPY --from=helm /out/helm /usr/local/bin/helm
 COPY --from=renderer /out/module-manager-renderer /usr/local/bin/module-manager-renderer
 # The default chart root (--chart-root=/charts): empty. Build an image FROM this one with your

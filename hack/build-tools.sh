@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the pinned kube-apiserver, kube-controller-manager, kube-scheduler, etcd, helm, kwok and
+# Builds the pinned kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, helm, kwok and
 # kustomize from their Go modules, and the renderer from renderer/,
 # into a versioned cache outside the repository. Idempotent: a tool whose binary is present and
 # reports the pinned version is not rebuilt.
@@ -35,6 +35,34 @@ has_version() {
   grep -qF "$want" <<<"$out"
 }
 
+# kubernetes_wrapper DIR VERSION STAGING_VERSION: a fresh main module in DIR (and cd there) that
+# requires k8s.io/kubernetes and replaces each staging module with its published version.
+kubernetes_wrapper() {
+  local w=$1 v=$2 staging_v=$3 gomod staging goline m
+  rm -rf "$w"; mkdir -p "$w"; cd "$w"
+  go mod init local/k8sbuild >/dev/null 2>&1
+  gomod=$(go mod download -json "k8s.io/kubernetes@v$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  # Staging modules are the ones k8s.io/kubernetes replaces with ./staging/src/k8s.io/<x>.
+  staging=$(grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$gomod" | awk '{print $1}' | sort -u)
+  goline=$(grep -m1 '^go ' "$gomod")
+  {
+    echo "module local/k8sbuild"; echo; echo "$goline"; echo
+    echo "require k8s.io/kubernetes v$v"; echo; echo "replace ("
+    for m in $staging; do printf '\t%s => %s %s\n' "$m" "$m" "$staging_v"; done
+    echo ")"
+  } > go.mod
+}
+
+# kubernetes_ldflags VERSION MINOR: the same -X flags as kubernetes' hack/lib/version.sh, so
+# /version reports vVERSION (Helm's kubeVersion constraints and .Capabilities.KubeVersion read it).
+kubernetes_ldflags() {
+  local v=$1 minor=$2 ldf="-s -w" p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldf="$ldf -X $p.gitVersion=v$v -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$ldf"
+}
+
 build_kubernetes() {
   local v=$KUBERNETES_VERSION minor staging_v dir="$tools/kubernetes-v$KUBERNETES_VERSION"
   if has_version "$dir/kube-apiserver" "v$v" --version &&
@@ -46,27 +74,11 @@ build_kubernetes() {
   minor=$(echo "$v" | cut -d. -f2)
   staging_v="v0.${v#1.}"
   local w="$work/kubernetes-v$v"
-  rm -rf "$w"; mkdir -p "$w"; cd "$w"
-  go mod init local/k8sbuild >/dev/null 2>&1
-  local gomod staging goline
-  gomod=$(go mod download -json "k8s.io/kubernetes@v$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
-  # Staging modules are the ones k8s.io/kubernetes replaces with ./staging/src/k8s.io/<x>.
-  staging=$(grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$gomod" | awk '{print $1}' | sort -u)
-  goline=$(grep -m1 '^go ' "$gomod")
-  {
-    echo "module local/k8sbuild"; echo; echo "$goline"; echo
-    echo "require k8s.io/kubernetes v$v"; echo; echo "replace ("
-    for m in $staging; do printf '\t%s => %s %s\n' "$m" "$m" "$staging_v"; done
-    echo ")"
-  } > go.mod
+  kubernetes_wrapper "$w" "$v" "$staging_v"
   go get "k8s.io/kubernetes/cmd/kube-apiserver@v$v" "k8s.io/kubernetes/cmd/kube-controller-manager@v$v" \
     "k8s.io/kubernetes/cmd/kube-scheduler@v$v"
-  # The same -X flags as kubernetes' hack/lib/version.sh, so /version reports v$v (Helm's
-  # kubeVersion constraints and .Capabilities.KubeVersion read it).
-  local ldf="-s -w" p
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldf="$ldf -X $p.gitVersion=v$v -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
-  done
+  local ldf
+  ldf=$(kubernetes_ldflags "$v" "$minor")
   mkdir -p "$w/bin"
   go build -trimpath -tags selinux,notest -ldflags "$ldf" -o "$w/bin/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
@@ -74,6 +86,23 @@ build_kubernetes() {
   mkdir -p "$dir"
   mv "$w/bin/kube-apiserver" "$w/bin/kube-controller-manager" "$w/bin/kube-scheduler" "$dir/"
   has_version "$dir/kube-apiserver" "v$v" --version || { log "kube-apiserver does not report v$v"; exit 1; }
+}
+
+# kubectl, from the same wrapper module and version (in its own build directory, so that the
+# cached control-plane binaries are not rebuilt): tests run `kubectl module-manager …` (the
+# plugin) and `kubectl wait` with it.
+build_kubectl() {
+  local v=$KUBERNETES_VERSION dir="$tools/kubernetes-v$KUBERNETES_VERSION"
+  if has_version "$dir/kubectl" "v$v" version --client; then log "kubectl v$v: cached"; return; fi
+  log "kubectl v$v: building"
+  local w="$work/kubectl-v$v" ldf
+  kubernetes_wrapper "$w" "$v" "v0.${v#1.}"
+  go get "k8s.io/kubernetes/cmd/kubectl@v$v"
+  ldf=$(kubernetes_ldflags "$v" "$(echo "$v" | cut -d. -f2)")
+  go build -trimpath -ldflags "$ldf" -o "$w/kubectl" k8s.io/kubernetes/cmd/kubectl
+  mkdir -p "$dir"
+  mv "$w/kubectl" "$dir/kubectl"
+  has_version "$dir/kubectl" "v$v" version --client || { log "kubectl does not report v$v"; exit 1; }
 }
 
 build_etcd() {
@@ -175,6 +204,7 @@ start=$(date +%s)
 build_etcd
 build_helm
 build_kubernetes
+build_kubectl
 build_kwok
 build_kustomize
 build_renderer

@@ -3,6 +3,7 @@
 # installs (docs/development.md, "Cutting a release"):
 #
 #   module-manager-<V>-linux-amd64          the operator, a static binary (musl), reproducible
+#   kubectl-module_manager-<V>-linux-amd64  the same binary under the kubectl plugin's name
 #   <extra>-<V>-linux-amd64                 EXTRA_BINARIES below, each when present
 #   module-manager-<V>-crd.yaml             the Manifest CRD (`module-manager crd`)
 #   module-manager-<V>-install.yaml         deploy/base rendered by the pinned kustomize
@@ -119,6 +120,10 @@ binary="$out/$name-linux-amd64"
 chmod 0755 "$binary"
 "$binary" --version | grep -qxF "module-manager $VERSION" \
   || die "$binary --version says '$("$binary" --version)', not module-manager $VERSION"
+
+# The kubectl plugin: the same bytes under the name kubectl looks for on PATH
+# (`kubectl module-manager …`; the binary reads its argv[0]; docs/cli.md).
+install -m 0755 "$binary" "$out/kubectl-module_manager-$VERSION-linux-amd64"
 
 for extra in "${EXTRA_BINARIES[@]}"; do
   path=$(extra_path "$extra")

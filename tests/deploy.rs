@@ -1345,6 +1345,12 @@ async fn a_staged_release_installs() {
     let binary = file("-linux-amd64");
     let shown = run(Command::new(&binary).arg("--version"));
     assert_eq!(shown.trim(), format!("module-manager {VERSION}"));
+    // The kubectl plugin: the same binary under the plugin's name.
+    let plugin = dist.join(format!("kubectl-module_manager-{VERSION}-linux-amd64"));
+    assert_eq!(
+        std::fs::read(&plugin).unwrap(),
+        std::fs::read(&binary).unwrap()
+    );
     let crd = run(Command::new(&binary).arg("crd"));
     assert!(crd == module_manager::api::manifest_crd_yaml());
     assert!(crd == std::fs::read_to_string(file("-crd.yaml")).unwrap());

@@ -348,21 +348,7 @@ impl Cluster {
         object: &RenderedObject,
         owner_uid: &str,
     ) -> Result<DynamicObject, ApplyError> {
-        let api = self.api_for(&object.id)?;
-        let mut body = labelled(object, owner_uid);
-        let name = &object.id.name;
-        let gentle = PatchParams::apply(FIELD_MANAGER);
-        let answer = match api.patch(name, &gentle, &Patch::Apply(&body)).await {
-            Err(KubeError::Api(status)) if status.code == 409 => {
-                for pointer in drift::yielded(&object.id, &status.message) {
-                    pointer.remove(&mut body);
-                }
-                let forced = PatchParams::apply(FIELD_MANAGER).force();
-                api.patch(name, &forced, &Patch::Apply(&body)).await
-            }
-            answer => answer,
-        };
-        answer.map_err(|e| ApplyError::from_kube(&object.id, e))
+        self.server_side_apply(object, owner_uid, false).await
     }
 
     /// Applies `body` (fields at their live values, [`drift::handover`]) under
@@ -406,6 +392,46 @@ impl Cluster {
             }),
             _ => Ok(()),
         }
+    }
+
+    /// What [`Cluster::apply`] would store, without storing it: the same server-side apply (the
+    /// same field manager, forced, labelled) with `dryRun=All`, so that defaulting, admission
+    /// and fields released by the field manager show as the real apply would leave them.
+    pub async fn dry_run_apply(
+        &self,
+        object: &RenderedObject,
+        owner_uid: &str,
+    ) -> Result<DynamicObject, ApplyError> {
+        self.server_side_apply(object, owner_uid, true).await
+    }
+
+    /// The apply of [`Cluster::apply`] (`dry_run`: with `dryRun=All`, as `diff` previews it):
+    /// without `force` first, and forced — less the fields left to autoscalers
+    /// ([`drift::yielded`]) — when another manager changed a field the chart sets.
+    async fn server_side_apply(
+        &self,
+        object: &RenderedObject,
+        owner_uid: &str,
+        dry_run: bool,
+    ) -> Result<DynamicObject, ApplyError> {
+        let api = self.api_for(&object.id)?;
+        let mut body = labelled(object, owner_uid);
+        let name = &object.id.name;
+        let params = |force: bool| {
+            let params = PatchParams::apply(FIELD_MANAGER);
+            let params = if force { params.force() } else { params };
+            if dry_run { params.dry_run() } else { params }
+        };
+        let answer = match api.patch(name, &params(false), &Patch::Apply(&body)).await {
+            Err(KubeError::Api(status)) if status.code == 409 => {
+                for pointer in drift::yielded(&object.id, &status.message) {
+                    pointer.remove(&mut body);
+                }
+                api.patch(name, &params(true), &Patch::Apply(&body)).await
+            }
+            answer => answer,
+        };
+        answer.map_err(|e| ApplyError::from_kube(&object.id, e))
     }
 
     /// Deletes an object managed by the Manifest `owner_uid`, in the background (dependents by

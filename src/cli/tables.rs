@@ -5,7 +5,7 @@ use crate::shard::fleet::{ShardStatus, ShardView};
 use crate::shard::membership::{MemberState, Members};
 
 /// Rows as aligned columns, two spaces apart, without trailing blanks.
-fn columns(rows: &[Vec<String>]) -> String {
+pub(super) fn columns(rows: &[Vec<String>]) -> String {
     let count = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..count)
         .map(|i| {
@@ -31,7 +31,7 @@ fn columns(rows: &[Vec<String>]) -> String {
     out
 }
 
-fn or_dash<T: ToString>(value: Option<T>) -> String {
+pub(super) fn or_dash<T: ToString>(value: Option<T>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 

@@ -2,6 +2,7 @@
 //! installs them, give namespaced objects their namespace, and decide what to prune.
 
 pub mod drift;
+pub mod diff;
 pub mod hooks;
 pub mod readiness;
 pub mod status;

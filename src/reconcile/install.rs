@@ -537,7 +537,7 @@ impl Ended {
 
 /// Whether the chart, the values or the spec changed since the last apply (a spec change —
 /// release name, target namespace … — counts as a changed input too).
-fn inputs_changed(
+pub(super) fn inputs_changed(
     manifest: &Manifest,
     previous: &ManifestStatus,
     request: &RenderRequest,

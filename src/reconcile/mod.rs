@@ -22,6 +22,7 @@ mod hook_runner;
 mod inputs;
 mod install;
 mod objects;
+pub mod preview;
 mod records;
 mod target;
 

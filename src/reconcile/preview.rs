@@ -1,0 +1,167 @@
+//! Preview: what the next install pass would change, without changing anything — the pipeline's
+//! own steps (render request, hook run, vetted render, prune decision) up to the writes, which
+//! become server-side dry-run applies. `module-manager diff` runs it with the caller's client.
+
+use kube::{Resource, ResourceExt};
+
+use super::inputs::{render_request, vetted_render};
+use super::install::inputs_changed;
+use super::{Context, ReconcileError};
+use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
+use crate::apply::target::{self, ResolveError};
+use crate::apply::{Cluster, MANIFEST_UID_LABEL};
+use crate::plan::diff::{Diff, ObjectChange, ObjectDiff, hooks_to_run, object_change};
+use crate::plan::{self, PruneDecision, RenderedObject, Scope, hooks};
+use crate::render::RenderRequest;
+
+/// What the next pass over `manifest` would change on its target, as `ctx.client`'s identity
+/// sees it (its own reads and dry-run applies: nothing it could not read itself). Writes
+/// nothing: the Manifest, its status and the module's objects stay as they are.
+pub async fn preview(manifest: &Manifest, ctx: &Context) -> Result<Diff, ReconcileError> {
+    // The caller's identity on the local cluster (a ServiceAccount named by the Manifest is
+    // not impersonated), or the remote target's credentials from the kubeconfig Secret.
+    let cluster = target::resolve(manifest, &ctx.cluster, &ctx.client, &ctx.targets)
+        .await
+        .map_err(|error| match error {
+            ResolveError::SecretRead(e) => ReconcileError::ReadTargetSecret(e),
+            ResolveError::Target(e) => ReconcileError::Target(e),
+            ResolveError::Discovery(e) => ReconcileError::Apply(e),
+        })?;
+    let previous = manifest.status.clone().unwrap_or_default();
+    let mut request = render_request(manifest, ctx, &cluster).await?;
+    let values_digest = request.values_digest();
+    let run = hook_run(manifest, &previous, &request, &values_digest);
+    let mut diff = Diff {
+        notes: notes(manifest),
+        ..Diff::default()
+    };
+    if run.phase == HookRunPhase::Failed {
+        let message = run.message.unwrap_or_default();
+        diff.notes.push(format!(
+            "the hook run failed ({message}): the pass stops before applying anything; `retry` resets it"
+        ));
+        return Ok(diff);
+    }
+    request.is_upgrade = run.operation == HookOperation::Upgrade;
+    let (_, plan) = vetted_render(manifest, ctx, &cluster, &request).await?;
+    let surface = cluster.surface();
+    let scope = |id: &InventoryEntry| surface.resolve(id).map(|(_, scope)| *scope);
+    let mut applied: Vec<RenderedObject> = plan.applied().cloned().collect();
+    for object in &mut applied {
+        // A kind not served yet (a CRD of this render) is namespaced or not: it is created.
+        let kind_scope = scope(&object.id).unwrap_or(Scope::Namespaced);
+        plan::assign_namespaces(std::slice::from_mut(object), &request.namespace, |_| {
+            Some(kind_scope)
+        })?;
+    }
+    let uid = manifest.uid().unwrap_or_default();
+    for object in &applied {
+        diff.objects
+            .extend(object_diff(&cluster, object, &uid).await?);
+    }
+    let inventory: Vec<_> = applied.iter().map(|o| o.id.clone()).collect();
+    let changed = inputs_changed(manifest, &previous, &request, &values_digest);
+    match pruned(manifest, &previous.inventory, &inventory, changed) {
+        Ok(gone) => diff.prune = gone,
+        Err(reason) => diff.notes.push(format!("no prune: {reason}")),
+    }
+    diff.hooks = hooks_to_run(&plan.hooks, &run);
+    for hook in &mut diff.hooks {
+        if hook.object.namespace.is_empty() && scope(&hook.object) != Some(Scope::Cluster) {
+            hook.object.namespace.clone_from(&request.namespace);
+        }
+    }
+    Ok(diff)
+}
+
+/// What keeps the next pass from doing what the diff shows: a deletion, a suspension.
+fn notes(manifest: &Manifest) -> Vec<String> {
+    let mut notes = Vec::new();
+    if manifest.meta().deletion_timestamp.is_some() {
+        notes.push(
+            "the Manifest is being deleted: the next pass deletes its objects instead".into(),
+        );
+    }
+    if manifest.spec.suspend {
+        notes.push("the Manifest is suspended: no pass runs until it is resumed".into());
+    }
+    notes
+}
+
+/// The hook run the pass would work on (as the install step computes it).
+fn hook_run(
+    manifest: &Manifest,
+    previous: &ManifestStatus,
+    request: &RenderRequest,
+    values_digest: &str,
+) -> HookRun {
+    let inputs = hooks::inputs_digest(
+        &request.chart.digest,
+        values_digest,
+        &request.release,
+        &request.namespace,
+    );
+    hooks::current_run(
+        previous.hook_run.as_ref(),
+        false,
+        &inputs,
+        manifest.meta().generation,
+        hooks::installed(previous.hook_run.as_ref(), previous.inventory.is_empty()),
+    )
+}
+
+/// The objects the prune step would delete (the guard's decision; never a protected one), or
+/// why it would refuse.
+fn pruned(
+    manifest: &Manifest,
+    previous: &[InventoryEntry],
+    inventory: &[InventoryEntry],
+    inputs_changed: bool,
+) -> Result<Vec<InventoryEntry>, String> {
+    let gone = plan::to_prune(previous, inventory);
+    match plan::guard_prune(gone, inventory.len(), inputs_changed) {
+        PruneDecision::Prune(gone) => {
+            let namespace = manifest.namespace().unwrap_or_default();
+            Ok(gone
+                .into_iter()
+                .filter(|id| plan::protected(id, &namespace).is_none())
+                .collect())
+        }
+        PruneDecision::Refuse(reason) => Err(reason),
+    }
+}
+
+/// What the pass would do to one object: create it, change these fields (the live object
+/// against its dry-run apply), refuse it (not this Manifest's), or nothing.
+async fn object_diff(
+    cluster: &Cluster,
+    object: &RenderedObject,
+    uid: &str,
+) -> Result<Option<ObjectDiff>, ReconcileError> {
+    let done = |change| {
+        Ok(Some(ObjectDiff {
+            object: object.id.clone(),
+            change,
+        }))
+    };
+    if cluster.surface().resolve(&object.id).is_none() {
+        return done(ObjectChange::Create);
+    }
+    let Some(live) = cluster.get(&object.id).await? else {
+        return done(ObjectChange::Create);
+    };
+    if live.labels().get(MANIFEST_UID_LABEL).map(String::as_str) != Some(uid) {
+        return done(ObjectChange::NotOwned);
+    }
+    let applied = cluster.dry_run_apply(object, uid).await?;
+    let (live, applied) = (to_value(&live), to_value(&applied));
+    match object_change(&object.id, &live, &applied) {
+        Some(change) => done(change),
+        None => Ok(None),
+    }
+}
+
+/// A stored object as JSON (a `DynamicObject` always serializes: its fields are JSON already).
+fn to_value(object: &kube::api::DynamicObject) -> serde_json::Value {
+    serde_json::to_value(object).unwrap_or_default()
+}

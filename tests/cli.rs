@@ -1,0 +1,717 @@
+//! The Manifest commands of the `module-manager` binary (`get`, `describe`, `reconcile`,
+//! `suspend`, `resume`, `retry`, `diff`) and the kubectl plugin name, run as processes against the
+//! real kube-apiserver, with the pipeline reconciling in-process.
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use module_manager::api::{Manifest, RECONCILE_REQUESTED_AT, RESET_REQUESTED_AT, State};
+use module_manager::render::Backend;
+use module_manager::work::controller::{self, ControllerConfig};
+use serde_json::{Value, json};
+use test_support::repo;
+use tokio::sync::oneshot;
+
+/// The longest one command may take (a loaded CI machine; a diff starts a renderer).
+const COMMAND_LIMIT: Duration = Duration::from_secs(120);
+
+/// A namespace with the pipeline reconciling it in-process, and the admin kubeconfig.
+struct Harness {
+    client: Client,
+    ns: String,
+    kubeconfig: PathBuf,
+    manifests: Api<Manifest>,
+    stop: Option<oneshot::Sender<()>>,
+    _helm_home: tempfile::TempDir,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn control_plane() -> &'static testenv::ControlPlane {
+    testenv::shared(testenv::Options {
+        controller_manager: true,
+        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
+        crd_files: vec![repo().join("crds/manifest.yaml")],
+        ..Default::default()
+    })
+    .await
+    .expect("control plane")
+}
+
+async fn start(prefix: &str) -> Harness {
+    let control_plane = control_plane().await;
+    let client = control_plane.client().await.unwrap();
+    let ns = control_plane.namespace(&client, prefix).await.unwrap();
+    let helm_home = tempfile::tempdir().unwrap();
+    let ctx = Arc::new(
+        test_support::context(client.clone(), helm_home.path())
+            .chart_cache(&helm_home.path().join("charts"))
+            .build()
+            .await
+            .unwrap(),
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    let config = ControllerConfig {
+        concurrency: 2,
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    tokio::spawn(controller::run(ctx, config, async move {
+        let _ = stopped.await;
+    }));
+    Harness {
+        manifests: Api::namespaced(client.clone(), &ns),
+        kubeconfig: control_plane.kubeconfig().to_owned(),
+        client,
+        ns,
+        stop: Some(stop),
+        _helm_home: helm_home,
+    }
+}
+
+/// What a process printed and how it ended.
+struct Ran {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `program args`, with `KUBECONFIG` set, bounded by [`COMMAND_LIMIT`].
+async fn run_program(program: &Path, args: &[&str], kubeconfig: &Path, path: Option<&Path>) -> Ran {
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .kill_on_drop(true);
+    if let Some(dir) = path {
+        let joined = std::env::join_paths(std::iter::once(dir.to_owned()).chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+        ))
+        .unwrap();
+        command.env("PATH", joined);
+    }
+    let output = tokio::time::timeout(COMMAND_LIMIT, command.output())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} {args:?}: no exit within {COMMAND_LIMIT:?}",
+                program.display()
+            )
+        })
+        .unwrap();
+    Ran {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+impl Harness {
+    /// `module-manager args… -n <ns>`.
+    async fn mm(&self, args: &[&str]) -> Ran {
+        let mut all = args.to_vec();
+        all.extend(["-n", self.ns.as_str()]);
+        let binary = PathBuf::from(env!("CARGO_BIN_EXE_module-manager"));
+        run_program(&binary, &all, &self.kubeconfig, None).await
+    }
+
+    /// Like [`Harness::mm`], expecting exit code `code`.
+    async fn mm_ok(&self, args: &[&str], code: i32) -> String {
+        let ran = self.mm(args).await;
+        assert_eq!(
+            ran.code, code,
+            "module-manager {args:?}: exit {}\nstdout:\n{}\nstderr:\n{}",
+            ran.code, ran.stdout, ran.stderr
+        );
+        ran.stdout
+    }
+
+    /// Creates the `catalog` Manifest (chart `catalog-v1`, greeting `hi`) and waits until Ready.
+    async fn ready_catalog(&self, interval: &str) -> Manifest {
+        let manifest: Manifest = serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": "catalog", "namespace": self.ns},
+            "spec": {"module": "catalog", "chart": {"path": "examples/charts/catalog-v1"},
+                "values": {"greeting": "hi"}, "interval": interval},
+        }))
+        .unwrap();
+        self.manifests
+            .create(&PostParams::default(), &manifest)
+            .await
+            .unwrap();
+        common::wait_state(
+            &self.manifests,
+            "catalog",
+            State::Ready,
+            Duration::from_secs(90),
+        )
+        .await
+    }
+
+    fn config_maps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+}
+
+/// The Manifest's metadata and spec, without what the API server changes on every write.
+fn essentials(manifest: &Manifest) -> Value {
+    let mut value = serde_json::to_value(manifest).unwrap();
+    let metadata = value["metadata"].as_object_mut().unwrap();
+    for noise in ["managedFields", "resourceVersion", "generation"] {
+        metadata.remove(noise);
+    }
+    value.as_object_mut().unwrap().remove("status");
+    value
+}
+
+#[tokio::test]
+async fn get_describe_and_the_requests_change_exactly_their_field() {
+    let h = start("cli-get").await;
+    h.ready_catalog("1h").await;
+    // get: the printer columns.
+    let table = h.mm_ok(&["get"], 0).await;
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [
+            "NAME", "READY", "STATUS", "CHART", "VERSION", "OWNER", "AGE"
+        ],
+        "{table}"
+    );
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(&row[..2], ["catalog", "True"], "{table}");
+    assert!(lines[1].contains(test_support::context::REPLICA), "{table}");
+    assert_eq!(lines.len(), 2, "{table}");
+    let one: Value =
+        serde_json::from_str(&h.mm_ok(&["get", "catalog", "-o", "json"], 0).await).unwrap();
+    assert_eq!(one["metadata"]["name"], "catalog");
+    assert_eq!(one["status"]["state"], "Ready");
+    let list: Value = serde_yaml_ng::from_str(&h.mm_ok(&["get", "-o", "yaml"], 0).await).unwrap();
+    assert_eq!(list["kind"], "List");
+    assert_eq!(list["items"][0]["metadata"]["name"], "catalog");
+    let across = h.mm_ok(&["get", "-A"], 0).await;
+    assert!(across.starts_with("NAMESPACE"), "{across}");
+    assert!(
+        across
+            .lines()
+            .any(|l| l.starts_with(&format!("{}  ", h.ns)) && l.contains("catalog")),
+        "{across}"
+    );
+    // describe: spec, conditions, inventory, hook run, last operation, Events.
+    let described = h.mm_ok(&["describe", "catalog"], 0).await;
+    for expected in [
+        "Name:             catalog\n".to_owned(),
+        "Chart:            path examples/charts/catalog-v1\n".to_owned(),
+        format!(
+            "Inventory:\n  ConfigMap/{0}/catalog-legacy-settings\n  ConfigMap/{0}/catalog-settings\n",
+            h.ns
+        ),
+        "Hook run:         Install Done\n".to_owned(),
+        "Last operation:   Install at ".to_owned(),
+    ] {
+        assert!(
+            described.contains(&expected),
+            "{expected:?} missing from:\n{described}"
+        );
+    }
+    assert!(
+        described
+            .lines()
+            .any(|l| l.split_whitespace().take(3).eq(["Ready", "True", "Ready"])),
+        "no Ready condition in:\n{described}"
+    );
+    let events = common::events_once(&h.client, &h.ns, "catalog", |e| !e.is_empty()).await;
+    let described = h.mm_ok(&["describe", "catalog"], 0).await;
+    let (_, reason, _) = &events[0];
+    assert!(
+        described
+            .split("Events:")
+            .nth(1)
+            .is_some_and(|e| e.contains(reason.as_str())),
+        "the Event {reason} missing from:\n{described}"
+    );
+    // suspend / resume: exactly spec.suspend.
+    let before = essentials(&h.manifests.get("catalog").await.unwrap());
+    h.mm_ok(&["suspend", "catalog"], 0).await;
+    let suspended = essentials(&h.manifests.get("catalog").await.unwrap());
+    let mut expected = before.clone();
+    expected["spec"]["suspend"] = json!(true);
+    assert_eq!(suspended, expected);
+    h.mm_ok(&["resume", "catalog"], 0).await;
+    assert_eq!(
+        essentials(&h.manifests.get("catalog").await.unwrap()),
+        before
+    );
+    // reconcile / retry: exactly their annotation, an RFC 3339 time.
+    for (command, annotation) in [
+        ("reconcile", RECONCILE_REQUESTED_AT),
+        ("retry", RESET_REQUESTED_AT),
+    ] {
+        let before = essentials(&h.manifests.get("catalog").await.unwrap());
+        let said = h.mm_ok(&[command, "catalog"], 0).await;
+        let after = h.manifests.get("catalog").await.unwrap();
+        let value = after
+            .annotations()
+            .get(annotation)
+            .cloned()
+            .expect(annotation);
+        value
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .expect("an RFC 3339 time");
+        assert!(said.contains(&value), "{said}");
+        let mut expected = before;
+        expected["metadata"]["annotations"][annotation] = json!(value);
+        assert_eq!(essentials(&after), expected, "{command}");
+    }
+    // Errors say what failed.
+    let missing = h.mm(&["get", "nope"]).await;
+    assert_eq!(missing.code, 1);
+    assert_eq!(
+        missing.stderr.trim(),
+        format!("error: get: Manifest {}/nope not found", h.ns)
+    );
+    let unreadable = h
+        .mm(&["get", "--kubeconfig", "/nonexistent/kubeconfig"])
+        .await;
+    assert_eq!(unreadable.code, 1);
+    assert!(
+        unreadable
+            .stderr
+            .starts_with("error: read the kubeconfig /nonexistent/kubeconfig: "),
+        "{}",
+        unreadable.stderr
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let stranger = token_kubeconfig(&h, dir.path(), "stranger").await;
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_module-manager"));
+    let forbidden = run_program(&binary, &["get", "-n", &h.ns], &stranger, None).await;
+    assert_eq!(forbidden.code, 1, "{}", forbidden.stderr);
+    assert!(
+        forbidden.stderr.starts_with("error: list: forbidden: "),
+        "{}",
+        forbidden.stderr
+    );
+    assert!(
+        forbidden
+            .stderr
+            .contains("cannot list resource \"manifests\""),
+        "{}",
+        forbidden.stderr
+    );
+    // diff runs as the caller: one who may read the Manifest but not its objects sees none of
+    // them (exit 2, the refusal named), whatever the operator could read.
+    let viewer = token_kubeconfig(&h, dir.path(), "viewer").await;
+    grant_manifest_reads(&h, "viewer").await;
+    // The authorizer sees a new binding shortly, not at once.
+    let deadline = std::time::Instant::now() + COMMAND_LIMIT;
+    while run_program(&binary, &["get", "catalog", "-n", &h.ns], &viewer, None)
+        .await
+        .code
+        != 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the viewer's Role never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // `--kubeconfig` names the viewer while $KUBECONFIG is the admin's: the flag must win.
+    let viewer_flag = viewer.display().to_string();
+    let mut args = vec![
+        "diff",
+        "catalog",
+        "-n",
+        h.ns.as_str(),
+        "--kubeconfig",
+        &viewer_flag,
+    ];
+    let flags = render_flags();
+    args.extend(flags.iter().map(String::as_str));
+    let refused = run_program(&binary, &args, &h.kubeconfig, None).await;
+    assert_eq!(refused.code, 2, "{}\n{}", refused.stdout, refused.stderr);
+    assert!(refused.stdout.is_empty(), "{}", refused.stdout);
+    let expected = format!(
+        "User \"system:serviceaccount:{}:viewer\" cannot get resource \"configmaps\"",
+        h.ns
+    );
+    assert!(refused.stderr.contains(&expected), "{}", refused.stderr);
+}
+
+/// Lets the ServiceAccount `account` get Manifests of the test's namespace, and nothing else.
+async fn grant_manifest_reads(h: &Harness, account: &str) {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": account},
+        "rules": [{"apiGroups": ["modulemanager.io"], "resources": ["manifests"], "verbs": ["get"]}],
+    }))
+    .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": account},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": h.ns}],
+    }))
+    .unwrap();
+    let params = PostParams::default();
+    Api::<Role>::namespaced(h.client.clone(), &h.ns)
+        .create(&params, &role)
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(h.client.clone(), &h.ns)
+        .create(&params, &binding)
+        .await
+        .unwrap();
+}
+
+/// A kubeconfig for the control plane as a new ServiceAccount without any role.
+async fn token_kubeconfig(h: &Harness, dir: &Path, account: &str) -> PathBuf {
+    let accounts = Api::<ServiceAccount>::namespaced(h.client.clone(), &h.ns);
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
+    accounts.create(&PostParams::default(), &sa).await.unwrap();
+    let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600}});
+    let answer: TokenRequest = accounts
+        .create_subresource("token", account, &PostParams::default(), &request)
+        .await
+        .unwrap();
+    let token = answer.status.and_then(|s| s.token).unwrap();
+    let mut config: Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&h.kubeconfig).unwrap()).unwrap();
+    config["users"] = json!([{"name": "token", "user": {"token": token}}]);
+    config["contexts"][0]["context"]["user"] = json!("token");
+    let path = dir.join(format!("{account}.kubeconfig"));
+    std::fs::write(&path, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn reconcile_wait_ends_when_a_pass_echoes_the_request_or_at_its_timeout() {
+    // No pipeline in this namespace: the test writes the echo a replica would write, so the
+    // wait is tested whether or not the operator handles the annotation.
+    let control_plane = control_plane().await;
+    let client = control_plane.client().await.unwrap();
+    let ns = control_plane.namespace(&client, "cli-wait").await.unwrap();
+    let manifests = Api::<Manifest>::namespaced(client.clone(), &ns);
+    let manifest: Manifest = serde_json::from_value(json!({
+        "apiVersion": "modulemanager.io/v1alpha1", "kind": "Manifest",
+        "metadata": {"name": "idle"}, "spec": {"module": "idle", "chart": {"path": "x"}},
+    }))
+    .unwrap();
+    manifests
+        .create(&PostParams::default(), &manifest)
+        .await
+        .unwrap();
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_module-manager"));
+    let kubeconfig = control_plane.kubeconfig();
+    let wait = |timeout: &'static str| {
+        let args = [
+            "reconcile",
+            "idle",
+            "-n",
+            &ns,
+            "--wait",
+            "--timeout",
+            timeout,
+        ];
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let binary = binary.clone();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run_program(&binary, &args, kubeconfig, None).await
+        }
+    };
+    let waited = wait("2s").await;
+    assert_eq!(waited.code, 1, "{}", waited.stdout);
+    assert!(
+        waited
+            .stderr
+            .contains("no pass handled the request within 2s"),
+        "{}",
+        waited.stderr
+    );
+    // An echo of the request (as a pass writes it) ends the wait with the outcome.
+    let echo = {
+        let manifests = manifests.clone();
+        tokio::spawn(async move {
+            let first = waited_for_new_request(&manifests, "idle").await;
+            let status = json!({"status": {"state": "Error", "lastHandledReconcileAt": first,
+                "conditions": [{"type": "Ready", "status": "False", "reason": "RenderError",
+                    "message": "render: boom", "lastTransitionTime": "2026-12-02T00:00:00Z"}]}});
+            manifests
+                .patch_status("idle", &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .unwrap();
+        })
+    };
+    let handled = wait("60s").await;
+    echo.await.unwrap();
+    assert_eq!(
+        handled.code, 1,
+        "an Error outcome fails: {} {}",
+        handled.stdout, handled.stderr
+    );
+    assert!(
+        handled.stdout.ends_with("handled: Error: render: boom\n"),
+        "{}",
+        handled.stdout
+    );
+}
+
+/// The request annotation of the Manifest `name`.
+async fn requested(manifests: &Api<Manifest>, name: &str) -> Option<String> {
+    let manifest = manifests.get(name).await.unwrap();
+    manifest.annotations().get(RECONCILE_REQUESTED_AT).cloned()
+}
+
+/// The request annotation once it differs from the one there was first.
+async fn waited_for_new_request(manifests: &Api<Manifest>, name: &str) -> String {
+    let first = requested(manifests, name).await;
+    let deadline = std::time::Instant::now() + COMMAND_LIMIT;
+    loop {
+        if let Some(now) = requested(manifests, name).await
+            && Some(&now) != first.as_ref()
+        {
+            return now;
+        }
+        assert!(std::time::Instant::now() < deadline, "no new request");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The resourceVersions of the Manifest and the ConfigMaps of the namespace.
+async fn versions(h: &Harness) -> BTreeMap<String, String> {
+    let mut versions: BTreeMap<String, String> = h
+        .config_maps()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|cm| (cm.name_any(), cm.resource_version().unwrap()))
+        .collect();
+    let manifest = h.manifests.get("catalog").await.unwrap();
+    versions.insert("Manifest".into(), manifest.resource_version().unwrap());
+    versions
+}
+
+/// The render flags of `diff` for the backend the tests use.
+fn render_flags() -> Vec<String> {
+    let mut flags = vec!["--chart-root".to_owned(), repo().display().to_string()];
+    match test_support::render_backend().unwrap() {
+        Backend::Renderer(path) => flags.extend([
+            "--render-backend".into(),
+            "renderer".into(),
+            "--renderer".into(),
+            path.display().to_string(),
+        ]),
+        Backend::Helm(path) => flags.extend([
+            "--render-backend".into(),
+            "helm".into(),
+            "--helm".into(),
+            path.display().to_string(),
+        ]),
+    }
+    flags
+}
+
+#[tokio::test]
+async fn diff_lists_exactly_a_values_change_a_drift_and_a_prune_and_changes_nothing() {
+    let h = start("cli-diff").await;
+    h.ready_catalog("1h").await;
+    let flags = render_flags();
+    let diff = |extra: &[&'static str]| {
+        let mut args: Vec<&str> = vec!["diff", "catalog"];
+        args.extend(extra);
+        args.extend(flags.iter().map(String::as_str));
+        args
+    };
+    assert_eq!(h.mm_ok(&diff(&[]), 0).await, "No changes.\n");
+    // Suspended, so that no pass repairs what the diff is to show.
+    h.mm_ok(&["suspend", "catalog"], 0).await;
+    common::patch_spec(
+        &h.manifests,
+        "catalog",
+        json!({"values": {"greeting": "hello"}}),
+    )
+    .await;
+    let drift = json!({"data": {"format": "json"}});
+    h.config_maps()
+        .patch("catalog-legacy-settings", &PatchParams::apply("hand-edit").force(), &Patch::Apply(&json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "catalog-legacy-settings"}, "data": drift["data"]})))
+        .await
+        .unwrap();
+    let before = versions(&h).await;
+    let text = h.mm_ok(&diff(&[]), 1).await;
+    let ns = &h.ns;
+    assert_eq!(
+        text,
+        format!(
+            "~ change ConfigMap/{ns}/catalog-legacy-settings\n    ~ /data/format: \"json\" -> \"xml\"\n\
+             ~ change ConfigMap/{ns}/catalog-settings\n    ~ /data/greeting: \"hi\" -> \"hello\"\n\
+             note: the Manifest is suspended: no pass runs until it is resumed\n"
+        )
+    );
+    assert_eq!(versions(&h).await, before, "the diff wrote");
+    // A chart that drops an object: it would be pruned (JSON output).
+    common::patch_spec(
+        &h.manifests,
+        "catalog",
+        json!({"chart": {"path": "examples/charts/catalog-v2"}}),
+    )
+    .await;
+    let answer: Value = serde_json::from_str(&h.mm_ok(&diff(&["-o", "json"]), 1).await).unwrap();
+    assert_eq!(
+        answer["prune"],
+        json!([{"group": "", "version": "v1", "kind": "ConfigMap", "namespace": ns, "name": "catalog-legacy-settings"}])
+    );
+    let changes: Vec<(&str, &str)> = answer["objects"][0]["change"]["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap(), f["after"].as_str().unwrap()))
+        .collect();
+    assert_eq!(answer["objects"].as_array().unwrap().len(), 1, "{answer}");
+    assert_eq!(
+        changes,
+        [("/data/greeting", "hello"), ("/data/version", "2")]
+    );
+    // Nothing was written: every object and the Manifest (but for the spec patch) as before.
+    let mut after = versions(&h).await;
+    after.remove("Manifest");
+    let mut unchanged = before.clone();
+    unchanged.remove("Manifest");
+    assert_eq!(after, unchanged, "the diff changed objects");
+    // The plugin name: `kubectl-module_manager` is the same command line.
+    let bin = tempfile::tempdir().unwrap();
+    let plugin = bin.path().join("kubectl-module_manager");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_module-manager"), &plugin).unwrap();
+    let help = run_program(&plugin, &["--help"], &h.kubeconfig, None).await;
+    assert!(
+        help.stdout
+            .contains("Usage: kubectl module-manager <COMMAND>"),
+        "{}",
+        help.stdout
+    );
+    let kubectl = kubectl();
+    let got = run_program(
+        &kubectl,
+        &["module-manager", "get", "catalog", "-n", ns],
+        &h.kubeconfig,
+        Some(bin.path()),
+    )
+    .await;
+    assert_eq!(got.code, 0, "{}", got.stderr);
+    assert!(
+        got.stdout
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("catalog")),
+        "{}",
+        got.stdout
+    );
+    // kubectl's own wait on the Ready condition.
+    h.mm_ok(&["resume", "catalog"], 0).await;
+    let waited = run_program(
+        &kubectl,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "manifest/catalog",
+            "-n",
+            ns,
+            "--timeout=90s",
+        ],
+        &h.kubeconfig,
+        None,
+    )
+    .await;
+    assert_eq!(waited.code, 0, "{} {}", waited.stdout, waited.stderr);
+    common::wait_state(
+        &h.manifests,
+        "catalog",
+        State::Ready,
+        Duration::from_secs(90),
+    )
+    .await;
+    assert_eq!(h.mm_ok(&diff(&[]), 0).await, "No changes.\n");
+}
+
+/// kubectl from the tool cache (`hack/build-tools.sh` builds it beside kube-apiserver).
+fn kubectl() -> PathBuf {
+    let tools = testenv::Tools::locate().unwrap();
+    let kubectl = tools.kube_apiserver.with_file_name("kubectl");
+    assert!(
+        kubectl.is_file(),
+        "{} is missing: run hack/build-tools.sh",
+        kubectl.display()
+    );
+    kubectl
+}
+
+#[tokio::test]
+async fn diff_lists_the_hooks_an_upgrade_would_run_and_the_pass_runs_them() {
+    let h = start("cli-hooks").await;
+    let values = |version: &str| {
+        json!({"version": version,
+            "hooks": [{"name": "migrate", "events": "pre-upgrade", "kind": "ConfigMap"}]})
+    };
+    let manifest: Manifest = serde_json::from_value(json!({
+        "apiVersion": "modulemanager.io/v1alpha1", "kind": "Manifest",
+        "metadata": {"name": "ledger", "namespace": h.ns},
+        "spec": {"module": "ledger", "chart": {"path": "tests/fixtures/charts/hooks"},
+            "values": values("1"), "interval": "1h"},
+    }))
+    .unwrap();
+    h.manifests
+        .create(&PostParams::default(), &manifest)
+        .await
+        .unwrap();
+    let limit = Duration::from_secs(90);
+    common::wait_state(&h.manifests, "ledger", State::Ready, limit).await;
+    let flags = render_flags();
+    let mut args = vec!["diff", "ledger"];
+    args.extend(flags.iter().map(String::as_str));
+    // An install runs no pre-upgrade hook: nothing left to do.
+    assert_eq!(h.mm_ok(&args, 0).await, "No changes.\n");
+    h.mm_ok(&["suspend", "ledger"], 0).await;
+    common::patch_spec(&h.manifests, "ledger", json!({"values": values("2")})).await;
+    let ns = &h.ns;
+    assert_eq!(
+        h.mm_ok(&args, 1).await,
+        format!(
+            "~ change ConfigMap/{ns}/ledger-app\n    ~ /data/version: \"1\" -> \"2\"\n\
+             > run hook ConfigMap/{ns}/ledger-migrate (pre-upgrade)\n\
+             note: the Manifest is suspended: no pass runs until it is resumed\n"
+        )
+    );
+    assert!(
+        h.config_maps()
+            .get_opt("ledger-migrate")
+            .await
+            .unwrap()
+            .is_none(),
+        "the diff ran the hook"
+    );
+    // The pass does what the diff said, and then there is nothing left.
+    h.mm_ok(&["resume", "ledger"], 0).await;
+    common::wait_state(&h.manifests, "ledger", State::Ready, limit).await;
+    let hook = h.config_maps().get("ledger-migrate").await.unwrap();
+    assert_eq!(hook.data.unwrap()["version"], "2");
+    assert_eq!(h.mm_ok(&args, 0).await, "No changes.\n");
+}
