@@ -385,8 +385,13 @@ impl Registry {
 // ---------------------------------------------------------------------------------------------
 // the resolver on its own
 
+/// The resolver's configuration for the test's loopback servers (plain HTTP on 127.0.0.1).
+fn config(cache: &Path) -> RemoteConfig {
+    test_support::local_chart_hosts(RemoteConfig::new(cache.to_owned()))
+}
+
 fn remote(cache: &Path) -> RemoteCharts {
-    RemoteCharts::new(RemoteConfig::new(cache.to_owned())).unwrap()
+    RemoteCharts::new(config(cache)).unwrap()
 }
 
 fn from_repository(repository: &str, name: &str, version: &str) -> ChartSource {
@@ -460,7 +465,7 @@ async fn a_repository_chart_is_resolved_verified_and_cached_by_digest() {
     // kept in memory: the index is fetched again, the archive is not.
     let restarted = RemoteCharts::new(RemoteConfig {
         index_ttl: Duration::ZERO,
-        ..RemoteConfig::new(cache.path().to_owned())
+        ..config(cache.path())
     })
     .unwrap();
     let again = resolve(
@@ -510,7 +515,7 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
     let cache = tempfile::tempdir().unwrap();
     let charts = RemoteCharts::new(RemoteConfig {
         max_index_bytes: 64 * 1024,
-        ..RemoteConfig::new(cache.path().to_owned())
+        ..config(cache.path())
     })
     .unwrap();
     let file = tar::EntryType::Regular;
@@ -781,7 +786,7 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
             "unreachable",
             from_repository(&closed, "catalog", "1.0.0"),
             small,
-            "is unreachable",
+            "could not be reached or did not answer in time",
             false,
         ),
     ];
@@ -810,12 +815,12 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
     server.reply("/silent/index.yaml", Reply::Hang);
     let impatient = RemoteCharts::new(RemoteConfig {
         timeout: Duration::from_secs(1),
-        ..RemoteConfig::new(cache.path().to_owned())
+        ..config(cache.path())
     })
     .unwrap();
     for (path, expected) in [
         ("/flaky", "/flaky/index.yaml answered HTTP 503"),
-        ("/silent", "the fetch did not finish within 1s"),
+        ("/silent", "could not be reached or did not answer in time"),
     ] {
         let source = from_repository(&format!("{base}{path}"), "catalog", "1.0.0");
         let error = resolve(&impatient, &source, small).await.unwrap_err();
@@ -937,7 +942,7 @@ async fn an_oci_chart_is_pulled_from_a_real_registry_and_cached() {
         (
             format!("oci://{closed}/charts/catalog:1.0.0"),
             limits,
-            "is unreachable",
+            "could not be reached or did not answer in time",
             false,
         ),
     ];
@@ -1467,7 +1472,7 @@ async fn bad_remote_sources_are_reported_and_delete_nothing() {
         (
             "unreachable host",
             json!({"repository": closed, "name": "catalog", "version": "1.0.0"}),
-            "is unreachable",
+            "could not be reached or did not answer in time",
             false,
         ),
     ];
