@@ -42,8 +42,6 @@ pub use self::reach::Refusal;
 
 /// Most `index.yaml` documents kept in memory (the oldest is dropped).
 const MAX_CACHED_INDEXES: usize = 64;
-/// Most bytes of `index.yaml` documents (as downloaded) kept in memory.
-const MAX_CACHED_INDEX_BYTES: u64 = 32 * 1024 * 1024;
 /// Most OCI references whose layer digest is kept in memory.
 const MAX_CACHED_REFERENCES: usize = 1024;
 /// How much longer than the fetch timeout a fetch may take before it is given up on whatever
@@ -63,6 +61,8 @@ pub struct RemoteConfig {
     pub index_ttl: Duration,
     /// Most bytes of an `index.yaml`.
     pub max_index_bytes: u64,
+    /// Most bytes of `index.yaml` documents (as downloaded) kept in memory, of at most 64.
+    pub index_cache_max_bytes: u64,
     /// Most HTTP redirects followed per request.
     pub max_redirects: usize,
     /// Registries (`host` or `host:port`) spoken to over plain HTTP; loopback ones always are.
@@ -84,6 +84,7 @@ impl RemoteConfig {
             timeout: Duration::from_secs(60),
             index_ttl: Duration::from_secs(60),
             max_index_bytes: 8 * 1024 * 1024,
+            index_cache_max_bytes: 32 * 1024 * 1024,
             max_redirects: 5,
             insecure_registries: Vec::new(),
             allowed_private: Vec::new(),
@@ -285,8 +286,8 @@ impl RemoteCharts {
             },
             http,
             reach,
+            indexes: Recent::new(MAX_CACHED_INDEXES, config.index_cache_max_bytes),
             config,
-            indexes: Recent::new(MAX_CACHED_INDEXES, MAX_CACHED_INDEX_BYTES),
             layers: Recent::new(MAX_CACHED_REFERENCES, u64::MAX),
             counters: Counters::default(),
         })
