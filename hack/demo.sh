@@ -27,6 +27,8 @@ for pid_file in "$state_dir"/operator-*.pid "$state_dir/operator.pid"; do
   fi
   rm -f "$pid_file"
 done
+# Local charts need neither, but a demo may point a Manifest at a repository or registry on this
+# machine: loopback and plain http are allowed here (a deployment refuses both).
 for i in $(seq 0 $((replicas - 1))); do
   setsid "$bin/module-manager" run \
     --replica "module-manager-$i" \
@@ -35,6 +37,7 @@ for i in $(seq 0 $((replicas - 1))); do
     --renderer "$(hack/build-tools.sh renderer-path)" \
     --helm-home "$state_dir/helm-$i" \
     --admin-address "127.0.0.1:$((admin_port + i))" \
+    --allow-private-chart-hosts 127.0.0.1 --allow-insecure-http \
     --log-format json > "$state_dir/operator-$i.log" 2>&1 < /dev/null &
   echo $! > "$state_dir/operator-$i.pid"
 done

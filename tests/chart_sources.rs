@@ -152,6 +152,11 @@ struct RepoServer {
 
 impl RepoServer {
     async fn start() -> Self {
+        Self::start_on("127.0.0.1:0").await
+    }
+
+    /// The server on `bind` (e.g. `127.0.0.2:0`, another loopback address).
+    async fn start_on(bind: &str) -> Self {
         module_manager::source::ensure_crypto_provider();
         async fn serve(State(files): State<Files>, uri: Uri) -> Response {
             let path = uri.path().to_owned();
@@ -195,7 +200,7 @@ impl RepoServer {
             }
         }
         let files = Files::default();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let app = axum::Router::new()
             .fallback(serve)
@@ -234,6 +239,11 @@ impl RepoServer {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Requests of every path.
+    fn all_hits(&self) -> usize {
+        self.files.hits.lock().unwrap().values().sum()
+    }
+
     fn hits(&self, path: &str) -> usize {
         self.files
             .hits
@@ -261,6 +271,79 @@ fn closed_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+// ---------------------------------------------------------------------------------------------
+// a raw TCP server: answers slowly, not at all, or not in HTTP
+
+/// What a [`raw_server`] does once it has read a request.
+#[derive(Clone)]
+enum Raw {
+    /// Close the connection.
+    Close,
+    /// Keep it open and say nothing.
+    Silent,
+    /// Send these bytes (not HTTP) and keep it open.
+    Garbage(&'static [u8]),
+    /// A 200 with this body (`Content-Length` set), sent in `pieces` parts `pause` apart.
+    Trickle(Arc<Vec<u8>>, usize, Duration),
+}
+
+/// Requests by path.
+type Hits = Arc<Mutex<HashMap<String, usize>>>;
+
+/// A server on a loopback port that reads each request's head and answers as `route` says for
+/// its path; returns `127.0.0.1:<port>` and the requests by path.
+async fn raw_server(route: impl Fn(&str) -> Raw + Send + Sync + 'static) -> (String, Hits) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    let (hits, route) = (Hits::default(), Arc::new(route));
+    let counted = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let (hits, route) = (counted.clone(), route.clone());
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buffer = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 << 10 {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head);
+                let path = text.split(' ').nth(1).unwrap_or_default().to_owned();
+                *hits.lock().unwrap().entry(path.clone()).or_default() += 1;
+                match route(&path) {
+                    Raw::Close => {}
+                    Raw::Silent => std::future::pending().await,
+                    Raw::Garbage(bytes) => {
+                        let _ = stream.write_all(bytes).await;
+                        std::future::pending::<()>().await;
+                    }
+                    Raw::Trickle(body, pieces, pause) => {
+                        let head =
+                            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                        if stream.write_all(head.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        for piece in body.chunks(body.len().div_ceil(pieces).max(1)) {
+                            tokio::time::sleep(pause).await;
+                            if stream.write_all(piece).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (host, hits)
+}
+
+fn hits_of(hits: &Hits, path: &str) -> usize {
+    hits.lock().unwrap().get(path).copied().unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -385,8 +468,13 @@ impl Registry {
 // ---------------------------------------------------------------------------------------------
 // the resolver on its own
 
+/// The resolver's configuration for the test's loopback servers (plain HTTP on 127.0.0.1).
+fn config(cache: &Path) -> RemoteConfig {
+    test_support::local_chart_hosts(RemoteConfig::new(cache.to_owned()))
+}
+
 fn remote(cache: &Path) -> RemoteCharts {
-    RemoteCharts::new(RemoteConfig::new(cache.to_owned())).unwrap()
+    RemoteCharts::new(config(cache)).unwrap()
 }
 
 fn from_repository(repository: &str, name: &str, version: &str) -> ChartSource {
@@ -460,7 +548,7 @@ async fn a_repository_chart_is_resolved_verified_and_cached_by_digest() {
     // kept in memory: the index is fetched again, the archive is not.
     let restarted = RemoteCharts::new(RemoteConfig {
         index_ttl: Duration::ZERO,
-        ..RemoteConfig::new(cache.path().to_owned())
+        ..config(cache.path())
     })
     .unwrap();
     let again = resolve(
@@ -510,7 +598,7 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
     let cache = tempfile::tempdir().unwrap();
     let charts = RemoteCharts::new(RemoteConfig {
         max_index_bytes: 64 * 1024,
-        ..RemoteConfig::new(cache.path().to_owned())
+        ..config(cache.path())
     })
     .unwrap();
     let file = tar::EntryType::Regular;
@@ -781,7 +869,7 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
             "unreachable",
             from_repository(&closed, "catalog", "1.0.0"),
             small,
-            "is unreachable",
+            "could not be reached or did not answer in time",
             false,
         ),
     ];
@@ -810,12 +898,12 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
     server.reply("/silent/index.yaml", Reply::Hang);
     let impatient = RemoteCharts::new(RemoteConfig {
         timeout: Duration::from_secs(1),
-        ..RemoteConfig::new(cache.path().to_owned())
+        ..config(cache.path())
     })
     .unwrap();
     for (path, expected) in [
         ("/flaky", "/flaky/index.yaml answered HTTP 503"),
-        ("/silent", "the fetch did not finish within 1s"),
+        ("/silent", "could not be reached or did not answer in time"),
     ] {
         let source = from_repository(&format!("{base}{path}"), "catalog", "1.0.0");
         let error = resolve(&impatient, &source, small).await.unwrap_err();
@@ -937,7 +1025,7 @@ async fn an_oci_chart_is_pulled_from_a_real_registry_and_cached() {
         (
             format!("oci://{closed}/charts/catalog:1.0.0"),
             limits,
-            "is unreachable",
+            "could not be reached or did not answer in time",
             false,
         ),
     ];
@@ -1137,6 +1225,398 @@ async fn endless_answers_are_cut_off_at_their_limit() {
         let read = repository.streamed() - before;
         assert!(read < READ_AT_MOST, "{path}: {read} bytes read");
     }
+}
+
+/// The message of a fetch error, without the origin (which names the chart and repository).
+fn fetch_message(error: &SourceError) -> String {
+    match error {
+        SourceError::Fetch { error, .. } => error.to_string(),
+        other => panic!("not a fetch error: {other}"),
+    }
+}
+
+/// Chart hosts at loopback, private, link-local (metadata) and other reserved addresses are
+/// refused before any connection — written as IP literals in any form, resolved from a name,
+/// reached by a redirect, a chart URL of the index or an OCI token realm — and plain http is
+/// refused, unless the operator allows them; nothing reaches the servers behind them.
+#[tokio::test]
+async fn private_hosts_and_plain_http_are_refused_unless_allowed() {
+    let server = RepoServer::start().await;
+    server.publish_catalog();
+    let port = server.url.rsplit(':').next().unwrap().to_owned();
+    // Another loopback address, standing for an internal service: reaching it would succeed.
+    let inside = RepoServer::start_on("127.0.0.2:0").await;
+    inside.publish_catalog();
+    inside.put("/token", r#"{"token": "t"}"#);
+    let cache = tempfile::tempdir().unwrap();
+    let strict = RemoteCharts::new(RemoteConfig::new(cache.path().to_owned())).unwrap();
+    let public_only = RemoteCharts::new(RemoteConfig {
+        allow_plain_http: true,
+        ..RemoteConfig::new(cache.path().to_owned())
+    })
+    .unwrap();
+    let local = remote(cache.path());
+
+    server.redirect(
+        "/to-inside/index.yaml",
+        &format!("{}/charts/index.yaml", inside.url),
+    );
+    server.redirect(
+        "/to-metadata/index.yaml",
+        "http://169.254.169.254/latest/meta-data/",
+    );
+    server.redirect("/to-mapped/index.yaml", "http://[::ffff:a9fe:a9fe]/latest/");
+    let v1 = sha256(&packaged().v1);
+    let absolute = format!("{}/charts/catalog-1.0.0.tgz", inside.url);
+    server.put(
+        "/absolute/index.yaml",
+        index_yaml(&[("catalog", "1.0.0", &v1, &absolute)]),
+    );
+    server.reply(
+        "/v2/",
+        Reply::Challenge(format!(
+            "Bearer realm=\"{}/token\",service=\"r\"",
+            inside.url
+        )),
+    );
+    let oci_here = format!("oci://127.0.0.1:{port}/charts/catalog:1.0.0");
+    let at = |path: &str| from_repository(&format!("{}{path}", server.url), "catalog", "1.0.0");
+    let plain = "is plain http, which chart sources may not use (an operator may allow it with --allow-insecure-http)";
+    let loopback = "the host 127.0.0.1 has a loopback address, which chart sources may not reach (an operator may allow the range with --allow-private-chart-hosts)";
+    let cases: Vec<(&str, &RemoteCharts, ChartSource, String)> = vec![
+        (
+            "plain http",
+            &strict,
+            from_repository("http://10.1.2.3/charts", "catalog", "1.0.0"),
+            plain.into(),
+        ),
+        (
+            "plain http by name",
+            &strict,
+            from_repository("http://charts.example.com/stable", "catalog", "1.0.0"),
+            plain.into(),
+        ),
+        (
+            "loopback literal",
+            &public_only,
+            at("/charts"),
+            loopback.into(),
+        ),
+        (
+            "loopback in decimal",
+            &public_only,
+            from_repository(
+                &format!("http://2130706433:{port}/charts"),
+                "catalog",
+                "1.0.0",
+            ),
+            loopback.into(),
+        ),
+        (
+            "loopback by name",
+            &public_only,
+            from_repository(
+                &format!("http://localhost:{port}/charts"),
+                "catalog",
+                "1.0.0",
+            ),
+            "the host localhost has a loopback address".into(),
+        ),
+        (
+            "loopback registry",
+            &public_only,
+            from_oci(&oci_here),
+            loopback.into(),
+        ),
+        (
+            "metadata",
+            &public_only,
+            from_repository("http://169.254.169.254/latest", "catalog", "1.0.0"),
+            "has a link-local (or cloud metadata) address".into(),
+        ),
+        (
+            "private",
+            &public_only,
+            from_repository("https://10.1.2.3/charts", "catalog", "1.0.0"),
+            "the host 10.1.2.3 has a private address".into(),
+        ),
+        (
+            "ULA",
+            &public_only,
+            from_repository("https://[fd00::1]/charts", "catalog", "1.0.0"),
+            "the host [fd00::1] has a private address".into(),
+        ),
+        (
+            "redirect inside",
+            &local,
+            at("/to-inside"),
+            "the host 127.0.0.2 has a loopback address".into(),
+        ),
+        (
+            "redirect to metadata",
+            &local,
+            at("/to-metadata"),
+            "the host 169.254.169.254 has a link-local".into(),
+        ),
+        (
+            "redirect to an IPv4-mapped address",
+            &local,
+            at("/to-mapped"),
+            "the host [::ffff:a9fe:a9fe] has a link-local".into(),
+        ),
+        (
+            "chart URL inside",
+            &local,
+            at("/absolute"),
+            "the host 127.0.0.2 has a loopback address".into(),
+        ),
+        (
+            "token realm inside",
+            &local,
+            from_oci(&oci_here),
+            "the host 127.0.0.2 has a loopback address".into(),
+        ),
+    ];
+    for (case, charts, source, expected) in cases {
+        if !std::ptr::eq(charts, &local) {
+            assert_eq!(server.all_hits(), 0, "{case}: nothing reached the server");
+        }
+        let error = resolve(charts, &source, Limits::default())
+            .await
+            .unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains(&expected), "{case}: {message}");
+        assert!(error.is_permanent(), "{case}: {message}");
+        assert!(
+            matches!(
+                &error,
+                SourceError::Fetch {
+                    error: FetchError::Refused(_),
+                    ..
+                }
+            ),
+            "{case}: {error:?}"
+        );
+    }
+    assert_eq!(inside.all_hits(), 0, "nothing reached the inside server");
+    // Allowed: by name too (the resolver keeps 127.0.0.1, drops ::1).
+    let by_name = from_repository(
+        &format!("http://localhost:{port}/charts"),
+        "catalog",
+        "1.0.0",
+    );
+    let chart = resolve(&local, &by_name, Limits::default()).await.unwrap();
+    assert_eq!(chart.digest, format!("sha256:{v1}"));
+}
+
+/// Refused, reset, no answer, an answer that is not HTTP, TLS to a plain server, a name that
+/// does not resolve: one message, so that a Manifest's status cannot tell which internal ports
+/// are open. (Messages that named the cause — `Connection refused`, `timed out`, a parse
+/// error — make this fail.)
+#[tokio::test]
+async fn unreachable_hosts_read_the_same_whatever_the_cause() {
+    let (closing, _) = raw_server(|_| Raw::Close).await;
+    let (silent, _) = raw_server(|_| Raw::Silent).await;
+    let (ssh, _) = raw_server(|_| Raw::Garbage(b"SSH-2.0-OpenSSH_9.6\r\n")).await;
+    let plain = RepoServer::start().await;
+    let tls_to_plain = plain.url.replace("http://", "https://");
+    let cache = tempfile::tempdir().unwrap();
+    let charts = RemoteCharts::new(RemoteConfig {
+        timeout: Duration::from_secs(2),
+        ..config(cache.path())
+    })
+    .unwrap();
+    let closed = format!("http://127.0.0.1:{}", closed_port());
+    let mut messages = std::collections::BTreeMap::new();
+    for base in [
+        closed,
+        format!("http://{closing}"),
+        format!("http://{silent}"),
+        format!("http://{ssh}"),
+        tls_to_plain,
+        "http://no-such-host.invalid".to_owned(),
+    ] {
+        let source = from_repository(&format!("{base}/charts"), "catalog", "1.0.0");
+        let error = resolve(&charts, &source, Limits::default())
+            .await
+            .unwrap_err();
+        assert!(!error.is_permanent(), "{base}: {error}");
+        let host = base.split("://").nth(1).unwrap();
+        let message = fetch_message(&error).replace(host, "HOST");
+        messages.entry(message).or_insert_with(Vec::new).push(base);
+    }
+    assert_eq!(
+        messages.len(),
+        1,
+        "one message for every cause: {messages:#?}"
+    );
+    let message = messages.keys().next().unwrap();
+    assert_eq!(
+        message,
+        "HOST could not be reached or did not answer in time"
+    );
+}
+
+/// A repository that trickles its answer, or never answers, gives the fetch up at its deadline;
+/// and the deadline is the whole fetch's, not each request's: an index that takes most of it
+/// leaves the archive only the rest.
+#[tokio::test]
+async fn a_trickling_or_silent_repository_cannot_hold_a_fetch() {
+    let v1 = Arc::new(packaged().v1.clone());
+    let index = Arc::new(index_yaml(&[(
+        "catalog",
+        "1.0.0",
+        &sha256(&v1),
+        "catalog-1.0.0.tgz",
+    )]));
+    let (host, hits) = raw_server(move |path| match path {
+        // 1 MiB at 10 bytes a second.
+        "/endless/index.yaml" => Raw::Trickle(
+            Arc::new(vec![b'#'; 1 << 20]),
+            1 << 20,
+            Duration::from_millis(100),
+        ),
+        "/silent/index.yaml" => Raw::Silent,
+        // 5 s and 8 s: each within a 10 s deadline alone, not together.
+        "/slow/index.yaml" => Raw::Trickle(index.clone(), 20, Duration::from_millis(250)),
+        "/slow/catalog-1.0.0.tgz" => Raw::Trickle(v1.clone(), 20, Duration::from_millis(400)),
+        _ => Raw::Close,
+    })
+    .await;
+    let cache = tempfile::tempdir().unwrap();
+    let with_timeout = |seconds| {
+        RemoteCharts::new(RemoteConfig {
+            timeout: Duration::from_secs(seconds),
+            ..config(cache.path())
+        })
+        .unwrap()
+    };
+    let (impatient, patient) = (with_timeout(2), with_timeout(10));
+    for (charts, path) in [
+        (&impatient, "/endless"),
+        (&impatient, "/silent"),
+        (&patient, "/slow"),
+    ] {
+        let source = from_repository(&format!("http://{host}{path}"), "catalog", "1.0.0");
+        // A bound on the test only, far above the deadlines: a fetch held on fails here.
+        let fetch = resolve(charts, &source, Limits::default());
+        let error = tokio::time::timeout(Duration::from_secs(120), fetch)
+            .await
+            .unwrap_or_else(|_| panic!("{path}: the fetch was held"))
+            .unwrap_err();
+        assert_eq!(
+            fetch_message(&error),
+            format!("{host} could not be reached or did not answer in time"),
+            "{path}"
+        );
+        assert!(!error.is_permanent(), "{path}: {error}");
+    }
+    assert_eq!(hits_of(&hits, "/slow/index.yaml"), 1);
+    assert_eq!(
+        hits_of(&hits, "/slow/catalog-1.0.0.tgz"),
+        1,
+        "the index arrived within the deadline and the archive was asked for"
+    );
+}
+
+/// The chart cache's cap is hard: an archive that would take it past the cap, counting the
+/// archives in use, is refused (and retried later), and the directory never holds more.
+#[tokio::test]
+async fn the_chart_cache_refuses_what_would_exceed_its_cap() {
+    let server = RepoServer::start().await;
+    let repository = server.publish_catalog();
+    let cache = tempfile::tempdir().unwrap();
+    let (v1, v2) = (&packaged().v1, &packaged().v2);
+    let cap = (v1.len().max(v2.len()) * 3 / 2) as u64;
+    let charts = RemoteCharts::new(RemoteConfig {
+        cache_max_bytes: cap,
+        ..config(cache.path())
+    })
+    .unwrap();
+    let version = |v: &str| from_repository(&repository, "catalog", v);
+    let one = resolve(&charts, &version("1.0.0"), Limits::default())
+        .await
+        .unwrap();
+    let error = resolve(&charts, &version("2.0.0"), Limits::default())
+        .await
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains(&format!(
+            "the chart cache cannot take a {}-byte archive: its cap is {cap} bytes (--chart-cache-max-bytes), {} of them held by charts used in the last 10 minutes",
+            v2.len(),
+            v1.len()
+        )),
+        "{message}"
+    );
+    assert!(!error.is_permanent(), "files in use age out: {message}");
+    let held: u64 = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(held <= cap, "{held} bytes in a cache capped at {cap}");
+    let again = resolve(&charts, &version("1.0.0"), Limits::default())
+        .await
+        .unwrap();
+    assert_eq!(again, one, "what is cached is served");
+}
+
+/// Index cache entries are one per repository path whatever queries Manifests add, bounded in
+/// bytes (huge indexes), and dropped once expired.
+#[tokio::test]
+async fn index_cache_entries_are_bounded_and_expire() {
+    const CACHED_INDEX_BYTES: u64 = 1 << 20;
+    let server = RepoServer::start().await;
+    let repository = server.publish_catalog();
+    let cache = tempfile::tempdir().unwrap();
+    let charts = RemoteCharts::new(RemoteConfig {
+        index_cache_max_bytes: CACHED_INDEX_BYTES,
+        ..config(cache.path())
+    })
+    .unwrap();
+    for i in 0..20 {
+        let source = from_repository(&format!("{repository}?q={i}"), "catalog", "1.0.0");
+        resolve(&charts, &source, Limits::default()).await.unwrap();
+    }
+    let stats = charts.stats();
+    assert_eq!(stats.index_downloads, 20, "another query is fetched again");
+    assert_eq!(
+        stats.cached_indexes, 1,
+        "one entry for the repository, whatever the query"
+    );
+
+    // Huge indexes (for a cache of 1 MiB: 300 KiB each) at 20 paths: the cache keeps what fits.
+    let mut huge = String::from_utf8(packaged().index.clone()).unwrap();
+    while huge.len() < 300 << 10 {
+        huge.push_str(&format!("# {}\n", "padding ".repeat(16)));
+    }
+    for i in 0..20 {
+        server.put(&format!("/huge{i}/index.yaml"), huge.clone());
+        let source = from_repository(&format!("{}/huge{i}", server.url), "catalog", "1.0.0");
+        resolve(&charts, &source, Limits::default()).await.unwrap();
+    }
+    let stats = charts.stats();
+    assert!(stats.cached_index_bytes <= CACHED_INDEX_BYTES, "{stats:?}");
+    assert!(stats.cached_indexes < 20, "some were evicted: {stats:?}");
+
+    // With a time to live of zero each index expires at once and goes when the next is stored.
+    let forgetful = RemoteCharts::new(RemoteConfig {
+        index_ttl: Duration::ZERO,
+        ..config(cache.path())
+    })
+    .unwrap();
+    for i in 0..5 {
+        let source = from_repository(&format!("{}/huge{i}", server.url), "catalog", "1.0.0");
+        resolve(&forgetful, &source, Limits::default())
+            .await
+            .unwrap();
+    }
+    let stats = forgetful.stats();
+    assert_eq!(
+        (stats.index_downloads, stats.cached_indexes),
+        (5, 1),
+        "{stats:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1465,9 +1945,15 @@ async fn bad_remote_sources_are_reported_and_delete_nothing() {
             true,
         ),
         (
+            "a loopback address the operator does not allow",
+            json!({"repository": "http://127.0.0.2:9/charts", "name": "catalog", "version": "1.0.0"}),
+            "the host 127.0.0.2 has a loopback address, which chart sources may not reach",
+            true,
+        ),
+        (
             "unreachable host",
             json!({"repository": closed, "name": "catalog", "version": "1.0.0"}),
-            "is unreachable",
+            "could not be reached or did not answer in time",
             false,
         ),
     ];

@@ -697,7 +697,8 @@ fn operator(sts: &Value, kubeconfig: &Path, helm_home: &Path, admin: u16) -> Com
         .arg(format!("--helm={}", tools().helm.display()))
         .arg(format!("--renderer={}", tools().renderer.display()))
         .arg(format!("--helm-home={}", helm_home.display()))
-        .arg(format!("--admin-address=127.0.0.1:{admin}"));
+        .arg(format!("--admin-address=127.0.0.1:{admin}"))
+        .args(test_support::LOCAL_CHART_HOST_FLAGS);
     command
 }
 

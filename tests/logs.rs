@@ -108,6 +108,7 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
         .arg(testenv::Tools::locate().unwrap().helm)
         .arg("--renderer")
         .arg(testenv::Tools::locate().unwrap().renderer)
+        .args(test_support::LOCAL_CHART_HOST_FLAGS)
         .args(["--fleet", &ns, "--lease-namespace", &ns, "--shards", "16"])
         .args(["--admin-address", "127.0.0.1:0"])
         .args(["--manifest-selector", &format!("logs-test={ns}")]);

@@ -171,8 +171,7 @@ mod tests {
             })
         };
         let unreachable = fetch(crate::source::FetchError::Unreachable {
-            url: "http://charts.example.com/index.yaml".into(),
-            reason: "connection refused".into(),
+            host: "charts.example.com".into(),
         });
         assert!(!unreachable.is_permanent());
         assert_eq!(unreachable.category(), "ChartError");

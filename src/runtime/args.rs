@@ -10,7 +10,7 @@ use crate::render::{Backend, RenderLimits};
 use crate::shard::ShardCount;
 use crate::shard::fleet::FleetConfig;
 use crate::shard::membership::MembershipConfig;
-use crate::source::RemoteConfig;
+use crate::source::{Cidr, RemoteConfig};
 use crate::telemetry::LogFormat;
 
 /// The flags of `module-manager run`.
@@ -30,7 +30,8 @@ pub struct RunArgs {
     /// omitted.
     #[arg(long, env = "MODULE_MANAGER_CHART_CACHE")]
     pub chart_cache_dir: Option<PathBuf>,
-    /// Most bytes of archives kept in the chart cache; the least recently used go first.
+    /// Hard cap on the bytes of the chart cache (archives in use and temporary files included):
+    /// the least recently used archives go first, and one that does not fit is refused.
     #[arg(long, default_value_t = 1024 * 1024 * 1024)]
     pub chart_cache_max_bytes: u64,
     /// Limit on fetching one remote chart (index or manifest, archive, checks), in seconds.
@@ -40,6 +41,19 @@ pub struct RunArgs {
     /// Loopback registries always are; every other one needs HTTPS.
     #[arg(long = "insecure-registry")]
     pub insecure_registries: Vec<String>,
+    /// Reserved address ranges (loopback, private, link-local and cloud metadata, CGNAT, …)
+    /// that chart repositories, chart URLs, redirects and OCI token realms may still have, as
+    /// CIDRs (`10.0.0.0/8`, `127.0.0.1`); repeatable or comma-separated. None by default.
+    #[arg(
+        long = "allow-private-chart-hosts",
+        value_name = "CIDR",
+        value_delimiter = ','
+    )]
+    pub allow_private_chart_hosts: Vec<Cidr>,
+    /// Allow plain `http://` chart repositories, chart URLs, redirects and token realms (OCI
+    /// registries of `--insecure-registry` and loopback ones are spoken to over HTTP anyway).
+    #[arg(long)]
+    pub allow_insecure_http: bool,
     /// The helm binary.
     #[arg(long, env = "MODULE_MANAGER_HELM", default_value = "helm")]
     pub helm: PathBuf,
@@ -242,6 +256,8 @@ impl RunArgs {
                 cache_max_bytes: self.chart_cache_max_bytes,
                 timeout: Duration::from_secs(self.chart_fetch_timeout_seconds.max(1)),
                 insecure_registries: self.insecure_registries,
+                allowed_private: self.allow_private_chart_hosts,
+                allow_plain_http: self.allow_insecure_http,
                 ..RemoteConfig::new(chart_cache)
             },
             chart_root: self.chart_root,
@@ -362,6 +378,33 @@ mod tests {
         assert_eq!(config.targets.max_clients, 256);
         assert_eq!(config.render_limits.timeout, Duration::from_secs(30));
         assert_eq!(config.chart_root, PathBuf::from("/charts"));
+        assert!(
+            config.remote.allowed_private.is_empty(),
+            "no reserved range"
+        );
+        assert!(!config.remote.allow_plain_http, "no plain http");
+    }
+
+    #[test]
+    fn the_chart_host_flags_are_parsed() {
+        let config = validate(&[
+            "--allow-private-chart-hosts",
+            "127.0.0.1,10.0.0.0/8",
+            "--allow-private-chart-hosts=fd00::/8",
+            "--allow-insecure-http",
+        ])
+        .unwrap();
+        let shown: Vec<String> = config
+            .remote
+            .allowed_private
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(shown, ["127.0.0.1/32", "10.0.0.0/8", "fd00::/8"]);
+        assert!(config.remote.allow_plain_http);
+        let base = ["run", "--replica", "a", "--chart-root", "/"];
+        let bad = Flags::try_parse_from(base.iter().chain(&["--allow-private-chart-hosts=10/8"]));
+        assert!(bad.is_err());
     }
 
     #[test]

@@ -15,7 +15,10 @@ pub mod remote;
 pub mod version;
 
 use self::local::resolve_path;
-pub use remote::{FetchError, FetchStats, RemoteCharts, RemoteConfig, ensure_crypto_provider};
+pub use remote::{
+    Cidr, FetchError, FetchStats, Refusal, RemoteCharts, RemoteConfig, Reserved,
+    ensure_crypto_provider,
+};
 
 /// Bounds on what a chart may contain.
 #[derive(Clone, Copy, Debug)]

@@ -115,7 +115,9 @@ impl ContextBuilder {
             renderer,
             chart_root: crate::repo(),
             chart_limits: Limits::default(),
-            remote_charts: RemoteCharts::new(RemoteConfig::new(self.chart_cache))?,
+            remote_charts: RemoteCharts::new(crate::local_chart_hosts(RemoteConfig::new(
+                self.chart_cache,
+            )))?,
             shards: module_manager::shard::ShardCount::DEFAULT,
             reporter: Reporter {
                 controller: "module-manager".into(),

@@ -154,6 +154,7 @@ impl LocalFleet {
             .arg("--helm")
             .arg(&settings.helm)
             .args(render_backend_flags())
+            .args(crate::LOCAL_CHART_HOST_FLAGS)
             .args(["--shards", &settings.shards.to_string()])
             .args(["--fleet", &self.name])
             .args(["--lease-namespace", &self.namespace]);

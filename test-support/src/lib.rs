@@ -14,6 +14,25 @@ pub use context::{ContextBuilder, context, render_backend};
 
 use std::path::{Path, PathBuf};
 
+use module_manager::source::RemoteConfig;
+
+/// The operator flags of every replica a test starts: chart sources may reach this machine's
+/// loopback servers (the tests' repositories and registries listen on 127.0.0.1) over plain
+/// HTTP. A deployment refuses both (`docs/security.md`).
+pub const LOCAL_CHART_HOST_FLAGS: [&str; 2] = [
+    "--allow-private-chart-hosts=127.0.0.1",
+    "--allow-insecure-http",
+];
+
+/// [`LOCAL_CHART_HOST_FLAGS`] for a resolver built in the test process.
+pub fn local_chart_hosts(config: RemoteConfig) -> RemoteConfig {
+    RemoteConfig {
+        allowed_private: vec!["127.0.0.1".parse().expect("an address")],
+        allow_plain_http: true,
+        ..config
+    }
+}
+
 /// The repository (canonical): local chart paths such as `tests/fixtures/charts/…` resolve here.
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -98,22 +98,30 @@ impl RemoteCharts {
         self.verify_and_store(shown(&url), bytes, hex, limits).await
     }
 
-    /// The repository's index, from memory when fetched less than `index_ttl` ago.
+    /// The repository's index, from memory when fetched less than `index_ttl` ago with the
+    /// same query. Kept by URL without the query (one entry per repository path: queries
+    /// cannot multiply entries), weighed by its bytes.
     async fn index(&self, base: &Url) -> Result<Arc<Index>, FetchError> {
         let url = index_url(base);
-        let key = url.as_str().to_owned();
-        if let Some(index) = self.indexes.get(&key, self.config.index_ttl) {
+        let mut key = url.clone();
+        key.set_query(None);
+        let (key, query) = (key.as_str().to_owned(), url.query().map(str::to_owned));
+        if let Some((fetched_with, index)) = self.indexes.get(&key)
+            && fetched_with == query
+        {
             return Ok(index);
         }
         let bytes = self.get_bounded(&url, self.config.max_index_bytes).await?;
         self.counters
             .index_downloads
             .fetch_add(1, Ordering::Relaxed);
+        let weight = bytes.len() as u64;
         let index = tokio::task::spawn_blocking(move || parse_index(&bytes))
             .await
             .map_err(|e| FetchError::BadIndex(e.to_string()))??;
         let index = Arc::new(index);
-        self.indexes.put(key, index.clone());
+        let ttl = self.config.index_ttl;
+        self.indexes.put(key, (query, index.clone()), ttl, weight);
         Ok(index)
     }
 }

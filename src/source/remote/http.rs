@@ -1,16 +1,34 @@
-//! The capped HTTP client: redirects only over http(s) and never from https down to http, answers
-//! read within a byte limit, the URLs it may be sent to, and transport errors in words.
+//! The capped HTTP client: requests only where [`Reach`] allows (every redirect checked too),
+//! redirects only over http(s) and never from https down to http, every request within what is
+//! left of its fetch's deadline, answers read within a byte limit, and transport errors that
+//! all read the same.
 
 use std::time::Duration;
 
 use reqwest::Url;
+use tokio::time::Instant;
 
+use super::reach::{Reach, authority, refusal_in};
 use super::shown::{bounded_text, shown};
 use super::{FetchError, RemoteCharts, RemoteConfig};
 
-/// The HTTP client of every request: at most `max_redirects` redirects, the resolve's timeout.
-pub(super) fn client(config: &RemoteConfig) -> Result<reqwest::Client, FetchError> {
+tokio::task_local! {
+    /// When the fetch under way must be done: each request gets what is left of it, so a
+    /// server that trickles bytes or never answers ends the request, whichever request it is.
+    static DEADLINE: Instant;
+}
+
+/// Runs `fetch` with a deadline `timeout` from now for its requests.
+pub(super) async fn with_deadline<T>(timeout: Duration, fetch: impl Future<Output = T>) -> T {
+    DEADLINE.scope(Instant::now() + timeout, fetch).await
+}
+
+/// The HTTP client of every request: names resolved to allowed addresses only, at most
+/// `max_redirects` redirects, each to where a request may go; no proxy (the address checked
+/// must be the one connected to).
+pub(super) fn client(config: &RemoteConfig, reach: &Reach) -> Result<reqwest::Client, FetchError> {
     let max_redirects = config.max_redirects;
+    let checks = reach.clone();
     let policy = reqwest::redirect::Policy::custom(move |attempt| {
         let from_https = attempt
             .previous()
@@ -22,13 +40,16 @@ pub(super) fn client(config: &RemoteConfig) -> Result<reqwest::Client, FetchErro
             attempt.error("a redirect to a scheme other than http or https")
         } else if from_https && attempt.url().scheme() == "http" {
             attempt.error("a redirect from https to plain http")
+        } else if let Err(refusal) = checks.check(attempt.url()) {
+            attempt.error(refusal)
         } else {
             attempt.follow()
         }
     });
     reqwest::Client::builder()
         .redirect(policy)
-        .timeout(config.timeout)
+        .dns_resolver(reach.resolver())
+        .no_proxy()
         .connect_timeout(config.timeout.min(Duration::from_secs(10)))
         .user_agent(concat!("module-manager/", env!("CARGO_PKG_VERSION")))
         .build()
@@ -36,11 +57,22 @@ pub(super) fn client(config: &RemoteConfig) -> Result<reqwest::Client, FetchErro
 }
 
 impl RemoteCharts {
+    /// A GET of `url` if a request may go there, bounded by what is left of the fetch's
+    /// deadline (the whole timeout outside a fetch).
+    pub(super) fn get(&self, url: &Url) -> Result<reqwest::RequestBuilder, FetchError> {
+        self.reach.check(url)?;
+        let left = DEADLINE
+            .try_with(|deadline| deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or(self.config.timeout);
+        if left.is_zero() {
+            return Err(FetchError::Timeout(self.config.timeout));
+        }
+        Ok(self.http.get(url.clone()).timeout(left))
+    }
+
     /// GETs `url`, refusing more than `max` bytes.
     pub(super) async fn get_bounded(&self, url: &Url, max: u64) -> Result<Vec<u8>, FetchError> {
-        let (body, _) = self
-            .send_bounded(self.http.get(url.clone()), url, max)
-            .await?;
+        let (body, _) = self.send_bounded(self.get(url)?, url, max).await?;
         Ok(body)
     }
 
@@ -53,10 +85,7 @@ impl RemoteCharts {
         max: u64,
     ) -> Result<(Vec<u8>, reqwest::header::HeaderMap), FetchError> {
         let shown = shown(url);
-        let mut response = request
-            .send()
-            .await
-            .map_err(|e| request_error(&shown, e, self.config.timeout))?;
+        let mut response = request.send().await.map_err(|e| request_error(url, e))?;
         let status = response.status();
         if !status.is_success() {
             return Err(FetchError::Status {
@@ -73,11 +102,7 @@ impl RemoteCharts {
         }
         let headers = response.headers().clone();
         let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| request_error(&shown, e, self.config.timeout))?
-        {
+        while let Some(chunk) = response.chunk().await.map_err(|e| request_error(url, e))? {
             if (body.len() + chunk.len()) as u64 > max {
                 return Err(too_large());
             }
@@ -106,20 +131,21 @@ pub(super) fn checked_url(url: Url, what: &str) -> Result<Url, FetchError> {
     Ok(url)
 }
 
-pub(super) fn request_error(url: &str, error: reqwest::Error, timeout: Duration) -> FetchError {
-    if error.is_timeout() {
-        return FetchError::Timeout(timeout);
+/// What a failed request (for `url`) reads as: a refused host or scheme as such; a redirect
+/// the policy refused in its words; anything else — refused, reset, DNS, TLS, a timeout, an
+/// answer that is not HTTP — as one message naming the host, the cause logged at debug only
+/// (so that a Manifest's author cannot tell an open internal port from a closed one).
+pub(super) fn request_error(url: &Url, error: reqwest::Error) -> FetchError {
+    if let Some(refusal) = refusal_in(&error) {
+        return FetchError::Refused(refusal);
     }
-    let redirect = error.is_redirect();
-    let builder = error.is_builder();
-    let reason = chain(&error.without_url());
-    if redirect || builder {
-        FetchError::Reference(format!("{url}: {reason}"))
-    } else {
-        FetchError::Unreachable {
-            url: url.to_owned(),
-            reason,
-        }
+    let at = error.url().unwrap_or(url).clone();
+    if error.is_redirect() || error.is_builder() {
+        return FetchError::Reference(format!("{}: {}", shown(&at), chain(&error.without_url())));
+    }
+    tracing::debug!(url = %shown(&at), error = %chain(&error.without_url()), "a chart host could not be reached");
+    FetchError::Unreachable {
+        host: authority(&at),
     }
 }
 

@@ -6,14 +6,17 @@
 //! digest, so a later resolve of the same chart downloads nothing but the (briefly cached)
 //! `index.yaml` or the OCI manifest. See `docs/reconcile.md` for the bounds and the errors.
 //!
-//! One file per concern: the capped HTTP client (`http.rs`), Helm repositories (`helm_repo.rs`),
-//! OCI registries (`oci.rs`), the disk cache (`cache.rs`), the in-memory TTL cache (`recent.rs`) and
+//! One file per concern: the capped HTTP client (`http.rs`), where it may connect (`reach.rs`,
+//! over the address classifier of `address.rs`), Helm repositories (`helm_repo.rs`), OCI
+//! registries (`oci.rs`), the disk cache (`cache.rs`), the in-memory TTL cache (`recent.rs`) and
 //! what may be shown of a URL (`shown.rs`).
 
+mod address;
 mod cache;
 mod helm_repo;
 mod http;
 mod oci;
+mod reach;
 mod recent;
 mod shown;
 
@@ -26,18 +29,24 @@ use sha2::{Digest, Sha256};
 
 use self::cache::{ChartCache, IN_USE};
 use self::helm_repo::Index;
+use self::reach::Reach;
 use self::recent::Recent;
 use self::shown::{shown_reference, shown_url};
 use super::archive::{Budget, check_archive};
 use super::{Limits, ResolvedChart, SourceError};
 use crate::api::ChartSource;
 
+pub use self::address::{Cidr, Reserved};
 pub use self::oci::{HELM_CHART_MEDIA_TYPE, HELM_CONFIG_MEDIA_TYPE, HELM_PROVENANCE_MEDIA_TYPE};
+pub use self::reach::Refusal;
 
 /// Most `index.yaml` documents kept in memory (the oldest is dropped).
 const MAX_CACHED_INDEXES: usize = 64;
 /// Most OCI references whose layer digest is kept in memory.
 const MAX_CACHED_REFERENCES: usize = 1024;
+/// How much longer than the fetch timeout a fetch may take before it is given up on whatever
+/// it is doing (its requests end at the timeout).
+const BACKSTOP: Duration = Duration::from_secs(5);
 
 /// How remote charts are fetched and cached.
 #[derive(Clone, Debug)]
@@ -52,10 +61,18 @@ pub struct RemoteConfig {
     pub index_ttl: Duration,
     /// Most bytes of an `index.yaml`.
     pub max_index_bytes: u64,
+    /// Most bytes of `index.yaml` documents (as downloaded) kept in memory, of at most 64.
+    pub index_cache_max_bytes: u64,
     /// Most HTTP redirects followed per request.
     pub max_redirects: usize,
     /// Registries (`host` or `host:port`) spoken to over plain HTTP; loopback ones always are.
     pub insecure_registries: Vec<String>,
+    /// Reserved ranges (loopback, private, link-local, …) chart hosts may still be in; none by
+    /// default: every request, redirect and token realm goes to public addresses only.
+    pub allowed_private: Vec<Cidr>,
+    /// Whether plain `http://` is allowed for every host (otherwise only for the registries of
+    /// `insecure_registries` and loopback ones).
+    pub allow_plain_http: bool,
 }
 
 impl RemoteConfig {
@@ -67,8 +84,11 @@ impl RemoteConfig {
             timeout: Duration::from_secs(60),
             index_ttl: Duration::from_secs(60),
             max_index_bytes: 8 * 1024 * 1024,
+            index_cache_max_bytes: 32 * 1024 * 1024,
             max_redirects: 5,
             insecure_registries: Vec::new(),
+            allowed_private: Vec::new(),
+            allow_plain_http: false,
         }
     }
 }
@@ -79,14 +99,17 @@ pub enum FetchError {
     /// the URL or reference in the spec is unusable.
     #[error("{0}")]
     Reference(String),
-    /// the server could not be reached (connection refused, DNS, TLS, reset).
-    #[error("{url} is unreachable: {reason}")]
+    /// the host could not be reached or did not answer in time: refused, reset, DNS, TLS, a
+    /// timeout and an answer that is not HTTP all read the same (the cause is logged at debug),
+    /// so that a Manifest's status cannot map which internal ports are open.
+    #[error("{host} could not be reached or did not answer in time")]
     Unreachable {
-        /// The URL, without credentials or query.
-        url: String,
-        /// The cause.
-        reason: String,
+        /// `host[:port]` of the request that failed.
+        host: String,
     },
+    /// the request was not sent: its host or scheme is not allowed.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     /// the server answered with an error status.
     #[error("{url} answered HTTP {status}")]
     Status {
@@ -158,6 +181,19 @@ pub enum FetchError {
     /// the archive failed the chart checks.
     #[error(transparent)]
     Chart(Box<SourceError>),
+    /// storing the archive would take the chart cache past its cap.
+    #[error(
+        "the chart cache cannot take a {needed}-byte archive: its cap is {limit} bytes \
+         (--chart-cache-max-bytes), {in_use} of them held by charts used in the last 10 minutes"
+    )]
+    CacheFull {
+        /// Bytes of the archive.
+        needed: u64,
+        /// Bytes of cached files that may not be evicted yet.
+        in_use: u64,
+        /// The cap.
+        limit: u64,
+    },
     /// the chart cache could not be read or written.
     #[error("chart cache {path}: {error}")]
     Cache {
@@ -173,6 +209,8 @@ impl FetchError {
     pub fn is_permanent(&self) -> bool {
         match self {
             Self::Unreachable { .. } | Self::Timeout(_) | Self::Cache { .. } => false,
+            // Files in use age out; an archive larger than the whole cache never fits.
+            Self::CacheFull { needed, limit, .. } => needed > limit,
             Self::Status { status, .. } => !(*status >= 500 || *status == 429 || *status == 408),
             Self::Registry { transient, .. } => !transient,
             _ => true,
@@ -191,6 +229,10 @@ pub struct FetchStats {
     pub archive_downloads: u64,
     /// Resolves served from the disk cache.
     pub cache_hits: u64,
+    /// `index.yaml` documents held in memory now.
+    pub cached_indexes: u64,
+    /// Their bytes (as downloaded).
+    pub cached_index_bytes: u64,
 }
 
 #[derive(Default)]
@@ -215,8 +257,11 @@ pub struct RemoteCharts {
     /// Every request: repositories, and registries (manifest, token, blob), each answer read
     /// within its limit.
     http: reqwest::Client,
-    /// Parsed `index.yaml` by URL, for `index_ttl`.
-    indexes: Recent<Arc<Index>>,
+    /// Where requests may go.
+    reach: Reach,
+    /// Parsed `index.yaml` by URL without its query, with the query it was fetched with, for
+    /// `index_ttl`: one entry per repository path, whatever queries Manifests add.
+    indexes: Recent<(Option<String>, Arc<Index>)>,
     /// The chart layer's digest by OCI reference: for `index_ttl` for a tag, for good for a
     /// digest (what it names cannot change).
     layers: Recent<String>,
@@ -227,7 +272,12 @@ impl RemoteCharts {
     /// Clients for `config`. Installs rustls' ring provider as the process default if none is.
     pub fn new(config: RemoteConfig) -> Result<Self, FetchError> {
         ensure_crypto_provider();
-        let http = http::client(&config)?;
+        let reach = Reach {
+            allowed: config.allowed_private.clone().into(),
+            plain_http: config.allow_plain_http,
+            insecure_registries: config.insecure_registries.clone().into(),
+        };
+        let http = http::client(&config, &reach)?;
         Ok(Self {
             cache: ChartCache {
                 dir: config.cache_dir.clone(),
@@ -235,9 +285,10 @@ impl RemoteCharts {
                 in_use: IN_USE,
             },
             http,
+            reach,
+            indexes: Recent::new(MAX_CACHED_INDEXES, config.index_cache_max_bytes),
             config,
-            indexes: Recent::new(MAX_CACHED_INDEXES),
-            layers: Recent::new(MAX_CACHED_REFERENCES),
+            layers: Recent::new(MAX_CACHED_REFERENCES, u64::MAX),
             counters: Counters::default(),
         })
     }
@@ -245,7 +296,10 @@ impl RemoteCharts {
     /// What was fetched so far.
     pub fn stats(&self) -> FetchStats {
         let c = &self.counters;
+        let (cached_indexes, cached_index_bytes) = self.indexes.size();
         FetchStats {
+            cached_indexes,
+            cached_index_bytes,
             index_downloads: c.index_downloads.load(Ordering::Relaxed),
             manifest_requests: c.manifest_requests.load(Ordering::Relaxed),
             archive_downloads: c.archive_downloads.load(Ordering::Relaxed),
@@ -294,12 +348,17 @@ impl RemoteCharts {
         }
     }
 
+    /// Runs one fetch within the timeout: its requests share the deadline (each ends when it
+    /// passes, as a host that did not answer in time); the limit here, a little later, is only
+    /// a backstop for the work between requests.
     async fn bounded(
         &self,
         origin: String,
         fetch: impl Future<Output = Result<ResolvedChart, FetchError>>,
     ) -> Result<ResolvedChart, SourceError> {
-        let result = match tokio::time::timeout(self.config.timeout, fetch).await {
+        let timeout = self.config.timeout;
+        let deadlined = http::with_deadline(timeout, fetch);
+        let result = match tokio::time::timeout(timeout + BACKSTOP, deadlined).await {
             Ok(result) => result,
             Err(_) => Err(FetchError::Timeout(self.config.timeout)),
         };
@@ -383,13 +442,16 @@ mod tests {
         assert!(!status(429).is_permanent());
         assert!(status(404).is_permanent());
         assert!(!FetchError::Timeout(Duration::from_secs(1)).is_permanent());
-        assert!(
-            !FetchError::Unreachable {
-                url: "u".into(),
-                reason: "refused".into()
-            }
-            .is_permanent()
-        );
+        assert!(!FetchError::Unreachable { host: "h".into() }.is_permanent());
+        let refused = Refusal::PlainHttp { url: "u".into() };
+        assert!(FetchError::Refused(refused).is_permanent());
+        let full = |needed| FetchError::CacheFull {
+            needed,
+            in_use: 90,
+            limit: 100,
+        };
+        assert!(!full(20).is_permanent(), "files in use age out");
+        assert!(full(101).is_permanent(), "never fits");
         assert!(!status(408).is_permanent());
         assert!(
             FetchError::DigestMismatch {

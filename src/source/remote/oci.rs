@@ -2,7 +2,6 @@
 //! the Helm chart layer it must hold, and plain HTTP for loopback and listed registries.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::cache::sha256_hex;
 use super::http::{checked_url, request_error};
-use super::shown::{bounded_text, shown, shown_reference};
+use super::shown::{bounded_text, shown_reference};
 use super::{FetchError, RemoteCharts};
 use crate::source::{Limits, ResolvedChart};
 
@@ -52,11 +51,10 @@ impl RemoteCharts {
     ) -> Result<Option<String>, FetchError> {
         let url = registry_url(scheme, reference, "")?;
         let response = self
-            .http
-            .get(url.clone())
+            .get(&url)?
             .send()
             .await
-            .map_err(|e| request_error(&shown(&url), e, self.config.timeout))?;
+            .map_err(|e| request_error(&url, e))?;
         if response.status() != reqwest::StatusCode::UNAUTHORIZED {
             return Ok(None);
         }
@@ -90,7 +88,7 @@ impl RemoteCharts {
             );
         }
         let body = match self
-            .send_bounded(self.http.get(realm.clone()), &realm, MAX_TOKEN_BYTES)
+            .send_bounded(self.get(&realm)?, &realm, MAX_TOKEN_BYTES)
             .await
         {
             Ok((body, _)) => body,
@@ -123,7 +121,7 @@ impl RemoteCharts {
         token: Option<&str>,
         max: u64,
     ) -> Result<(Vec<u8>, reqwest::header::HeaderMap), FetchError> {
-        let mut request = self.http.get(url.clone());
+        let mut request = self.get(url)?;
         if let Some(accept) = accept {
             request = request.header(reqwest::header::ACCEPT, accept);
         }
@@ -192,21 +190,21 @@ impl RemoteCharts {
         limits: Limits,
     ) -> Result<ResolvedChart, FetchError> {
         let reference = oci_reference(text)?;
-        let plain = self.plain_http(reference.registry());
+        let plain = self.reach.plain_registry(reference.registry());
         // A reference resolved moments ago (a tag) or ever (a digest) needs no manifest.
         let key = format!("{plain}:{}", reference.whole());
         let ttl = match reference.digest() {
             Some(_) => Duration::MAX,
             None => self.config.index_ttl,
         };
-        if let Some(hex) = self.layers.get(&key, ttl)
+        if let Some(hex) = self.layers.get(&key)
             && let Some(chart) = self.cached(&hex, limits).await?
         {
             return Ok(chart);
         }
         let chart = self.fetch_layer(&reference, plain, text, limits).await?;
         let hex = chart.digest.trim_start_matches("sha256:").to_owned();
-        self.layers.put(key, hex);
+        self.layers.put(key, hex, ttl, 1);
         Ok(chart)
     }
 
@@ -296,21 +294,6 @@ impl RemoteCharts {
             }),
             Err(e) => Err(e),
         }
-    }
-
-    fn plain_http(&self, registry: &str) -> bool {
-        let host = registry
-            .rsplit_once(':')
-            .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
-            .map_or(registry, |(host, _)| host);
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        host == "localhost"
-            || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-            || self
-                .config
-                .insecure_registries
-                .iter()
-                .any(|r| r == registry || r == host)
     }
 }
 
@@ -472,10 +455,10 @@ mod tests {
             "registry.internal:5000",
             "plain.lan:443",
         ] {
-            assert!(remote.plain_http(plain), "{plain}");
+            assert!(remote.reach.plain_registry(plain), "{plain}");
         }
         for tls in ["registry.internal:5001", "ghcr.io", "10.0.0.1:5000"] {
-            assert!(!remote.plain_http(tls), "{tls}");
+            assert!(!remote.reach.plain_registry(tls), "{tls}");
         }
     }
 
