@@ -2,8 +2,10 @@
 //! they feed.
 //!
 //! `modulemanager.io/shard in (<owned>)` is restarted whenever the owned set changes, so the
-//! cache and the event stream scale with this replica's share; `!modulemanager.io/shard` sees new
-//! Manifests, whose owner stamps the label in its first pass.
+//! cache and the event stream scale with this replica's share; the stray watch
+//! (`shard::label::stray_selector`) sees new Manifests, whose owner stamps the label in its first
+//! pass, and labels naming no shard. Which replica acts on a Manifest whose label is wrong:
+//! `shard::label::route`.
 
 use std::collections::BTreeSet;
 use std::pin::Pin;
@@ -20,7 +22,8 @@ use kube::{Resource, ResourceExt};
 use crate::api::Manifest;
 use crate::shard::SHARD_LABEL;
 use crate::shard::fence::{Ownership, Watched};
-use crate::work::controller::{Key, Work};
+use crate::shard::label::stray_selector;
+use crate::work::controller::{Candidates, Work};
 
 /// Above this many owned shards the shard watch selects every labelled Manifest and filters
 /// locally (a label selector with thousands of values would make an oversized request).
@@ -35,6 +38,8 @@ pub(super) struct Seen {
     uid: Option<String>,
     generation: Option<i64>,
     deleting: bool,
+    /// The shard label: a change of it (no new generation) is looked at at once.
+    label: Option<String>,
 }
 
 impl Seen {
@@ -43,6 +48,7 @@ impl Seen {
             uid: manifest.uid(),
             generation: manifest.meta().generation,
             deleting: manifest.meta().deletion_timestamp.is_some(),
+            label: manifest.labels().get(SHARD_LABEL).cloned(),
         }
     }
 }
@@ -88,10 +94,7 @@ pub(super) async fn feed_queue(
 ) {
     let mut watched = ownership.subscribe();
     let owned = watched.borrow_and_update().clone();
-    let unlabelled_selector = match &base {
-        Some(base) => format!("{base},!{SHARD_LABEL}"),
-        None => format!("!{SHARD_LABEL}"),
-    };
+    let unlabelled_selector = stray_selector(base.as_deref(), work.shards());
     let mut unlabelled = watch_with(&api, Some(unlabelled_selector));
     let mut feed = Feed {
         synced: [owned.shards.as_ref().is_some_and(BTreeSet::is_empty), false],
@@ -137,7 +140,7 @@ struct Feed {
     owned: Watched,
     /// Keys listed by a watch's initial list wait for its end: the cache (the store a pass
     /// reads) holds the new list only from `InitDone` on.
-    listed: [Vec<(Key, Seen)>; 2],
+    listed: [Vec<(Candidates, Seen)>; 2],
 }
 
 impl Feed {
@@ -164,7 +167,8 @@ impl Feed {
         work.queue.retain_shards(keep);
         work.seen().retain(|key, _| keep(key.shard));
         for manifest in work.unlabelled.state() {
-            if let Some(key) = work.key_of(&manifest).filter(|k| keep(k.shard)) {
+            let candidates = work.candidates(&manifest);
+            if let Some(key) = candidates.and_then(|c| c.queued(keep)) {
                 work.queue.add(key, Duration::ZERO);
             }
         }
@@ -192,13 +196,16 @@ impl Feed {
             watcher::Event::Apply(manifest) => self.applied(manifest),
             watcher::Event::InitApply(manifest) => {
                 // Decided at InitDone, against ownership and `seen` as they are then.
-                if let Some(key) = self.work.key_of(manifest) {
-                    self.listed[stream].push((key, Seen::of(manifest)));
+                if let Some(candidates) = self.work.candidates(manifest) {
+                    self.listed[stream].push((candidates, Seen::of(manifest)));
                 }
             }
             watcher::Event::Delete(manifest) => {
-                if let Some(key) = self.work.key_of(manifest) {
-                    self.work.seen().remove(&key);
+                if let Some(candidates) = self.work.candidates(manifest) {
+                    let mut seen = self.work.seen();
+                    candidates.keys().for_each(|key| {
+                        seen.remove(&key);
+                    });
                 }
             }
             watcher::Event::InitDone => self.listed_all(stream),
@@ -206,13 +213,16 @@ impl Feed {
         }
     }
 
-    /// A Manifest created or changed: queued when its shard is ours and it is new or changed.
+    /// A Manifest created or changed: queued when it is new or changed and its shard is ours
+    /// (or the wrong shard its label names is: to relabel it).
     fn applied(&self, manifest: &Manifest) {
-        let Some(key) = self.work.key_of(manifest) else {
+        let candidates = self.work.candidates(manifest);
+        let wants = |shard| self.ownership.wants(shard);
+        let Some(key) = candidates.and_then(|c| c.queued(wants)) else {
             return;
         };
         let now = Seen::of(manifest);
-        if self.ownership.wants(key.shard) && self.work.seen().get(&key) != Some(&now) {
+        if self.work.seen().get(&key) != Some(&now) {
             self.work.seen().insert(key.clone(), now);
             self.work.queue.add(key, Duration::ZERO);
         }
@@ -220,9 +230,12 @@ impl Feed {
 
     /// The initial list of watch `stream` is complete: its keys are queued.
     fn listed_all(&mut self, stream: usize) {
-        for (key, now) in self.listed[stream].drain(..) {
+        for (candidates, now) in self.listed[stream].drain(..) {
+            let Some(key) = candidates.queued(|shard| self.ownership.wants(shard)) else {
+                continue;
+            };
             let mut seen = self.work.seen();
-            if self.ownership.wants(key.shard) && seen.get(&key) != Some(&now) {
+            if seen.get(&key) != Some(&now) {
                 seen.insert(key.clone(), now);
                 self.work.queue.add(key, Duration::ZERO);
             }
