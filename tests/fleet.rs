@@ -1040,24 +1040,30 @@ mod wrong_labels {
                 .unwrap();
         }
 
+        /// Creates `name`, with the shard label `label` if given.
+        async fn create_with(&self, name: &str, label: Option<&str>) -> Manifest {
+            let mut labels = json!({"fleet-test": self.name});
+            if let Some(label) = label {
+                labels[SHARD_LABEL] = json!(label);
+            }
+            let manifest: Manifest = serde_json::from_value(json!({
+                "apiVersion": "modulemanager.io/v1alpha1",
+                "kind": "Manifest",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {"module": "tiny", "chart": {"path": "tests/fixtures/charts/tiny"}, "interval": "1h"}
+            }))
+            .unwrap();
+            self.manifests()
+                .create(&PostParams::default(), &manifest)
+                .await
+                .unwrap()
+        }
+
         /// Creates `name` with the shard label `value`; when `value` is `None`, with a valid
         /// label naming a shard held by another replica than the UID's owner (set right after
         /// the create, since the UID is not known before). Returns it as created.
         async fn create_labelled(&self, name: &str, value: Option<&str>) -> Manifest {
-            let manifest: Manifest = serde_json::from_value(json!({
-                "apiVersion": "modulemanager.io/v1alpha1",
-                "kind": "Manifest",
-                "metadata": {"name": name, "labels": {
-                    "fleet-test": self.name, SHARD_LABEL: value.unwrap_or("0")
-                }},
-                "spec": {"module": "tiny", "chart": {"path": "tests/fixtures/charts/tiny"}, "interval": "1h"}
-            }))
-            .unwrap();
-            let created = self
-                .manifests()
-                .create(&PostParams::default(), &manifest)
-                .await
-                .unwrap();
+            let created = self.create_with(name, Some(value.unwrap_or("0"))).await;
             let uid_shard = self.shard_of(&created);
             let holders = self.holders().await;
             if value.is_none() && holders[&0].0 == holders[&uid_shard].0 {
@@ -1164,7 +1170,7 @@ mod wrong_labels {
     /// Ready; its objects are neither re-created nor pruned.
     async fn ready_moved(fleet: &Fleet) -> Result<(), String> {
         let name = "ready-moved";
-        fleet.create_labelled(name, Some("not-yet")).await;
+        fleet.create_with(name, None).await;
         fleet.wait_relabelled_ready(name).await?;
         let ready = fleet.manifests().get(name).await.unwrap();
         let before = fleet.object_uids(&ready).await;
@@ -1187,7 +1193,7 @@ mod wrong_labels {
     /// completes (the UID's owner releases the finalizer).
     async fn deleted_moved(fleet: &Fleet) -> Result<(), String> {
         let name = "deleted-moved";
-        fleet.create_labelled(name, Some("not-yet")).await;
+        fleet.create_with(name, None).await;
         fleet.wait_relabelled_ready(name).await?;
         let ready = fleet.manifests().get(name).await.unwrap();
         let other = fleet.shard_of_another_holder(fleet.shard_of(&ready)).await;
@@ -1200,25 +1206,40 @@ mod wrong_labels {
         fleet.wait_for(name, "deleted", |m| m.is_none()).await
     }
 
-    /// Two replicas; every case of a wrong label, on create, on a Ready Manifest, during a
-    /// deletion. All cases run before the verdict, so that a run of the old code shows each one
-    /// failing (it did: no Manifest was relabelled, the deletion never completed).
-    #[tokio::test]
-    async fn a_wrong_shard_label_is_corrected_and_the_manifest_reconciled_or_deleted() {
-        let _serial = SERIAL.lock().await;
-        let fleet = Fleet::new("relabel", 2, &[]).await;
-        fleet.wait_assignment(2, "start").await;
-        let mut results = wrong_on_create(&fleet).await;
-        results.push(ready_moved(&fleet).await);
-        results.push(deleted_moved(&fleet).await);
+    /// Reports every case, then fails if any did: all cases run before the verdict, so that a
+    /// run of the old code shows each one failing (it did: no Manifest was relabelled, the
+    /// deletion never completed).
+    async fn verdict(name: &str, results: Vec<Result<(), String>>, fleet: &Fleet) {
         for result in &results {
-            eprintln!("FLEET relabel: {result:?}");
+            eprintln!("FLEET {name}: {result:?}");
         }
         assert!(
             results.iter().all(Result::is_ok),
             "{results:?}\n{}",
             fleet.tails()
         );
-        fleet.assert_clean("wrong shard labels").await;
+        fleet.assert_clean(name).await;
+    }
+
+    /// Two replicas; wrong labels on create: another replica's shard, not a number, out of
+    /// range, not canonical.
+    #[tokio::test]
+    async fn a_manifest_created_with_a_wrong_shard_label_is_relabelled_and_reconciled() {
+        let _serial = SERIAL.lock().await;
+        let fleet = Fleet::new("relabel-create", 2, &[]).await;
+        fleet.wait_assignment(2, "start").await;
+        let results = wrong_on_create(&fleet).await;
+        verdict("wrong labels on create", results, &fleet).await;
+    }
+
+    /// Two replicas; a Ready Manifest relabelled to another replica's shard, and one relabelled
+    /// and deleted at once.
+    #[tokio::test]
+    async fn a_relabelled_manifest_returns_to_its_shard_ready_or_is_deleted() {
+        let _serial = SERIAL.lock().await;
+        let fleet = Fleet::new("relabel-move", 2, &[]).await;
+        fleet.wait_assignment(2, "start").await;
+        let results = vec![ready_moved(&fleet).await, deleted_moved(&fleet).await];
+        verdict("relabelled Manifests", results, &fleet).await;
     }
 }

@@ -70,6 +70,11 @@ impl Candidates {
         })
     }
 
+    /// What its shard label says.
+    pub(super) fn state(&self) -> LabelState {
+        self.state
+    }
+
     /// Every key it may be queued under.
     pub(super) fn keys(&self) -> impl Iterator<Item = Key> + '_ {
         let relabel = match self.state {

@@ -22,7 +22,7 @@ use kube::{Resource, ResourceExt};
 use crate::api::Manifest;
 use crate::shard::SHARD_LABEL;
 use crate::shard::fence::{Ownership, Watched};
-use crate::shard::label::stray_selector;
+use crate::shard::label::{LabelState, stray_selector};
 use crate::work::controller::{Candidates, Work};
 
 /// Above this many owned shards the shard watch selects every labelled Manifest and filters
@@ -38,17 +38,24 @@ pub(super) struct Seen {
     uid: Option<String>,
     generation: Option<i64>,
     deleting: bool,
-    /// The shard label: a change of it (no new generation) is looked at at once.
-    label: Option<String>,
+    /// The shard label when it is wrong (names another shard or none): a change to or between
+    /// wrong labels (no new generation) is looked at at once. A correct or missing label is not
+    /// kept, so the first pass's own stamp does not queue a second pass.
+    wrong_label: Option<String>,
 }
 
 impl Seen {
-    fn of(manifest: &Manifest) -> Self {
+    fn of(manifest: &Manifest, label: LabelState) -> Self {
+        let wrong = matches!(label, LabelState::Wrong(_) | LabelState::Invalid);
         Self {
             uid: manifest.uid(),
             generation: manifest.meta().generation,
             deleting: manifest.meta().deletion_timestamp.is_some(),
-            label: manifest.labels().get(SHARD_LABEL).cloned(),
+            wrong_label: manifest
+                .labels()
+                .get(SHARD_LABEL)
+                .filter(|_| wrong)
+                .cloned(),
         }
     }
 }
@@ -197,7 +204,8 @@ impl Feed {
             watcher::Event::InitApply(manifest) => {
                 // Decided at InitDone, against ownership and `seen` as they are then.
                 if let Some(candidates) = self.work.candidates(manifest) {
-                    self.listed[stream].push((candidates, Seen::of(manifest)));
+                    let seen = Seen::of(manifest, candidates.state());
+                    self.listed[stream].push((candidates, seen));
                 }
             }
             watcher::Event::Delete(manifest) => {
@@ -216,12 +224,13 @@ impl Feed {
     /// A Manifest created or changed: queued when it is new or changed and its shard is ours
     /// (or the wrong shard its label names is: to relabel it).
     fn applied(&self, manifest: &Manifest) {
-        let candidates = self.work.candidates(manifest);
-        let wants = |shard| self.ownership.wants(shard);
-        let Some(key) = candidates.and_then(|c| c.queued(wants)) else {
+        let Some(candidates) = self.work.candidates(manifest) else {
             return;
         };
-        let now = Seen::of(manifest);
+        let Some(key) = candidates.queued(|shard| self.ownership.wants(shard)) else {
+            return;
+        };
+        let now = Seen::of(manifest, candidates.state());
         if self.work.seen().get(&key) != Some(&now) {
             self.work.seen().insert(key.clone(), now);
             self.work.queue.add(key, Duration::ZERO);
@@ -250,6 +259,31 @@ impl Feed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wrong_label_is_a_change_and_the_first_stamp_is_not() {
+        let manifest = |label: Option<&str>| {
+            let mut m = Manifest::new(
+                "m",
+                serde_json::from_value(serde_json::json!({
+                    "module": "x", "chart": {"path": "x"}
+                }))
+                .unwrap(),
+            );
+            m.metadata.labels = label.map(|l| {
+                [(SHARD_LABEL.to_owned(), l.to_owned())]
+                    .into_iter()
+                    .collect()
+            });
+            m
+        };
+        let seen = |label: Option<&str>, state| Seen::of(&manifest(label), state);
+        // The first pass stamps the label: no second pass for that.
+        assert!(seen(None, LabelState::Missing) == seen(Some("5"), LabelState::Correct));
+        // A label made wrong, or changed between wrong values: looked at again.
+        assert!(seen(Some("5"), LabelState::Correct) != seen(Some("9"), LabelState::Wrong(9)));
+        assert!(seen(Some("9"), LabelState::Wrong(9)) != seen(Some("x"), LabelState::Invalid));
+    }
 
     #[test]
     fn the_shard_watch_selects_the_owned_shards() {
