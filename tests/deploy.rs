@@ -732,6 +732,7 @@ async fn kustomize_and_chart_are_accepted_by_the_api_server() {
             .iter()
             .filter(|o| kind(o) != "Namespace" && kind(o) != "CustomResourceDefinition")
             .filter(|o| !kind(o).starts_with("Cluster"))
+            .filter(|o| !kind(o).starts_with("ValidatingAdmissionPolicy"))
             .all(|o| o["metadata"]["namespace"] == NAMESPACE),
         "every namespaced object in {NAMESPACE}"
     );
@@ -1498,4 +1499,169 @@ fn the_values_schema_covers_every_value_and_refuses_wrong_ones() {
         .args(["template", RELEASE])
         .arg(&chart)
         .args(["--set", "tenancy.mode=impersonate,shards=1024,podDisruptionBudget.maxUnavailable=50%,logFormat=text"]));
+}
+
+/// A client of the control plane acting as `user` in `groups` (impersonated by the admin;
+/// `system:masters` passes RBAC, so what refuses is the admission policy alone).
+async fn impersonating(user: &str, groups: &[&str]) -> Client {
+    let kubeconfig =
+        kube::config::Kubeconfig::read_from(control_plane().await.kubeconfig()).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    config.auth_info.impersonate = Some(user.to_owned());
+    config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+    Client::try_from(config).unwrap()
+}
+
+/// Issue 15 item 3: the ValidatingAdmissionPolicy of deploy/base (and the chart's, for its
+/// release): only the operator's ServiceAccount may create a Manifest with a shard label or change
+/// the label; anyone else gets the policy's message; other changes stay allowed to everyone.
+#[tokio::test]
+async fn only_the_operator_may_set_or_change_the_shard_label() {
+    let control_plane = control_plane().await;
+    let admin = control_plane.client().await.unwrap();
+    let base = kustomize("deploy/base");
+    let policy = find(
+        &base,
+        "ValidatingAdmissionPolicy",
+        "module-manager-shard-label",
+    );
+    let binding = find(
+        &base,
+        "ValidatingAdmissionPolicyBinding",
+        "module-manager-shard-label",
+    );
+    assert_eq!(binding["spec"]["policyName"], "module-manager-shard-label");
+    let refused = apply(&admin, &[policy.clone(), binding.clone()], false).await;
+    assert!(refused.is_empty(), "{refused:?}");
+    // The chart's names the release's ServiceAccount, and is off with the toggle.
+    let chart = helm_template(&[]);
+    let chart_policy = find(
+        &chart,
+        "ValidatingAdmissionPolicy",
+        "mm-module-manager-shard-label",
+    );
+    assert!(
+        chart_policy["spec"]["variables"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .contains("'system:serviceaccount:mm-helm:mm-module-manager'"),
+        "{chart_policy}"
+    );
+    assert_eq!(
+        chart_policy["spec"]["validations"],
+        policy["spec"]["validations"]
+    );
+    let off = kinds(&helm_template(&["--set", "shardLabelPolicy.enabled=false"]));
+    assert!(
+        !off.iter()
+            .any(|k| k.starts_with("ValidatingAdmissionPolicy")),
+        "{off:?}"
+    );
+
+    let namespace = control_plane
+        .namespace(&admin, "label-policy")
+        .await
+        .unwrap();
+    let masters = ["system:masters", "system:authenticated"];
+    let someone = impersonating("system:serviceaccount:tenant:deployer", &masters).await;
+    let operator = impersonating(
+        "system:serviceaccount:module-manager:module-manager",
+        &masters,
+    )
+    .await;
+    let manifests = |client: &Client| Api::<Manifest>::namespaced(client.clone(), &namespace);
+    let manifest = |name: &str, label: Option<&str>| -> Manifest {
+        let mut labels = serde_json::Map::new();
+        if let Some(label) = label {
+            labels.insert("modulemanager.io/shard".into(), json!(label));
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"module": "tiny", "chart": {"path": "tests/fixtures/charts/tiny"}, "suspend": true}
+        }))
+        .unwrap()
+    };
+    let relabel = |value: &str| {
+        Patch::Merge(json!({"metadata": {"labels": {"modulemanager.io/shard": value}}}))
+    };
+    let message =
+        "only the module-manager operator may set or change the label modulemanager.io/shard";
+    let refusal = |result: Result<Manifest, kube::Error>| match result {
+        Err(kube::Error::Api(status)) if status.message.contains(message) => status.message,
+        other => panic!("expected the policy's refusal, got {other:?}"),
+    };
+
+    // The policy takes effect once the API server has loaded it: poll until the first refusal.
+    let copy = manifest("copy", Some("7"));
+    let first = eventually("the policy refuses a labelled create", String::new, || {
+        let api = manifests(&someone);
+        let copy = copy.clone();
+        async move {
+            match api.create(&PostParams::default(), &copy).await {
+                Err(kube::Error::Api(status)) if status.message.contains(message) => {
+                    Some(status.message)
+                }
+                Err(e) => panic!("{e}"),
+                Ok(_) => {
+                    api.delete("copy", &DeleteParams::default()).await.unwrap();
+                    None
+                }
+            }
+        }
+    })
+    .await;
+    assert!(first.contains("create the Manifest without it"), "{first}");
+    eprintln!("POLICY refusal: {first}");
+
+    // Someone else: an unlabelled create, and changes not touching the label, are allowed; a
+    // label added, changed or removed is refused.
+    let pp = PatchParams::default();
+    manifests(&someone)
+        .create(&PostParams::default(), &manifest("plain", None))
+        .await
+        .unwrap();
+    let refused = refusal(manifests(&someone).patch("plain", &pp, &relabel("3")).await);
+    assert!(refused.contains("leave it as it is"), "{refused}");
+    // The operator may do both.
+    manifests(&operator)
+        .patch("plain", &pp, &relabel("3"))
+        .await
+        .unwrap();
+    manifests(&operator)
+        .create(&PostParams::default(), &manifest("stamped", Some("5")))
+        .await
+        .unwrap();
+    refusal(manifests(&someone).patch("plain", &pp, &relabel("4")).await);
+    let removed = Patch::Merge(json!({"metadata": {"labels": {"modulemanager.io/shard": null}}}));
+    refusal(manifests(&someone).patch("plain", &pp, &removed).await);
+    let touched =
+        Patch::Merge(json!({"metadata": {"labels": {"team": "a"}}, "spec": {"values": {"n": 1}}}));
+    manifests(&someone)
+        .patch("plain", &pp, &touched)
+        .await
+        .unwrap();
+    let plain = manifests(&admin).get("plain").await.unwrap();
+    assert_eq!(
+        plain
+            .labels()
+            .get("modulemanager.io/shard")
+            .map(String::as_str),
+        Some("3")
+    );
+    // Status writes are not matched (the subresource).
+    manifests(&someone)
+        .patch_status(
+            "stamped",
+            &pp,
+            &Patch::Merge(json!({"status": {"shard": 5}})),
+        )
+        .await
+        .unwrap();
 }

@@ -1177,3 +1177,244 @@ async fn every_replica_renders_capabilities_as_the_cluster_is_right_after_a_crd_
     );
     fleet.assert_clean("capabilities").await;
 }
+/// Issue 15 item 3: a shard label that is not the UID's shard.
+mod wrong_labels {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use module_manager::shard::SHARD_LABEL;
+
+    const WAIT: Duration = Duration::from_secs(90);
+
+    impl Fleet {
+        /// The shard of a Manifest's UID.
+        fn shard_of(&self, manifest: &Manifest) -> u32 {
+            ShardCount::new(self.shards)
+                .unwrap()
+                .shard_of(&manifest.uid().unwrap())
+        }
+
+        /// A shard held by another replica than the holder of `shard`.
+        async fn shard_of_another_holder(&self, shard: u32) -> u32 {
+            let holders = self.holders().await;
+            let holder = &holders[&shard].0;
+            *holders
+                .iter()
+                .find(|(_, (other, _))| other != holder)
+                .expect("two holders")
+                .0
+        }
+
+        async fn set_label(&self, name: &str, value: &str) {
+            self.manifests()
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {SHARD_LABEL: value}}})),
+                )
+                .await
+                .unwrap();
+        }
+
+        /// Creates `name`, with the shard label `label` if given.
+        async fn create_with(&self, name: &str, label: Option<&str>) -> Manifest {
+            let mut labels = json!({"fleet-test": self.name});
+            if let Some(label) = label {
+                labels[SHARD_LABEL] = json!(label);
+            }
+            let manifest: Manifest = serde_json::from_value(json!({
+                "apiVersion": "modulemanager.io/v1alpha1",
+                "kind": "Manifest",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {"module": "tiny", "chart": {"path": "tests/fixtures/charts/tiny"}, "interval": "1h"}
+            }))
+            .unwrap();
+            self.manifests()
+                .create(&PostParams::default(), &manifest)
+                .await
+                .unwrap()
+        }
+
+        /// Creates `name` with the shard label `value`; when `value` is `None`, with a valid
+        /// label naming a shard held by another replica than the UID's owner (set right after
+        /// the create, since the UID is not known before). Returns it as created.
+        async fn create_labelled(&self, name: &str, value: Option<&str>) -> Manifest {
+            let created = self.create_with(name, Some(value.unwrap_or("0"))).await;
+            let uid_shard = self.shard_of(&created);
+            let holders = self.holders().await;
+            if value.is_none() && holders[&0].0 == holders[&uid_shard].0 {
+                let other = self.shard_of_another_holder(uid_shard).await;
+                self.set_label(name, &other.to_string()).await;
+            }
+            created
+        }
+
+        /// Waits until `check` holds for `name` (`None`: it is gone); the last reading on failure.
+        async fn wait_for(
+            &self,
+            name: &str,
+            what: &str,
+            check: impl Fn(Option<&Manifest>) -> bool,
+        ) -> Result<(), String> {
+            let start = Instant::now();
+            loop {
+                let manifest = self.manifests().get_opt(name).await.unwrap();
+                if check(manifest.as_ref()) {
+                    return Ok(());
+                }
+                if start.elapsed() > WAIT {
+                    let label = manifest
+                        .as_ref()
+                        .map(|m| m.labels().get(SHARD_LABEL).cloned());
+                    let state = manifest.and_then(|m| m.status?.state);
+                    return Err(format!(
+                        "{name}: not {what} after {WAIT:?} (label {label:?}, state {state:?})"
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+
+        /// Waits until `name` carries its UID's shard label and is Ready.
+        async fn wait_relabelled_ready(&self, name: &str) -> Result<(), String> {
+            self.wait_for(name, "relabelled to its UID's shard and Ready", |m| {
+                m.is_some_and(|m| {
+                    m.labels().get(SHARD_LABEL) == Some(&self.shard_of(m).to_string())
+                        && m.status.as_ref().and_then(|s| s.state) == Some(State::Ready)
+                })
+            })
+            .await
+        }
+
+        /// Whether a `Relabelled` Event is about Manifest `name` (a relabel by the label's owner).
+        async fn relabelled(&self, name: &str) -> bool {
+            Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+                self.client.clone(),
+                &self.namespace,
+            )
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && e.reason.as_deref() == Some("Relabelled")
+            })
+        }
+
+        /// The UIDs of the module's objects (the tiny chart's ConfigMap).
+        async fn object_uids(&self, manifest: &Manifest) -> Vec<Option<String>> {
+            let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
+            let mut uids = Vec::new();
+            for entry in &manifest.status.as_ref().unwrap().inventory {
+                uids.push(
+                    api.get_opt(&entry.name)
+                        .await
+                        .unwrap()
+                        .and_then(|o| o.uid()),
+                );
+            }
+            uids
+        }
+    }
+
+    /// A label naming another replica's shard on create; labels naming no shard (not a number,
+    /// out of range, not canonical) on create: each is relabelled to its UID's shard and Ready.
+    async fn wrong_on_create(fleet: &Fleet) -> Vec<Result<(), String>> {
+        let mut results = Vec::new();
+        let cases = [
+            ("create-other", None),
+            ("create-text", Some("not-a-shard")),
+            ("create-range", Some("999")),
+            ("create-zero", Some("007")),
+        ];
+        for (name, value) in cases {
+            fleet.create_labelled(name, value).await;
+        }
+        for (name, _) in cases {
+            results.push(fleet.wait_relabelled_ready(name).await);
+        }
+        // The label named another replica's shard: that replica relabelled it.
+        if results[0].is_ok() && !fleet.relabelled("create-other").await {
+            results[0] = Err("create-other: no Relabelled Event".into());
+        }
+        results
+    }
+
+    /// A Ready Manifest relabelled to another replica's shard goes back to its shard and stays
+    /// Ready; its objects are neither re-created nor pruned.
+    async fn ready_moved(fleet: &Fleet) -> Result<(), String> {
+        let name = "ready-moved";
+        fleet.create_with(name, None).await;
+        fleet.wait_relabelled_ready(name).await?;
+        let ready = fleet.manifests().get(name).await.unwrap();
+        let before = fleet.object_uids(&ready).await;
+        assert!(before.iter().all(Option::is_some), "{before:?}");
+        let other = fleet.shard_of_another_holder(fleet.shard_of(&ready)).await;
+        fleet.set_label(name, &other.to_string()).await;
+        fleet.wait_relabelled_ready(name).await?;
+        if !fleet.relabelled(name).await {
+            return Err(format!("{name}: no Relabelled Event"));
+        }
+        let after = fleet.manifests().get(name).await.unwrap();
+        let inventory = |m: &Manifest| m.status.as_ref().unwrap().inventory.clone();
+        if fleet.object_uids(&after).await != before || inventory(&after) != inventory(&ready) {
+            return Err(format!("{name}: its objects changed: {before:?}"));
+        }
+        Ok(())
+    }
+
+    /// A Ready Manifest relabelled to another replica's shard and deleted at once: its deletion
+    /// completes (the UID's owner releases the finalizer).
+    async fn deleted_moved(fleet: &Fleet) -> Result<(), String> {
+        let name = "deleted-moved";
+        fleet.create_with(name, None).await;
+        fleet.wait_relabelled_ready(name).await?;
+        let ready = fleet.manifests().get(name).await.unwrap();
+        let other = fleet.shard_of_another_holder(fleet.shard_of(&ready)).await;
+        fleet.set_label(name, &other.to_string()).await;
+        fleet
+            .manifests()
+            .delete(name, &kube::api::DeleteParams::default())
+            .await
+            .unwrap();
+        fleet.wait_for(name, "deleted", |m| m.is_none()).await
+    }
+
+    /// Reports every case, then fails if any did: all cases run before the verdict, so that a
+    /// run of the old code shows each one failing (it did: no Manifest was relabelled, the
+    /// deletion never completed).
+    async fn verdict(name: &str, results: Vec<Result<(), String>>, fleet: &Fleet) {
+        for result in &results {
+            eprintln!("FLEET {name}: {result:?}");
+        }
+        assert!(
+            results.iter().all(Result::is_ok),
+            "{results:?}\n{}",
+            fleet.tails()
+        );
+        fleet.assert_clean(name).await;
+    }
+
+    /// Two replicas; wrong labels on create: another replica's shard, not a number, out of
+    /// range, not canonical.
+    #[tokio::test]
+    async fn a_manifest_created_with_a_wrong_shard_label_is_relabelled_and_reconciled() {
+        let _serial = SERIAL.lock().await;
+        let fleet = Fleet::new("relabel-create", 2, &[]).await;
+        fleet.wait_assignment(2, "start").await;
+        let results = wrong_on_create(&fleet).await;
+        verdict("wrong labels on create", results, &fleet).await;
+    }
+
+    /// Two replicas; a Ready Manifest relabelled to another replica's shard, and one relabelled
+    /// and deleted at once.
+    #[tokio::test]
+    async fn a_relabelled_manifest_returns_to_its_shard_ready_or_is_deleted() {
+        let _serial = SERIAL.lock().await;
+        let fleet = Fleet::new("relabel-move", 2, &[]).await;
+        fleet.wait_assignment(2, "start").await;
+        let results = vec![ready_moved(&fleet).await, deleted_moved(&fleet).await];
+        verdict("relabelled Manifests", results, &fleet).await;
+    }
+}

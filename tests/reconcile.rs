@@ -1175,3 +1175,63 @@ async fn a_long_render_error_keeps_its_cause_in_the_status_and_the_event_with_ei
         }
     }
 }
+
+/// Issue 15 item 3: a Manifest whose inventory holds an object of a kind the cluster no longer
+/// serves (its CRD, created outside the chart, was deleted) reports an `Error` naming the kind
+/// — the rest of the module left in place — and its deletion completes. Before, every pass
+/// failed with `ApiError: 404 page not found` (a stale discovery snapshot still listed the kind)
+/// and the deletion retried the same until discovery happened to be refreshed.
+#[tokio::test]
+async fn a_kind_no_longer_served_is_reported_by_name_and_the_manifest_can_be_deleted() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let h = start("unserved", RenderLimits::default()).await;
+    let crds = Api::<CustomResourceDefinition>::all(h.client.clone());
+    let name = "doodads.unserved-test.example.com";
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"group": "unserved-test.example.com", "scope": "Namespaced",
+            "names": {"kind": "Doodad", "plural": "doodads", "singular": "doodad"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))
+    .unwrap();
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    h.wait_until("the Doodad CRD is Established", async || {
+        let crd = crds.get(name).await.unwrap();
+        crd.status.and_then(|s| s.conditions).is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
+    })
+    .await;
+    h.create(&h.manifest("unserved", "tests/fixtures/charts/doodad", json!({})))
+        .await;
+    let ready = h.wait_state("unserved", State::Ready).await;
+    let inventory = ready.status.unwrap().inventory;
+    assert_eq!(inventory.len(), 2, "{inventory:?}");
+
+    // Someone deletes the CRD (and with it the Doodad).
+    crds.delete(name, &DeleteParams::default()).await.unwrap();
+    h.wait_until("the Doodad CRD is gone", async || {
+        crds.get_opt(name).await.unwrap().is_none()
+    })
+    .await;
+    let expected = "Doodad/unserved-doodad: kind Doodad.unserved-test.example.com/v1 is no longer served (its CRD was deleted?)";
+    let failed = h
+        .wait_for("unserved", "Error naming the kind", |m| {
+            m.status.as_ref().is_some_and(|s| {
+                s.state == Some(State::Error)
+                    && current_condition(m, "Ready")
+                        .is_some_and(|(_, _, msg)| msg.contains(expected))
+            })
+        })
+        .await;
+    // The rest of the module stays, and so does the record of it.
+    assert!(h.config_map_exists("unserved-config").await);
+    assert_eq!(failed.status.unwrap().inventory, inventory);
+
+    // Deleting it completes: the Doodad counts as gone, the ConfigMap is deleted.
+    h.delete_and_wait("unserved").await;
+    assert!(!h.config_map_exists("unserved-config").await);
+}

@@ -75,6 +75,15 @@ pub enum ApplyError {
     /// the target does not serve the object's kind.
     #[error("{0}: the target does not serve this kind")]
     UnknownKind(String),
+    /// the target served the object's kind and no longer does (discovery refreshed: its CRD
+    /// was deleted); retried with backoff, the chart may bring the CRD again.
+    #[error("{object}: kind {kind} is no longer served (its CRD was deleted?)")]
+    NoLongerServed {
+        /// The object.
+        object: String,
+        /// Its kind, `Kind.group/version`.
+        kind: String,
+    },
     /// the object exists but is not managed by this Manifest.
     #[error("{0} already exists and is not managed by this Manifest; refusing to take it over")]
     NotOwned(String),
@@ -117,6 +126,22 @@ impl ApplyError {
                 source,
             },
         }
+    }
+}
+
+/// Whether a failed request's answer says the API server does not route the path at all — its
+/// plain-text `404 page not found`, no `Status` of reason `NotFound` (an object that is missing
+/// has one): the resource is not served, for instance because its CRD was deleted.
+pub fn not_served(error: &KubeError) -> bool {
+    matches!(error, KubeError::Api(status) if status.code == 404 && !status.is_not_found())
+}
+
+/// A kind as `Kind.group/version` (`Kind/version` in the core group), for messages.
+pub fn kind_name(id: &InventoryEntry) -> String {
+    if id.group.is_empty() {
+        format!("{}/{}", id.kind, id.version)
+    } else {
+        format!("{}.{}/{}", id.kind, id.group, id.version)
     }
 }
 
@@ -302,12 +327,37 @@ impl Cluster {
         })
     }
 
-    /// The object as stored, if it exists.
+    /// Whether the target serves `id`'s kind — the one place that decides it, asked when a
+    /// snapshot lacks the kind or a request found no such resource: discovery is refreshed first,
+    /// so that neither a stale snapshot missing a new CRD nor one still listing a deleted CRD
+    /// decides. A kind not served means its objects are gone (deleting a CRD deletes them).
+    pub async fn serves(&self, id: &InventoryEntry) -> Result<bool, ApplyError> {
+        self.refresh_discovery().await?;
+        Ok(self.surface().resolve(id).is_some())
+    }
+
+    /// The API of `id`'s kind; `None` when the target does not serve it (after [`Self::serves`]).
+    async fn served_api(
+        &self,
+        id: &InventoryEntry,
+    ) -> Result<Option<Api<DynamicObject>>, ApplyError> {
+        match self.api_for(id) {
+            Ok(api) => Ok(Some(api)),
+            Err(ApplyError::UnknownKind(_)) if !self.serves(id).await? => Ok(None),
+            Err(ApplyError::UnknownKind(_)) => self.api_for(id).map(Some),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The object as stored, if it exists (`None` too when its kind is not served any more).
     pub async fn get(&self, id: &InventoryEntry) -> Result<Option<DynamicObject>, ApplyError> {
-        self.api_for(id)?
-            .get_opt(&id.name)
-            .await
-            .map_err(|e| ApplyError::from_kube(id, e))
+        let Some(api) = self.served_api(id).await? else {
+            return Ok(None);
+        };
+        match api.get_opt(&id.name).await {
+            Err(e) if not_served(&e) && !self.serves(id).await? => Ok(None),
+            result => result.map_err(|e| ApplyError::from_kube(id, e)),
+        }
     }
 
     /// Refuses an object that already exists without this Manifest's label (or with another
@@ -319,12 +369,7 @@ impl Cluster {
         object: &RenderedObject,
         owner_uid: &str,
     ) -> Result<(), ApplyError> {
-        let api = self.api_for(&object.id)?;
-        match api
-            .get_opt(&object.id.name)
-            .await
-            .map_err(|e| ApplyError::from_kube(&object.id, e))?
-        {
+        match self.get(&object.id).await? {
             Some(existing)
                 if existing
                     .labels()
@@ -431,7 +476,15 @@ impl Cluster {
             }
             answer => answer,
         };
-        answer.map_err(|e| ApplyError::from_kube(&object.id, e))
+        match answer {
+            Err(e) if not_served(&e) && !self.serves(&object.id).await? => {
+                Err(ApplyError::NoLongerServed {
+                    object: describe(&object.id),
+                    kind: kind_name(&object.id),
+                })
+            }
+            answer => answer.map_err(|e| ApplyError::from_kube(&object.id, e)),
+        }
     }
 
     /// Deletes an object managed by the Manifest `owner_uid`, in the background (dependents by
@@ -443,16 +496,10 @@ impl Cluster {
         id: &InventoryEntry,
         owner_uid: &str,
     ) -> Result<Deletion, ApplyError> {
-        let api = match self.api_for(id) {
-            Ok(api) => api,
-            Err(ApplyError::UnknownKind(_)) => return Ok(Deletion::Gone),
-            Err(e) => return Err(e),
+        let Some(api) = self.served_api(id).await? else {
+            return Ok(Deletion::Gone);
         };
-        let Some(existing) = api
-            .get_opt(&id.name)
-            .await
-            .map_err(|e| ApplyError::from_kube(id, e))?
-        else {
+        let Some(existing) = self.get(id).await? else {
             return Ok(Deletion::Gone);
         };
         if existing
@@ -531,4 +578,35 @@ fn labelled(object: &RenderedObject, owner_uid: &str) -> serde_json::Value {
         }
     }
     body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_404_without_a_not_found_status_means_the_resource_is_not_served() {
+        let answer = |code: u16, reason: &str| {
+            KubeError::Api(
+                kube::core::Status::failure("404 page not found", reason)
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        // What kube makes of the API server's plain-text answer for a path it does not route.
+        assert!(not_served(&answer(404, "Failed to parse error data")));
+        assert!(
+            !not_served(&answer(404, "NotFound")),
+            "an object that is missing"
+        );
+        assert!(!not_served(&answer(403, "Forbidden")));
+        let core = InventoryEntry {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: String::new(),
+            name: "c".into(),
+        };
+        assert_eq!(kind_name(&core), "ConfigMap/v1");
+    }
 }

@@ -19,8 +19,8 @@ use super::{
 };
 use crate::api::State;
 use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
-use crate::apply::Cluster;
 use crate::apply::namespace::ensure_namespace;
+use crate::apply::{ApplyError, Cluster, kind_name};
 use crate::plan::drift::IgnoreRules;
 use crate::plan::hooks;
 use crate::plan::readiness::{Readiness, readiness};
@@ -56,6 +56,27 @@ pub(super) async fn install(
     };
     let result = step.install_on(progress).await;
     target::observe(&cluster, ctx, result)
+}
+
+/// The first object of a render that the inventory holds (so its kind was served when it was
+/// applied) and whose kind discovery — refreshed — no longer lists: its CRD was deleted.
+fn no_longer_served(
+    objects: &[RenderedObject],
+    inventory: &[InventoryEntry],
+    served: impl Fn(&InventoryEntry) -> bool,
+) -> Option<ApplyError> {
+    // Before namespaces are assigned: an object without one matches its entry in any.
+    let recorded = |id: &InventoryEntry| {
+        inventory.iter().any(|e| {
+            (&e.group, &e.kind, &e.name) == (&id.group, &id.kind, &id.name)
+                && (id.namespace.is_empty() || e.namespace == id.namespace)
+        })
+    };
+    let gone = objects.iter().find(|o| !served(&o.id) && recorded(&o.id))?;
+    Some(ApplyError::NoLongerServed {
+        object: plan::describe(&gone.id),
+        kind: kind_name(&gone.id),
+    })
 }
 
 /// One install pass on one cluster: what every step needs.
@@ -283,6 +304,11 @@ impl Install<'_> {
             }
         }
         let surface = cluster.surface();
+        let inventory = self.manifest.status.as_ref().map(|s| &s.inventory[..]);
+        let served = |id: &InventoryEntry| surface.resolve(id).is_some();
+        if let Some(gone) = no_longer_served(&plan.objects, inventory.unwrap_or_default(), served) {
+            return Err(gone.into());
+        }
         plan::assign_namespaces(&mut plan.objects, namespace, |id| {
             surface.resolve(id).map(|(_, scope)| *scope)
         })?;
@@ -612,6 +638,41 @@ pub(super) mod tests {
     use super::super::error_outcome;
     use super::*;
     use crate::plan::PlanError;
+
+    #[test]
+    fn an_inventory_object_of_a_kind_not_served_any_more_is_named_with_its_kind() {
+        let id = |group: &str, kind: &str, namespace: &str, name: &str| InventoryEntry {
+            group: group.into(),
+            version: "v1".into(),
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        let object = |id: InventoryEntry| RenderedObject {
+            id,
+            body: Value::Null,
+        };
+        let rendered = [
+            object(id("", "ConfigMap", "", "c")),
+            object(id("example.com", "Doodad", "", "d")),
+        ];
+        let inventory = [
+            id("", "ConfigMap", "ns", "c"),
+            id("example.com", "Doodad", "ns", "d"),
+        ];
+        let not_doodads = |i: &InventoryEntry| i.kind != "Doodad";
+        let gone = no_longer_served(&rendered, &inventory, not_doodads).unwrap();
+        assert_eq!(
+            gone.to_string(),
+            "Doodad/d: kind Doodad.example.com/v1 is no longer served (its CRD was deleted?)"
+        );
+        // Every kind served; or the object is new (its kind may come with a CRD later).
+        assert!(no_longer_served(&rendered, &inventory, |_| true).is_none());
+        assert!(no_longer_served(&rendered, &inventory[..1], not_doodads).is_none());
+        // Recorded in another namespace than the one the render names: another object.
+        let elsewhere = [object(id("example.com", "Doodad", "other", "d"))];
+        assert!(no_longer_served(&elsewhere, &inventory, not_doodads).is_none());
+    }
     use crate::plan::status::{Facts, PROGRESSING_WITH_RETRY, next_status};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
     use k8s_openapi::jiff::SignedDuration;

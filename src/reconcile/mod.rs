@@ -10,7 +10,7 @@
 //!
 //! The phases, one file each: `install.rs`, `delete.rs`, the hook runner (`hook_runner.rs`), the
 //! inputs of a render (`inputs.rs`), the objects' applies and deletes (`objects.rs`), the writes
-//! to the Manifest itself (`records.rs`, `finalizer.rs`), the target (`target.rs`) and the errors
+//! to the Manifest itself (`records.rs`, `finalizer.rs`, `relabel.rs`: a wrong shard label), the target (`target.rs`) and the errors
 //! (`error.rs`).
 
 #[cfg(test)]
@@ -24,6 +24,7 @@ mod install;
 mod objects;
 pub mod preview;
 mod records;
+mod relabel;
 mod target;
 
 use std::path::PathBuf;
@@ -48,6 +49,7 @@ use crate::telemetry::metrics::{ReconcileMetrics, ResultLabels};
 
 pub use error::ReconcileError;
 pub use finalizer::FINALIZER;
+pub use relabel::relabel;
 
 /// How long to wait for CRDs of a chart to become Established within one pass.
 const CRD_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);

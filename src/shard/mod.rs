@@ -4,6 +4,7 @@ pub mod assignment;
 pub mod fence;
 pub mod fleet;
 pub mod hash;
+pub mod label;
 pub mod leases;
 pub mod membership;
 pub mod ownership;

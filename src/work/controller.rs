@@ -4,7 +4,9 @@
 //!
 //! Two watches: `modulemanager.io/shard in (<owned>)` (restarted whenever the owned set
 //! changes, so the cache and the event stream scale with this replica's share) and
-//! `!modulemanager.io/shard` (new Manifests, whose owner stamps the label in its first pass).
+//! the stray watch `modulemanager.io/shard notin (0,…,S-1)` (new Manifests, whose owner stamps
+//! the label in its first pass, and labels naming no shard). A Manifest whose label names
+//! another valid shard is queued by that shard's owner, under that shard, to be relabelled.
 //! Ownership is checked on every event, when a key is dispatched, and by the pass's fence before
 //! every write. A third watch, of the ConfigMaps and Secrets labelled `modulemanager.io/watch=true`
 //! (`sources.rs`), queues the Manifests that read one that changed.
@@ -24,10 +26,11 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::{Manifest, State};
 use crate::plan::status::PROGRESSING_WITH_RETRY;
 use crate::reconcile::Context;
-use crate::shard::ShardCount;
 use crate::shard::fence::Ownership;
 use crate::shard::fleet::LocalWork;
+use crate::shard::label::{LabelState, Route, label_state, route};
 use crate::shard::membership::{MAX_PUBLISHED_SHARDS, MemberLoad, ShardLoad};
+use crate::shard::{SHARD_LABEL, ShardCount};
 use crate::telemetry::metrics::{
     FAILING_REASONS, FailingLabels, ManifestMetrics, QueueMetrics, StateLabels,
 };
@@ -50,6 +53,43 @@ pub struct Key {
 impl QueueKey for Key {
     fn shard(&self) -> u32 {
         self.shard
+    }
+}
+
+/// A Manifest's key (under its UID's shard) and what its shard label says: the keys it may be
+/// queued under (`shard::label::route`).
+#[derive(Clone, Debug)]
+pub(super) struct Candidates {
+    key: Key,
+    state: LabelState,
+}
+
+impl Candidates {
+    /// The key this replica queues, given the shards it `wants`: the UID's shard, or the wrong
+    /// shard the label names (to relabel it); `None`: another replica's.
+    pub(super) fn queued(&self, wants: impl Fn(u32) -> bool) -> Option<Key> {
+        let shard = route(self.state, self.key.shard, wants)?.shard();
+        Some(Key {
+            shard,
+            ..self.key.clone()
+        })
+    }
+
+    /// What its shard label says.
+    pub(super) fn state(&self) -> LabelState {
+        self.state
+    }
+
+    /// Every key it may be queued under.
+    pub(super) fn keys(&self) -> impl Iterator<Item = Key> + '_ {
+        let relabel = match self.state {
+            LabelState::Wrong(shard) => Some(Key {
+                shard,
+                ..self.key.clone()
+            }),
+            _ => None,
+        };
+        std::iter::once(self.key.clone()).chain(relabel)
     }
 }
 
@@ -115,7 +155,7 @@ impl Work {
         manifest.uid().map(|uid| self.shards.shard_of(&uid))
     }
 
-    /// A Manifest's queue key.
+    /// A Manifest's queue key (its UID's shard).
     pub(super) fn key_of(&self, manifest: &Manifest) -> Option<Key> {
         Some(Key {
             shard: self.shard_of(manifest)?,
@@ -129,6 +169,29 @@ impl Work {
         let mut all = self.labelled.state();
         all.extend(self.unlabelled.state());
         all
+    }
+
+    /// The fleet's shard count.
+    pub(super) fn shards(&self) -> ShardCount {
+        self.shards
+    }
+
+    /// The keys a Manifest may be queued under, by what its shard label says.
+    pub(super) fn candidates(&self, manifest: &Manifest) -> Option<Candidates> {
+        let key = self.key_of(manifest)?;
+        let label = manifest.labels().get(SHARD_LABEL).map(String::as_str);
+        let state = label_state(label, key.shard, self.shards);
+        Some(Candidates { key, state })
+    }
+
+    /// What a pass of `key` does with its cached Manifest: reconcile it (the key is its UID's
+    /// shard) or relabel it (the key is the other shard its label names); `None` when the key
+    /// no longer fits it (deleted, re-created under a new UID, label corrected meanwhile).
+    pub(super) fn route_of(&self, key: &Key, manifest: &Manifest) -> Option<Route> {
+        let candidates = self.candidates(manifest)?;
+        route(candidates.state, candidates.key.shard, |shard| {
+            shard == key.shard
+        })
     }
 
     pub(super) fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Seen>> {

@@ -18,8 +18,9 @@ use tokio::task::{JoinHandle, JoinSet};
 use tracing::Instrument;
 
 use crate::api::Manifest;
-use crate::reconcile::{Context, Next, reconcile};
+use crate::reconcile::{Context, Next, reconcile, relabel};
 use crate::shard::fence::{Fence, Ownership};
+use crate::shard::label::Route;
 use crate::work::controller::{Key, Work};
 use crate::work::queue::{WorkQueue, backoff};
 
@@ -112,10 +113,13 @@ impl Passes {
     }
 
     async fn run_pass(self, _in_flight: InFlight, key: Key) {
-        let Some((fence, manifest)) = self.claim(&key) else {
+        let Some((fence, manifest, route)) = self.claim(&key) else {
             return;
         };
-        let next = self.reconcile_logged(manifest, &fence, &key).await;
+        let next = match route {
+            Route::Reconcile(_) => self.reconcile_logged(manifest, &fence, &key).await,
+            Route::Relabel(_) => self.relabel_logged(manifest, &fence, &key).await,
+        };
         // A shard handed over meanwhile: its new owner has the key. Forgotten here too, in case
         // the shard comes back before the watch loop notices it left.
         let next = if self.ownership.wants(key.shard) {
@@ -127,9 +131,10 @@ impl Passes {
         self.schedule(key, next);
     }
 
-    /// The fence and the cached Manifest of a dispatched key, if a pass may run on it now;
-    /// otherwise the key is requeued shortly (ours, not in time) or forgotten.
-    fn claim(&self, key: &Key) -> Option<(Fence, Arc<Manifest>)> {
+    /// The fence, the cached Manifest and what to do with it (reconcile, relabel) of a
+    /// dispatched key, if a pass may run on it now; otherwise the key is requeued shortly (ours,
+    /// not in time) or forgotten.
+    fn claim(&self, key: &Key) -> Option<(Fence, Arc<Manifest>, Route)> {
         let Some(fence) = self.ownership.dispatch(key.shard) else {
             if self.ownership.wants(key.shard) {
                 // Still ours but not in time (the renew deadline passed): try again shortly.
@@ -140,16 +145,42 @@ impl Passes {
             }
             return None;
         };
-        // Deleted, or recreated under a new UID in another shard (queued under its own key).
-        let Some(manifest) = self
+        // Deleted, recreated under a new UID in another shard (queued under its own key), or
+        // its label corrected meanwhile (a relabel key).
+        let Some((manifest, route)) = self
             .work
             .get(&key.namespace, &key.name)
-            .filter(|m| self.work.shard_of(m) == Some(key.shard))
+            .and_then(|m| Some((m.clone(), self.work.route_of(key, &m)?)))
         else {
             self.forget(key);
             return None;
         };
-        Some((fence, manifest))
+        Some((fence, manifest, route))
+    }
+
+    /// A relabel in its span (not a reconcile pass: the UID's owner may be reconciling the
+    /// Manifest meanwhile, and its passes are what the overlap checker counts). Done or not
+    /// needed: the key is forgotten (the label no longer names this shard); a failure (a
+    /// conflict: someone else wrote) retries with backoff, re-reading the Manifest.
+    async fn relabel_logged(
+        &self,
+        manifest: Arc<Manifest>,
+        fence: &Fence,
+        key: &Key,
+    ) -> Option<Next> {
+        let span = tracing::info_span!(
+            "relabel",
+            namespace = %key.namespace,
+            name = %key.name,
+            uid = manifest.uid().unwrap_or_default(),
+            shard = key.shard,
+            replica = %self.ctx.replica,
+        );
+        let next = relabel(&manifest, &self.ctx, fence).instrument(span).await;
+        if matches!(next, Next::Idle) {
+            self.forget(key);
+        }
+        Some(next)
     }
 
     /// One reconcile in its span, between `reconcile start` and `reconcile end`; `None` when it

@@ -2,8 +2,10 @@
 //! they feed.
 //!
 //! `modulemanager.io/shard in (<owned>)` is restarted whenever the owned set changes, so the
-//! cache and the event stream scale with this replica's share; `!modulemanager.io/shard` sees new
-//! Manifests, whose owner stamps the label in its first pass.
+//! cache and the event stream scale with this replica's share; the stray watch
+//! (`shard::label::stray_selector`) sees new Manifests, whose owner stamps the label in its first
+//! pass, and labels naming no shard. Which replica acts on a Manifest whose label is wrong:
+//! `shard::label::route`.
 
 use std::collections::BTreeSet;
 use std::pin::Pin;
@@ -21,7 +23,8 @@ use crate::api::Manifest;
 use crate::plan::trigger::Requests;
 use crate::shard::SHARD_LABEL;
 use crate::shard::fence::{Ownership, Watched};
-use crate::work::controller::{Key, Work};
+use crate::shard::label::{LabelState, stray_selector};
+use crate::work::controller::{Candidates, Work};
 
 /// Above this many owned shards the shard watch selects every labelled Manifest and filters
 /// locally (a label selector with thousands of values would make an oversized request).
@@ -39,23 +42,34 @@ pub(super) struct Seen {
     deleting: bool,
     /// The requests (pass now, reset) no pass has echoed yet.
     requests: Requests,
+    /// The shard label when it is wrong (names another shard or none): a change to or between
+    /// wrong labels (no new generation) is looked at at once. A correct or missing label is not
+    /// kept, so the first pass's own stamp does not queue a second pass.
+    wrong_label: Option<String>,
 }
 
 impl Seen {
-    fn of(manifest: &Manifest) -> Self {
+    fn of(manifest: &Manifest, label: LabelState) -> Self {
+        let wrong = matches!(label, LabelState::Wrong(_) | LabelState::Invalid);
         Self {
             uid: manifest.uid(),
             generation: manifest.meta().generation,
             deleting: manifest.meta().deletion_timestamp.is_some(),
             requests: Requests::of(manifest),
+            wrong_label: manifest
+                .labels()
+                .get(SHARD_LABEL)
+                .filter(|_| wrong)
+                .cloned(),
         }
     }
 
     /// Whether the Manifest as it is now needs a pass, after `before` (what was seen last): it is
     /// new to this replica or re-created, its spec changed (generation), its deletion started, or
-    /// it asks for a pass or a reset it did not ask for before. Anything else does not: status
-    /// writes (ours, also the echo of a handled request, which ends the request) and other
-    /// metadata (an unrelated annotation, a label).
+    /// it asks for a pass or a reset it did not ask for before, or its shard label became wrong
+    /// or changed between wrong values (to be relabelled). Anything else does not: status writes
+    /// (ours, also the echo of a handled request, which ends the request) and other metadata (an
+    /// unrelated annotation, a label, the first pass's own stamp of the shard label).
     fn wants_pass_after(&self, before: Option<&Seen>) -> bool {
         let Some(before) = before else {
             return true;
@@ -66,6 +80,7 @@ impl Seen {
             || self.deleting != before.deleting
             || new(&self.requests.reconcile, &before.requests.reconcile)
             || new(&self.requests.reset, &before.requests.reset)
+            || self.wrong_label != before.wrong_label
     }
 }
 
@@ -111,10 +126,7 @@ pub(super) async fn feed_queue(
 ) {
     let mut watched = ownership.subscribe();
     let owned = watched.borrow_and_update().clone();
-    let unlabelled_selector = match &base {
-        Some(base) => format!("{base},!{SHARD_LABEL}"),
-        None => format!("!{SHARD_LABEL}"),
-    };
+    let unlabelled_selector = stray_selector(base.as_deref(), work.shards());
     let mut unlabelled = watch_with(&api, Some(unlabelled_selector));
     let mut feed = Feed {
         synced: [owned.shards.as_ref().is_some_and(BTreeSet::is_empty), false],
@@ -160,7 +172,7 @@ struct Feed {
     owned: Watched,
     /// Keys listed by a watch's initial list wait for its end: the cache (the store a pass
     /// reads) holds the new list only from `InitDone` on.
-    listed: [Vec<(Key, Seen)>; 2],
+    listed: [Vec<(Candidates, Seen)>; 2],
 }
 
 impl Feed {
@@ -187,7 +199,8 @@ impl Feed {
         work.queue.retain_shards(keep);
         work.seen().retain(|key, _| keep(key.shard));
         for manifest in work.unlabelled.state() {
-            if let Some(key) = work.key_of(&manifest).filter(|k| keep(k.shard)) {
+            let candidates = work.candidates(&manifest);
+            if let Some(key) = candidates.and_then(|c| c.queued(keep)) {
                 work.queue.add(key, Duration::ZERO);
             }
         }
@@ -215,13 +228,17 @@ impl Feed {
             watcher::Event::Apply(manifest) => self.applied(manifest),
             watcher::Event::InitApply(manifest) => {
                 // Decided at InitDone, against ownership and `seen` as they are then.
-                if let Some(key) = self.work.key_of(manifest) {
-                    self.listed[stream].push((key, Seen::of(manifest)));
+                if let Some(candidates) = self.work.candidates(manifest) {
+                    let seen = Seen::of(manifest, candidates.state());
+                    self.listed[stream].push((candidates, seen));
                 }
             }
             watcher::Event::Delete(manifest) => {
-                if let Some(key) = self.work.key_of(manifest) {
-                    self.work.seen().remove(&key);
+                if let Some(candidates) = self.work.candidates(manifest) {
+                    let mut seen = self.work.seen();
+                    candidates.keys().for_each(|key| {
+                        seen.remove(&key);
+                    });
                 }
             }
             watcher::Event::InitDone => self.listed_all(stream),
@@ -229,15 +246,16 @@ impl Feed {
         }
     }
 
-    /// A Manifest created or changed: queued when its shard is ours and it is new or changed.
+    /// A Manifest created or changed: queued when it is new or changed and its shard is ours
+    /// (or the wrong shard its label names is: to relabel it).
     fn applied(&self, manifest: &Manifest) {
-        let Some(key) = self.work.key_of(manifest) else {
+        let Some(candidates) = self.work.candidates(manifest) else {
             return;
         };
-        let now = Seen::of(manifest);
-        if !self.ownership.wants(key.shard) {
+        let Some(key) = candidates.queued(|shard| self.ownership.wants(shard)) else {
             return;
-        }
+        };
+        let now = Seen::of(manifest, candidates.state());
         let mut seen = self.work.seen();
         let wanted = now.wants_pass_after(seen.get(&key));
         seen.insert(key.clone(), now);
@@ -249,14 +267,15 @@ impl Feed {
 
     /// The initial list of watch `stream` is complete: its keys are queued.
     fn listed_all(&mut self, stream: usize) {
-        for (key, now) in self.listed[stream].drain(..) {
+        for (candidates, now) in self.listed[stream].drain(..) {
+            let Some(key) = candidates.queued(|shard| self.ownership.wants(shard)) else {
+                continue;
+            };
             let mut seen = self.work.seen();
-            if self.ownership.wants(key.shard) {
-                let wanted = now.wants_pass_after(seen.get(&key));
-                seen.insert(key.clone(), now);
-                if wanted {
-                    self.work.queue.add(key, Duration::ZERO);
-                }
+            let wanted = now.wants_pass_after(seen.get(&key));
+            seen.insert(key.clone(), now);
+            if wanted {
+                self.work.queue.add(key, Duration::ZERO);
             }
         }
         self.synced[stream] = true;
@@ -290,7 +309,7 @@ mod tests {
     fn a_request_queues_a_pass_and_its_echo_does_not() {
         use crate::api::{RECONCILE_REQUESTED_AT as NOW, RESET_REQUESTED_AT as RESET};
         use serde_json::json;
-        let seen = |annotations, status| Seen::of(&manifest(1, annotations, status));
+        let seen = |annotations, status| Seen::of(&manifest(1, annotations, status), LabelState::Missing);
         let plain = seen(json!({}), json!({}));
         assert!(plain.wants_pass_after(None), "new to this replica");
         let status_write = seen(json!({}), json!({"state": "Ready"}));
@@ -300,7 +319,10 @@ mod tests {
             !unrelated.wants_pass_after(Some(&plain)),
             "another annotation"
         );
-        assert!(Seen::of(&manifest(2, json!({}), json!({}))).wants_pass_after(Some(&plain)));
+        assert!(
+            Seen::of(&manifest(2, json!({}), json!({})), LabelState::Missing)
+                .wants_pass_after(Some(&plain))
+        );
 
         // requestedAt set: a pass, whatever spec.interval; the echo ends the request, no pass.
         let asked = seen(json!({NOW: "t1"}), json!({}));
@@ -319,6 +341,31 @@ mod tests {
         assert!(reset.wants_pass_after(Some(&plain)));
         let reset_echoed = seen(json!({RESET: "r1"}), json!({"lastHandledResetAt": "r1"}));
         assert!(!reset_echoed.wants_pass_after(Some(&reset)));
+    }
+
+    #[test]
+    fn a_wrong_label_is_a_change_and_the_first_stamp_is_not() {
+        let manifest = |label: Option<&str>| {
+            let mut m = Manifest::new(
+                "m",
+                serde_json::from_value(serde_json::json!({
+                    "module": "x", "chart": {"path": "x"}
+                }))
+                .unwrap(),
+            );
+            m.metadata.labels = label.map(|l| {
+                [(SHARD_LABEL.to_owned(), l.to_owned())]
+                    .into_iter()
+                    .collect()
+            });
+            m
+        };
+        let seen = |label: Option<&str>, state| Seen::of(&manifest(label), state);
+        // The first pass stamps the label: no second pass for that.
+        assert!(seen(None, LabelState::Missing) == seen(Some("5"), LabelState::Correct));
+        // A label made wrong, or changed between wrong values: looked at again.
+        assert!(seen(Some("5"), LabelState::Correct) != seen(Some("9"), LabelState::Wrong(9)));
+        assert!(seen(Some("9"), LabelState::Wrong(9)) != seen(Some("x"), LabelState::Invalid));
     }
 
     #[test]
