@@ -28,6 +28,13 @@ pub(super) async fn vetted_render(
 ) -> Result<(Arc<Rendered>, Plan), ReconcileError> {
     let rendered = ctx.renderer.render(request).await?;
     let plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
+    let status = manifest.status.clone().unwrap_or_default();
+    plan::check_limits(
+        &plan,
+        &status.inventory,
+        &status.hook_objects,
+        ctx.pass_limits.plan,
+    )?;
     // On the local cluster only: a remote target's namespaces are not the operator's.
     if manifest.spec.target.is_none() {
         let manifest_namespace = manifest.namespace().unwrap_or_default();
@@ -121,10 +128,10 @@ async fn gather_values(
 ) -> Result<Map<String, Value>, ReconcileError> {
     let namespace = manifest.namespace().unwrap_or_default();
     let mut merged = Map::new();
-    for reference in &manifest.spec.values_from {
+    for (index, reference) in manifest.spec.values_from.iter().enumerate() {
         if let Some(text) = read_values_source(ctx, &namespace, reference).await? {
             let name = format!(
-                "{:?} {} key {}",
+                "valuesFrom[{index}] {:?} {} key {}",
                 reference.kind, reference.name, reference.key
             );
             values::merge(&mut merged, values::parse(&name, &text)?);
