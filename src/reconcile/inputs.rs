@@ -28,13 +28,6 @@ pub(super) async fn vetted_render(
 ) -> Result<(Arc<Rendered>, Plan), ReconcileError> {
     let rendered = ctx.renderer.render(request).await?;
     let plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
-    let status = manifest.status.clone().unwrap_or_default();
-    plan::check_limits(
-        &plan,
-        &status.inventory,
-        &status.hook_objects,
-        ctx.pass_limits.plan,
-    )?;
     // On the local cluster only: a remote target's namespaces are not the operator's.
     if manifest.spec.target.is_none() {
         let manifest_namespace = manifest.namespace().unwrap_or_default();
