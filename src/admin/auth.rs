@@ -1,15 +1,16 @@
-//! Who may flip the drain switch: the bearer token (TokenReview) and the caller's access to the
-//! non-resource path (SubjectAccessReview), as kube-rbac-proxy does.
+//! Who may flip the drain switch or read a Manifest's details: the bearer token (TokenReview)
+//! and the caller's access (SubjectAccessReview) to the non-resource path, or to `get` that
+//! Manifest, as kube-rbac-proxy does.
 
 use axum::http::{HeaderMap, StatusCode, header};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
 use k8s_openapi::api::authorization::v1::{
-    NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
 
 use super::MAX_TOKEN_LENGTH;
-use super::upstream::{api_call, api_permit};
+use super::upstream::{Pool, api_call, api_permit};
 
 /// The bearer token of a request: exactly one `Authorization: Bearer <token>` header with a
 /// non-empty token of visible ASCII, at most [`MAX_TOKEN_LENGTH`] long; else `401`.
@@ -42,19 +43,79 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<&str, (StatusCode, String)> {
 /// The audience a drain caller's token must be issued for (TokenReview `spec.audiences`).
 pub const TOKEN_AUDIENCE: &str = "module-manager";
 
-/// Authenticates the request's bearer token (TokenReview) and authorizes the user to `verb` the
-/// non-resource `path` (SubjectAccessReview with the reviewed user, groups, uid and extra;
-/// `verb` is the lowercase HTTP method, as kube-rbac-proxy does). Answers the user, or the
-/// status to refuse with: `401` (no, malformed or rejected token), `403` (not allowed), `503`
-/// (no API client), `429` (too many reviews at once), `502`/`504` (the API server failed or did
-/// not answer within [`API_TIMEOUT`](super::API_TIMEOUT)). Only tokens issued for the audience [`TOKEN_AUDIENCE`]
+/// What a caller asks to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access<'a> {
+    /// `verb` (the lowercase HTTP method, as kube-rbac-proxy does) on a non-resource `path`.
+    Path {
+        /// The path, e.g. `/v1/drain`.
+        path: &'a str,
+        /// The verb, e.g. `post`.
+        verb: &'a str,
+    },
+    /// `get` one Manifest (what `kubectl get manifest -n NAMESPACE NAME` needs).
+    GetManifest {
+        /// Its namespace.
+        namespace: &'a str,
+        /// Its name.
+        name: &'a str,
+    },
+}
+
+impl Access<'_> {
+    /// The access as a SubjectAccessReview asks it.
+    fn attributes(&self) -> (Option<NonResourceAttributes>, Option<ResourceAttributes>) {
+        use kube::Resource;
+        match *self {
+            Self::Path { path, verb } => (
+                Some(NonResourceAttributes {
+                    path: Some(path.to_owned()),
+                    verb: Some(verb.to_owned()),
+                }),
+                None,
+            ),
+            Self::GetManifest { namespace, name } => (
+                None,
+                Some(ResourceAttributes {
+                    group: Some(crate::api::Manifest::group(&()).into_owned()),
+                    resource: Some(crate::api::Manifest::plural(&()).into_owned()),
+                    verb: Some("get".to_owned()),
+                    namespace: Some(namespace.to_owned()),
+                    name: Some(name.to_owned()),
+                    ..Default::default()
+                }),
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Access<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Path { path, verb } => write!(f, "{verb} {path}"),
+            Self::GetManifest { namespace, name } => {
+                write!(
+                    f,
+                    "get manifests.modulemanager.io {name:?} in namespace {namespace:?}"
+                )
+            }
+        }
+    }
+}
+
+/// Authenticates the request's bearer token (TokenReview) and authorizes the user for `access`
+/// (SubjectAccessReview with the reviewed user, groups, uid and extra), with permits from
+/// `pool`. Answers the user, or the status to refuse with: `401` (no, malformed or rejected
+/// token), `403` (not allowed), `503` (no API client), `429` (too many reviews of the pool at
+/// once), `502`/`504` (the API server failed or did not answer within
+/// [`API_TIMEOUT`](super::API_TIMEOUT)). Only tokens issued for the audience [`TOKEN_AUDIENCE`]
 /// are accepted (`kubectl create token NAME --audience module-manager`): a caller never hands a
 /// token the API server itself would accept to this endpoint. The token is never logged.
 pub async fn authorize(
     client: Option<&kube::Client>,
     headers: &HeaderMap,
-    path: &str,
-    verb: &str,
+    access: Access<'_>,
+    pool: Pool,
 ) -> Result<UserInfo, (StatusCode, String)> {
     let token = bearer_token(headers)?;
     let client = client.ok_or_else(|| {
@@ -64,9 +125,9 @@ pub async fn authorize(
         )
     })?;
     // One permit for both reviews.
-    let _permit = api_permit()?;
-    let user = authenticate(client, token, path, verb).await?;
-    check_access(client, &user, path, verb).await?;
+    let _permit = api_permit(pool)?;
+    let user = authenticate(client, token, &access).await?;
+    check_access(client, &user, &access).await?;
     Ok(user)
 }
 
@@ -75,8 +136,7 @@ pub async fn authorize(
 async fn authenticate(
     client: &kube::Client,
     token: &str,
-    path: &str,
-    verb: &str,
+    access: &Access<'_>,
 ) -> Result<UserInfo, (StatusCode, String)> {
     let review = TokenReview {
         spec: TokenReviewSpec {
@@ -103,8 +163,7 @@ async fn authenticate(
     let Some(user) = user.filter(|_| status.authenticated == Some(true) && for_us) else {
         tracing::info!(
             error = status.error.as_deref().unwrap_or_default(),
-            path,
-            verb,
+            access = %access,
             "admin API: token not authenticated"
         );
         return Err((
@@ -115,32 +174,30 @@ async fn authenticate(
     Ok(user)
 }
 
-/// The SubjectAccessReview: whether `user` may `verb` the non-resource `path`; else `403` with
-/// the authorizer's reason.
+/// The SubjectAccessReview: whether `user` has `access`; else `403` with the authorizer's
+/// reason.
 async fn check_access(
     client: &kube::Client,
     user: &UserInfo,
-    path: &str,
-    verb: &str,
+    access: &Access<'_>,
 ) -> Result<(), (StatusCode, String)> {
     let username = user.username.clone().unwrap_or_default();
-    let access = SubjectAccessReview {
+    let (non_resource_attributes, resource_attributes) = access.attributes();
+    let access_review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: user.username.clone(),
             groups: user.groups.clone(),
             uid: user.uid.clone(),
             extra: user.extra.clone(),
-            non_resource_attributes: Some(NonResourceAttributes {
-                path: Some(path.to_owned()),
-                verb: Some(verb.to_owned()),
-            }),
-            resource_attributes: None,
+            non_resource_attributes,
+            resource_attributes,
         },
         ..Default::default()
     };
     let decided = api_call(
         "SubjectAccessReview",
-        Api::<SubjectAccessReview>::all(client.clone()).create(&PostParams::default(), &access),
+        Api::<SubjectAccessReview>::all(client.clone())
+            .create(&PostParams::default(), &access_review),
     )
     .await?;
     let status = decided.status.unwrap_or_default();
@@ -151,10 +208,10 @@ async fn check_access(
             .or(status.evaluation_error.filter(|e| !e.is_empty()))
             .map(|r| format!(": {r}"))
             .unwrap_or_default();
-        tracing::info!(user = %username, path, verb, "admin API: access denied");
+        tracing::info!(user = %username, access = %access, "admin API: access denied");
         return Err((
             StatusCode::FORBIDDEN,
-            format!("user {username:?} may not {verb} {path}{reason}"),
+            format!("user {username:?} may not {access}{reason}"),
         ));
     }
     Ok(())

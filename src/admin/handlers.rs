@@ -14,10 +14,10 @@ use super::answers::{
     DrainAnswer, ManifestAnswer, ManifestSource, QueueAnswer, ShardsAnswer, manifest_answer,
     queue_answer, shards_answer,
 };
-use super::auth::authorize;
+use super::auth::{Access, authorize};
 use super::errors::{ApiError, error};
 use super::names::{is_dns_label, is_dns_subdomain};
-use super::upstream::{api_call, api_permit};
+use super::upstream::{Pool, api_call, api_permit};
 use super::{AdminState, DRAIN_PATH};
 use crate::api::Manifest;
 use crate::shard::fleet::ShardView;
@@ -126,9 +126,12 @@ pub(super) async fn queue(State(state): State<AdminState>) -> Result<Json<QueueA
     )))
 }
 
-/// One Manifest: from this replica's cache, else from the API server.
+/// One Manifest, to a caller whose token (audience `module-manager`) may `get` it: from this
+/// replica's cache, else from the API server. Authorized before any lookup, so that a caller
+/// without the right learns nothing, not even whether the Manifest exists.
 pub(super) async fn manifest(
     State(state): State<AdminState>,
+    headers: HeaderMap,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Json<ManifestAnswer>, ApiError> {
     let Path((namespace, name)) =
@@ -145,6 +148,11 @@ pub(super) async fn manifest(
             "the name must be a DNS subdomain (lowercase letters, digits, '-' and '.', at most 253)",
         ));
     }
+    let access = Access::GetManifest {
+        namespace: &namespace,
+        name: &name,
+    };
+    authorize(state.client.as_ref(), &headers, access, Pool::Reads).await?;
     let cached = state.work.as_ref().and_then(|w| w.get(&namespace, &name));
     let (manifest, source) = match cached {
         Some(manifest) => (manifest, ManifestSource::Cache),
@@ -155,7 +163,7 @@ pub(super) async fn manifest(
                     "not in this replica's cache, and this replica has no API client to look it up",
                 )
             })?;
-            let _permit = api_permit()?;
+            let _permit = api_permit(Pool::Reads)?;
             let found = api_call(
                 "get Manifest",
                 Api::<Manifest>::namespaced(client, &namespace).get_opt(&name),
@@ -199,7 +207,11 @@ async fn set_drain(
     verb: &str,
     draining: bool,
 ) -> Result<Json<DrainAnswer>, ApiError> {
-    let user = authorize(state.client.as_ref(), headers, DRAIN_PATH, verb).await?;
+    let access = Access::Path {
+        path: DRAIN_PATH,
+        verb,
+    };
+    let user = authorize(state.client.as_ref(), headers, access, Pool::Drain).await?;
     let before = state.drain.send_replace(draining);
     tracing::info!(
         user = user.username.as_deref().unwrap_or_default(),
@@ -427,15 +439,29 @@ mod tests {
             )
             .await;
         }
-        // Valid, but neither a cache nor a client to look in.
+        // Valid, but no token: refused before any lookup (nothing is revealed, not even
+        // whether it exists).
         expect_error(
             router.clone(),
             Method::GET,
             "/v1/manifests/default/web.v2",
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no API client",
+            StatusCode::UNAUTHORIZED,
+            "missing Authorization",
         )
         .await;
+        // A token, but no API server to review it with.
+        let (status, _, body) = send(
+            router.clone(),
+            Method::GET,
+            "/v1/manifests/default/web.v2",
+            Some("Bearer s3cret"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(
+            body.contains("no API client") && !body.contains("s3cret"),
+            "{body}"
+        );
         expect_error(
             router,
             Method::GET,

@@ -4,14 +4,17 @@
 //!
 //! Every `/v1` answer is JSON; every error is `{"error": "..."}`. The fleet-wide views come from
 //! the Leases (through the fleet loop's [`FleetView`] and [`Members`]), so any replica answers
-//! them alike. Mutating endpoints authenticate the caller's bearer token with a TokenReview and
-//! authorize it with a SubjectAccessReview on the non-resource path, as kube-rbac-proxy does.
+//! them alike. The drain switch and a Manifest's details authenticate the caller's bearer token
+//! with a TokenReview and authorize it with a SubjectAccessReview (on the non-resource path, or
+//! `get` on that Manifest), as kube-rbac-proxy does. The server (`server.rs`) bounds connections
+//! and the time to read a request's header and to answer it.
 
 mod answers;
 mod auth;
 mod errors;
 mod handlers;
 mod names;
+mod server;
 #[cfg(test)]
 pub(crate) mod testing;
 mod upstream;
@@ -31,9 +34,11 @@ pub use answers::{
     DrainAnswer, ErrorAnswer, ManifestAnswer, ManifestSource, MemberQueue, MemberSummary,
     QueueAnswer, ShardsAnswer, manifest_answer, member_summary, queue_answer, shards_answer,
 };
-pub use auth::{TOKEN_AUDIENCE, authorize, bearer_token};
+pub use auth::{Access, TOKEN_AUDIENCE, authorize, bearer_token};
 pub use errors::ApiError;
 pub use names::{is_dns_label, is_dns_subdomain};
+pub use server::{ServeLimits, serve};
+pub use upstream::Pool;
 
 use crate::shard::fleet::FleetView;
 use crate::shard::membership::Members;

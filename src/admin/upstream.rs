@@ -1,5 +1,5 @@
 //! Calls from the admin API to the API server: a permit per call (at most [`MAX_API_CALLS`] at
-//! once) and a timeout.
+//! once per pool: the drain switch's own, and the reads') and a timeout.
 
 use std::future::Future;
 
@@ -8,11 +8,31 @@ use tokio::sync::Semaphore;
 
 use super::{API_TIMEOUT, MAX_API_CALLS};
 
-static API_CALLS: Semaphore = Semaphore::const_new(MAX_API_CALLS);
+/// The permits of the drain switch's reviews: callers of the other endpoints (anyone who can
+/// reach the port, token or not) never take one, so they cannot keep an operator from draining.
+static DRAIN_CALLS: Semaphore = Semaphore::const_new(MAX_API_CALLS);
+/// The permits of every other endpoint's calls (reviews and Manifest lookups).
+static READ_CALLS: Semaphore = Semaphore::const_new(MAX_API_CALLS);
 
-/// A permit for one API server call (request or review); `429` when [`MAX_API_CALLS`] run.
-pub(super) fn api_permit() -> Result<tokio::sync::SemaphorePermit<'static>, (StatusCode, String)> {
-    API_CALLS.try_acquire().map_err(|_| {
+/// Which permits a call takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pool {
+    /// `POST`/`DELETE /v1/drain`.
+    Drain,
+    /// The read endpoints.
+    Reads,
+}
+
+/// A permit for one API server call (request or review) from `pool`; `429` when
+/// [`MAX_API_CALLS`] of that pool run.
+pub(super) fn api_permit(
+    pool: Pool,
+) -> Result<tokio::sync::SemaphorePermit<'static>, (StatusCode, String)> {
+    let permits = match pool {
+        Pool::Drain => &DRAIN_CALLS,
+        Pool::Reads => &READ_CALLS,
+    };
+    permits.try_acquire().map_err(|_| {
         (
             StatusCode::TOO_MANY_REQUESTS,
             "too many admin requests are waiting for the API server; retry shortly".to_owned(),
@@ -39,5 +59,24 @@ pub(super) async fn api_call<T>(
                 API_TIMEOUT.as_secs()
             ),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads that take every permit of their pool (a flood of requests with bogus tokens) leave
+    /// the drain switch's reviews theirs.
+    #[test]
+    fn reads_cannot_take_the_drain_switchs_permits() {
+        let mut held = Vec::new();
+        while let Ok(permit) = api_permit(Pool::Reads) {
+            held.push(permit);
+        }
+        assert!(!held.is_empty());
+        let (status, _) = api_permit(Pool::Reads).unwrap_err();
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(api_permit(Pool::Drain).is_ok());
     }
 }

@@ -90,6 +90,12 @@ pub fn parse(bytes: &[u8]) -> Result<Kubeconfig, String> {
         ));
     }
     let text = std::str::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_owned())?;
+    // Before decoding: an alias is copied at every use, without a bound in bytes.
+    if let Err(alias @ crate::source::yaml::YamlRefusal::Alias { .. }) =
+        crate::source::yaml::refuse_aliases(text)
+    {
+        return Err(format!("it is refused: {alias}"));
+    }
     Kubeconfig::from_yaml(text).map_err(|_| {
         "it is not a valid kubeconfig (YAML); the parser's message is not shown because it may quote the Secret".to_owned()
     })
@@ -502,5 +508,13 @@ mod tests {
         let problem = parse(malformed.as_bytes()).unwrap_err();
         assert!(problem.contains("not a valid kubeconfig"));
         assert!(!problem.contains(TOKEN));
+        // Anchors and aliases: refused before decoding, the token not quoted.
+        let aliased =
+            format!("users:\n- name: u\n  user: &u {{token: {TOKEN}}}\n- name: v\n  user: *u\n");
+        let problem = parse(aliased.as_bytes()).unwrap_err();
+        assert_eq!(
+            problem,
+            "it is refused: YAML anchors and aliases are not allowed (line 3, column 12)"
+        );
     }
 }

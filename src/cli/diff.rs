@@ -109,6 +109,7 @@ async fn context(args: &DiffArgs, client: kube::Client, home: PathBuf) -> anyhow
         metrics: Default::default(),
         hook_timeout: crate::plan::hooks::DEFAULT_HOOK_TIMEOUT,
         tenancy: Tenancy::default(),
+        pass_limits: Default::default(),
     })
 }
 

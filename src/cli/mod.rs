@@ -117,12 +117,14 @@ enum AdminView {
     },
     /// The replica's queue per shard, then every member's published load.
     Queue,
-    /// One Manifest: UID, shard, owner, state.
+    /// One Manifest: UID, shard, owner, state (for a caller who may `get` it).
     Manifest {
         /// The Manifest's namespace.
         namespace: String,
         /// The Manifest's name.
         name: String,
+        #[command(flatten)]
+        token: AdminToken,
     },
     /// Make the replica hand every shard over and take none (`POST /v1/drain`).
     Drain(AdminToken),
@@ -132,7 +134,8 @@ enum AdminView {
 
 #[derive(clap::Args)]
 struct AdminToken {
-    /// Bearer token of a caller allowed to `post`/`delete` the non-resource URL `/v1/drain`.
+    /// Bearer token (audience `module-manager`) of a caller allowed to `post`/`delete` the
+    /// non-resource URL `/v1/drain` (drain, undrain), or to `get` the Manifest (manifest).
     #[arg(long, env = "MODULE_MANAGER_TOKEN", hide_env_values = true)]
     token: String,
 }
@@ -160,13 +163,17 @@ pub async fn admin(args: AdminArgs) -> anyhow::Result<String> {
             shown(a, Method::GET, &path, None, shard_table).await
         }
         AdminView::Queue => shown(a, Method::GET, "/v1/queue", None, queue_table).await,
-        AdminView::Manifest { namespace, name } => {
+        AdminView::Manifest {
+            namespace,
+            name,
+            token: AdminToken { token },
+        } => {
             anyhow::ensure!(
                 is_dns_label(namespace) && is_dns_subdomain(name),
                 "not a Manifest's namespace and name: {namespace:?} {name:?}"
             );
             let path = format!("/v1/manifests/{namespace}/{name}");
-            shown(a, Method::GET, &path, None, manifest_table).await
+            shown(a, Method::GET, &path, Some(token), manifest_table).await
         }
         AdminView::Drain(AdminToken { token }) => {
             shown(a, Method::POST, DRAIN_PATH, Some(token), drain_table).await
@@ -203,6 +210,7 @@ mod tests {
             view: AdminView::Manifest {
                 namespace: "Default".into(),
                 name: "web".into(),
+                token: AdminToken { token: "t".into() },
             },
         };
         let error = admin(args).await.unwrap_err().to_string();

@@ -70,6 +70,16 @@ pub enum PlanError {
         /// The parser's message.
         error: String,
     },
+    /// the rendered output holds YAML anchors or aliases (refused before decoding: their
+    /// expansion is unbounded in bytes).
+    #[error("rendered output{}: {refusal}", from_template(template.as_deref()))]
+    Aliases {
+        /// The template it came from (helm's `# Source:` line), if named.
+        template: Option<String>,
+        /// What was refused, and where.
+        #[source]
+        refusal: crate::source::yaml::YamlRefusal,
+    },
     /// a document is not a Kubernetes object.
     #[error("rendered document {}is not a Kubernetes object: {reason}", match template {
         Some(template) => format!("from {template} "),
@@ -97,6 +107,27 @@ pub enum PlanError {
         value: String,
         /// What it may hold.
         expected: &'static str,
+    },
+    /// the render has more objects (CRDs, objects and hooks) than the cap.
+    #[error(
+        "the render has {count} objects, more than the limit of {max} per render (--max-objects-per-render)"
+    )]
+    TooManyObjects {
+        /// Objects rendered.
+        count: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// the inventory and hook objects recorded in the status would be too large for one
+    /// Kubernetes object (etcd refuses objects over 1.5 MiB).
+    #[error(
+        "the inventory would take about {bytes} bytes of the Manifest's status, more than the limit of {max} (--max-inventory-bytes; etcd refuses objects over 1.5 MiB)"
+    )]
+    InventoryTooLarge {
+        /// Estimated bytes.
+        bytes: usize,
+        /// The cap.
+        max: usize,
     },
     /// the API server does not serve the object's kind.
     #[error("{0}: the target cluster does not serve this kind")]
@@ -245,6 +276,63 @@ pub struct Plan {
     pub hooks: Vec<Hook>,
 }
 
+/// Caps on one render: checked before anything of it is recorded or applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanLimits {
+    /// Most objects (CRDs, objects, hooks) in one render.
+    pub max_objects: usize,
+    /// Most bytes the inventory and hook objects may take in the status (as JSON, the way the
+    /// API server stores a custom resource): well under etcd's 1.5 MiB per object, which also
+    /// holds the spec, the conditions and `managedFields`.
+    pub max_inventory_bytes: usize,
+}
+
+impl Default for PlanLimits {
+    fn default() -> Self {
+        Self {
+            max_objects: 5_000,
+            max_inventory_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// Refuses a plan over `limits`: too many objects, or an inventory that, with the entries
+/// `previous` lists (kept until pruned) and the hook objects, would be too large for the
+/// status. The estimate is the entries' JSON, as the status carries them.
+pub fn check_limits(
+    plan: &Plan,
+    previous: &[InventoryEntry],
+    previous_hooks: &[InventoryEntry],
+    limits: PlanLimits,
+) -> Result<(), PlanError> {
+    let count = plan.crds.len() + plan.objects.len() + plan.hooks.len();
+    if count > limits.max_objects {
+        return Err(PlanError::TooManyObjects {
+            count,
+            max: limits.max_objects,
+        });
+    }
+    let recorded: BTreeSet<&InventoryEntry> = previous
+        .iter()
+        .chain(previous_hooks)
+        .chain(plan.applied().map(|o| &o.id))
+        .chain(plan.hooks.iter().map(|h| &h.object.id))
+        .collect();
+    // `[e1,e2,…]`: each entry's JSON and a comma.
+    let bytes = recorded
+        .iter()
+        .map(|e| serde_json::to_vec(e).map_or(0, |v| v.len() + 1))
+        .sum::<usize>()
+        + 1;
+    if bytes > limits.max_inventory_bytes {
+        return Err(PlanError::InventoryTooLarge {
+            bytes,
+            max: limits.max_inventory_bytes,
+        });
+    }
+    Ok(())
+}
+
 impl Plan {
     /// CRDs and objects in install order: what the inventory records.
     pub fn applied(&self) -> impl Iterator<Item = &RenderedObject> {
@@ -282,6 +370,7 @@ pub fn parse_documents(yaml: &str) -> Result<Vec<RenderedObject>, PlanError> {
             continue;
         }
         let template = source_line(chunk);
+        refuse_aliases(chunk, template)?;
         let at = |index, reason| PlanError::NotAnObject {
             index,
             template: template.map(str::to_owned),
@@ -331,6 +420,20 @@ fn split_documents(yaml: &str) -> Vec<&str> {
     }
     chunks.push(&yaml[start..]);
     chunks
+}
+
+/// Refuses YAML anchors and aliases in one document, before it is decoded (their expansion is
+/// unbounded in bytes); line and column count from the document's start.
+fn refuse_aliases(document: &str, template: Option<&str>) -> Result<(), PlanError> {
+    use crate::source::yaml::YamlRefusal;
+    let template = template.map(str::to_owned);
+    crate::source::yaml::refuse_aliases(document).map_err(|refusal| match refusal {
+        YamlRefusal::Alias { .. } => PlanError::Aliases { template, refusal },
+        YamlRefusal::Invalid { line, column } => PlanError::Yaml {
+            template,
+            error: format!("line {line}, column {column}"),
+        },
+    })
 }
 
 /// The template named by a document's `# Source: ` comment line, if any.
@@ -745,6 +848,66 @@ metadata:
             "the inventory has CRDs and objects, not hooks"
         );
         assert_eq!(plan.objects[1].id, id("ConfigMap", "other", "settings"));
+    }
+
+    /// Objects are counted over CRDs, objects and hooks; the inventory estimate covers what
+    /// the status would list (the previous entries too) and matches its JSON.
+    #[test]
+    fn renders_over_the_caps_are_refused() {
+        let docs = |n: usize| {
+            (0..n)
+                .map(|i| {
+                    format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: c{i}}}\n---\n")
+                })
+                .collect::<String>()
+        };
+        let hook = "apiVersion: v1\nkind: Pod\nmetadata: {name: h, annotations: {helm.sh/hook: pre-install}}\n";
+        let plan = plan(parse_documents(&format!("{}{hook}", docs(3))).unwrap()).unwrap();
+        let limits = |max_objects, max_inventory_bytes| PlanLimits {
+            max_objects,
+            max_inventory_bytes,
+        };
+        assert_eq!(check_limits(&plan, &[], &[], limits(4, 1 << 20)), Ok(()));
+        assert_eq!(
+            check_limits(&plan, &[], &[], limits(3, 1 << 20)),
+            Err(PlanError::TooManyObjects { count: 4, max: 3 })
+        );
+        let mut listed: Vec<InventoryEntry> = plan.applied().map(|o| o.id.clone()).collect();
+        listed.push(plan.hooks[0].object.id.clone());
+        let exact = serde_json::to_vec(&listed).unwrap().len();
+        assert_eq!(check_limits(&plan, &[], &[], limits(4, exact)), Ok(()));
+        assert_eq!(
+            check_limits(&plan, &[], &[], limits(4, exact - 1)),
+            Err(PlanError::InventoryTooLarge {
+                bytes: exact,
+                max: exact - 1
+            })
+        );
+        // Entries of the previous render stay listed until pruned: they count too.
+        let old = id("Secret", "apps", &"s".repeat(200));
+        assert!(matches!(
+            check_limits(&plan, &[old], &[], limits(4, exact + 100)),
+            Err(PlanError::InventoryTooLarge { .. })
+        ));
+        assert!(
+            PlanError::TooManyObjects { count: 4, max: 3 }
+                .to_string()
+                .contains("--max-objects-per-render")
+        );
+    }
+
+    /// An anchor in a template (a few bytes that could expand to gigabytes) is refused before
+    /// decoding, naming the template.
+    #[test]
+    fn rendered_aliases_are_refused_naming_the_template() {
+        let yaml = "---\n# Source: web/templates/a.yaml\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\n# Source: web/templates/b.yaml\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: b}\ndata: &d {x: y}\nmore: *d\n";
+        let error = parse_documents(yaml).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "rendered output of web/templates/b.yaml: YAML anchors and aliases are not allowed (line 6, column 10)"
+        );
+        let bare = parse_documents("a: &x 1\nb: *x\n").unwrap_err().to_string();
+        assert!(bare.starts_with("rendered output: "), "{bare}");
     }
 
     #[test]

@@ -67,6 +67,12 @@ pub enum ReconcileError {
     /// the Manifest's metadata (finalizer, shard label) could not be written.
     #[error("write the metadata: kubernetes API: {0}")]
     WriteMetadata(#[source] kube::Error),
+    /// the pass ran past `--pass-deadline-seconds` and was stopped (retried with backoff).
+    #[error(
+        "the pass did not finish within {} s (--pass-deadline-seconds) and was stopped; it is retried",
+        .0.as_secs()
+    )]
+    PassDeadline(std::time::Duration),
     /// this replica lost the Manifest's shard during the pass: it stops writing at once.
     #[error(transparent)]
     Fenced(#[from] FenceLost),
@@ -104,6 +110,7 @@ impl ReconcileError {
             | Self::WriteStatus(_)
             | Self::WriteMetadata(_) => "KubeError",
             Self::Fenced(_) => "Fenced",
+            Self::PassDeadline(_) => "PassDeadline",
             Self::Target(e) => e.category(),
         }
     }
@@ -126,6 +133,7 @@ impl ReconcileError {
             | Self::ReadTargetSecret(_)
             | Self::WriteStatus(_)
             | Self::WriteMetadata(_)
+            | Self::PassDeadline(_)
             | Self::Fenced(_) => false,
         }
     }

@@ -121,10 +121,10 @@ async fn gather_values(
 ) -> Result<Map<String, Value>, ReconcileError> {
     let namespace = manifest.namespace().unwrap_or_default();
     let mut merged = Map::new();
-    for reference in &manifest.spec.values_from {
+    for (index, reference) in manifest.spec.values_from.iter().enumerate() {
         if let Some(text) = read_values_source(ctx, &namespace, reference).await? {
             let name = format!(
-                "{:?} {} key {}",
+                "valuesFrom[{index}] {:?} {} key {}",
                 reference.kind, reference.name, reference.key
             );
             values::merge(&mut merged, values::parse(&name, &text)?);

@@ -194,12 +194,20 @@ impl Install<'_> {
         Ok(run)
     }
 
-    /// Renders (cached), plans and vets the chart ([`vetted_render`]).
+    /// Renders (cached), plans and vets the chart ([`vetted_render`]), and refuses a render
+    /// over the caps (`--max-objects-per-render`, `--max-inventory-bytes`) before anything of
+    /// it is recorded. Installs only: a deletion's hooks are never refused by a cap lowered
+    /// since the install.
     async fn render(
         &self,
         request: &RenderRequest,
     ) -> Result<(Arc<Rendered>, Plan), ReconcileError> {
-        vetted_render(self.manifest, self.ctx, self.cluster, request).await
+        let (rendered, plan) =
+            vetted_render(self.manifest, self.ctx, self.cluster, request).await?;
+        let status = self.manifest.status.clone().unwrap_or_default();
+        let limits = self.ctx.pass_limits.plan;
+        plan::check_limits(&plan, &status.inventory, &status.hook_objects, limits)?;
+        Ok((rendered, plan))
     }
 
     fn hook_scope<'s>(&'s self, previous: &'s ManifestStatus) -> HookScope<'s> {

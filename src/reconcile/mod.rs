@@ -39,6 +39,7 @@ use crate::api::{HookRun, InventoryEntry, Manifest, ManifestStatus, State};
 use crate::apply::Cluster;
 use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
+use crate::plan::PlanLimits;
 use crate::plan::status::{Facts, Operation, Outcome, Reason};
 use crate::plan::trigger::{self, Requests};
 use crate::render::HelmRenderer;
@@ -53,6 +54,9 @@ pub use relabel::relabel;
 
 /// How long to wait for CRDs of a chart to become Established within one pass.
 const CRD_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default pass deadline (`--pass-deadline-seconds`): well above the sum of the steps'
+/// own bounds on a healthy pass (a chart fetch 60 s, a render 30 s, CRDs 30 s).
+pub const PASS_DEADLINE: Duration = Duration::from_secs(300);
 /// How old the target's discovery may be before a pass refreshes it (upgrades, new APIs).
 const DISCOVERY_MAX_AGE: Duration = Duration::from_secs(300);
 /// Longest requeue while workloads roll out or objects are being deleted.
@@ -122,6 +126,29 @@ pub struct Context {
     /// Whose identity each Manifest's objects are written with (impersonated ServiceAccounts,
     /// their clients), and what no module may write.
     pub tenancy: Tenancy,
+    /// The pass deadline and the caps on a render.
+    pub pass_limits: PassLimits,
+}
+
+/// Bounds on one pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PassLimits {
+    /// Longest a pass may run: past it, it is stopped where it is (as a crash would stop it:
+    /// the inventory is recorded before anything is applied), ends with a transient error and
+    /// frees its worker. Each step has its own, shorter bound (render, chart fetch, CRDs, remote
+    /// requests); this one bounds their sum and anything between them.
+    pub deadline: Duration,
+    /// Caps on one render's objects and on the inventory.
+    pub plan: PlanLimits,
+}
+
+impl Default for PassLimits {
+    fn default() -> Self {
+        Self {
+            deadline: PASS_DEADLINE,
+            plan: PlanLimits::default(),
+        }
+    }
 }
 
 /// The result of a pass for the work queue.
@@ -249,13 +276,22 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
     // What this pass recorded, so that an error status written from the Manifest as read at
     // the start does not drop entries recorded since (nor the hook run's progress).
     let mut progress = Progress::default();
-    let result = if manifest.meta().deletion_timestamp.is_some() {
-        delete::delete(&manifest, ctx, fence, &mut progress).await
-    } else if manifest.spec.suspend {
+    let deleting = manifest.meta().deletion_timestamp.is_some();
+    if !deleting && manifest.spec.suspend {
         return (Next::Idle, PassResult::Suspended);
-    } else {
-        install::install(&manifest, ctx, fence, interval, &mut progress).await
+    }
+    let steps = async {
+        if deleting {
+            delete::delete(&manifest, ctx, fence, &mut progress).await
+        } else {
+            install::install(&manifest, ctx, fence, interval, &mut progress).await
+        }
     };
+    // Past the deadline the steps are dropped where they are; what they recorded is kept.
+    let deadline = ctx.pass_limits.deadline;
+    let result = tokio::time::timeout(deadline, steps)
+        .await
+        .unwrap_or(Err(ReconcileError::PassDeadline(deadline)));
     // The shard was lost during the pass (or is being lost now): the new owner writes the
     // status; this replica writes nothing more and does not requeue.
     let result = result.and_then(|pass| fence.check().map(|()| pass).map_err(Into::into));

@@ -326,7 +326,7 @@ async fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    address_space_limit(&mut command, limits.memory_limit);
+    super::address_space_limit(&mut command, limits.memory_limit);
     let mut child = command
         .spawn()
         .map_err(|e| RenderError::Spawn("the renderer", e))?;
@@ -369,32 +369,6 @@ async fn spawn(
     tokio::spawn(supervisor.run(child, stdout, stderr, killed));
     Ok((live, version))
 }
-
-/// Bounds the child's address space (`RLIMIT_AS`) well above its heap limit: a backstop for an
-/// allocation too fast for the renderer's own 10 ms heap check. Go reserves about 1.3 GiB of
-/// address space at start, hence the margin.
-#[cfg(target_os = "linux")]
-fn address_space_limit(command: &mut Command, memory_limit: u64) {
-    let bytes = memory_limit.saturating_mul(2).saturating_add(4 << 30);
-    let limit = libc::rlimit {
-        rlim_cur: bytes,
-        rlim_max: bytes,
-    };
-    // SAFETY: setrlimit is async-signal-safe, and the closure touches nothing but its copy of
-    // `limit`.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn address_space_limit(_: &mut Command, _: u64) {}
 
 /// Reads one child's answers and hands them to their renders; on its end, tells every render
 /// still waiting why.

@@ -40,10 +40,11 @@ impl Cli {
         request: &RenderRequest,
         limits: &RenderLimits,
     ) -> Result<String, RenderError> {
-        let child = self
-            .template_command(request)
-            .spawn()
-            .map_err(|e| RenderError::Spawn("helm", e))?;
+        let mut command = self.template_command(request);
+        // The same bounds as the renderer child's: a soft heap goal, a hard address space.
+        command.env("GOMEMLIMIT", limits.memory_limit.to_string());
+        super::address_space_limit(&mut command, limits.memory_limit);
+        let child = command.spawn().map_err(|e| RenderError::Spawn("helm", e))?;
         let values = Value::Object(request.values.clone()).to_string();
         let run = exchange(child, values, limits.max_output);
         let (status, out, err) = match tokio::time::timeout(limits.timeout, run).await {
@@ -51,11 +52,11 @@ impl Cli {
             Ok(result) => result?,
         };
         if !status.success() {
-            return Err(RenderError::Helm(helm_message_ends(
-                &err.head,
-                err.omitted,
-                &err.tail,
-            )));
+            return Err(if out_of_memory(&err.head) || out_of_memory(&err.tail) {
+                RenderError::MemoryLimit(limits.memory_limit)
+            } else {
+                RenderError::Helm(helm_message_ends(&err.head, err.omitted, &err.tail))
+            });
         }
         String::from_utf8(out).map_err(|_| RenderError::Helm("output is not UTF-8".into()))
     }
@@ -91,6 +92,13 @@ impl Cli {
             .kill_on_drop(true);
         command
     }
+}
+
+/// Whether helm's stderr is the Go runtime's report of an allocation the address-space limit
+/// refused (`fatal error: runtime: out of memory`, or `cannot allocate memory`).
+fn out_of_memory(stderr: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(stderr);
+    text.contains("runtime: out of memory") || text.contains("cannot allocate memory")
 }
 
 /// Writes `values` to a helm child and reads its output (at most `max_output` bytes) and the
@@ -210,5 +218,14 @@ mod tests {
                 tail: b"bc".to_vec()
             }
         );
+    }
+
+    #[test]
+    fn the_go_runtimes_out_of_memory_report_is_recognised() {
+        assert!(out_of_memory(
+            b"fatal error: runtime: out of memory\n\ngoroutine 1 [running]:\n"
+        ));
+        assert!(out_of_memory(b"runtime: mmap: cannot allocate memory\n"));
+        assert!(!out_of_memory(b"Error: template: x: out of range\n"));
     }
 }

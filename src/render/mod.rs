@@ -37,9 +37,14 @@ pub struct RenderLimits {
     pub max_output: usize,
     /// Most renders kept in the cache.
     pub cache_entries: usize,
+    /// Most bytes of rendered output kept in the cache (all entries together); a render larger
+    /// than this is not cached.
+    pub cache_bytes: usize,
     /// Most bytes of Go heap the renderer child may use (all its renders together); past it the
-    /// child exits and its renders fail with [`RenderError::MemoryLimit`]. Unused by the helm
-    /// CLI backend.
+    /// child exits and its renders fail with [`RenderError::MemoryLimit`]. The helm CLI backend
+    /// gives each `helm` process the same as `GOMEMLIMIT` and its address space the same hard
+    /// bound as the child's ([`address_space_limit`]); a helm that runs out of it fails the
+    /// render with [`RenderError::MemoryLimit`].
     pub memory_limit: u64,
 }
 
@@ -49,6 +54,7 @@ impl Default for RenderLimits {
             timeout: Duration::from_secs(30),
             max_output: 16 * 1024 * 1024,
             cache_entries: 1024,
+            cache_bytes: 256 * 1024 * 1024,
             memory_limit: 512 * 1024 * 1024,
         }
     }
@@ -213,7 +219,7 @@ impl HelmRenderer {
         Ok(Self {
             engine,
             version,
-            cache: RenderCache::new(limits.cache_entries, &metrics),
+            cache: RenderCache::new(limits.cache_entries, limits.cache_bytes, &metrics),
             metrics,
             limits,
         })
@@ -298,6 +304,32 @@ pub struct RendererState {
     /// Renders sent again because their child died under them.
     pub retries: u64,
 }
+
+/// Bounds a Go program's address space (`RLIMIT_AS`) well above its heap limit `memory_limit`:
+/// a hard backstop for an allocation too fast for a heap check. Go reserves about 1.3 GiB of
+/// address space at start, hence the margin.
+#[cfg(target_os = "linux")]
+fn address_space_limit(command: &mut Command, memory_limit: u64) {
+    let bytes = memory_limit.saturating_mul(2).saturating_add(4 << 30);
+    let limit = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: bytes,
+    };
+    // SAFETY: setrlimit is async-signal-safe, and the closure touches nothing but its copy of
+    // `limit`.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn address_space_limit(_: &mut Command, _: u64) {}
 
 /// A private helm home in `home` and nothing else of the environment.
 fn private_home<'c>(command: &'c mut Command, home: &Path) -> &'c mut Command {
@@ -392,9 +424,10 @@ pub struct CacheStats {
     pub misses: u64,
 }
 
-/// Renders by cache key, evicting the oldest entry beyond the capacity.
+/// Renders by cache key, evicting the oldest entries beyond the capacity in entries or bytes.
 struct RenderCache {
     capacity: usize,
+    max_bytes: usize,
     entries: Mutex<CacheEntries>,
     hits: Counter,
     misses: Counter,
@@ -405,12 +438,15 @@ struct RenderCache {
 struct CacheEntries {
     by_key: HashMap<String, Arc<Rendered>>,
     order: VecDeque<String>,
+    /// Bytes of the manifests in `by_key`.
+    bytes: usize,
 }
 
 impl RenderCache {
-    fn new(capacity: usize, metrics: &RenderMetrics) -> Self {
+    fn new(capacity: usize, max_bytes: usize, metrics: &RenderMetrics) -> Self {
         Self {
             capacity,
+            max_bytes,
             entries: Mutex::default(),
             hits: metrics.cache_hits.clone(),
             misses: metrics.cache_misses.clone(),
@@ -435,14 +471,23 @@ impl RenderCache {
     }
 
     fn insert(&self, key: String, rendered: Arc<Rendered>) {
+        let size = rendered.manifest.len();
+        if size > self.max_bytes {
+            return;
+        }
         let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let entries = &mut *guard;
-        if entries.by_key.insert(key.clone(), rendered).is_none() {
-            entries.order.push_back(key);
+        entries.bytes += size;
+        match entries.by_key.insert(key.clone(), rendered) {
+            Some(replaced) => entries.bytes -= replaced.manifest.len(),
+            None => entries.order.push_back(key),
         }
-        while entries.order.len() > self.capacity {
-            if let Some(oldest) = entries.order.pop_front() {
-                entries.by_key.remove(&oldest);
+        while entries.order.len() > self.capacity || entries.bytes > self.max_bytes {
+            let Some(oldest) = entries.order.pop_front() else {
+                break;
+            };
+            if let Some(gone) = entries.by_key.remove(&oldest) {
+                entries.bytes -= gone.manifest.len();
             }
         }
     }
@@ -524,7 +569,7 @@ mod tests {
 
     #[test]
     fn the_cache_evicts_the_oldest_and_counts() {
-        let cache = RenderCache::new(2, &RenderMetrics::default());
+        let cache = RenderCache::new(2, 1 << 20, &RenderMetrics::default());
         let rendered = |s: &str| {
             Arc::new(Rendered {
                 manifest: s.into(),
@@ -537,6 +582,37 @@ mod tests {
         assert!(cache.get("a").is_none());
         assert_eq!(cache.get("c").unwrap().manifest, "c");
         assert_eq!(cache.stats(), CacheStats { hits: 1, misses: 1 });
+    }
+
+    /// The cache holds at most its bytes: the oldest go first, a render larger than the whole
+    /// cache is not kept, and replacing an entry counts its size once.
+    #[test]
+    fn the_cache_is_bounded_in_bytes() {
+        let cache = RenderCache::new(100, 10, &RenderMetrics::default());
+        let rendered = |s: &str| {
+            Arc::new(Rendered {
+                manifest: s.into(),
+                digest: sha256(s.as_bytes()),
+            })
+        };
+        let bytes = |cache: &RenderCache| cache.entries.lock().unwrap().bytes;
+        cache.insert("a".into(), rendered("aaaa"));
+        cache.insert("b".into(), rendered("bbbb"));
+        cache.insert("b".into(), rendered("bbbb"));
+        assert_eq!(bytes(&cache), 8);
+        cache.insert("c".into(), rendered("cccc"));
+        assert!(cache.get("a").is_none(), "the oldest went to make room");
+        assert!(cache.get("b").is_some() && cache.get("c").is_some());
+        assert_eq!(bytes(&cache), 8);
+        cache.insert("huge".into(), rendered(&"x".repeat(11)));
+        assert!(cache.get("huge").is_none());
+        assert!(
+            cache.get("c").is_some(),
+            "a render too large evicts nothing"
+        );
+        cache.insert("d".into(), rendered(&"d".repeat(10)));
+        assert_eq!(bytes(&cache), 10);
+        assert_eq!(cache.entries.lock().unwrap().order.len(), 1);
     }
 
     #[test]

@@ -2,6 +2,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::source::yaml::{YamlRefusal, refuse_aliases};
+
 /// Why a values document is unusable.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ValuesError {
@@ -13,13 +15,28 @@ pub enum ValuesError {
         /// The parser's message.
         message: String,
     },
+    /// the document holds YAML anchors or aliases (refused before decoding: their expansion is
+    /// unbounded in bytes), or is not YAML.
+    #[error("{source_name}: {refusal}")]
+    Refused {
+        /// Where the document came from.
+        source_name: String,
+        /// What was refused, and where.
+        #[source]
+        refusal: YamlRefusal,
+    },
     /// the document is YAML but not a map.
     #[error("{0}: values must be a YAML map")]
     NotAMap(String),
 }
 
-/// Parses one values document (a YAML map; an empty document is an empty map).
+/// Parses one values document (a YAML map; an empty document is an empty map). Anchors and
+/// aliases are refused before anything is decoded.
 pub fn parse(source_name: &str, text: &str) -> Result<Map<String, Value>, ValuesError> {
+    refuse_aliases(text).map_err(|refusal| ValuesError::Refused {
+        source_name: source_name.to_owned(),
+        refusal,
+    })?;
     let value: Value = serde_yaml_ng::from_str(text).map_err(|e| ValuesError::Yaml {
         source_name: source_name.to_owned(),
         message: e.to_string(),
@@ -75,7 +92,27 @@ mod tests {
         assert_eq!(parse("cm", "- 1"), Err(ValuesError::NotAMap("cm".into())));
         assert!(matches!(
             parse("cm", "a: [1"),
-            Err(ValuesError::Yaml { .. })
+            Err(ValuesError::Refused {
+                refusal: YamlRefusal::Invalid { .. },
+                ..
+            })
+        ));
+    }
+
+    /// The review's 270 KB document that decodes to 256 MiB: refused, naming its source.
+    #[test]
+    fn aliases_are_refused_with_the_source_named() {
+        let mut bomb = format!("big: &a \"{}\"\nlist:\n", "v".repeat(64 << 10));
+        bomb.push_str(&"- *a\n".repeat(4000));
+        let source = "valuesFrom[1] ConfigMap x key y";
+        let error = parse(source, &bomb).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "valuesFrom[1] ConfigMap x key y: YAML anchors and aliases are not allowed (line 1, column 9)"
+        );
+        assert!(matches!(
+            parse("s", "a: {<<: *b}"),
+            Err(ValuesError::Refused { .. })
         ));
     }
 }

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::apply::target::TargetSettings;
+use crate::plan::PlanLimits;
 use crate::plan::tenancy::ServiceAccountPolicy;
+use crate::reconcile::PassLimits;
 use crate::render::{Backend, RenderLimits};
 use crate::shard::ShardCount;
 use crate::shard::fleet::FleetConfig;
@@ -75,6 +77,22 @@ pub struct RunArgs {
     /// renders in flight fail (once retried).
     #[arg(long, default_value_t = 512)]
     pub render_memory_limit_mib: u64,
+    /// Most bytes of rendered output the render cache keeps (all entries together; the oldest go
+    /// first, a larger render is not cached).
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    pub render_cache_max_bytes: usize,
+    /// Longest one reconcile pass may run, in seconds: past it the pass is stopped, ends with a
+    /// transient `PassDeadline` error (retried with backoff) and frees its worker.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub pass_deadline_seconds: u64,
+    /// Most objects (CRDs, objects and hooks) one render may have; more is a permanent error
+    /// before anything is applied.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_objects_per_render: u64,
+    /// Most bytes the inventory may take in a Manifest's status (estimated as its JSON); more
+    /// is a permanent error before anything is applied (etcd refuses objects over 1.5 MiB).
+    #[arg(long, default_value_t = 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..=1_400_000))]
+    pub max_inventory_bytes: u64,
     /// Most reconciles at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
@@ -225,6 +243,8 @@ pub struct RuntimeConfig {
     pub fault_ignore_ownership: bool,
     /// `--default-service-account` and `--require-service-account`.
     pub service_accounts: ServiceAccountPolicy,
+    /// `--pass-deadline-seconds`, `--max-objects-per-render`, `--max-inventory-bytes`.
+    pub pass_limits: PassLimits,
 }
 
 /// `--render-backend`.
@@ -270,7 +290,16 @@ impl RunArgs {
             render_limits: RenderLimits {
                 timeout: Duration::from_secs(self.render_timeout_seconds),
                 memory_limit: self.render_memory_limit_mib.saturating_mul(1024 * 1024),
+                cache_bytes: self.render_cache_max_bytes,
                 ..Default::default()
+            },
+            pass_limits: PassLimits {
+                deadline: Duration::from_secs(self.pass_deadline_seconds),
+                plan: PlanLimits {
+                    max_objects: usize::try_from(self.max_objects_per_render).unwrap_or(usize::MAX),
+                    max_inventory_bytes: usize::try_from(self.max_inventory_bytes)
+                        .unwrap_or(usize::MAX),
+                },
             },
             concurrency: self.concurrency,
             drain_timeout: Duration::from_secs(self.drain_timeout_seconds),
@@ -377,6 +406,42 @@ mod tests {
         );
         assert_eq!(config.targets.max_clients, 256);
         assert_eq!(config.render_limits.timeout, Duration::from_secs(30));
+        assert_eq!(config.render_limits.cache_bytes, 256 << 20);
+        assert_eq!(config.pass_limits, PassLimits::default());
+        let bounded = validate(&[
+            "--pass-deadline-seconds",
+            "20",
+            "--max-objects-per-render",
+            "7",
+            "--max-inventory-bytes",
+            "4096",
+            "--render-cache-max-bytes",
+            "1000",
+        ])
+        .unwrap();
+        assert_eq!(
+            bounded.pass_limits,
+            PassLimits {
+                deadline: Duration::from_secs(20),
+                plan: PlanLimits {
+                    max_objects: 7,
+                    max_inventory_bytes: 4096
+                }
+            }
+        );
+        assert_eq!(bounded.render_limits.cache_bytes, 1000);
+        // Above what etcd stores, or zero: refused by the parser.
+        for bad in [
+            &["--max-inventory-bytes", "2000000"][..],
+            &["--pass-deadline-seconds", "0"],
+            &["--max-objects-per-render", "0"],
+        ] {
+            let base = ["run", "--replica", "mm-0", "--chart-root", "/charts"];
+            assert!(
+                Flags::try_parse_from(base.iter().chain(bad)).is_err(),
+                "{bad:?}"
+            );
+        }
         assert_eq!(config.chart_root, PathBuf::from("/charts"));
         assert!(
             config.remote.allowed_private.is_empty(),

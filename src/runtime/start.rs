@@ -167,6 +167,7 @@ async fn context(
         metrics: metrics.reconcile.clone(),
         hook_timeout: config.hook_timeout,
         tenancy: tenancy(config).await?.with_catalog(Some(catalog)),
+        pass_limits: config.pass_limits,
     }))
 }
 
@@ -257,7 +258,8 @@ async fn serve_admin(address: std::net::SocketAddr, admin: AdminState) -> anyhow
     let listener = tokio::net::TcpListener::bind(address).await?;
     tracing::info!(address = %address, "admin API listening");
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, crate::admin::router(admin)).await {
+        let limits = crate::admin::ServeLimits::default();
+        if let Err(e) = crate::admin::serve(listener, crate::admin::router(admin), limits).await {
             tracing::error!("admin API stopped: {e}");
         }
     });

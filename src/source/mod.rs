@@ -13,6 +13,7 @@ mod archive;
 mod local;
 pub mod remote;
 pub mod version;
+pub mod yaml;
 
 use self::local::resolve_path;
 pub use remote::{

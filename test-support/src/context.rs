@@ -7,7 +7,7 @@ use kube::runtime::events::Reporter;
 use module_manager::apply::Cluster;
 use module_manager::apply::identity::Tenancy;
 use module_manager::apply::target::TargetClients;
-use module_manager::reconcile::Context;
+use module_manager::reconcile::{Context, PassLimits};
 use module_manager::render::{Backend, HelmRenderer, RenderLimits};
 use module_manager::source::{Limits, RemoteCharts, RemoteConfig};
 
@@ -24,6 +24,7 @@ pub struct ContextBuilder {
     targets: TargetClients,
     replica: String,
     tenancy: Tenancy,
+    pass_limits: PassLimits,
 }
 
 /// The backend tests render with unless told otherwise: `$MODULE_MANAGER_TEST_RENDER_BACKEND`
@@ -54,6 +55,7 @@ pub fn context(client: Client, helm_home: &Path) -> ContextBuilder {
         targets: TargetClients::default(),
         replica: REPLICA.to_owned(),
         tenancy: Tenancy::default(),
+        pass_limits: PassLimits::default(),
     }
 }
 
@@ -95,6 +97,12 @@ impl ContextBuilder {
         self
     }
 
+    /// The pass deadline and the caps on a render (default [`PassLimits::default`]).
+    pub fn pass_limits(mut self, limits: PassLimits) -> Self {
+        self.pass_limits = limits;
+        self
+    }
+
     /// Discovers the cluster and checks the helm binary.
     pub async fn build(self) -> anyhow::Result<Context> {
         let backend = match self.backend {
@@ -127,6 +135,7 @@ impl ContextBuilder {
             metrics: Default::default(),
             hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
             tenancy: self.tenancy,
+            pass_limits: self.pass_limits,
         })
     }
 }

@@ -150,34 +150,16 @@ fn parse_index(bytes: &[u8]) -> Result<Index, FetchError> {
     Ok(index)
 }
 
-/// Reads the YAML events of `text` (which expands nothing) and refuses any anchor or alias.
+/// Refuses any anchor or alias before decoding ([`crate::source::yaml::refuse_aliases`]).
 fn refuse_aliases(text: &str) -> Result<(), FetchError> {
-    use yaml_rust2::parser::{Event, Parser};
-    let mut parser = Parser::new_from_str(text);
-    loop {
-        let (event, at) = parser.next_token().map_err(|e| {
-            FetchError::BadIndex(format!(
-                "not valid YAML (line {}, column {})",
-                e.marker().line(),
-                e.marker().col() + 1
-            ))
-        })?;
-        let anchored = match event {
-            Event::StreamEnd => return Ok(()),
-            Event::Alias(_) => true,
-            Event::Scalar(_, _, anchor, _)
-            | Event::SequenceStart(anchor, _)
-            | Event::MappingStart(anchor, _) => anchor != 0,
-            _ => false,
-        };
-        if anchored {
-            return Err(FetchError::BadIndex(format!(
-                "YAML anchors and aliases are not accepted (line {}, column {})",
-                at.line(),
-                at.col() + 1
-            )));
-        }
-    }
+    crate::source::yaml::refuse_aliases(text).map_err(|e| {
+        FetchError::BadIndex(match e {
+            crate::source::yaml::YamlRefusal::Alias { line, column } => {
+                format!("YAML anchors and aliases are not accepted (line {line}, column {column})")
+            }
+            invalid @ crate::source::yaml::YamlRefusal::Invalid { .. } => invalid.to_string(),
+        })
+    })
 }
 
 /// Parses a repository URL: http or https, a host, no credentials.

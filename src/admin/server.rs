@@ -1,0 +1,188 @@
+//! The admin API's HTTP server: a connection limit, a deadline to read a request's header and
+//! one for the whole exchange, one request per connection.
+//!
+//! `axum::serve` has neither bound: a client that opens connections and sends a header one
+//! byte at a time (slowloris) would hold them, and the task and memory of each, for ever.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// Bounds of the admin server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// Most connections open at once; further ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// Longest a client may take to send a request's header; then the connection is closed.
+    pub header_read_timeout: Duration,
+    /// Longest one connection (its one request, read, answered and written) may last.
+    pub request_timeout: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 64,
+            header_read_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Serves `router` on `listener` within `limits` until the listener fails.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ServeLimits,
+) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        let slot = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            // Out of file descriptors, a connection reset before accept: not the listener's end.
+            Err(e) if is_transient(&e) => {
+                tracing::debug!("admin API: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let service = TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            if tokio::time::timeout(limits.request_timeout, connection)
+                .await
+                .is_err()
+            {
+                tracing::debug!("admin API: a connection outlived the request timeout; closed");
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// Accept errors that concern one connection or a passing shortage, not the listener.
+fn is_transient(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        error.kind(),
+        ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::Interrupted
+    ) || matches!(error.raw_os_error(), Some(23 | 24)) // ENFILE, EMFILE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::Method;
+    use axum::routing::get;
+    use std::time::Instant;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn start(limits: ServeLimits) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let router = Router::new().route("/livez", get(|| async { "\"ok\"" }));
+        tokio::spawn(serve(listener, router, limits));
+        format!("http://{address}")
+    }
+
+    /// A connection that sends the start of a request header, then a byte every 100 ms, never
+    /// finishing it; it ends when the server closes it.
+    fn slowloris(url: &str) -> tokio::task::JoinHandle<()> {
+        let address = url.trim_start_matches("http://").to_owned();
+        tokio::spawn(async move {
+            let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+            let _ = stream
+                .write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
+                .await;
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if stream.write_all(b"X").await.is_err() {
+                    return;
+                }
+                let mut buffer = [0u8; 64];
+                let closed =
+                    tokio::time::timeout(Duration::from_millis(1), stream.read(&mut buffer)).await;
+                if matches!(closed, Ok(Ok(0) | Err(_))) {
+                    return;
+                }
+            }
+        })
+    }
+
+    async fn livez(url: &str) -> anyhow::Result<String> {
+        crate::cli::fetch::<String>(url, Method::GET, "/livez", None).await
+    }
+
+    /// Trickling connections that take every slot are closed at the header deadline, and the
+    /// next caller is served. Without the header deadline they would hold the slots for ever
+    /// (and this test would time out).
+    #[tokio::test]
+    async fn a_slowloris_connection_is_cut_and_others_are_served() {
+        let url = start(ServeLimits {
+            max_connections: 2,
+            header_read_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(600),
+        })
+        .await;
+        assert_eq!(livez(&url).await.unwrap(), "ok");
+        let slow = [slowloris(&url), slowloris(&url)];
+        let started = Instant::now();
+        loop {
+            if let Ok(answer) = livez(&url).await {
+                assert_eq!(answer, "ok");
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "never served while slow connections were open"
+            );
+        }
+        for connection in slow {
+            tokio::time::timeout(Duration::from_secs(120), connection)
+                .await
+                .expect("the server closed the trickling connection")
+                .unwrap();
+        }
+    }
+
+    /// At the connection limit, a further caller waits (here: its client gives up) until a
+    /// connection closes; then it is served.
+    #[tokio::test]
+    async fn connections_beyond_the_limit_wait_for_a_slot() {
+        let url = start(ServeLimits {
+            max_connections: 1,
+            header_read_timeout: Duration::from_secs(600),
+            request_timeout: Duration::from_secs(600),
+        })
+        .await;
+        let address = url.trim_start_matches("http://").to_owned();
+        let idle = tokio::net::TcpStream::connect(&address).await.unwrap();
+        // The idle connection holds the only slot for ten minutes: the client's 10 s timeout
+        // comes first.
+        let refused = livez(&url).await.unwrap_err();
+        assert!(
+            format!("{refused:#}").contains("no answer within"),
+            "{refused:#}"
+        );
+        drop(idle);
+        let started = Instant::now();
+        while livez(&url).await.is_err() {
+            assert!(started.elapsed() < Duration::from_secs(120), "never served");
+        }
+    }
+}

@@ -1,0 +1,447 @@
+//! Bounded input on a real kube-apiserver (issue 15 items 5 and 7): a `valuesFrom` alias bomb
+//! is refused naming its source, a render over the object cap is refused with nothing applied,
+//! a pass past its deadline ends and frees its worker, and the admin API's Manifest details need
+//! a token whose user may `get` that Manifest (TokenReview + SubjectAccessReview).
+#![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use module_manager::api::{Manifest, State};
+use module_manager::plan::PlanLimits;
+use module_manager::reconcile::{Context, PassLimits};
+use module_manager::work::controller::{self, ControllerConfig};
+use serde_json::{Value, json};
+use test_support::repo;
+use tokio::sync::oneshot;
+
+/// A controller on this test's namespace, stopped when dropped.
+struct Harness {
+    client: Client,
+    ns: String,
+    manifests: Api<Manifest>,
+    stop: Option<oneshot::Sender<()>>,
+    _ctx: Arc<Context>,
+    _helm_home: tempfile::TempDir,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn control_plane() -> &'static testenv::ControlPlane {
+    testenv::shared(testenv::Options {
+        controller_manager: true,
+        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
+        crd_files: vec![repo().join("crds/manifest.yaml")],
+        ..Default::default()
+    })
+    .await
+    .expect("control plane")
+}
+
+async fn start(prefix: &str, limits: PassLimits, concurrency: usize) -> Harness {
+    let plane = control_plane().await;
+    let client = plane.client().await.unwrap();
+    let ns = plane.namespace(&client, prefix).await.unwrap();
+    let helm_home = tempfile::tempdir().unwrap();
+    let ctx = Arc::new(
+        test_support::context(client.clone(), helm_home.path())
+            .pass_limits(limits)
+            .build()
+            .await
+            .unwrap(),
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    let config = ControllerConfig {
+        concurrency,
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    tokio::spawn(controller::run(ctx.clone(), config, async move {
+        let _ = stopped.await;
+    }));
+    Harness {
+        manifests: Api::namespaced(client.clone(), &ns),
+        client,
+        ns,
+        stop: Some(stop),
+        _ctx: ctx,
+        _helm_home: helm_home,
+    }
+}
+
+impl Harness {
+    async fn create(&self, name: &str, spec: Value) {
+        let mut spec = spec;
+        spec["module"] = json!(name);
+        spec["interval"] = json!("2s");
+        let manifest: Manifest = serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": spec,
+        }))
+        .unwrap();
+        self.manifests
+            .create(&PostParams::default(), &manifest)
+            .await
+            .unwrap();
+    }
+
+    /// Waits (2 minutes) until the Manifest's current generation is `Error` with a Ready
+    /// condition whose message contains `needle`; answers the condition's (reason, message) and
+    /// the `Stalled` condition's status.
+    async fn wait_error(&self, name: &str, needle: &str) -> (String, String, String) {
+        let what = format!("Error with {needle:?}");
+        let manifest = common::wait_for(
+            &self.manifests,
+            name,
+            &what,
+            Duration::from_secs(120),
+            |m| {
+                let status = m.status.clone().unwrap_or_default();
+                status.state == Some(State::Error)
+                    && status.observed_generation == m.metadata.generation
+                    && condition(m, "Ready").is_some_and(|(_, _, message)| message.contains(needle))
+            },
+        )
+        .await;
+        let (_, reason, message) = condition(&manifest, "Ready").unwrap();
+        let stalled = condition(&manifest, "Stalled")
+            .map(|c| c.0)
+            .unwrap_or_default();
+        (reason, message, stalled)
+    }
+
+    fn config_maps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+}
+
+/// A condition's (status, reason, message).
+fn condition(manifest: &Manifest, kind: &str) -> Option<(String, String, String)> {
+    let c = manifest
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == kind)?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// This process's resident memory (VmRSS), in KiB: reported, never asserted.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The review's ConfigMap: about 270 KB whose aliases expand to 256 MiB (one 64 KiB anchor
+/// used 4000 times). It once took a replica from 93 to 850 MiB and went to helm; now the pass
+/// fails before decoding it, with a permanent error naming the source, and nothing is applied.
+#[tokio::test]
+async fn a_values_alias_bomb_is_refused_naming_its_source() {
+    let h = start("alias-bomb", PassLimits::default(), 2).await;
+    let mut bomb = format!("big: &a \"{}\"\nlist:\n", "v".repeat(64 << 10));
+    bomb.push_str(&"- *a\n".repeat(4000));
+    assert!(bomb.len() < 300 << 10, "{} bytes", bomb.len());
+    for (name, text) in [("plain", "greeting: hello\n".to_owned()), ("bomb", bomb)] {
+        let config_map: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "data": {"values.yaml": text},
+        }))
+        .unwrap();
+        h.config_maps()
+            .create(&PostParams::default(), &config_map)
+            .await
+            .unwrap();
+    }
+    let before = rss_kib();
+    h.create(
+        "catalog",
+        json!({
+            "chart": {"path": "examples/charts/catalog-v1"},
+            "valuesFrom": [
+                {"kind": "ConfigMap", "name": "plain", "key": "values.yaml"},
+                {"kind": "ConfigMap", "name": "bomb", "key": "values.yaml"},
+            ],
+        }),
+    )
+    .await;
+    let (reason, message, stalled) = h
+        .wait_error(
+            "catalog",
+            "valuesFrom[1] ConfigMap bomb key values.yaml: YAML anchors and aliases are not allowed",
+        )
+        .await;
+    assert_eq!(reason, "ValuesError", "{message}");
+    assert_eq!(stalled, "True", "a permanent error: {message}");
+    assert!(
+        !message.contains("vvvv"),
+        "the content is not quoted: {message}"
+    );
+    eprintln!(
+        "RSS of the test process (operator in-process): {before} KiB before, {} KiB after the refused pass",
+        rss_kib()
+    );
+    assert!(
+        h.config_maps()
+            .get_opt("catalog-settings")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing is applied"
+    );
+}
+
+/// A render with more objects than `--max-objects-per-render`: a permanent error before
+/// anything is recorded or applied.
+#[tokio::test]
+async fn a_render_over_the_object_cap_is_refused_and_nothing_is_applied() {
+    let limits = PassLimits {
+        plan: PlanLimits {
+            max_objects: 1,
+            ..PlanLimits::default()
+        },
+        ..PassLimits::default()
+    };
+    let h = start("object-cap", limits, 2).await;
+    h.create(
+        "catalog",
+        json!({"chart": {"path": "examples/charts/catalog-v1"}}),
+    )
+    .await;
+    let (reason, message, stalled) = h
+        .wait_error("catalog", "more than the limit of 1 per render")
+        .await;
+    assert_eq!(reason, "PlanError", "{message}");
+    assert_eq!(stalled, "True", "{message}");
+    assert!(message.contains("the render has 2 objects"), "{message}");
+    let manifest = h.manifests.get("catalog").await.unwrap();
+    assert!(
+        manifest.status.unwrap_or_default().inventory.is_empty(),
+        "nothing recorded"
+    );
+    for name in ["catalog-settings", "catalog-legacy-settings"] {
+        assert!(
+            h.config_maps().get_opt(name).await.unwrap().is_none(),
+            "{name} is not applied"
+        );
+    }
+}
+
+/// A pass stuck on a target that accepts connections and never answers (its connect timeout is
+/// 10 s) ends at the 2 s pass deadline with a transient error — and its worker, the only one,
+/// is free: another Manifest becomes Ready meanwhile.
+#[tokio::test]
+async fn a_pass_past_its_deadline_ends_and_frees_its_worker() {
+    let limits = PassLimits {
+        deadline: Duration::from_secs(2),
+        ..PassLimits::default()
+    };
+    let h = start("pass-deadline", limits, 1).await;
+    let silent_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = format!("https://{}", silent_listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent_listener.accept() {
+            held.push(stream);
+        }
+    });
+    let kubeconfig = serde_yaml_ng::to_string(&json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "silent",
+        "contexts": [{"name": "silent", "context": {"cluster": "silent", "user": "u"}}],
+        "clusters": [{"name": "silent", "cluster": {"server": silent}}],
+        "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
+    }))
+    .unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "silent"},
+        "stringData": {"kubeconfig": kubeconfig},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(h.client.clone(), &h.ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    h.create(
+        "stuck",
+        json!({
+            "chart": {"path": "examples/charts/catalog-v1"},
+            "target": {"kubeconfigSecretRef": {"name": "silent"}},
+        }),
+    )
+    .await;
+    let (reason, message, stalled) = h
+        .wait_error(
+            "stuck",
+            "did not finish within 2 s (--pass-deadline-seconds)",
+        )
+        .await;
+    assert_eq!(reason, "PassDeadline", "{message}");
+    assert_eq!(stalled, "False", "transient: retried: {message}");
+    // One worker, and the stuck Manifest retried: the other one still gets it.
+    h.create(
+        "catalog",
+        json!({"chart": {"path": "examples/charts/catalog-v1"}}),
+    )
+    .await;
+    common::wait_state(
+        &h.manifests,
+        "catalog",
+        State::Ready,
+        Duration::from_secs(120),
+    )
+    .await;
+}
+
+/// A ServiceAccount token for the admin API's audience, its account granted `rules` in `ns`.
+async fn token(client: &Client, ns: &str, name: &str, rules: Option<Value>) -> String {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), ns);
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+    if let Some(rules) = rules {
+        let role: Role =
+            serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules})).unwrap();
+        Api::<Role>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &role)
+            .await
+            .unwrap();
+        let binding: RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+        }))
+        .unwrap();
+        Api::<RoleBinding>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+    }
+    let request: TokenRequest = serde_json::from_value(json!({"spec": {
+        "audiences": [module_manager::admin::TOKEN_AUDIENCE],
+        "expirationSeconds": 3600,
+    }}))
+    .unwrap();
+    accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token
+        .unwrap()
+}
+
+/// `GET /v1/manifests/{ns}/{name}` on the admin server with a real API server behind it: no
+/// token is refused (401), a token whose user may not `get` the Manifest is refused (403, the
+/// same for a Manifest that does not exist: nothing is revealed), one that may is answered; a
+/// Manifest of another namespace is refused to it.
+#[tokio::test]
+async fn manifest_details_need_a_token_that_may_get_the_manifest() {
+    use axum::http::Method;
+    use module_manager::admin::{AdminState, ManifestAnswer, ServeLimits};
+    use module_manager::cli::fetch;
+    use tokio::sync::watch;
+    let plane = control_plane().await;
+    let client = plane.client().await.unwrap();
+    let ns = plane.namespace(&client, "admin-read").await.unwrap();
+    let other = plane.namespace(&client, "admin-read-other").await.unwrap();
+    for namespace in [&ns, &other] {
+        let manifest: Manifest = serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": "web", "namespace": namespace},
+            "spec": {"module": "web", "chart": {"path": "examples/charts/web"}},
+        }))
+        .unwrap();
+        Api::<Manifest>::namespaced(client.clone(), namespace)
+            .create(&PostParams::default(), &manifest)
+            .await
+            .unwrap();
+    }
+    let state = AdminState {
+        registry: Arc::new(module_manager::telemetry::metrics::registry()),
+        synced: Arc::default(),
+        members: watch::channel(Default::default()).1,
+        fleet: watch::channel(Default::default()).1,
+        work: None,
+        drain: watch::channel(false).0,
+        client: Some(client.clone()),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(module_manager::admin::serve(
+        listener,
+        module_manager::admin::router(state),
+        ServeLimits::default(),
+    ));
+
+    let path = format!("/v1/manifests/{ns}/web");
+    let get = async |path: &str, token: Option<&str>| {
+        fetch::<ManifestAnswer>(&url, Method::GET, path, token)
+            .await
+            .map_err(|e| format!("{e:#}"))
+    };
+    let anonymous = get(&path, None).await.unwrap_err();
+    assert!(anonymous.contains("401"), "{anonymous}");
+    let nobody = token(&client, &ns, "nobody", None).await;
+    let refused = get(&path, Some(&nobody)).await.unwrap_err();
+    assert!(
+        refused.contains("403") && refused.contains("may not get manifests.modulemanager.io"),
+        "{refused}"
+    );
+    let absent = get(&format!("/v1/manifests/{ns}/absent"), Some(&nobody))
+        .await
+        .unwrap_err();
+    assert!(absent.contains("403"), "not 404: {absent}");
+    let reader = token(
+        &client,
+        &ns,
+        "reader",
+        Some(json!([{"apiGroups": ["modulemanager.io"], "resources": ["manifests"], "verbs": ["get"]}])),
+    )
+    .await;
+    let answer = get(&path, Some(&reader)).await.unwrap();
+    assert_eq!(
+        (answer.namespace.as_str(), answer.name.as_str()),
+        (ns.as_str(), "web")
+    );
+    let uid = Api::<Manifest>::namespaced(client.clone(), &ns)
+        .get("web")
+        .await
+        .unwrap()
+        .uid();
+    assert_eq!(answer.uid, uid);
+    let elsewhere = get(&format!("/v1/manifests/{other}/web"), Some(&reader))
+        .await
+        .unwrap_err();
+    assert!(elsewhere.contains("403"), "{elsewhere}");
+    // Something that is no token at all.
+    let unknown = get(&path, Some("not-a-token")).await.unwrap_err();
+    assert!(unknown.contains("401"), "{unknown}");
+}
