@@ -309,7 +309,8 @@ mod tests {
     fn a_request_queues_a_pass_and_its_echo_does_not() {
         use crate::api::{RECONCILE_REQUESTED_AT as NOW, RESET_REQUESTED_AT as RESET};
         use serde_json::json;
-        let seen = |annotations, status| Seen::of(&manifest(1, annotations, status), LabelState::Missing);
+        let seen =
+            |annotations, status| Seen::of(&manifest(1, annotations, status), LabelState::Missing);
         let plain = seen(json!({}), json!({}));
         assert!(plain.wants_pass_after(None), "new to this replica");
         let status_write = seen(json!({}), json!({"state": "Ready"}));
