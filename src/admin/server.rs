@@ -1,10 +1,13 @@
-//! The admin API's HTTP server: a connection limit, a deadline to read a request's header and
+//! The admin API's HTTP server: a connection limit, and one per source address (so one client
+//! cannot take the slots the kubelet's probes need), a deadline to read a request's header and
 //! one for the whole exchange, one request per connection.
 //!
 //! `axum::serve` has neither bound: a client that opens connections and sends a header one
 //! byte at a time (slowloris) would hold them, and the task and memory of each, for ever.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -18,6 +21,10 @@ use tokio::sync::Semaphore;
 pub struct ServeLimits {
     /// Most connections open at once; further ones wait in the listen backlog.
     pub max_connections: usize,
+    /// Most connections open at once from one source address; further ones are closed at once.
+    /// Below `max_connections`, so that one client (a pod flooding the port) leaves slots for
+    /// others — the kubelet's probes come from the node's address.
+    pub max_per_source: usize,
     /// Longest a client may take to send a request's header; then the connection is closed.
     pub header_read_timeout: Duration,
     /// Longest one connection (its one request, read, answered and written) may last.
@@ -28,6 +35,7 @@ impl Default for ServeLimits {
     fn default() -> Self {
         Self {
             max_connections: 64,
+            max_per_source: 16,
             header_read_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
         }
@@ -41,13 +49,14 @@ pub async fn serve(
     limits: ServeLimits,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let sources = Arc::new(Mutex::new(HashMap::new()));
     loop {
         let slot = slots
             .clone()
             .acquire_owned()
             .await
             .expect("the semaphore is never closed");
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             // Out of file descriptors, a connection reset before accept: not the listener's end.
             Err(e) if is_transient(&e) => {
@@ -57,8 +66,14 @@ pub async fn serve(
             }
             Err(e) => return Err(e),
         };
+        let Some(source) = SourceSlot::take(&sources, peer.ip(), limits.max_per_source) else {
+            tracing::debug!(source = %peer.ip(), "admin API: too many connections from one source; closed");
+            drop(stream);
+            continue;
+        };
         let service = TowerToHyperService::new(router.clone());
         tokio::spawn(async move {
+            let _source = source;
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
@@ -72,6 +87,43 @@ pub async fn serve(
             }
             drop(slot);
         });
+    }
+}
+
+/// Connections open per source address.
+type Sources = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// One connection counted against its source address, until dropped.
+struct SourceSlot {
+    sources: Sources,
+    ip: IpAddr,
+}
+
+impl SourceSlot {
+    /// Counts a connection from `ip`, unless `ip` has `max` open already.
+    fn take(sources: &Sources, ip: IpAddr, max: usize) -> Option<Self> {
+        let mut open = sources.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(ip).or_insert(0);
+        if *count >= max.max(1) {
+            return None;
+        }
+        *count += 1;
+        Some(Self {
+            sources: sources.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut open = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
     }
 }
 
@@ -135,6 +187,7 @@ mod tests {
     async fn a_slowloris_connection_is_cut_and_others_are_served() {
         let url = start(ServeLimits {
             max_connections: 2,
+            max_per_source: 2,
             header_read_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(600),
         })
@@ -166,6 +219,7 @@ mod tests {
     async fn connections_beyond_the_limit_wait_for_a_slot() {
         let url = start(ServeLimits {
             max_connections: 1,
+            max_per_source: 1,
             header_read_timeout: Duration::from_secs(600),
             request_timeout: Duration::from_secs(600),
         })
@@ -179,6 +233,47 @@ mod tests {
             format!("{refused:#}").contains("no answer within"),
             "{refused:#}"
         );
+        drop(idle);
+        let started = Instant::now();
+        while livez(&url).await.is_err() {
+            assert!(started.elapsed() < Duration::from_secs(120), "never served");
+        }
+    }
+
+    /// One source at its limit gets further connections closed at once (no answer), while the
+    /// server has slots left; once it closes one, it is served again.
+    #[tokio::test]
+    async fn one_source_cannot_take_every_slot() {
+        let url = start(ServeLimits {
+            max_connections: 8,
+            max_per_source: 1,
+            header_read_timeout: Duration::from_secs(600),
+            request_timeout: Duration::from_secs(600),
+        })
+        .await;
+        let address = url.trim_start_matches("http://").to_owned();
+        let idle = tokio::net::TcpStream::connect(&address).await.unwrap();
+        // Wait until the idle connection is accepted and counted: then a second is closed.
+        let started = Instant::now();
+        loop {
+            let mut second = tokio::net::TcpStream::connect(&address).await.unwrap();
+            let _ = second
+                .write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await;
+            let mut answer = Vec::new();
+            let read =
+                tokio::time::timeout(Duration::from_secs(120), second.read_to_end(&mut answer))
+                    .await
+                    .expect("the server closed or answered");
+            if read.is_err() || answer.is_empty() {
+                break; // closed without an answer
+            }
+            // Answered: the idle connection was not counted yet.
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "a second connection from the same source was always served"
+            );
+        }
         drop(idle);
         let started = Instant::now();
         while livez(&url).await.is_err() {

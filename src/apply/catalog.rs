@@ -214,7 +214,9 @@ impl CrdCatalog {
         let follower = catalog.clone();
         tokio::spawn(async move {
             let api = Api::<CustomResourceDefinition>::all(client);
-            let mut events = watcher(api, watcher::Config::default())
+            // Pages of 50: the first list of a cluster with many large CRDs stays small in memory
+            // (only what renders need is kept of each).
+            let mut events = watcher(api, watcher::Config::default().page_size(50))
                 .default_backoff()
                 .boxed();
             while let Some(event) = events.next().await {

@@ -440,8 +440,10 @@ impl Cluster {
     }
 
     /// What [`Cluster::apply`] would store, without storing it: the same server-side apply (the
-    /// same field manager, forced, labelled) with `dryRun=All`, so that defaulting, admission
-    /// and fields released by the field manager show as the real apply would leave them.
+    /// same field manager, without `force` first and forced on a conflict less an autoscaler's
+    /// `replicas`, labelled) with `dryRun=All`, so that defaulting, admission and fields released
+    /// by the field manager show as the real apply would leave them. The caller strips the
+    /// `driftIgnore` fields first, as a pass does (`reconcile::preview`).
     pub async fn dry_run_apply(
         &self,
         object: &RenderedObject,

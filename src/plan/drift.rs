@@ -37,6 +37,14 @@ impl Pointer {
             if raw == "-" {
                 return Err("'-' (past the end of a list) names no field");
             }
+            // A position in a list: the field would be released at the next apply but could
+            // not be handed over (server-side apply keys list elements by their merge key, not
+            // their position), so the API server would remove it — refused rather than lost.
+            if raw.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(
+                    "a path through a list position is not supported (its field could not be kept at its live value)",
+                );
+            }
             segments.push(unescape(raw)?);
         }
         let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
@@ -216,6 +224,20 @@ impl std::fmt::Display for Pointer {
             write!(f, "/{}", segment.replace('~', "~0").replace('/', "~1"))?;
         }
         Ok(())
+    }
+}
+
+/// `applied` (a dry run of the apply) as the pass leaves the object: the fields [`handover`]
+/// would hand over first keep their live values (the dry run, without the handover, shows them
+/// released — reset to their defaults or removed). For `module-manager diff`.
+pub fn after_handover(prepared: &Prepared, live: &Value, manager: &str, applied: &mut Value) {
+    let Some(body) = handover(prepared, live, manager) else {
+        return;
+    };
+    for pointer in &prepared.candidates {
+        if let Some(value) = pointer.get(&body) {
+            insert(applied, &pointer.0, value.clone());
+        }
     }
 }
 
@@ -587,21 +609,20 @@ mod tests {
     }
 
     #[test]
-    fn pointers_through_lists_are_stripped_but_not_handed_over() {
-        let rules = rules(json!([{"paths": ["/spec/template/spec/containers/0/image"]}]));
-        let object = deployment(Some(2));
-        let prepared = prepare(&object, &rules, true);
-        assert_eq!(
-            prepared.body["spec"]["template"]["spec"]["containers"][0],
-            json!({"name": "web"})
+    fn pointers_through_lists_are_refused() {
+        // Stripped but not handed over, the field would be released and removed by the API
+        // server (an image: the Deployment refused; resources: silently dropped).
+        let parsed = IgnoreRules::parse(
+            &serde_json::from_value::<Vec<DriftIgnoreRule>>(
+                json!([{"paths": ["/data/a", "/spec/template/spec/containers/0/image"]}]),
+            )
+            .unwrap(),
         );
-        let live = live(
-            &object.body,
-            json!({"f:spec": {"f:replicas": {}, "f:template": {"f:spec": {"f:containers": {
-                "k:{\"name\":\"web\"}": {"f:image": {}, "f:name": {}}}}}}}),
-            json!({}),
-        );
-        assert_eq!(handover(&prepared, &live, "module-manager"), None);
+        let error = parsed.unwrap_err().to_string();
+        assert!(error.contains("spec.driftIgnore[0]"), "{error}");
+        assert!(error.contains("list position"), "{error}");
+        assert!(Pointer::parse("/spec/containers/1").is_err());
+        assert!(Pointer::parse("/data/a1").is_ok());
     }
 
     #[test]

@@ -429,9 +429,13 @@ fn refuse_aliases(document: &str, template: Option<&str>) -> Result<(), PlanErro
     let template = template.map(str::to_owned);
     crate::source::yaml::refuse_aliases(document).map_err(|refusal| match refusal {
         YamlRefusal::Alias { .. } => PlanError::Aliases { template, refusal },
-        YamlRefusal::Invalid { line, column } => PlanError::Yaml {
+        YamlRefusal::Invalid {
+            line,
+            column,
+            reason,
+        } => PlanError::Yaml {
             template,
-            error: format!("line {line}, column {column}"),
+            error: format!("line {line}, column {column}: {reason}"),
         },
     })
 }
@@ -664,6 +668,11 @@ pub fn assign_namespaces(
 /// prune the object it just applied.
 fn identity(id: &InventoryEntry) -> (&str, &str, &str, &str) {
     (&id.group, &id.kind, &id.namespace, &id.name)
+}
+
+/// Whether `entries` hold the object `id` names, whatever its version ([`identity`]).
+pub fn holds(entries: &[InventoryEntry], id: &InventoryEntry) -> bool {
+    entries.iter().any(|entry| identity(entry) == identity(id))
 }
 
 /// Objects of the previous inventory that the new one lacks, in deletion (reverse install) order.

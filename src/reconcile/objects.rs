@@ -43,7 +43,8 @@ pub(super) async fn apply_all(
     record_inventory(manifest, ctx, fence, previous, recorded, objects).await?;
     let mut applied = Vec::with_capacity(objects.len());
     for object in objects {
-        let exists = previous.contains(&object.id);
+        // Applied before, also under another version (a chart moving to `autoscaling/v2`).
+        let exists = crate::plan::holds(previous, &object.id);
         let mut prepared = drift::prepare(object, pass.rules, exists);
         if exists && pass.changed && prepared.may_release() {
             // One read, only when a field may be released: is it module-manager's?

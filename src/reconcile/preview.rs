@@ -9,8 +9,9 @@ use super::install::inputs_changed;
 use super::{Context, ReconcileError};
 use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
 use crate::apply::target::{self, ResolveError};
-use crate::apply::{Cluster, MANIFEST_UID_LABEL};
+use crate::apply::{Cluster, FIELD_MANAGER, MANIFEST_UID_LABEL};
 use crate::plan::diff::{Diff, ObjectChange, ObjectDiff, hooks_to_run, object_change};
+use crate::plan::drift::{self, IgnoreRules};
 use crate::plan::{self, PruneDecision, RenderedObject, Scope, hooks};
 use crate::render::RenderRequest;
 
@@ -55,9 +56,14 @@ pub async fn preview(manifest: &Manifest, ctx: &Context) -> Result<Diff, Reconci
         })?;
     }
     let uid = manifest.uid().unwrap_or_default();
+    let rules = IgnoreRules::parse(&manifest.spec.drift_ignore)?;
     for object in &applied {
+        let drift = ObjectDrift {
+            rules: &rules,
+            exists: plan::holds(&previous.inventory, &object.id),
+        };
         diff.objects
-            .extend(object_diff(&cluster, object, &uid).await?);
+            .extend(object_diff(&cluster, object, &uid, &drift).await?);
     }
     let inventory: Vec<_> = applied.iter().map(|o| o.id.clone()).collect();
     let changed = inputs_changed(manifest, &previous, &request, &values_digest);
@@ -133,10 +139,17 @@ fn pruned(
 
 /// What the pass would do to one object: create it, change these fields (the live object
 /// against its dry-run apply), refuse it (not this Manifest's), or nothing.
+/// How a pass applies one object: the drift rules, and whether it was applied before.
+struct ObjectDrift<'a> {
+    rules: &'a IgnoreRules,
+    exists: bool,
+}
+
 async fn object_diff(
     cluster: &Cluster,
     object: &RenderedObject,
     uid: &str,
+    drift: &ObjectDrift<'_>,
 ) -> Result<Option<ObjectDiff>, ReconcileError> {
     let done = |change| {
         Ok(Some(ObjectDiff {
@@ -153,8 +166,18 @@ async fn object_diff(
     if live.labels().get(MANIFEST_UID_LABEL).map(String::as_str) != Some(uid) {
         return done(ObjectChange::NotOwned);
     }
-    let applied = cluster.dry_run_apply(object, uid).await?;
-    let (live, applied) = (to_value(&live), to_value(&applied));
+    // What the pass sends: less the ignored fields once the object exists; and what it leaves
+    // after handing over a field it stops setting (`plan::drift`).
+    let mut prepared = drift::prepare(object, drift.rules, drift.exists);
+    let body = RenderedObject {
+        id: object.id.clone(),
+        body: std::mem::take(&mut prepared.body),
+    };
+    let applied = cluster.dry_run_apply(&body, uid).await?;
+    let (live, mut applied) = (to_value(&live), to_value(&applied));
+    if drift.exists {
+        drift::after_handover(&prepared, &live, FIELD_MANAGER, &mut applied);
+    }
     match object_change(&object.id, &live, &applied) {
         Some(change) => done(change),
         None => Ok(None),

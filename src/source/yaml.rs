@@ -4,8 +4,8 @@
 //! counts alias uses, not bytes copied: a 270 KB document with one 64 KiB anchor used 4000
 //! times decodes to 256 MiB (review of 2026-12-01, § Reproduced). Expansion is refused, not
 //! bounded in bytes: counting the bytes each alias would copy needs a second decoder of our
-//! own, while `helm repo index`, `kubectl` and Helm's own output never write anchors, so the
-//! refusal costs real inputs nothing. One function serves `index.yaml`, `valuesFrom` values,
+//! own, while `helm repo index`, `kubectl` and Helm's own output never write anchors (hand-written
+//! values files sometimes do: those are refused and must be written out). One function serves `index.yaml`, `valuesFrom` values,
 //! rendered output and kubeconfigs.
 
 use yaml_rust2::parser::{Event, Parser};
@@ -13,13 +13,15 @@ use yaml_rust2::parser::{Event, Parser};
 /// Why a document was refused before decoding (positions count from 1).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum YamlRefusal {
-    /// the text is not YAML at all.
-    #[error("not valid YAML (line {line}, column {column})")]
+    /// the text could not be read to check it, and it may hold anchors or aliases.
+    #[error("not valid YAML (line {line}, column {column}: {reason})")]
     Invalid {
         /// Line of the error.
         line: usize,
         /// Column of the error.
         column: usize,
+        /// The parser's reason (about the structure, never quoting the text).
+        reason: String,
     },
     /// the text holds an anchor (`&a`) or an alias (`*a`, `<<: *a`).
     #[error("YAML anchors and aliases are not allowed (line {line}, column {column})")]
@@ -34,13 +36,26 @@ pub enum YamlRefusal {
 /// Reads the YAML events of `text` (a stream of any number of documents; reading events
 /// expands nothing) and refuses the first anchor or alias. Never quotes the text: it may be a
 /// Secret's.
+///
+/// yaml-rust2 is stricter than libyaml (serde_yaml_ng's, and like it Helm's and kubectl's
+/// parsers) in places — e.g. a multi-line quoted string whose continuation lines are indented
+/// less than its key (yaml-rust2 #40), which a template that quotes a multi-line value renders.
+/// Text it cannot read is let through when nothing in it could be an anchor or an alias (no `&`
+/// or `*` starting a token): the decoder then decides, and there is nothing to expand.
 pub fn refuse_aliases(text: &str) -> Result<(), YamlRefusal> {
     let mut parser = Parser::new_from_str(text);
     loop {
-        let (event, at) = parser.next_token().map_err(|e| YamlRefusal::Invalid {
-            line: e.marker().line(),
-            column: e.marker().col() + 1,
-        })?;
+        let (event, at) = match parser.next_token() {
+            Ok(next) => next,
+            Err(_) if !may_hold_aliases(text) => return Ok(()),
+            Err(e) => {
+                return Err(YamlRefusal::Invalid {
+                    line: e.marker().line(),
+                    column: e.marker().col() + 1,
+                    reason: e.info().to_owned(),
+                });
+            }
+        };
         let anchored = match event {
             Event::StreamEnd => return Ok(()),
             Event::Alias(_) => true,
@@ -56,6 +71,23 @@ pub fn refuse_aliases(text: &str) -> Result<(), YamlRefusal> {
             });
         }
     }
+}
+
+/// Whether `text` has an `&` or `*` that could start an anchor or an alias: at the start of a
+/// line or after a space, a tab, `[`, `{`, `,` or `:`, and followed by a name character.
+fn may_hold_aliases(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.iter().enumerate().any(|(i, &b)| {
+        (b == b'&' || b == b'*')
+            && (i == 0
+                || matches!(
+                    bytes[i - 1],
+                    b'\n' | b' ' | b'\t' | b'[' | b'{' | b',' | b':'
+                ))
+            && bytes
+                .get(i + 1)
+                .is_some_and(|next| !next.is_ascii_whitespace() && !b",[]{}".contains(next))
+    })
 }
 
 #[cfg(test)]
@@ -106,9 +138,31 @@ mod tests {
         ] {
             assert_eq!(refuse_aliases(good), Ok(()), "{good:?}");
         }
+        // Not YAML, and nothing that could be an alias: left to the decoder.
+        assert_eq!(refuse_aliases("a: [1\n"), Ok(()));
         assert!(matches!(
-            refuse_aliases("a: [1\n"),
+            refuse_aliases("a: [*b\n"),
             Err(YamlRefusal::Invalid { .. })
         ));
+    }
+
+    /// What yaml-rust2 cannot read but libyaml (Helm, kubectl, serde_yaml_ng) reads: let
+    /// through when it cannot hold an alias, refused with the parser's reason when it might.
+    #[test]
+    fn text_only_libyaml_reads_is_let_through_when_it_cannot_hold_aliases() {
+        let quoted = "metadata:\n  annotations:\n    description: \"line one\nline two\"\n";
+        assert!(serde_yaml_ng::from_str::<serde_json::Value>(quoted).is_ok());
+        assert!(
+            yaml_rust2::YamlLoader::load_from_str(quoted).is_err(),
+            "yaml-rust2 reads it now: this case no longer shows the fallback"
+        );
+        assert_eq!(refuse_aliases(quoted), Ok(()));
+        let with_alias = format!("{quoted}other: &a 1\nmore: *a\n");
+        match refuse_aliases(&with_alias) {
+            Err(YamlRefusal::Invalid { reason, .. }) => assert!(!reason.is_empty()),
+            other => panic!("{other:?}"),
+        }
+        assert!(!may_hold_aliases("a: \"x & y\", b: \"*\"\n"));
+        assert!(may_hold_aliases("a: *x\n") && may_hold_aliases("- &x 1\n"));
     }
 }

@@ -473,6 +473,7 @@ pub const FAILING_REASONS: &[&str] = &[
     "TargetError",
     "TargetUnreachable",
     "TargetAuthError",
+    "PassDeadline",
     "Other",
 ];
 

@@ -5,7 +5,7 @@
 //! Opt-in by label, as Flux's helm-controller does (`reconcile.fluxcd.io/watch: Enabled`,
 //! fluxcd/helm-controller#143, #1086): the watch and its events scale with the objects people
 //! chose, not with every ConfigMap and Secret of the cluster. Metadata only (the API server sends
-//! `PartialObjectMetadata`): no Secret data is ever held, and a watched object costs its name and
+//! `PartialObjectMetadata`): no Secret data is kept (a client-side `kubectl apply` annotation is decoded and dropped), and a watched object costs its name and
 //! resourceVersion. Which Manifests a change concerns is looked up in this replica's own
 //! Manifest caches when it arrives ([`affected`]): one scan per batch of changes, always in step
 //! with the caches (no second index to keep right through relists and shard handovers).

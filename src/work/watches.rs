@@ -367,6 +367,19 @@ mod tests {
         // A label made wrong, or changed between wrong values: looked at again.
         assert!(seen(Some("5"), LabelState::Correct) != seen(Some("9"), LabelState::Wrong(9)));
         assert!(seen(Some("9"), LabelState::Wrong(9)) != seen(Some("x"), LabelState::Invalid));
+        // … and what the watch loop decides from it.
+        let stamped = seen(Some("5"), LabelState::Correct);
+        assert!(!stamped.wants_pass_after(Some(&seen(None, LabelState::Missing))));
+        let wrong = seen(Some("9"), LabelState::Wrong(9));
+        assert!(wrong.wants_pass_after(Some(&stamped)), "made wrong");
+        assert!(
+            seen(Some("x"), LabelState::Invalid).wants_pass_after(Some(&wrong)),
+            "another wrong value"
+        );
+        assert!(
+            !wrong.wants_pass_after(Some(&wrong)),
+            "the same wrong label once"
+        );
     }
 
     #[test]
