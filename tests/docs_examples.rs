@@ -109,7 +109,12 @@ async fn the_operations_examples_run_as_written() {
     // `deploy/argocd/argocd-cm.yaml` as in a checkout.
     let cwd = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(repo(), cwd.path().join("charts")).unwrap();
-    std::os::unix::fs::symlink(repo().join("deploy"), cwd.path().join("deploy")).unwrap();
+    // Argo CD's ConfigMap patch names Argo CD's namespace: the test's instead.
+    let patch = std::fs::read_to_string(repo().join("deploy/argocd/argocd-cm.yaml"))
+        .unwrap()
+        .replace("namespace: argocd", &format!("namespace: {}", h.ns));
+    std::fs::create_dir_all(cwd.path().join("deploy/argocd")).unwrap();
+    std::fs::write(cwd.path().join("deploy/argocd/argocd-cm.yaml"), patch).unwrap();
     let manifest = json!({
         "apiVersion": "modulemanager.io/v1alpha1", "kind": "Manifest",
         "metadata": {"name": "web", "namespace": h.ns},

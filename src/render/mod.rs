@@ -208,10 +208,12 @@ impl HelmRenderer {
         }
         let (engine, version) = match backend {
             Backend::Helm(helm) => {
+                let helm = on_path(&helm, std::env::var_os("PATH").as_deref());
                 let (cli, version) = cli::Cli::start(helm, home).await?;
                 (Engine::Cli(cli), version)
             }
             Backend::Renderer(binary) => {
+                let binary = on_path(&binary, std::env::var_os("PATH").as_deref());
                 let (child, version) = child::ChildRenderer::start(binary, home, limits).await?;
                 (Engine::Child(child), version)
             }
@@ -330,6 +332,22 @@ fn address_space_limit(command: &mut Command, memory_limit: u64) {
 
 #[cfg(not(target_os = "linux"))]
 fn address_space_limit(_: &mut Command, _: u64) {}
+
+/// `program` found in the directories of `path` (this process's `PATH`) when it is a bare name
+/// (`helm`): the child runs with an empty environment, where a bare name would be looked up in
+/// the C library's default path only (`/bin:/usr/bin`). A path with a `/`, or a name found
+/// nowhere (the spawn then says so), is kept as it is.
+fn on_path(program: &Path, path: Option<&std::ffi::OsStr>) -> PathBuf {
+    let bare = program.components().count() == 1 && !program.to_string_lossy().contains('/');
+    let found = bare
+        .then(|| {
+            std::env::split_paths(path?)
+                .map(|dir| dir.join(program))
+                .find(|candidate| candidate.is_file())
+        })
+        .flatten();
+    found.unwrap_or_else(|| program.to_owned())
+}
 
 /// A private helm home in `home` and nothing else of the environment.
 fn private_home<'c>(command: &'c mut Command, home: &Path) -> &'c mut Command {
@@ -503,6 +521,30 @@ impl RenderCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bare_program_names_are_found_on_this_processs_path() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("helm"), "").unwrap();
+        let path = std::env::join_paths(["/nonexistent".into(), dir.path().to_owned()]).unwrap();
+        assert_eq!(
+            on_path(Path::new("helm"), Some(&path)),
+            dir.path().join("helm")
+        );
+        assert_eq!(
+            on_path(Path::new("nothere"), Some(&path)),
+            PathBuf::from("nothere")
+        );
+        assert_eq!(
+            on_path(Path::new("./helm"), Some(&path)),
+            PathBuf::from("./helm")
+        );
+        assert_eq!(
+            on_path(Path::new("/usr/bin/helm"), None),
+            PathBuf::from("/usr/bin/helm")
+        );
+        assert_eq!(on_path(Path::new("helm"), None), PathBuf::from("helm"));
+    }
 
     fn request() -> RenderRequest {
         RenderRequest {

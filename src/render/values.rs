@@ -91,7 +91,10 @@ mod tests {
         assert_eq!(parse("cm", "a: 1").unwrap(), map(json!({"a": 1})));
         assert_eq!(parse("cm", "- 1"), Err(ValuesError::NotAMap("cm".into())));
         // Not YAML: the decoder's error (nothing in it could be an alias) …
-        assert!(matches!(parse("cm", "a: [1"), Err(ValuesError::Yaml { .. })));
+        assert!(matches!(
+            parse("cm", "a: [1"),
+            Err(ValuesError::Yaml { .. })
+        ));
         // … or, when it might hold one, the check's.
         assert!(matches!(
             parse("cm", "a: [*b"),
