@@ -606,6 +606,12 @@ mod tests {
             prepared.handed_over(&body),
             ["/metadata/annotations", "/data/counter"]
         );
+        // What `diff` shows: the dry run (without the handover) released the fields; after it
+        // they keep their live values.
+        let mut dry_run = json!({"metadata": {"name": "c"}, "data": {"mode": "fast"}});
+        after_handover(&prepared, &live, "module-manager", &mut dry_run);
+        assert_eq!(dry_run["data"], json!({"mode": "fast", "counter": "7"}));
+        assert_eq!(dry_run["metadata"]["annotations"], json!({"a": "1"}));
     }
 
     #[test]
