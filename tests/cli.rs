@@ -42,16 +42,7 @@ impl Drop for Harness {
     }
 }
 
-async fn control_plane() -> &'static testenv::ControlPlane {
-    testenv::shared(testenv::Options {
-        controller_manager: true,
-        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
-        crd_files: vec![repo().join("crds/manifest.yaml")],
-        ..Default::default()
-    })
-    .await
-    .expect("control plane")
-}
+use common::control_plane;
 
 async fn start(prefix: &str) -> Harness {
     let control_plane = control_plane().await;

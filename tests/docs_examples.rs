@@ -95,15 +95,7 @@ async fn run(example: &str, cwd: &Path, tools: &Path, kubeconfig: &Path) -> (i32
 #[tokio::test]
 async fn the_operations_examples_run_as_written() {
     let h = common::operator("docs", "docs-0").await;
-    let control_plane = testenv::shared(testenv::Options {
-        controller_manager: true,
-        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
-        crd_files: vec![repo().join("crds/manifest.yaml")],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let kubeconfig = control_plane.kubeconfig().to_owned();
+    let kubeconfig = common::control_plane().await.kubeconfig().to_owned();
     let tools = tools_dir();
     // The examples' working directory: `manifest.yaml`, `./charts` (the chart root) and
     // `deploy/argocd/argocd-cm.yaml` as in a checkout.

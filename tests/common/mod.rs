@@ -149,17 +149,23 @@ impl Drop for Operator {
     }
 }
 
-/// Starts an [`Operator`] as `replica` in a new namespace named after `prefix`.
-pub async fn operator(prefix: &str, replica: &str) -> Operator {
-    use module_manager::work::controller::{self, ControllerConfig};
-    let control_plane = testenv::shared(testenv::Options {
+/// The shared control plane of [`Operator`]s: the namespace, garbage-collector and
+/// ServiceAccount controllers, the Manifest CRD.
+pub async fn control_plane() -> &'static testenv::ControlPlane {
+    testenv::shared(testenv::Options {
         controller_manager: true,
         controllers: Some("namespace,garbagecollector,serviceaccount".into()),
         crd_files: vec![test_support::repo().join("crds/manifest.yaml")],
         ..Default::default()
     })
     .await
-    .expect("control plane");
+    .expect("control plane")
+}
+
+/// Starts an [`Operator`] as `replica` in a new namespace named after `prefix`.
+pub async fn operator(prefix: &str, replica: &str) -> Operator {
+    use module_manager::work::controller::{self, ControllerConfig};
+    let control_plane = control_plane().await;
     let client = control_plane.client().await.unwrap();
     let ns = control_plane.namespace(&client, prefix).await.unwrap();
     let helm_home = tempfile::tempdir().unwrap();
