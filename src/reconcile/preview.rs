@@ -12,6 +12,7 @@ use crate::apply::target::{self, ResolveError};
 use crate::apply::{Cluster, FIELD_MANAGER, MANIFEST_UID_LABEL};
 use crate::plan::diff::{Diff, ObjectChange, ObjectDiff, hooks_to_run, object_change};
 use crate::plan::drift::{self, IgnoreRules};
+use crate::plan::trigger::{self, Requests};
 use crate::plan::{self, PruneDecision, RenderedObject, Scope, hooks};
 use crate::render::RenderRequest;
 
@@ -28,7 +29,12 @@ pub async fn preview(manifest: &Manifest, ctx: &Context) -> Result<Diff, Reconci
             ResolveError::Target(e) => ReconcileError::Target(e),
             ResolveError::Discovery(e) => ReconcileError::Apply(e),
         })?;
-    let previous = manifest.status.clone().unwrap_or_default();
+    // A reset not yet handled is part of the next pass: it starts from the status the reset
+    // leaves (a failed hook run started over), as the pass will.
+    let previous = match (Requests::of(manifest).reset, &manifest.status) {
+        (Some(_), Some(status)) => trigger::after_reset(status, manifest.meta().generation),
+        _ => manifest.status.clone().unwrap_or_default(),
+    };
     let mut request = render_request(manifest, ctx, &cluster).await?;
     let values_digest = request.values_digest();
     let run = hook_run(manifest, &previous, &request, &values_digest);

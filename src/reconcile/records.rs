@@ -157,8 +157,10 @@ pub(super) async fn record_inventory(
 ) -> Result<(), ReconcileError> {
     let mut list = recorded.clone().unwrap_or_else(|| previous.to_vec());
     let before = list.len();
+    // A set, not `list.contains` per object: quadratic at the objects cap (5,000).
+    let mut known: std::collections::HashSet<InventoryEntry> = list.iter().cloned().collect();
     for object in objects {
-        if !list.contains(&object.id) {
+        if known.insert(object.id.clone()) {
             list.push(object.id.clone());
         }
     }
