@@ -349,7 +349,13 @@ impl HookScope<'_> {
     /// that reads an older run).
     async fn save_run(&self, run: &HookRun) -> Result<(), ReconcileError> {
         self.fence.check()?;
-        patch_status(self.manifest, self.ctx, json!({ "hookRun": run })).await
+        let mut patch = json!({ "hookRun": run });
+        // A reset this pass carries out is handled once its new run is saved: a pass that ends
+        // without its final status write (a lost shard, a crash) must not start it over again.
+        if let Some(reset) = crate::plan::trigger::Requests::of(self.manifest).reset {
+            patch["lastHandledResetAt"] = json!(reset);
+        }
+        patch_status(self.manifest, self.ctx, patch).await
     }
 
     /// Why a delete hook's namespace cannot hold it: being deleted, or gone (`None` for a
