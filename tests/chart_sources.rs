@@ -715,7 +715,9 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
             "a body that is not YAML, not quoted",
             from_repository(&format!("{base}/leak"), "catalog", "1.0.0"),
             small,
-            "malformed index.yaml: not valid YAML (line 2, column",
+            // The alias check lets it through (nothing in it could be an alias); the decoder's
+            // refusal names no content.
+            "malformed index.yaml: not a Helm repository index",
             true,
         ),
         (
