@@ -68,7 +68,8 @@ The control plane and the operator keep running. Try:
     -p '{"spec":{"chart":{"path":"examples/charts/ledger-v2"}}}'  # its migration Job runs first
   tail -f $state_dir/operator-0.log
   cargo run -q --bin module-manager -- admin --url http://127.0.0.1:$admin_port shards               # who owns which shard
-  cargo run -q --bin module-manager -- admin --url http://127.0.0.1:$admin_port manifest default web # uid, shard, owner, state
+  cargo run -q --bin module-manager -- get -A                        # Ready, Status, chart version, owner
+  cargo run -q --bin module-manager -- describe web -n default       # conditions, inventory, Events
   curl -s localhost:$((admin_port + 1))/metrics      # any replica's admin API: /livez /readyz /metrics /v1/...
 Stop everything with: make cluster-down
 MSG
