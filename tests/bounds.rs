@@ -14,70 +14,22 @@ use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::plan::PlanLimits;
-use module_manager::reconcile::{Context, PassLimits};
-use module_manager::work::controller::{self, ControllerConfig};
+use module_manager::reconcile::PassLimits;
 use serde_json::{Value, json};
-use test_support::repo;
-use tokio::sync::oneshot;
 
-/// A controller on this test's namespace, stopped when dropped.
-struct Harness {
-    client: Client,
-    ns: String,
-    manifests: Api<Manifest>,
-    stop: Option<oneshot::Sender<()>>,
-    _ctx: Arc<Context>,
-    _helm_home: tempfile::TempDir,
-}
+/// A namespace with the pipeline reconciling it in-process ([`common::Operator`]).
+struct Harness(common::Operator);
 
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+impl std::ops::Deref for Harness {
+    type Target = common::Operator;
+
+    fn deref(&self) -> &common::Operator {
+        &self.0
     }
-}
-
-async fn control_plane() -> &'static testenv::ControlPlane {
-    testenv::shared(testenv::Options {
-        controller_manager: true,
-        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
-        crd_files: vec![repo().join("crds/manifest.yaml")],
-        ..Default::default()
-    })
-    .await
-    .expect("control plane")
 }
 
 async fn start(prefix: &str, limits: PassLimits, concurrency: usize) -> Harness {
-    let plane = control_plane().await;
-    let client = plane.client().await.unwrap();
-    let ns = plane.namespace(&client, prefix).await.unwrap();
-    let helm_home = tempfile::tempdir().unwrap();
-    let ctx = Arc::new(
-        test_support::context(client.clone(), helm_home.path())
-            .pass_limits(limits)
-            .build()
-            .await
-            .unwrap(),
-    );
-    let (stop, stopped) = oneshot::channel::<()>();
-    let config = ControllerConfig {
-        concurrency,
-        namespace: Some(ns.clone()),
-        ..Default::default()
-    };
-    tokio::spawn(controller::run(ctx.clone(), config, async move {
-        let _ = stopped.await;
-    }));
-    Harness {
-        manifests: Api::namespaced(client.clone(), &ns),
-        client,
-        ns,
-        stop: Some(stop),
-        _ctx: ctx,
-        _helm_home: helm_home,
-    }
+    Harness(common::operator_with(prefix, concurrency, |context| context.pass_limits(limits)).await)
 }
 
 impl Harness {
@@ -367,7 +319,7 @@ async fn manifest_details_need_a_token_that_may_get_the_manifest() {
     use module_manager::admin::{AdminState, ManifestAnswer, ServeLimits};
     use module_manager::cli::fetch;
     use tokio::sync::watch;
-    let plane = control_plane().await;
+    let plane = common::control_plane().await;
     let client = plane.client().await.unwrap();
     let ns = plane.namespace(&client, "admin-read").await.unwrap();
     let other = plane.namespace(&client, "admin-read-other").await.unwrap();

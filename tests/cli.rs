@@ -7,71 +7,39 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, RECONCILE_REQUESTED_AT, RESET_REQUESTED_AT, State};
 use module_manager::render::Backend;
-use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use test_support::repo;
-use tokio::sync::oneshot;
 
 /// The longest one command may take (a loaded CI machine; a diff starts a renderer).
 const COMMAND_LIMIT: Duration = Duration::from_secs(120);
 
-/// A namespace with the pipeline reconciling it in-process, and the admin kubeconfig.
+/// A namespace with the pipeline reconciling it in-process ([`common::Operator`]), and the
+/// admin kubeconfig the commands run with.
 struct Harness {
-    client: Client,
-    ns: String,
+    operator: common::Operator,
     kubeconfig: PathBuf,
-    manifests: Api<Manifest>,
-    stop: Option<oneshot::Sender<()>>,
-    _helm_home: tempfile::TempDir,
 }
 
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+impl std::ops::Deref for Harness {
+    type Target = common::Operator;
+
+    fn deref(&self) -> &common::Operator {
+        &self.operator
     }
 }
 
-use common::control_plane;
-
 async fn start(prefix: &str) -> Harness {
-    let control_plane = control_plane().await;
-    let client = control_plane.client().await.unwrap();
-    let ns = control_plane.namespace(&client, prefix).await.unwrap();
-    let helm_home = tempfile::tempdir().unwrap();
-    let ctx = Arc::new(
-        test_support::context(client.clone(), helm_home.path())
-            .chart_cache(&helm_home.path().join("charts"))
-            .build()
-            .await
-            .unwrap(),
-    );
-    let (stop, stopped) = oneshot::channel::<()>();
-    let config = ControllerConfig {
-        concurrency: 2,
-        namespace: Some(ns.clone()),
-        ..Default::default()
-    };
-    tokio::spawn(controller::run(ctx, config, async move {
-        let _ = stopped.await;
-    }));
     Harness {
-        manifests: Api::namespaced(client.clone(), &ns),
-        kubeconfig: control_plane.kubeconfig().to_owned(),
-        client,
-        ns,
-        stop: Some(stop),
-        _helm_home: helm_home,
+        operator: common::operator(prefix, test_support::context::REPLICA).await,
+        kubeconfig: common::control_plane().await.kubeconfig().to_owned(),
     }
 }
 
@@ -395,7 +363,7 @@ async fn token_kubeconfig(h: &Harness, dir: &Path, account: &str) -> PathBuf {
 async fn reconcile_wait_ends_when_a_pass_echoes_the_request_or_at_its_timeout() {
     // No pipeline in this namespace: the test writes the echo a replica would write, so the
     // wait is tested whether or not the operator handles the annotation.
-    let control_plane = control_plane().await;
+    let control_plane = common::control_plane().await;
     let client = control_plane.client().await.unwrap();
     let ns = control_plane.namespace(&client, "cli-wait").await.unwrap();
     let manifests = Api::<Manifest>::namespaced(client.clone(), &ns);

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -15,31 +14,19 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
-use module_manager::reconcile::Context;
 use module_manager::render::{Backend, RenderLimits};
-use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
-use test_support::repo;
-use tokio::sync::oneshot;
 
 const REPLICA: &str = "test-replica";
 
-/// An operator running in this test's namespace, stopped when dropped.
-struct Harness {
-    client: Client,
-    ns: String,
-    manifests: Api<Manifest>,
-    ctx: Arc<Context>,
-    stop: Option<oneshot::Sender<()>>,
-    _helm_home: tempfile::TempDir,
-    _chart_cache: tempfile::TempDir,
-}
+/// An operator running in this test's namespace ([`common::Operator`]), stopped when dropped.
+struct Harness(common::Operator);
 
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+impl std::ops::Deref for Harness {
+    type Target = common::Operator;
+
+    fn deref(&self) -> &common::Operator {
+        &self.0
     }
 }
 
@@ -49,46 +36,16 @@ async fn start(prefix: &str, limits: RenderLimits) -> Harness {
 
 /// [`start`] with this render backend (`None`: the one `MM_RENDER_BACKEND` names).
 async fn start_with(prefix: &str, limits: RenderLimits, backend: Option<Backend>) -> Harness {
-    let control_plane = testenv::shared(testenv::Options {
-        controller_manager: true,
-        // Garbage collection and namespace deletion, but no workload controllers: the tests
-        // write Deployment status themselves.
-        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
-        crd_files: vec![repo().join("crds/manifest.yaml")],
-        ..Default::default()
-    })
-    .await
-    .expect("control plane");
-    let client = control_plane.client().await.unwrap();
-    let ns = control_plane.namespace(&client, prefix).await.unwrap();
-    let helm_home = tempfile::tempdir().unwrap();
-    let chart_cache = tempfile::tempdir().unwrap();
-    let mut builder = test_support::context(client.clone(), helm_home.path())
-        .replica(REPLICA)
-        .chart_cache(chart_cache.path())
-        .render_limits(limits);
-    if let Some(backend) = backend {
-        builder = builder.backend(backend);
-    }
-    let ctx = Arc::new(builder.build().await.unwrap());
-    let (stop, stopped) = oneshot::channel::<()>();
-    let config = ControllerConfig {
-        concurrency: 2,
-        namespace: Some(ns.clone()),
-        ..Default::default()
-    };
-    tokio::spawn(controller::run(ctx.clone(), config, async move {
-        let _ = stopped.await;
-    }));
-    Harness {
-        manifests: Api::namespaced(client.clone(), &ns),
-        client,
-        ns,
-        ctx,
-        stop: Some(stop),
-        _helm_home: helm_home,
-        _chart_cache: chart_cache,
-    }
+    Harness(
+        common::operator_with(prefix, 2, |context| {
+            let context = context.replica(REPLICA).render_limits(limits);
+            match backend {
+                Some(backend) => context.backend(backend),
+                None => context,
+            }
+        })
+        .await,
+    )
 }
 
 impl Harness {

@@ -25,6 +25,9 @@ use serde_json::Value;
 /// The field manager of every write module-manager makes to a module's objects.
 pub const FIELD_MANAGER: &str = "module-manager";
 
+/// How old a discovery snapshot [`Cluster::serves`] decides from may be.
+const SERVES_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The label on every applied object naming the Manifest (by UID) that manages it. Only objects
 /// carrying it are adopted on upgrade, pruned or deleted.
 pub const MANIFEST_UID_LABEL: &str = "modulemanager.io/manifest-uid";
@@ -328,12 +331,15 @@ impl Cluster {
     }
 
     /// Whether the target serves `id`'s kind — the one place that decides it, asked when a
-    /// snapshot lacks the kind or a request found no such resource: discovery is refreshed first,
-    /// so that neither a stale snapshot missing a new CRD nor one still listing a deleted CRD
+    /// snapshot lacks the kind or a request found no such resource: discovery is refreshed first
+    /// (unless taken within the last second), so that neither a stale snapshot missing a new CRD nor one still listing a deleted CRD
     /// decides. A kind not served means its objects are gone (deleting a CRD deletes them).
     pub async fn serves(&self, id: &InventoryEntry) -> Result<bool, ApplyError> {
-        self.refresh_discovery().await?;
-        Ok(self.surface().resolve(id).is_some())
+        // A snapshot taken in the last second is fresh enough: a prune or deletion of many
+        // objects of one deleted kind asks once per object, and needs one discovery, not one
+        // each.
+        let surface = self.fresh_surface(SERVES_MAX_AGE).await?;
+        Ok(surface.resolve(id).is_some())
     }
 
     /// The API of `id`'s kind; `None` when the target does not serve it (after [`Self::serves`]).

@@ -2,17 +2,17 @@
 //! the Manifest's namespace) and the target's discovery.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::ResourceExt;
 use kube::api::Api;
+use kube::{Resource, ResourceExt};
 use serde_json::{Map, Value};
 
 use std::sync::Arc;
 
 use super::{Context, DISCOVERY_MAX_AGE, ReconcileError};
-use crate::api::{Manifest, ValuesReference, ValuesSourceKind};
+use crate::api::{HookRun, Manifest, ManifestStatus, ValuesReference, ValuesSourceKind};
 use crate::apply::Cluster;
 use crate::plan::tenancy::check_protected;
-use crate::plan::{self, Plan, RenderedObject};
+use crate::plan::{self, Plan, RenderedObject, hooks};
 use crate::render::values;
 use crate::render::{RenderRequest, Rendered};
 
@@ -175,4 +175,29 @@ async fn read_values_source(
             reference.kind, reference.name, reference.key
         ))),
     }
+}
+
+/// The hook run an install pass works on, from the previous status: an install until something
+/// was applied, then upgrades; a run belongs to the chart, values, release and namespace it
+/// started with, and a failed run stays failed until the spec or the inputs change. The
+/// install step and `diff`'s preview both start from it.
+pub(super) fn install_run(
+    manifest: &Manifest,
+    previous: &ManifestStatus,
+    request: &RenderRequest,
+    values_digest: &str,
+) -> HookRun {
+    let inputs = hooks::inputs_digest(
+        &request.chart.digest,
+        values_digest,
+        &request.release,
+        &request.namespace,
+    );
+    hooks::current_run(
+        previous.hook_run.as_ref(),
+        false,
+        &inputs,
+        manifest.meta().generation,
+        hooks::installed(previous.hook_run.as_ref(), previous.inventory.is_empty()),
+    )
 }

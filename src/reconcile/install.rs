@@ -11,7 +11,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
 use super::hook_runner::{HookScope, PhaseOutcome, prepare_hooks};
-use super::inputs::{render_request, vetted_render};
+use super::inputs::{install_run, render_request, vetted_render};
 use super::objects::{DriftPass, apply_all, delete_object};
 use super::{
     CRD_ESTABLISH_TIMEOUT, Context, HOOK_REQUEUE, Pass, Progress, ReconcileError, STALLED_RECHECK,
@@ -173,19 +173,7 @@ impl Install<'_> {
         request: &RenderRequest,
         values_digest: &str,
     ) -> Result<HookRun, ReconcileError> {
-        let inputs = hooks::inputs_digest(
-            &request.chart.digest,
-            values_digest,
-            &request.release,
-            &request.namespace,
-        );
-        let run = hooks::current_run(
-            previous.hook_run.as_ref(),
-            false,
-            &inputs,
-            self.manifest.meta().generation,
-            hooks::installed(previous.hook_run.as_ref(), previous.inventory.is_empty()),
-        );
+        let run = install_run(self.manifest, previous, request, values_digest);
         if run.phase == HookRunPhase::Failed {
             return Err(ReconcileError::HookFailed(
                 run.message.clone().unwrap_or_default(),

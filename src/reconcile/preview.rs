@@ -4,17 +4,16 @@
 
 use kube::{Resource, ResourceExt};
 
-use super::inputs::{render_request, vetted_render};
+use super::inputs::{install_run, render_request, vetted_render};
 use super::install::inputs_changed;
 use super::{Context, ReconcileError};
-use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
+use crate::api::{HookOperation, HookRunPhase, InventoryEntry, Manifest};
 use crate::apply::target::{self, ResolveError};
 use crate::apply::{Cluster, FIELD_MANAGER, MANIFEST_UID_LABEL};
 use crate::plan::diff::{Diff, ObjectChange, ObjectDiff, hooks_to_run, object_change};
 use crate::plan::drift::{self, IgnoreRules};
 use crate::plan::trigger::{self, Requests};
-use crate::plan::{self, PruneDecision, RenderedObject, Scope, hooks};
-use crate::render::RenderRequest;
+use crate::plan::{self, PruneDecision, RenderedObject, Scope};
 
 /// What the next pass over `manifest` would change on its target, as `ctx.client`'s identity
 /// sees it (its own reads and dry-run applies: nothing it could not read itself). Writes
@@ -37,7 +36,7 @@ pub async fn preview(manifest: &Manifest, ctx: &Context) -> Result<Diff, Reconci
     };
     let mut request = render_request(manifest, ctx, &cluster).await?;
     let values_digest = request.values_digest();
-    let run = hook_run(manifest, &previous, &request, &values_digest);
+    let run = install_run(manifest, &previous, &request, &values_digest);
     let mut diff = Diff {
         notes: notes(manifest),
         ..Diff::default()
@@ -98,28 +97,6 @@ fn notes(manifest: &Manifest) -> Vec<String> {
         notes.push("the Manifest is suspended: no pass runs until it is resumed".into());
     }
     notes
-}
-
-/// The hook run the pass would work on (as the install step computes it).
-fn hook_run(
-    manifest: &Manifest,
-    previous: &ManifestStatus,
-    request: &RenderRequest,
-    values_digest: &str,
-) -> HookRun {
-    let inputs = hooks::inputs_digest(
-        &request.chart.digest,
-        values_digest,
-        &request.release,
-        &request.namespace,
-    );
-    hooks::current_run(
-        previous.hook_run.as_ref(),
-        false,
-        &inputs,
-        manifest.meta().generation,
-        hooks::installed(previous.hook_run.as_ref(), previous.inventory.is_empty()),
-    )
 }
 
 /// The objects the prune step would delete (the guard's decision; never a protected one), or

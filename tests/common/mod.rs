@@ -164,21 +164,30 @@ pub async fn control_plane() -> &'static testenv::ControlPlane {
 
 /// Starts an [`Operator`] as `replica` in a new namespace named after `prefix`.
 pub async fn operator(prefix: &str, replica: &str) -> Operator {
+    operator_with(prefix, 2, |context| context.replica(replica)).await
+}
+
+/// [`operator`] with `concurrency` workers and a Context as `configure` makes it from the
+/// test default (limits, a replica name, …).
+pub async fn operator_with(
+    prefix: &str,
+    concurrency: usize,
+    configure: impl FnOnce(test_support::ContextBuilder) -> test_support::ContextBuilder,
+) -> Operator {
     use module_manager::work::controller::{self, ControllerConfig};
     let control_plane = control_plane().await;
     let client = control_plane.client().await.unwrap();
     let ns = control_plane.namespace(&client, prefix).await.unwrap();
     let helm_home = tempfile::tempdir().unwrap();
     let ctx = std::sync::Arc::new(
-        test_support::context(client.clone(), helm_home.path())
-            .replica(replica)
+        configure(test_support::context(client.clone(), helm_home.path()))
             .build()
             .await
             .unwrap(),
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let config = ControllerConfig {
-        concurrency: 2,
+        concurrency,
         namespace: Some(ns.clone()),
         ..Default::default()
     };
