@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use module_manager::api::{ChartSource, Manifest, State as ModuleState};
 use module_manager::source::{
-    FetchError, Limits, RemoteCharts, RemoteConfig, ResolvedChart, SourceError,
+    Credentials, FetchError, Limits, RemoteCharts, RemoteConfig, ResolvedChart, SourceError,
 };
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
@@ -369,9 +369,29 @@ fn docker_registry() -> PathBuf {
 
 impl Registry {
     async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// A registry with HTTP basic auth (`htpasswd`, bcrypt as `htpasswd -B` writes) for
+    /// `(user, password)`, or anonymous.
+    async fn start_with(user: Option<(&str, &str)>) -> Self {
         module_manager::source::ensure_crypto_provider();
         let binary = docker_registry();
         let dir = tempfile::tempdir().unwrap();
+        let auth = match user {
+            Some((user, password)) => {
+                let hash = bcrypt::hash_with_result(password, 5)
+                    .unwrap()
+                    .format_for_version(bcrypt::Version::TwoY);
+                let file = dir.path().join("htpasswd");
+                std::fs::write(&file, format!("{user}:{hash}\n")).unwrap();
+                format!(
+                    "auth:\n  htpasswd:\n    realm: charts\n    path: {}\n",
+                    file.display()
+                )
+            }
+            None => String::new(),
+        };
         let mut last = String::new();
         // A port picked here may be taken before the registry binds it: try a few.
         for _ in 0..5 {
@@ -380,7 +400,7 @@ impl Registry {
             std::fs::write(
                 &config,
                 format!(
-                    "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {host}\n",
+                    "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {host}\n{auth}",
                     dir.path().join("data").display()
                 ),
             )
@@ -397,7 +417,8 @@ impl Registry {
             let deadline = Instant::now() + Duration::from_secs(30);
             while Instant::now() < deadline && process.check_running().is_ok() {
                 if let Ok(response) = reqwest::get(format!("http://{host}/v2/")).await
-                    && response.status().is_success()
+                    && (response.status().is_success()
+                        || (user.is_some() && response.status() == StatusCode::UNAUTHORIZED))
                 {
                     return Self {
                         host,
@@ -414,18 +435,23 @@ impl Registry {
 
     /// `helm push` of a packaged chart to `oci://<host>/charts`; returns the manifest digest.
     fn push(&self, tgz: &[u8], name: &str) -> String {
+        self.push_as(tgz, name, None)
+    }
+
+    /// [`Registry::push`] as `(user, password)` (helm's `--username`, `--password`).
+    fn push_as(&self, tgz: &[u8], name: &str, user: Option<(&str, &str)>) -> String {
         let file = self.dir.path().join(name);
         std::fs::write(&file, tgz).unwrap();
         let home = tempfile::tempdir().unwrap();
-        let output = helm(
-            home.path(),
-            &[
-                "push",
-                file.to_str().unwrap(),
-                &format!("oci://{}/charts", self.host),
-                "--plain-http",
-            ],
+        let (to, file) = (
+            format!("oci://{}/charts", self.host),
+            file.display().to_string(),
         );
+        let mut args = vec!["push", &file, &to, "--plain-http"];
+        if let Some((user, password)) = &user {
+            args.extend(["--username", user, "--password", password]);
+        }
+        let output = helm(home.path(), &args);
         output
             .lines()
             .find_map(|l| l.strip_prefix("Digest: "))
@@ -498,7 +524,7 @@ async fn resolve(
     source: &ChartSource,
     limits: Limits,
 ) -> Result<ResolvedChart, SourceError> {
-    remote.resolve(source, &repo(), limits).await
+    remote.resolve(source, &repo(), None, limits).await
 }
 
 #[tokio::test]
@@ -2019,4 +2045,450 @@ async fn bad_remote_sources_are_reported_and_delete_nothing() {
     let ready = h.wait_state("catalog", ModuleState::Ready).await;
     assert_eq!(common::inventory_names(&ready).len(), 2);
     assert!(ready.uid().is_some());
+}
+
+// ---------------------------------------------------------------------------------------------
+// private charts: spec.chart.secretRef
+
+/// A server that answers only requests whose `Authorization` header is the one it requires
+/// (none: every request), and records every request's path and `Authorization` header.
+#[derive(Clone, Default)]
+struct Guarded {
+    required: Arc<Mutex<Option<String>>>,
+    files: Arc<Mutex<HashMap<String, Reply>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+/// A request's path and `Authorization` header.
+type Seen = (String, Option<String>);
+
+struct GuardedServer {
+    url: String,
+    host: String,
+    state: Guarded,
+}
+
+impl GuardedServer {
+    /// On `bind` (`127.0.0.1:0`, `127.0.0.2:0` …), requiring basic auth of `user` (or nothing).
+    async fn start(bind: &str, user: Option<(&str, &str)>) -> Self {
+        module_manager::source::ensure_crypto_provider();
+        async fn serve(
+            State(g): State<Guarded>,
+            uri: Uri,
+            headers: axum::http::HeaderMap,
+        ) -> Response {
+            let path = uri.path().to_owned();
+            let auth = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            g.seen.lock().unwrap().push((path.clone(), auth.clone()));
+            let required = g.required.lock().unwrap().clone();
+            if required.is_some() && auth != required {
+                let challenge = [(header::WWW_AUTHENTICATE, "Basic realm=\"charts\"")];
+                return (StatusCode::UNAUTHORIZED, challenge).into_response();
+            }
+            match g.files.lock().unwrap().get(&path).cloned() {
+                Some(Reply::Body(bytes)) => bytes.into_response(),
+                Some(Reply::Redirect(to)) => {
+                    (StatusCode::FOUND, [(header::LOCATION, to)]).into_response()
+                }
+                _ => StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+        let state = Guarded::default();
+        let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
+        let host = listener.local_addr().unwrap().to_string();
+        let app = axum::Router::new()
+            .fallback(serve)
+            .with_state(state.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let server = Self {
+            url: format!("http://{host}"),
+            host,
+            state,
+        };
+        server.require(user);
+        server
+    }
+
+    /// Requires basic auth of `user` from now on (a rotation), or nothing.
+    fn require(&self, user: Option<(&str, &str)>) {
+        *self.state.required.lock().unwrap() = user.map(|(u, p)| basic(u, p));
+    }
+
+    fn put(&self, path: &str, reply: Reply) {
+        self.state.files.lock().unwrap().insert(path.into(), reply);
+    }
+
+    /// The catalog at `/charts`, as helm indexed it.
+    fn publish_catalog(&self) -> String {
+        let charts = packaged();
+        self.put("/charts/index.yaml", Reply::Body(charts.index.clone()));
+        self.put("/charts/catalog-1.0.0.tgz", Reply::Body(charts.v1.clone()));
+        self.put("/charts/catalog-2.0.0.tgz", Reply::Body(charts.v2.clone()));
+        format!("{}/charts", self.url)
+    }
+
+    /// The requests seen so far, as (path, Authorization).
+    fn seen(&self) -> Vec<Seen> {
+        self.state.seen.lock().unwrap().clone()
+    }
+}
+
+/// `Basic base64(user:password)`.
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    format!("Basic {encoded}")
+}
+
+/// The credentials of a Secret `name` holding `pairs`.
+fn credentials(name: &str, pairs: &[(&str, &str)]) -> Credentials {
+    let data = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
+        .collect();
+    Credentials::from_secret(name, &data).unwrap()
+}
+
+/// A `.dockerconfigjson` with one entry, for `host`.
+fn docker_config(host: &str, user: &str, password: &str) -> String {
+    use base64::Engine;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    json!({"auths": {host: {"auth": auth}}}).to_string()
+}
+
+async fn resolve_as(
+    remote: &RemoteCharts,
+    source: &ChartSource,
+    credentials: Option<&Credentials>,
+) -> Result<ResolvedChart, SourceError> {
+    remote
+        .resolve(source, &repo(), credentials, Limits::default())
+        .await
+}
+
+/// A case of refused credentials: its name, the credentials, the message expected.
+type Refusal<'a> = (&'static str, Option<&'a Credentials>, String);
+
+/// Wrong and missing credentials for `host`, and what each reads as.
+fn refusals<'a>(host: &str, wrong: &'a Credentials) -> Vec<Refusal<'a>> {
+    vec![
+        (
+            "wrong",
+            Some(wrong),
+            format!("authentication to {host} failed (HTTP 401): check spec.chart.secretRef"),
+        ),
+        (
+            "missing",
+            None,
+            format!("{host} asks for credentials (HTTP 401): set spec.chart.secretRef"),
+        ),
+    ]
+}
+
+/// Each case fails for `source`, permanently, with its message, quoting no password.
+async fn assert_refused(charts: &RemoteCharts, source: &ChartSource, cases: &[Refusal<'_>]) {
+    for (case, credentials, expected) in cases {
+        let error = resolve_as(charts, source, *credentials).await.unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains(expected), "{case}: {message}");
+        assert!(error.is_permanent(), "{case}");
+        assert!(
+            !message.contains(WRONG) && !message.contains(RIGHT),
+            "{message}"
+        );
+    }
+}
+
+const RIGHT: &str = "right-pass-4b1d9e";
+const WRONG: &str = "wrong-pass-77c0aa";
+
+/// A repository behind basic auth: the right credentials fetch the chart; wrong or missing ones
+/// fail with a clear message that quotes no credential — even though the chart is in the disk
+/// cache by then (each Manifest proves its own access: the index is cached per credentials);
+/// after a rotation at the server, the new credentials work.
+#[tokio::test]
+async fn a_repository_with_basic_auth_serves_only_the_right_credentials() {
+    let server = GuardedServer::start("127.0.0.1:0", Some(("alice", RIGHT))).await;
+    let repository = server.publish_catalog();
+    let cache = tempfile::tempdir().unwrap();
+    let charts = remote(cache.path());
+    let source = from_repository(&repository, "catalog", "1.0.0");
+    let right = credentials("repo-creds", &[("username", "alice"), ("password", RIGHT)]);
+    let wrong = credentials("repo-creds", &[("username", "alice"), ("password", WRONG)]);
+
+    let chart = resolve_as(&charts, &source, Some(&right)).await.unwrap();
+    assert_eq!(chart.digest, format!("sha256:{}", sha256(&packaged().v1)));
+    assert!(
+        server
+            .seen()
+            .iter()
+            .all(|(_, auth)| auth.as_deref() == Some(basic("alice", RIGHT).as_str())),
+        "{:?}",
+        server.seen()
+    );
+    let cases = refusals(&server.host, &wrong);
+    assert_refused(&charts, &source, &cases).await;
+    assert_eq!(
+        charts.stats().cache_hits,
+        0,
+        "nothing was served from the cache"
+    );
+
+    // Rotation at the server, then in the Secret: the new credentials fetch the index again.
+    server.require(Some(("alice", WRONG)));
+    let chart = resolve_as(&charts, &source, Some(&wrong)).await.unwrap();
+    assert_eq!(chart.digest, format!("sha256:{}", sha256(&packaged().v1)));
+    assert_eq!(
+        charts.stats().cache_hits,
+        1,
+        "the archive came from the cache"
+    );
+    assert_eq!(charts.stats().index_downloads, 2);
+}
+
+/// Credentials go to the repository's own host only: not to a chart URL of the index on
+/// another host, and not after a redirect to another host (reqwest drops `Authorization`
+/// then) — that host sees no credentials; a redirect on the same host keeps them.
+#[tokio::test]
+async fn credentials_go_only_to_the_repository_host() {
+    let server = GuardedServer::start("127.0.0.1:0", Some(("alice", RIGHT))).await;
+    let other = GuardedServer::start("127.0.0.2:0", None).await;
+    let (v1, v2) = (&packaged().v1, &packaged().v2);
+    server.put(
+        "/charts/index.yaml",
+        Reply::Body(index_yaml(&[
+            ("redirected", "1.0.0", &sha256(v1), "redirected-1.0.0.tgz"),
+            (
+                "elsewhere",
+                "2.0.0",
+                &sha256(v2),
+                &format!("{}/cdn/catalog-2.0.0.tgz", other.url),
+            ),
+            ("moved", "1.0.0", &sha256(v1), "moved-1.0.0.tgz"),
+        ])),
+    );
+    let to_other = format!("{}/cdn/catalog-1.0.0.tgz", other.url);
+    server.put("/charts/redirected-1.0.0.tgz", Reply::Redirect(to_other));
+    server.put(
+        "/charts/moved-1.0.0.tgz",
+        Reply::Redirect(format!("{}/charts/here/catalog-1.0.0.tgz", server.url)),
+    );
+    server.put("/charts/here/catalog-1.0.0.tgz", Reply::Body(v1.clone()));
+    other.put("/cdn/catalog-1.0.0.tgz", Reply::Body(v1.clone()));
+    other.put("/cdn/catalog-2.0.0.tgz", Reply::Body(v2.clone()));
+    let mut config = config(tempfile::tempdir().unwrap().keep().as_path());
+    config.allowed_private = vec!["127.0.0.0/8".parse().unwrap()];
+    let charts = RemoteCharts::new(config).unwrap();
+    let right = credentials("repo-creds", &[("username", "alice"), ("password", RIGHT)]);
+    let repository = format!("{}/charts", server.url);
+    for (chart, version) in [("redirected", "1.0.0"), ("elsewhere", "2.0.0")] {
+        let source = from_repository(&repository, chart, version);
+        resolve_as(&charts, &source, Some(&right)).await.unwrap();
+    }
+    let seen = other.seen();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(
+        seen.iter().all(|(_, auth)| auth.is_none()),
+        "credentials reached another host: {seen:?}"
+    );
+    // A redirect on the same host keeps them (the server refuses requests without them).
+    let cache = tempfile::tempdir().unwrap();
+    let fresh = remote(cache.path());
+    let source = from_repository(&repository, "moved", "1.0.0");
+    resolve_as(&fresh, &source, Some(&right)).await.unwrap();
+    assert!(
+        server
+            .seen()
+            .iter()
+            .any(|(path, auth)| path == "/charts/here/catalog-1.0.0.tgz" && auth.is_some())
+    );
+}
+
+/// Debian's docker-registry with htpasswd (basic) auth: a `.dockerconfigjson` entry for the
+/// registry pulls the chart; wrong or missing credentials, or an entry for another registry,
+/// fail clearly — also for a tag and a digest already pulled into the caches by someone else.
+#[tokio::test]
+async fn a_registry_with_basic_auth_serves_only_the_right_credentials() {
+    let registry = Registry::start_with(Some(("alice", RIGHT))).await;
+    let digest = registry.push_as(&packaged().v1, "catalog-1.0.0.tgz", Some(("alice", RIGHT)));
+    let host = registry.host.clone();
+    let cache = tempfile::tempdir().unwrap();
+    let charts = remote(cache.path());
+    let pull = |password: &str| {
+        let config = docker_config(&host, "alice", password);
+        credentials("pull", &[(".dockerconfigjson", config.as_str())])
+    };
+    let by_tag = from_oci(&format!("oci://{host}/charts/catalog:1.0.0"));
+    let by_digest = from_oci(&format!("oci://{host}/charts/catalog@{digest}"));
+    for source in [&by_tag, &by_digest] {
+        let chart = resolve_as(&charts, source, Some(&pull(RIGHT)))
+            .await
+            .unwrap();
+        assert_eq!(chart.digest, format!("sha256:{}", sha256(&packaged().v1)));
+    }
+    let basic_pair = credentials("pull", &[("username", "alice"), ("password", RIGHT)]);
+    resolve_as(&charts, &by_tag, Some(&basic_pair))
+        .await
+        .unwrap();
+    let elsewhere = docker_config("registry.example.com", "alice", RIGHT);
+    let elsewhere = credentials("pull", &[(".dockerconfigjson", elsewhere.as_str())]);
+    let wrong = pull(WRONG);
+    let mut cases = refusals(&host, &wrong);
+    cases.push((
+        "another registry's",
+        Some(&elsewhere),
+        format!("Secret pull has no .dockerconfigjson entry for registry {host}"),
+    ));
+    for source in [&by_tag, &by_digest] {
+        assert_refused(&charts, source, &cases).await;
+    }
+}
+
+/// Installs a Secret `name` of `data` (string values) labelled for the watch, or replaces its
+/// data.
+async fn put_secret(h: &Harness, name: &str, data: Value) {
+    let secrets: Api<Secret> = Api::namespaced(h.client.clone(), &h.ns);
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "labels": {"modulemanager.io/watch": "true"}},
+        "stringData": data,
+    }))
+    .unwrap();
+    let params = PatchParams::apply("chart-sources-test").force();
+    secrets
+        .patch(name, &params, &Patch::Apply(&secret))
+        .await
+        .unwrap();
+}
+
+/// Captured log lines of this test process (every test's, at debug level).
+fn captured_logs() -> &'static Mutex<Vec<u8>> {
+    static LOGS: OnceLock<&'static Mutex<Vec<u8>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs: &'static Mutex<Vec<u8>> = Box::leak(Box::default());
+        let writer = move || Capture(logs);
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_env_filter("debug")
+            .with_writer(writer)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("no other subscriber");
+        logs
+    })
+}
+
+struct Capture(&'static Mutex<Vec<u8>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The pipeline with a private repository: a wrong password in the Secret fails clearly
+/// (status, Event), a missing Secret names itself; rotating the Secret (labelled for the
+/// watch) makes the Manifest Ready without a spec change and before its interval (1 h); no
+/// password reaches the status, the Events or the log.
+#[tokio::test]
+async fn a_rotated_credentials_secret_makes_the_manifest_ready_and_no_password_shows() {
+    let logs = captured_logs();
+    let server = GuardedServer::start("127.0.0.1:0", Some(("alice", RIGHT))).await;
+    let repository = server.publish_catalog();
+    let h = start("creds").await;
+    put_secret(
+        &h,
+        "repo-creds",
+        json!({"username": "alice", "password": WRONG}),
+    )
+    .await;
+    let create = async |name: &str, secret: &str| {
+        let manifest: Manifest = serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": name, "namespace": h.ns},
+            "spec": {"module": name, "interval": "1h", "chart": {
+                "repository": repository, "name": "catalog", "version": "1.0.0",
+                "secretRef": {"name": secret}}},
+        }))
+        .unwrap();
+        h.manifests
+            .create(&PostParams::default(), &manifest)
+            .await
+            .unwrap();
+    };
+    create("catalog", "repo-creds").await;
+    create("orphan", "absent").await;
+    let host = &server.host;
+    for (name, expected) in [
+        (
+            "catalog",
+            format!("authentication to {host} failed (HTTP 401): check spec.chart.secretRef"),
+        ),
+        (
+            "orphan",
+            "spec.chart.secretRef: Secret absent does not exist in the Manifest's namespace".into(),
+        ),
+    ] {
+        let failed = h
+            .wait_for(name, &expected, |m| {
+                condition(m, "Ready").is_some_and(|(_, reason, message)| {
+                    reason == "ChartError" && message.contains(&expected)
+                })
+            })
+            .await;
+        assert_eq!(condition(&failed, "Stalled").unwrap().0, "True", "{name}");
+        let events = h.events(name).await;
+        assert!(
+            events
+                .iter()
+                .any(|(_, reason, note)| reason == "ChartError" && note.contains(&expected)),
+            "{events:?}"
+        );
+    }
+    let generation = h
+        .manifests
+        .get("catalog")
+        .await
+        .unwrap()
+        .metadata
+        .generation;
+    put_secret(
+        &h,
+        "repo-creds",
+        json!({"username": "alice", "password": RIGHT}),
+    )
+    .await;
+    let ready = h.wait_state("catalog", ModuleState::Ready).await;
+    assert_eq!(ready.metadata.generation, generation, "no spec change");
+    assert_eq!(
+        h.config_map_data("catalog-settings", "version")
+            .await
+            .as_deref(),
+        Some("1")
+    );
+    for name in ["catalog", "orphan"] {
+        let manifest = h.manifests.get(name).await.unwrap();
+        let status = serde_json::to_string(&manifest.status).unwrap();
+        let events = format!("{:?}", h.events(name).await);
+        for password in [RIGHT, WRONG] {
+            assert!(!status.contains(password), "{name}: {status}");
+            assert!(!events.contains(password), "{name}: {events}");
+        }
+    }
+    let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    assert!(
+        text.contains("reconcile failed") && text.contains("check spec.chart.secretRef"),
+        "the capture saw the passes"
+    );
+    for secret in [RIGHT, WRONG, basic("alice", RIGHT).as_str()] {
+        assert!(!text.contains(secret), "a credential reached the log");
+    }
 }

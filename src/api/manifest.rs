@@ -185,7 +185,9 @@ fn default_timeout() -> String {
     validation = Rule::new("[has(self.path), has(self.repository), has(self.oci)].filter(x, x).size() == 1")
         .message("exactly one chart source must be set: path, repository (with name and version), or oci"),
     validation = Rule::new("has(self.repository) == has(self.name) && has(self.repository) == has(self.version)")
-        .message("name and version are required with repository, and only with repository")
+        .message("name and version are required with repository, and only with repository"),
+    validation = Rule::new("!has(self.secretRef) || !has(self.path)")
+        .message("secretRef is for repository and oci sources, not for path")
 )]
 pub struct ChartSource {
     /// A chart directory or `.tgz` archive on module-manager's filesystem.
@@ -212,6 +214,25 @@ pub struct ChartSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 2048), regex(pattern = r"^oci://"))]
     pub oci: Option<String>,
+
+    /// A Secret in the Manifest's namespace holding the credentials of the repository or
+    /// registry: `username` and `password` (HTTP basic) or `bearerToken` for a repository;
+    /// a `kubernetes.io/dockerconfigjson` Secret (or `username` and `password`) for a
+    /// registry. Sent only to the repository's or registry's own host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<ChartSecretRef>,
+}
+
+/// The Secret holding a chart source's credentials, in the Manifest's namespace.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ChartSecretRef {
+    /// Name of the Secret.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub name: String,
 }
 
 /// A key of a ConfigMap or Secret whose content is a YAML map of chart values.

@@ -7,7 +7,7 @@ use crate::plan::tenancy::{IdentityError, ProtectedError};
 use crate::render::RenderError;
 use crate::render::values::ValuesError;
 use crate::shard::fence::FenceLost;
-use crate::source::SourceError;
+use crate::source::{CredentialsError, SourceError};
 use crate::telemetry::events::{MESSAGE_LIMIT, shorten};
 
 /// Why a pass failed, by the step that failed.
@@ -19,6 +19,18 @@ pub enum ReconcileError {
     /// the chart could not be resolved.
     #[error("resolve the chart: {0}")]
     ResolveChart(#[from] SourceError),
+    /// the Secret of `spec.chart.secretRef` could not be read.
+    #[error("read the chart's credentials Secret {name}: kubernetes API: {source}")]
+    ReadChartSecret {
+        /// The Secret's name.
+        name: String,
+        /// The API's answer.
+        #[source]
+        source: kube::Error,
+    },
+    /// the Secret of `spec.chart.secretRef` is missing or holds no usable credentials.
+    #[error("resolve the chart: {0}")]
+    ChartCredentials(#[from] CredentialsError),
     /// a values source (ConfigMap or Secret) could not be read.
     #[error("read the values source {what}: kubernetes API: {source}")]
     ReadValuesSource {
@@ -96,7 +108,7 @@ impl ReconcileError {
     /// The static category: the only thing used as a metric label or Event reason.
     pub fn category(&self) -> &'static str {
         match self {
-            Self::ResolveChart(_) => "ChartError",
+            Self::ResolveChart(_) | Self::ChartCredentials(_) => "ChartError",
             Self::ValuesSourceMissing(_) | Self::ParseValues(_) => "ValuesError",
             Self::Render(_) => "RenderError",
             Self::Plan(_) => "PlanError",
@@ -106,6 +118,7 @@ impl ReconcileError {
             Self::HookFailed(_) => "HookFailed",
             Self::ReadManifest(_)
             | Self::ReadValuesSource { .. }
+            | Self::ReadChartSecret { .. }
             | Self::ReadTargetSecret(_)
             | Self::WriteStatus(_)
             | Self::WriteMetadata(_) => "KubeError",
@@ -123,6 +136,9 @@ impl ReconcileError {
             // An unreachable repository or registry is retried; bad charts are not.
             Self::ResolveChart(e) => e.is_permanent(),
             Self::ParseValues(_) | Self::Plan(_) | Self::JobFailed(_) | Self::HookFailed(_) => true,
+            // A missing or unusable credentials Secret waits for a change (the watch of
+            // labelled Secrets brings it at once) or the interval.
+            Self::ChartCredentials(_) => true,
             Self::Identity(_) | Self::Protected(_) => true,
             Self::Render(e) => e.is_permanent(),
             Self::Target(e) => e.is_permanent(),
@@ -130,6 +146,7 @@ impl ReconcileError {
             Self::ValuesSourceMissing(_)
             | Self::ReadManifest(_)
             | Self::ReadValuesSource { .. }
+            | Self::ReadChartSecret { .. }
             | Self::ReadTargetSecret(_)
             | Self::WriteStatus(_)
             | Self::WriteMetadata(_)

@@ -6,6 +6,7 @@ use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use serde_json::{Map, Value};
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{Context, DISCOVERY_MAX_AGE, ReconcileError};
@@ -15,6 +16,7 @@ use crate::plan::tenancy::check_protected;
 use crate::plan::{self, Plan, RenderedObject, hooks};
 use crate::render::values;
 use crate::render::{RenderRequest, Rendered};
+use crate::source::{Credentials, CredentialsError};
 
 /// Renders (cached) and plans the chart; refuses a render that writes what no module may
 /// write, or (impersonating) anything the identity may not write, before any of it is. Every
@@ -93,9 +95,15 @@ pub(super) async fn render_request(
         .clone()
         .unwrap_or_else(|| manifest.namespace().unwrap_or_default());
     // Resolve (network fetches async; file I/O, hashing and archive checks on blocking threads).
+    let credentials = chart_credentials(manifest, ctx).await?;
     let chart = ctx
         .remote_charts
-        .resolve(&manifest.spec.chart, &ctx.chart_root, ctx.chart_limits)
+        .resolve(
+            &manifest.spec.chart,
+            &ctx.chart_root,
+            credentials.as_ref(),
+            ctx.chart_limits,
+        )
         .await?;
     let values = gather_values(manifest, ctx).await?;
     let surface = cluster.fresh_surface(DISCOVERY_MAX_AGE).await?;
@@ -112,6 +120,33 @@ pub(super) async fn render_request(
         api_versions: cluster.render_api_versions(&surface),
         is_upgrade: false,
     })
+}
+
+/// The credentials of `spec.chart.secretRef`, read as the operator (as `valuesFrom` Secrets
+/// are) from the Manifest's namespace; a missing Secret or key is a clear error naming it.
+async fn chart_credentials(
+    manifest: &Manifest,
+    ctx: &Context,
+) -> Result<Option<Credentials>, ReconcileError> {
+    let Some(reference) = &manifest.spec.chart.secret_ref else {
+        return Ok(None);
+    };
+    let namespace = manifest.namespace().unwrap_or_default();
+    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &namespace)
+        .get_opt(&reference.name)
+        .await
+        .map_err(|source| ReconcileError::ReadChartSecret {
+            name: reference.name.clone(),
+            source,
+        })?
+        .ok_or_else(|| CredentialsError::missing(&reference.name))?;
+    let data: BTreeMap<String, Vec<u8>> = secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(key, value)| (key, value.0))
+        .collect();
+    Ok(Some(Credentials::from_secret(&reference.name, &data)?))
 }
 
 /// Merges `valuesFrom` in order, then the inline values.

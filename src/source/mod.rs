@@ -17,8 +17,8 @@ pub mod yaml;
 
 use self::local::resolve_path;
 pub use remote::{
-    Cidr, FetchError, FetchStats, Refusal, RemoteCharts, RemoteConfig, Reserved,
-    ensure_crypto_provider,
+    Cidr, Credentials, CredentialsError, FetchError, FetchStats, Refusal, RemoteCharts,
+    RemoteConfig, Reserved, ensure_crypto_provider,
 };
 
 /// Bounds on what a chart may contain.

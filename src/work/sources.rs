@@ -1,6 +1,7 @@
 //! Values sources: a metadata-only watch of the ConfigMaps and Secrets labelled
 //! `modulemanager.io/watch=true`; a change to one queues at once the Manifests of this replica
-//! that name it (`spec.valuesFrom`, or `spec.target`'s kubeconfig Secret).
+//! that name it (`spec.valuesFrom`, `spec.chart.secretRef`, or `spec.target`'s kubeconfig
+//! Secret).
 //!
 //! Opt-in by label, as Flux's helm-controller does (`reconcile.fluxcd.io/watch: Enabled`,
 //! fluxcd/helm-controller#143, #1086): the watch and its events scale with the objects people
@@ -42,7 +43,7 @@ pub(super) struct SourceRef {
 }
 
 /// The objects a Manifest reads besides itself, all in its own namespace: its `valuesFrom`
-/// ConfigMaps and Secrets, and its target's kubeconfig Secret.
+/// ConfigMaps and Secrets, its chart's credentials Secret and its target's kubeconfig Secret.
 pub(super) fn references(manifest: &Manifest) -> impl Iterator<Item = SourceRef> + '_ {
     let namespace = manifest.namespace().unwrap_or_default();
     let values = manifest.spec.values_from.iter().map(|v| {
@@ -57,11 +58,20 @@ pub(super) fn references(manifest: &Manifest) -> impl Iterator<Item = SourceRef>
         .target
         .iter()
         .map(|t| ("Secret", t.kubeconfig_secret_ref.name.as_str()));
-    values.chain(target).map(move |(kind, name)| SourceRef {
-        namespace: namespace.clone(),
-        kind,
-        name: name.to_owned(),
-    })
+    let credentials = manifest
+        .spec
+        .chart
+        .secret_ref
+        .iter()
+        .map(|r| ("Secret", r.name.as_str()));
+    values
+        .chain(credentials)
+        .chain(target)
+        .map(move |(kind, name)| SourceRef {
+            namespace: namespace.clone(),
+            kind,
+            name: name.to_owned(),
+        })
 }
 
 /// The keys of the Manifests among `manifests` that read one of `changed` (pure).
@@ -261,6 +271,10 @@ mod tests {
                 json!({"target": {"kubeconfigSecretRef": {"name": "remote"}}}),
             ),
             manifest("d", json!({})),
+            manifest(
+                "e",
+                json!({"chart": {"oci": "oci://r.example.com/c:1", "secretRef": {"name": "pull"}}}),
+            ),
         ];
         let of = |changed: &[SourceRef]| -> Vec<String> {
             let changed: HashSet<SourceRef> = changed.iter().cloned().collect();
@@ -272,6 +286,7 @@ mod tests {
         assert_eq!(of(&[source("ConfigMap", "shared")]), ["a", "b"]);
         assert_eq!(of(&[source("Secret", "a-secret")]), ["a"]);
         assert_eq!(of(&[source("Secret", "remote")]), ["c"], "a kubeconfig");
+        assert_eq!(of(&[source("Secret", "pull")]), ["e"], "chart credentials");
         assert!(
             of(&[source("Secret", "shared")]).is_empty(),
             "a Secret is not a ConfigMap of the same name"

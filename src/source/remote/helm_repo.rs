@@ -9,6 +9,7 @@ use reqwest::Url;
 use serde::Deserialize;
 
 use super::cache::sha256_hex;
+use super::credentials::Auth;
 use super::http::checked_url;
 use super::shown::{listing, shown};
 use super::{FetchError, RemoteCharts};
@@ -33,15 +34,22 @@ struct IndexEntry {
 }
 
 impl RemoteCharts {
+    /// The chart `name` at `requested` from the repository; `auth` goes with the requests to
+    /// the repository's own host (scheme, host and port) only — the index, and chart URLs
+    /// there — never to chart URLs on another host (Flux's `passCredentials: false`).
     pub(super) async fn fetch_from_repository(
         &self,
         repository: &str,
         name: &str,
         requested: &str,
+        auth: Option<&Auth>,
         limits: Limits,
     ) -> Result<ResolvedChart, FetchError> {
         let base = repository_url(repository)?;
-        let index = self.index(&base).await?;
+        // Every resolve reads the index with its own credentials (or from the index cache
+        // under the same credentials): a chart in the disk cache is served only to a Manifest
+        // that proved access to the repository.
+        let index = self.index(&base, auth).await?;
         let entries = index.entries.get(name).ok_or_else(|| {
             // Names from the server are shown only when they are chart names.
             let mut names: Vec<&str> = index
@@ -91,7 +99,9 @@ impl RemoteCharts {
             .first()
             .ok_or_else(|| FetchError::BadIndex(format!("version {chosen} has no urls")))?;
         let url = chart_url(&base, url)?;
-        let bytes = self.get_bounded(&url, limits.max_bytes).await?;
+        let bytes = self
+            .get_bounded(&url, auth.map(|a| (a, &base)), limits.max_bytes)
+            .await?;
         self.counters
             .archive_downloads
             .fetch_add(1, Ordering::Relaxed);
@@ -99,19 +109,25 @@ impl RemoteCharts {
     }
 
     /// The repository's index, from memory when fetched less than `index_ttl` ago with the
-    /// same query. Kept by URL without the query (one entry per repository path: queries
-    /// cannot multiply entries), weighed by its bytes.
-    async fn index(&self, base: &Url) -> Result<Arc<Index>, FetchError> {
+    /// same query and the same credentials. Kept by URL without the query (one entry per
+    /// repository path: queries cannot multiply entries) and the credentials' fingerprint
+    /// (an index fetched with credentials is not another's proof of access), weighed by its
+    /// bytes.
+    async fn index(&self, base: &Url, auth: Option<&Auth>) -> Result<Arc<Index>, FetchError> {
         let url = index_url(base);
         let mut key = url.clone();
         key.set_query(None);
-        let (key, query) = (key.as_str().to_owned(), url.query().map(str::to_owned));
+        let fingerprint = auth.map_or("anonymous", |a| a.fingerprint.as_str());
+        let key = format!("{} {fingerprint}", key.as_str());
+        let query = url.query().map(str::to_owned);
         if let Some((fetched_with, index)) = self.indexes.get(&key)
             && fetched_with == query
         {
             return Ok(index);
         }
-        let bytes = self.get_bounded(&url, self.config.max_index_bytes).await?;
+        let bytes = self
+            .get_bounded(&url, auth.map(|a| (a, base)), self.config.max_index_bytes)
+            .await?;
         self.counters
             .index_downloads
             .fetch_add(1, Ordering::Relaxed);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use reqwest::Url;
 use tokio::time::Instant;
 
+use super::credentials::Auth;
 use super::reach::{Reach, authority, refusal_in};
 use super::shown::{bounded_text, shown};
 use super::{FetchError, RemoteCharts, RemoteConfig};
@@ -70,10 +71,28 @@ impl RemoteCharts {
         Ok(self.http.get(url.clone()).timeout(left))
     }
 
-    /// GETs `url`, refusing more than `max` bytes.
-    pub(super) async fn get_bounded(&self, url: &Url, max: u64) -> Result<Vec<u8>, FetchError> {
-        let (body, _) = self.send_bounded(self.get(url)?, url, max).await?;
-        Ok(body)
+    /// GETs `url`, refusing more than `max` bytes; with `auth` when `url` is on `origin`'s
+    /// host (scheme, host and port), the host the credentials are for. The HTTP client drops
+    /// the `Authorization` header on a redirect to another host, port or scheme (reqwest's
+    /// `remove_sensitive_headers`).
+    pub(super) async fn get_bounded(
+        &self,
+        url: &Url,
+        auth: Option<(&Auth, &Url)>,
+        max: u64,
+    ) -> Result<Vec<u8>, FetchError> {
+        let mut request = self.get(url)?;
+        let auth = auth.filter(|(_, origin)| same_origin(url, origin));
+        if let Some((auth, _)) = auth {
+            request = auth.authorize(request);
+        }
+        match self.send_bounded(request, url, max).await {
+            Ok((body, _)) => Ok(body),
+            Err(error) => Err(match auth {
+                Some(_) => error.credentials_sent_to(&authority(url)),
+                None => error,
+            }),
+        }
     }
 
     /// Sends `request` (for `url`), refusing an answer of more than `max` bytes; returns the
@@ -87,6 +106,13 @@ impl RemoteCharts {
         let shown = shown(url);
         let mut response = request.send().await.map_err(|e| request_error(url, e))?;
         let status = response.status();
+        if matches!(status.as_u16(), 401 | 403) {
+            return Err(FetchError::Unauthorized {
+                host: authority(response.url()),
+                status: status.as_u16(),
+                sent: false,
+            });
+        }
         if !status.is_success() {
             return Err(FetchError::Status {
                 url: shown,
@@ -109,6 +135,32 @@ impl RemoteCharts {
             body.extend_from_slice(&chunk);
         }
         Ok((body, headers))
+    }
+}
+
+/// Whether `a` and `b` have the same scheme, host and port: where credentials for `b` may go.
+pub(super) fn same_origin(a: &Url, b: &Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
+}
+
+impl FetchError {
+    /// A refusal by `host`, the host credentials were sent to, says they were (a refusal by
+    /// another host, reached by a redirect, did not get them).
+    pub(super) fn credentials_sent_to(self, host: &str) -> Self {
+        match self {
+            Self::Unauthorized {
+                host: refused,
+                status,
+                ..
+            } => Self::Unauthorized {
+                sent: refused == host,
+                host: refused,
+                status,
+            },
+            other => other,
+        }
     }
 }
 

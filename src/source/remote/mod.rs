@@ -8,11 +8,13 @@
 //!
 //! One file per concern: the capped HTTP client (`http.rs`), where it may connect (`reach.rs`,
 //! over the address classifier of `address.rs`), Helm repositories (`helm_repo.rs`), OCI
-//! registries (`oci.rs`), the disk cache (`cache.rs`), the in-memory TTL cache (`recent.rs`) and
-//! what may be shown of a URL (`shown.rs`).
+//! registries (`oci.rs`), the credentials of `spec.chart.secretRef` (`credentials.rs`), the disk
+//! cache (`cache.rs`), the in-memory TTL cache (`recent.rs`) and what may be shown of a URL
+//! (`shown.rs`).
 
 mod address;
 mod cache;
+mod credentials;
 mod helm_repo;
 mod http;
 mod oci;
@@ -37,6 +39,7 @@ use super::{Limits, ResolvedChart, SourceError};
 use crate::api::ChartSource;
 
 pub use self::address::{Cidr, Reserved};
+pub use self::credentials::{Credentials, CredentialsError};
 pub use self::oci::{HELM_CHART_MEDIA_TYPE, HELM_CONFIG_MEDIA_TYPE, HELM_PROVENANCE_MEDIA_TYPE};
 pub use self::reach::Refusal;
 
@@ -107,6 +110,20 @@ pub enum FetchError {
         /// `host[:port]` of the request that failed.
         host: String,
     },
+    /// the repository or registry refused the request (401, 403): credentials are missing or
+    /// wrong. Never quotes them.
+    #[error("{}", unauthorized(host, *status, *sent))]
+    Unauthorized {
+        /// `host[:port]` that refused.
+        host: String,
+        /// The HTTP status.
+        status: u16,
+        /// Whether credentials were sent with the request.
+        sent: bool,
+    },
+    /// the credentials of `spec.chart.secretRef` do not fit the source.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
     /// the request was not sent: its host or scheme is not allowed.
     #[error(transparent)]
     Refused(#[from] Refusal),
@@ -218,6 +235,18 @@ impl FetchError {
     }
 }
 
+/// What a 401 or 403 reads as: the host and what to check, never the credentials.
+fn unauthorized(host: &str, status: u16, sent: bool) -> String {
+    if sent {
+        format!("authentication to {host} failed (HTTP {status}): check spec.chart.secretRef")
+    } else {
+        format!(
+            "{host} asks for credentials (HTTP {status}): set spec.chart.secretRef (credentials \
+             are sent only to the repository's or registry's own host)"
+        )
+    }
+}
+
 /// What was fetched, for tests and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FetchStats {
@@ -308,11 +337,13 @@ impl RemoteCharts {
     }
 
     /// Resolves any chart source: a local path (under `root`, on a blocking thread), a chart of
-    /// a Helm repository, or an OCI reference.
+    /// a Helm repository, or an OCI reference; a remote one with `credentials` (those of
+    /// `spec.chart.secretRef`), sent only to the repository's or registry's host.
     pub async fn resolve(
         &self,
         source: &ChartSource,
         root: &Path,
+        credentials: Option<&Credentials>,
         limits: Limits,
     ) -> Result<ResolvedChart, SourceError> {
         match (&source.path, &source.repository, &source.oci) {
@@ -323,16 +354,17 @@ impl RemoteCharts {
                     "chart {name} {version} from {}",
                     shown_url(repository.as_str())
                 );
-                self.bounded(
-                    origin,
-                    self.fetch_from_repository(repository, name, version, limits),
-                )
-                .await
+                let fetch = async {
+                    let auth = credentials.map(Credentials::for_repository).transpose()?;
+                    self.fetch_from_repository(repository, name, version, auth.as_ref(), limits)
+                        .await
+                };
+                self.bounded(origin, fetch).await
             }
             (None, None, Some(reference)) => {
                 let origin = format!("chart {}", shown_reference(reference));
-                self.bounded(origin, self.fetch_from_registry(reference, limits))
-                    .await
+                let fetch = self.fetch_from_registry(reference, credentials, limits);
+                self.bounded(origin, fetch).await
             }
             (Some(_), None, None) => {
                 let (source, root) = (source.clone(), root.to_owned());

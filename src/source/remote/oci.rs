@@ -1,4 +1,5 @@
-//! OCI registries: the anonymous token flow, the image manifest (checked against its digests),
+//! OCI registries: the token flow (anonymous, or with the credentials of the registry's
+//! `.dockerconfigjson` entry), the image manifest (checked against its digests),
 //! the Helm chart layer it must hold, and plain HTTP for loopback and listed registries.
 
 use std::collections::HashMap;
@@ -12,7 +13,9 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::cache::sha256_hex;
+use super::credentials::{Auth, Credentials};
 use super::http::{checked_url, request_error};
+use super::reach::authority;
 use super::shown::{bounded_text, shown_reference};
 use super::{FetchError, RemoteCharts};
 use crate::source::{Limits, ResolvedChart};
@@ -36,19 +39,29 @@ const MANIFEST_MEDIA_TYPES: &[&str] = &[
     oci_client::manifest::OCI_IMAGE_INDEX_MEDIA_TYPE,
     oci_client::manifest::IMAGE_MANIFEST_LIST_MEDIA_TYPE,
 ];
-const CREDENTIALS_NEEDED: &str =
-    "the registry requires credentials; only anonymous pulls are supported";
+
+/// What the manifest and blob requests of one pull carry.
+#[derive(Debug, Default)]
+struct Grant {
+    /// The `Authorization` header: a pull token, or the credentials themselves.
+    auth: Option<Auth>,
+    /// Whether `spec.chart.secretRef`'s credentials were used (for the message of a refusal).
+    with_credentials: bool,
+}
 
 impl RemoteCharts {
-    /// An anonymous pull token for `reference`'s repository when the registry asks for one
-    /// (a `Bearer` challenge on `/v2/`), as the distribution spec's token flow: the realm's
-    /// answer is read within [`MAX_TOKEN_BYTES`]. `None` when the registry asks for nothing, or
-    /// for credentials another way (the manifest request then says so).
-    async fn anonymous_token(
+    /// How the pull is authorized, as the distribution spec's token flow: nothing when `/v2/`
+    /// asks for nothing; for a `Bearer` challenge, a pull token from the realm, asked for with
+    /// `credentials` (basic) when there are any — only to a realm on the registry's own host
+    /// when the registry is spoken to over plain HTTP (an unauthenticated answer could name any
+    /// realm) — or the credentials themselves when they are a token; for a `Basic` challenge,
+    /// the credentials.
+    async fn grant(
         &self,
         reference: &Reference,
         scheme: &str,
-    ) -> Result<Option<String>, FetchError> {
+        credentials: Option<&Auth>,
+    ) -> Result<Grant, FetchError> {
         let url = registry_url(scheme, reference, "")?;
         let response = self
             .get(&url)?
@@ -56,7 +69,7 @@ impl RemoteCharts {
             .await
             .map_err(|e| request_error(&url, e))?;
         if response.status() != reqwest::StatusCode::UNAUTHORIZED {
-            return Ok(None);
+            return Ok(Grant::default());
         }
         let challenge = response
             .headers()
@@ -65,9 +78,34 @@ impl RemoteCharts {
             .filter_map(|v| v.to_str().ok())
             .find_map(bearer_challenge);
         drop(response);
-        let Some(challenge) = challenge else {
-            return Ok(None);
+        let direct = Grant {
+            auth: credentials.cloned(),
+            with_credentials: credentials.is_some(),
         };
+        match challenge {
+            Some(_) if credentials.is_some_and(Auth::is_bearer) => Ok(direct),
+            Some(challenge) => {
+                let token = self
+                    .pull_token(reference, &url, &challenge, credentials)
+                    .await?;
+                Ok(Grant {
+                    auth: Some(Auth::bearer(token)),
+                    with_credentials: credentials.is_some(),
+                })
+            }
+            None => Ok(direct),
+        }
+    }
+
+    /// A pull token for `reference`'s repository from the challenge's realm (`registry` is the
+    /// registry's `/v2/` URL), read within [`MAX_TOKEN_BYTES`].
+    async fn pull_token(
+        &self,
+        reference: &Reference,
+        registry: &Url,
+        challenge: &HashMap<String, String>,
+        credentials: Option<&Auth>,
+    ) -> Result<String, FetchError> {
         let refused = |what: &str| FetchError::Registry {
             message: format!("the registry's token {what}"),
             transient: false,
@@ -87,14 +125,25 @@ impl RemoteCharts {
                 &format!("repository:{}:pull", reference.repository()),
             );
         }
-        let body = match self
-            .send_bounded(self.get(&realm)?, &realm, MAX_TOKEN_BYTES)
-            .await
-        {
+        let mut request = self.get(&realm)?;
+        if let Some(auth) = credentials {
+            if registry.scheme() == "http" && authority(&realm) != authority(registry) {
+                return Err(FetchError::Registry {
+                    message: format!(
+                        "the registry, spoken to over plain HTTP, names a token realm on \
+                         another host ({}): credentials are not sent there",
+                        authority(&realm)
+                    ),
+                    transient: false,
+                });
+            }
+            request = auth.authorize(request);
+        }
+        let body = match self.send_bounded(request, &realm, MAX_TOKEN_BYTES).await {
             Ok((body, _)) => body,
-            Err(FetchError::Status {
-                status: 401 | 403, ..
-            }) => return Err(credentials_needed()),
+            Err(e) if credentials.is_some() => {
+                return Err(e.credentials_sent_to(&authority(&realm)));
+            }
             Err(e) => return Err(e),
         };
         #[derive(Deserialize)]
@@ -108,34 +157,31 @@ impl RemoteCharts {
             .token
             .or(answer.access_token)
             .filter(|t| !t.is_empty())
-            .map(Some)
             .ok_or_else(|| refused("answer holds no token"))
     }
 
-    /// GETs `what` of the registry with the pull token, within `max` bytes; the registry's
+    /// GETs `what` of the registry with the grant, within `max` bytes; the registry's
     /// refusals in words.
     async fn registry_get(
         &self,
         url: &Url,
         accept: Option<&str>,
-        token: Option<&str>,
+        grant: &Grant,
         max: u64,
     ) -> Result<(Vec<u8>, reqwest::header::HeaderMap), FetchError> {
         let mut request = self.get(url)?;
         if let Some(accept) = accept {
             request = request.header(reqwest::header::ACCEPT, accept);
         }
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
+        if let Some(auth) = &grant.auth {
+            request = auth.authorize(request);
         }
         match self.send_bounded(request, url, max).await {
             Err(FetchError::Status { status: 404, .. }) => Err(FetchError::Registry {
                 message: "not found in the registry".into(),
                 transient: false,
             }),
-            Err(FetchError::Status {
-                status: 401 | 403, ..
-            }) => Err(credentials_needed()),
+            Err(e) if grant.with_credentials => Err(e.credentials_sent_to(&authority(url))),
             other => other,
         }
     }
@@ -146,7 +192,7 @@ impl RemoteCharts {
         &self,
         reference: &Reference,
         scheme: &str,
-        token: Option<&str>,
+        grant: &Grant,
     ) -> Result<OciManifest, FetchError> {
         let target = reference
             .digest()
@@ -158,7 +204,7 @@ impl RemoteCharts {
             .fetch_add(1, Ordering::Relaxed);
         let accept = MANIFEST_MEDIA_TYPES.join(", ");
         let (body, headers) = self
-            .registry_get(&url, Some(&accept), token, MAX_MANIFEST_BYTES)
+            .registry_get(&url, Some(&accept), grant, MAX_MANIFEST_BYTES)
             .await?;
         let actual = format!("{:x}", Sha256::digest(&body));
         let published = headers
@@ -184,15 +230,26 @@ impl RemoteCharts {
         })
     }
 
+    /// The chart of the OCI reference `text`, pulled with the `credentials`' entry for its
+    /// registry (if any).
     pub(super) async fn fetch_from_registry(
         &self,
         text: &str,
+        credentials: Option<&Credentials>,
         limits: Limits,
     ) -> Result<ResolvedChart, FetchError> {
         let reference = oci_reference(text)?;
+        let auth = credentials
+            .map(|c| c.for_registry(reference.registry(), reference.resolve_registry()))
+            .transpose()?;
         let plain = self.reach.plain_registry(reference.registry());
-        // A reference resolved moments ago (a tag) or ever (a digest) needs no manifest.
-        let key = format!("{plain}:{}", reference.whole());
+        // A reference resolved moments ago (a tag) or ever (a digest) with the same
+        // credentials needs no manifest; other credentials (or none) pull the manifest
+        // themselves: a chart in the disk cache is served only to whoever proved access.
+        let fingerprint = auth
+            .as_ref()
+            .map_or("anonymous", |a| a.fingerprint.as_str());
+        let key = format!("{plain}:{} {fingerprint}", reference.whole());
         let ttl = match reference.digest() {
             Some(_) => Duration::MAX,
             None => self.config.index_ttl,
@@ -202,7 +259,9 @@ impl RemoteCharts {
         {
             return Ok(chart);
         }
-        let chart = self.fetch_layer(&reference, plain, text, limits).await?;
+        let chart = self
+            .fetch_layer(&reference, plain, text, auth.as_ref(), limits)
+            .await?;
         let hex = chart.digest.trim_start_matches("sha256:").to_owned();
         self.layers.put(key, hex, ttl, 1);
         Ok(chart)
@@ -215,13 +274,12 @@ impl RemoteCharts {
         reference: &Reference,
         plain: bool,
         text: &str,
+        credentials: Option<&Auth>,
         limits: Limits,
     ) -> Result<ResolvedChart, FetchError> {
         let scheme = if plain { "http" } else { "https" };
-        let token = self.anonymous_token(reference, scheme).await?;
-        let manifest = self
-            .pull_manifest(reference, scheme, token.as_deref())
-            .await?;
+        let grant = self.grant(reference, scheme, credentials).await?;
+        let manifest = self.pull_manifest(reference, scheme, &grant).await?;
         let manifest = match manifest {
             OciManifest::Image(manifest) => manifest,
             OciManifest::ImageIndex(_) => {
@@ -264,7 +322,7 @@ impl RemoteCharts {
             return Ok(chart);
         }
         let bytes = self
-            .pull_layer(reference, scheme, token.as_deref(), layer, limits)
+            .pull_layer(reference, scheme, &grant, layer, limits)
             .await?;
         self.counters
             .archive_downloads
@@ -281,12 +339,12 @@ impl RemoteCharts {
         &self,
         reference: &Reference,
         scheme: &str,
-        token: Option<&str>,
+        grant: &Grant,
         layer: &OciDescriptor,
         limits: Limits,
     ) -> Result<Vec<u8>, FetchError> {
         let url = registry_url(scheme, reference, &format!("blobs/{}", layer.digest))?;
-        match self.registry_get(&url, None, token, limits.max_bytes).await {
+        match self.registry_get(&url, None, grant, limits.max_bytes).await {
             Ok((body, _)) => Ok(body),
             Err(FetchError::TooLarge { limit, .. }) => Err(FetchError::TooLarge {
                 what: "chart layer".into(),
@@ -336,13 +394,6 @@ fn oci_reference(text: &str) -> Result<Reference, FetchError> {
     normalized
         .parse::<Reference>()
         .map_err(|e| FetchError::Reference(format!("invalid OCI reference: {e}")))
-}
-
-fn credentials_needed() -> FetchError {
-    FetchError::Registry {
-        message: CREDENTIALS_NEEDED.into(),
-        transient: false,
-    }
 }
 
 /// `<scheme>://<registry>/v2/<repository>/<path>` (`/v2/` for an empty path).
