@@ -138,6 +138,15 @@ async fn cel_rule_requires_exactly_one_chart_source() {
         half_repository.contains("name and version are required with repository"),
         "{half_repository}"
     );
+    let credentials_for_a_path = rejection(
+        &api,
+        json!({"path": "/charts/web", "secretRef": {"name": "pull"}}),
+    )
+    .await;
+    assert!(
+        credentials_for_a_path.contains("secretRef is for repository and oci sources"),
+        "{credentials_for_a_path}"
+    );
 
     // Each single source is accepted.
     for (name, chart) in [
@@ -149,6 +158,10 @@ async fn cel_rule_requires_exactly_one_chart_source() {
         (
             "by-oci",
             json!({"oci": "oci://registry.example/charts/web:1.0.0"}),
+        ),
+        (
+            "by-oci-with-credentials",
+            json!({"oci": "oci://registry.example/charts/web:1.0.0", "secretRef": {"name": "pull"}}),
         ),
     ] {
         let mut m = manifest(name, ChartSource::default());

@@ -163,8 +163,9 @@ mod tests {
             .iter()
             .map(|r| r["rule"].as_str().unwrap())
             .collect();
-        assert_eq!(rules.len(), 2);
+        assert_eq!(rules.len(), 3);
         assert!(rules[0].contains("size() == 1"));
+        assert!(rules[2].contains("has(self.secretRef)"));
         assert_eq!(crd["spec"]["names"]["shortNames"][0], "mfst");
     }
 }
