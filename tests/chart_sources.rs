@@ -85,6 +85,20 @@ fn packaged() -> &'static Packaged {
     })
 }
 
+/// A Helm chart's OCI image manifest whose one chart layer has this digest and size.
+fn helm_manifest(layer_digest: &str, size: usize) -> Vec<u8> {
+    json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.cncf.helm.config.v1+json",
+                   "digest": format!("sha256:{}", sha256(b"{}")), "size": 2},
+        "layers": [{"mediaType": "application/vnd.cncf.helm.chart.content.v1.tar+gzip",
+                    "digest": layer_digest, "size": size}],
+    })
+    .to_string()
+    .into_bytes()
+}
+
 /// A gzipped tar; entry names are written raw so that hostile ones (`..`, `/`) can be built.
 fn tgz(entries: &[(&str, tar::EntryType, &[u8])]) -> Vec<u8> {
     let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
@@ -1082,18 +1096,6 @@ async fn a_hostile_registry_is_refused() {
     let server = RepoServer::start().await;
     let host = server.url.trim_start_matches("http://").to_owned();
     server.put("/v2/", "{}");
-    let helm_manifest = |layer_digest: &str, size: usize| {
-        json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.cncf.helm.config.v1+json",
-                       "digest": format!("sha256:{}", sha256(b"{}")), "size": 2},
-            "layers": [{"mediaType": "application/vnd.cncf.helm.chart.content.v1.tar+gzip",
-                        "digest": layer_digest, "size": size}],
-        })
-        .to_string()
-        .into_bytes()
-    };
     server.put("/v2/charts/huge/manifests/1.0.0", vec![b' '; 5 << 20]);
     let body = helm_manifest(&format!("sha256:{}", sha256(b"x")), 1);
     server.reply(
@@ -1154,17 +1156,6 @@ async fn endless_answers_are_cut_off_at_their_limit() {
     };
     let cache = tempfile::tempdir().unwrap();
     let charts = remote(cache.path());
-    let helm_manifest = |layer_digest: &str| {
-        json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.cncf.helm.config.v1+json",
-                       "digest": format!("sha256:{}", sha256(b"{}")), "size": 2},
-            "layers": [{"mediaType": "application/vnd.cncf.helm.chart.content.v1.tar+gzip",
-                        "digest": layer_digest, "size": 100}],
-        })
-        .to_string()
-    };
     let layer = format!("sha256:{}", sha256(b"layer"));
 
     // A registry whose token realm never stops talking.
@@ -1178,7 +1169,7 @@ async fn endless_answers_are_cut_off_at_their_limit() {
         )),
     );
     tokens.reply("/token", Reply::Stream(StatusCode::OK, ENDLESS));
-    tokens.put("/v2/charts/web/manifests/1.0.0", helm_manifest(&layer));
+    tokens.put("/v2/charts/web/manifests/1.0.0", helm_manifest(&layer, 100));
     let error = resolve(
         &charts,
         &from_oci(&format!("oci://{host}/charts/web:1.0.0")),
@@ -1208,7 +1199,7 @@ async fn endless_answers_are_cut_off_at_their_limit() {
         let registry = RepoServer::start().await;
         let host = registry.url.trim_start_matches("http://").to_owned();
         registry.put("/v2/", "{}");
-        registry.put("/v2/charts/web/manifests/1.0.0", helm_manifest(&layer));
+        registry.put("/v2/charts/web/manifests/1.0.0", helm_manifest(&layer, 100));
         registry.reply(
             &format!("/v2/charts/web/blobs/{layer}"),
             Reply::Stream(status, ENDLESS),
@@ -2055,6 +2046,8 @@ async fn bad_remote_sources_are_reported_and_delete_nothing() {
 #[derive(Clone, Default)]
 struct Guarded {
     required: Arc<Mutex<Option<String>>>,
+    /// The `WWW-Authenticate` of a 401 (default: `Basic realm="charts"`).
+    challenge: Arc<Mutex<Option<String>>>,
     files: Arc<Mutex<HashMap<String, Reply>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
 }
@@ -2085,7 +2078,9 @@ impl GuardedServer {
             g.seen.lock().unwrap().push((path.clone(), auth.clone()));
             let required = g.required.lock().unwrap().clone();
             if required.is_some() && auth != required {
-                let challenge = [(header::WWW_AUTHENTICATE, "Basic realm=\"charts\"")];
+                let challenge = g.challenge.lock().unwrap().clone();
+                let challenge = challenge.unwrap_or_else(|| "Basic realm=\"charts\"".into());
+                let challenge = [(header::WWW_AUTHENTICATE, challenge)];
                 return (StatusCode::UNAUTHORIZED, challenge).into_response();
             }
             match g.files.lock().unwrap().get(&path).cloned() {
@@ -2345,6 +2340,86 @@ async fn a_registry_with_basic_auth_serves_only_the_right_credentials() {
     for source in [&by_tag, &by_digest] {
         assert_refused(&charts, source, &cases).await;
     }
+}
+
+/// The distribution token flow with credentials: the registry's `Bearer` challenge names a
+/// realm, which gets the credentials (basic) and answers a pull token, which the registry gets;
+/// wrong credentials are refused by the realm. A plain-HTTP registry naming a realm on another
+/// host gets no credentials sent there; a bearer token in the Secret goes to the registry as it
+/// is, never to a realm.
+#[tokio::test]
+async fn the_token_flow_sends_the_credentials_only_to_the_realm_it_trusts() {
+    const TOKEN: &str = "pull-token-5a1e";
+    let realm = GuardedServer::start("127.0.0.1:0", Some(("alice", RIGHT))).await;
+    realm.put(
+        "/token",
+        Reply::Body(json!({"token": TOKEN}).to_string().into_bytes()),
+    );
+    let registry = GuardedServer::start("127.0.0.1:0", None).await;
+    *registry.state.required.lock().unwrap() = Some(format!("Bearer {TOKEN}"));
+    let challenge = |realm: &str| format!("Bearer realm=\"{realm}/token\",service=\"test\"");
+    *registry.state.challenge.lock().unwrap() = Some(challenge(&realm.url));
+    let v1 = &packaged().v1;
+    registry.put(
+        "/v2/charts/catalog/manifests/1.0.0",
+        Reply::Body(helm_manifest(&format!("sha256:{}", sha256(v1)), v1.len())),
+    );
+    registry.put(
+        &format!("/v2/charts/catalog/blobs/sha256:{}", sha256(v1)),
+        Reply::Body(v1.clone()),
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let fresh = || {
+        let mut config = config(cache.path());
+        config.allowed_private = vec!["127.0.0.0/8".parse().unwrap()];
+        RemoteCharts::new(config).unwrap()
+    };
+    let charts = fresh();
+    let source = from_oci(&format!("oci://{}/charts/catalog:1.0.0", registry.host));
+    let right = credentials("pull", &[("username", "alice"), ("password", RIGHT)]);
+    let chart = resolve_as(&charts, &source, Some(&right)).await.unwrap();
+    assert_eq!(chart.digest, format!("sha256:{}", sha256(v1)));
+    let basic_right = basic("alice", RIGHT);
+    assert!(
+        realm
+            .seen()
+            .iter()
+            .all(|(_, auth)| auth.as_deref() == Some(basic_right.as_str())),
+        "{:?}",
+        realm.seen()
+    );
+    assert!(
+        registry.seen().iter().all(|(_, auth)| auth
+            .as_ref()
+            .is_none_or(|a| a == &format!("Bearer {TOKEN}"))),
+        "the registry got the token, never the password: {:?}",
+        registry.seen()
+    );
+    let wrong = credentials("pull", &[("username", "alice"), ("password", WRONG)]);
+    let cases = refusals(&realm.host, &wrong);
+    assert_refused(&charts, &source, &cases[..1]).await;
+
+    // The registry's own token, used as it is: the realm sees no request for it.
+    let before = realm.seen().len();
+    let token = credentials("pull", &[("bearerToken", TOKEN)]);
+    resolve_as(&charts, &source, Some(&token)).await.unwrap();
+    assert_eq!(realm.seen().len(), before);
+
+    // A realm on another host named by a plain-HTTP registry gets nothing.
+    let elsewhere = GuardedServer::start("127.0.0.2:0", None).await;
+    *registry.state.challenge.lock().unwrap() = Some(challenge(&elsewhere.url));
+    let error = resolve_as(&fresh(), &source, Some(&right))
+        .await
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains(&format!(
+            "names a token realm on another host ({}): credentials are not sent there",
+            elsewhere.host
+        )),
+        "{message}"
+    );
+    assert!(elsewhere.seen().is_empty(), "{:?}", elsewhere.seen());
 }
 
 /// Installs a Secret `name` of `data` (string values) labelled for the watch, or replaces its

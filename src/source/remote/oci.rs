@@ -53,8 +53,8 @@ impl RemoteCharts {
     /// How the pull is authorized, as the distribution spec's token flow: nothing when `/v2/`
     /// asks for nothing; for a `Bearer` challenge, a pull token from the realm, asked for with
     /// `credentials` (basic) when there are any — only to a realm on the registry's own host
-    /// when the registry is spoken to over plain HTTP (an unauthenticated answer could name any
-    /// realm) — or the credentials themselves when they are a token; for a `Basic` challenge,
+    /// (any port) when the registry is spoken to over plain HTTP (an unauthenticated answer
+    /// could name any realm) — or the credentials themselves when they are a token; for a `Basic` challenge,
     /// the credentials.
     async fn grant(
         &self,
@@ -127,7 +127,7 @@ impl RemoteCharts {
         }
         let mut request = self.get(&realm)?;
         if let Some(auth) = credentials {
-            if registry.scheme() == "http" && authority(&realm) != authority(registry) {
+            if registry.scheme() == "http" && realm.host_str() != registry.host_str() {
                 return Err(FetchError::Registry {
                     message: format!(
                         "the registry, spoken to over plain HTTP, names a token realm on \
