@@ -2203,7 +2203,7 @@ const WRONG: &str = "wrong-pass-77c0aa";
 /// A repository behind basic auth: the right credentials fetch the chart; wrong or missing ones
 /// fail with a clear message that quotes no credential — even though the chart is in the disk
 /// cache by then (each Manifest proves its own access: the index is cached per credentials);
-/// after a rotation at the server, the new credentials work.
+/// after a rotation at the server, the new credentials work; so does a bearer token.
 #[tokio::test]
 async fn a_repository_with_basic_auth_serves_only_the_right_credentials() {
     let server = GuardedServer::start("127.0.0.1:0", Some(("alice", RIGHT))).await;
@@ -2242,6 +2242,12 @@ async fn a_repository_with_basic_auth_serves_only_the_right_credentials() {
         "the archive came from the cache"
     );
     assert_eq!(charts.stats().index_downloads, 2);
+
+    // A bearer token (`bearerToken`) instead.
+    *server.state.required.lock().unwrap() = Some("Bearer repo-token-9f2c".into());
+    let bearer = credentials("repo-creds", &[("bearerToken", "repo-token-9f2c")]);
+    resolve_as(&charts, &source, Some(&bearer)).await.unwrap();
+    assert_eq!(charts.stats().index_downloads, 3);
 }
 
 /// Credentials go to the repository's own host only: not to a chart URL of the index on
