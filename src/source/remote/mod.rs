@@ -494,4 +494,37 @@ mod tests {
         );
         assert!(FetchError::MediaType("x".into()).is_permanent());
     }
+
+    #[test]
+    fn refusals_say_whether_credentials_went_to_the_host_that_refused() {
+        let refused = |host: &str| FetchError::Unauthorized {
+            host: host.into(),
+            status: 401,
+            sent: false,
+        };
+        let sent = refused("charts.example.com").credentials_sent_to("charts.example.com");
+        assert!(sent.is_permanent());
+        assert_eq!(
+            sent.to_string(),
+            "authentication to charts.example.com failed (HTTP 401): check spec.chart.secretRef"
+        );
+        // Redirected to a CDN, which got none.
+        let elsewhere = refused("cdn.example.net").credentials_sent_to("charts.example.com");
+        assert!(elsewhere.to_string().starts_with(
+            "cdn.example.net asks for credentials (HTTP 401): set spec.chart.secretRef"
+        ));
+        let url = |text: &str| reqwest::Url::parse(text).unwrap();
+        let origin = url("https://charts.example.com/stable");
+        assert!(http::same_origin(
+            &url("https://charts.example.com:443/x.tgz"),
+            &origin
+        ));
+        for other in [
+            "http://charts.example.com/x.tgz",
+            "https://charts.example.com:8443/x.tgz",
+            "https://cdn.example.com/x.tgz",
+        ] {
+            assert!(!http::same_origin(&url(other), &origin), "{other}");
+        }
+    }
 }
