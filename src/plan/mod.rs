@@ -4,6 +4,7 @@
 pub mod diff;
 pub mod drift;
 pub mod hooks;
+pub mod ownership;
 pub mod readiness;
 pub mod status;
 pub mod tenancy;
