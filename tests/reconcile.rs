@@ -563,7 +563,7 @@ async fn objects_it_does_not_manage_are_neither_taken_over_nor_deleted() {
     );
 
     // Later passes (a spec change here; an operator restart likewise) refuse it again: the
-    // refused object was never recorded in the inventory, so it is still checked.
+    // refused object is recorded without a UID, so every apply of it is a create that fails.
     h.patch_spec("catalog", json!({"values": {"greeting": "again"}}))
         .await;
     h.wait_state("catalog", State::Error).await;

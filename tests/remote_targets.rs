@@ -62,6 +62,7 @@ extern "C" fn stop_remote() {
 /// An operator reconciling this test's namespace of the local cluster, stopped when dropped.
 struct Harness {
     local: Client,
+    local_plane: &'static testenv::ControlPlane,
     remote: Client,
     remote_plane: &'static testenv::ControlPlane,
     ns: String,
@@ -119,6 +120,7 @@ async fn start(prefix: &str) -> Harness {
     Harness {
         manifests: Api::namespaced(local.clone(), &ns),
         local,
+        local_plane,
         remote,
         remote_plane,
         ns,
@@ -756,6 +758,85 @@ async fn pipe(
             return;
         }
     }
+}
+
+#[tokio::test]
+async fn a_kubeconfig_secret_edited_to_name_another_cluster_is_refused_and_nothing_is_written_there()
+ {
+    let h = start("remote-identity").await;
+    let deployer = format!("{}-deployer", h.ns);
+    let kubeconfig = h.service_account_kubeconfig(&deployer).await;
+    h.put_secret("remote", &kubeconfig).await;
+    let values = json!({"greeting": "hi"});
+    let manifest = h.manifest(
+        "catalog",
+        "examples/charts/catalog-v1",
+        Some("remote"),
+        values,
+    );
+    h.create(&manifest).await;
+    let installed = h.wait_state("catalog", State::Ready).await;
+    let kube_system = |client: &Client| Api::<Namespace>::all(client.clone());
+    let remote_identity = kube_system(&h.remote)
+        .get("kube-system")
+        .await
+        .unwrap()
+        .uid();
+    assert!(remote_identity.is_some());
+    let recorded = installed.status.clone().unwrap().target_identity;
+    assert_eq!(recorded, remote_identity, "recorded at first contact");
+
+    // The Secret now names another cluster (the local control plane, its admin credentials).
+    let other = std::fs::read_to_string(h.local_plane.kubeconfig()).unwrap();
+    h.put_secret("remote", &other).await;
+    let refused = h
+        .wait_error(
+            "catalog",
+            "TargetError",
+            "not the cluster the module was applied to",
+        )
+        .await;
+    let (_, message) = ready_condition(&refused).unwrap();
+    let local_identity = kube_system(&h.local)
+        .get("kube-system")
+        .await
+        .unwrap()
+        .uid();
+    assert!(
+        message.contains("Secret remote") && message.contains(&local_identity.unwrap()),
+        "{message}"
+    );
+    assert!(stalled(&refused), "permanent: waits for a change");
+    // A spec change is refused too; nothing is ever written to the other cluster.
+    h.patch_spec("catalog", json!({"values": {"greeting": "changed"}}))
+        .await;
+    h.wait_for("catalog", "the new generation refused", |m| {
+        let status = m.status.clone().unwrap_or_default();
+        status.observed_generation == m.metadata.generation && status.state == Some(State::Error)
+    })
+    .await;
+    assert_eq!(h.local_config_maps().await, Vec::<String>::new());
+    let settings = h.remote_config_map("catalog-settings").await.unwrap();
+    assert_eq!(
+        data(&settings, "greeting").as_deref(),
+        Some("hi"),
+        "the module's cluster is untouched too"
+    );
+
+    // Deleting it completes without touching either cluster: released with a Warning.
+    h.delete_and_wait("catalog").await;
+    let events = h.events("catalog").await;
+    assert!(
+        events
+            .iter()
+            .any(|(kind, reason, _)| kind == "Warning" && reason == "TargetGone"),
+        "{events:?}"
+    );
+    assert_eq!(h.local_config_maps().await, Vec::<String>::new());
+    assert!(
+        h.remote_config_map("catalog-settings").await.is_some(),
+        "left on the module's cluster"
+    );
 }
 
 #[tokio::test]

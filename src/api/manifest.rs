@@ -3,6 +3,8 @@
 //! The doc comments on these types become the descriptions in the generated CRD schema
 //! (`module-manager crd`, checked in as `crds/manifest.yaml`).
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
@@ -343,6 +345,21 @@ pub struct ManifestStatus {
     /// Every object applied for this module, in install order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inventory: Vec<InventoryEntry>,
+
+    /// The UID of each inventory object as module-manager created or took it over, by
+    /// `Kind.group/namespace/name` (`Kind/namespace/name` in the core group, no namespace for
+    /// cluster-scoped objects). Every apply is conditional on it, and so is every delete: an
+    /// object deleted and created again by someone else is neither written nor deleted. An
+    /// inventory object without one (recorded before its first apply answered, or by an older
+    /// version) is written only if it does not exist or is labelled as this Manifest's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub inventory_uids: BTreeMap<String, String>,
+
+    /// The identity of the cluster the module was first applied to: the UID of its
+    /// `kube-system` Namespace. A pass on a cluster with another identity (a kubeconfig Secret
+    /// edited to name another cluster) is refused before anything is written there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_identity: Option<String>,
 
     /// The virtual shard this Manifest belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -5,12 +5,14 @@ pub mod catalog;
 pub mod identity;
 pub mod kubeconfig;
 pub mod namespace;
+pub mod ownership;
 pub mod target;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
@@ -19,6 +21,7 @@ use kube::discovery::{ApiResource, Discovery, Scope as DiscoveryScope};
 use kube::{Client, Error as KubeError, ResourceExt};
 
 use crate::api::InventoryEntry;
+use crate::plan::ownership::Guard;
 use crate::plan::{RenderedObject, Scope, describe, drift};
 use serde_json::Value;
 
@@ -31,6 +34,10 @@ const SERVES_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(1);
 /// The label on every applied object naming the Manifest (by UID) that manages it. Only objects
 /// carrying it are adopted on upgrade, pruned or deleted.
 pub const MANIFEST_UID_LABEL: &str = "modulemanager.io/manifest-uid";
+
+/// The Namespace whose UID identifies a cluster (every cluster has it; created by the API
+/// server itself).
+const IDENTITY_NAMESPACE: &str = "kube-system";
 
 /// The Helm annotation that keeps an object when it leaves the chart or the release is deleted.
 const RESOURCE_POLICY: &str = "helm.sh/resource-policy";
@@ -90,6 +97,35 @@ pub enum ApplyError {
     /// the object exists but is not managed by this Manifest.
     #[error("{0} already exists and is not managed by this Manifest; refusing to take it over")]
     NotOwned(String),
+    /// the object exists and is labelled as another Manifest's (which created or took it over
+    /// first).
+    #[error(
+        "{object} already exists and is managed by the Manifest with UID {owner}; refusing to take it over"
+    )]
+    OwnedByAnother {
+        /// The object.
+        object: String,
+        /// The UID its `modulemanager.io/manifest-uid` label names.
+        owner: String,
+    },
+    /// the object the inventory recorded was deleted and another one created under its name:
+    /// it is neither written nor deleted.
+    #[error(
+        "{object} was deleted and created again by someone else ({owner}); left alone: neither applied over nor deleted"
+    )]
+    Replaced {
+        /// The object.
+        object: String,
+        /// Whose label the new one carries, as a phrase.
+        owner: String,
+    },
+    /// the object changed between the read that decided to take it over and the write
+    /// (retried: the next pass decides again).
+    #[error("{0} changed while it was being taken over; the next pass decides again")]
+    Changed(String),
+    /// the precondition of a guarded apply failed (decided on by `apply_owned`, never shown).
+    #[error("{0}: the apply's precondition failed")]
+    PreconditionFailed(String),
     /// CRDs did not become Established in time.
     #[error("CustomResourceDefinition {0} is not Established")]
     CrdNotEstablished(String),
@@ -111,7 +147,13 @@ pub enum ApplyError {
 impl ApplyError {
     /// Whether retrying without a spec change cannot help.
     pub fn is_permanent(&self) -> bool {
-        matches!(self, Self::Rejected { .. } | Self::NotOwned(_))
+        matches!(
+            self,
+            Self::Rejected { .. }
+                | Self::NotOwned(_)
+                | Self::OwnedByAnother { .. }
+                | Self::Replaced { .. }
+        )
     }
 
     fn from_kube(id: &InventoryEntry, source: KubeError) -> Self {
@@ -236,6 +278,8 @@ pub struct Cluster {
     /// The local cluster's CRDs, followed by a watch (`None`: a remote target, or a test
     /// Context: discovery alone, refreshed by age).
     catalog: Option<Arc<catalog::CrdCatalog>>,
+    /// The cluster's identity, read once ([`Cluster::identity`]).
+    identity: tokio::sync::OnceCell<Option<String>>,
 }
 
 impl Cluster {
@@ -247,6 +291,7 @@ impl Cluster {
             surface,
             user: None,
             catalog: None,
+            identity: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -267,6 +312,25 @@ impl Cluster {
     /// The user this cluster's requests impersonate; `None`: the client's own identity.
     pub fn impersonating(&self) -> Option<&str> {
         self.user.as_deref()
+    }
+
+    /// The cluster's identity: the UID of its `kube-system` Namespace, read once per handle
+    /// (a remote target's client is cached, the local cluster's lives as long as the replica).
+    /// `None` when this identity may not read it (403) or it does not exist; other failures are
+    /// not kept (the next pass reads again).
+    pub async fn identity(&self) -> Result<Option<String>, ApplyError> {
+        let read = || async {
+            let namespaces = Api::<Namespace>::all(self.client.clone());
+            match namespaces.get_opt(IDENTITY_NAMESPACE).await {
+                Ok(namespace) => Ok(namespace.and_then(|n| n.metadata.uid)),
+                Err(KubeError::Api(status)) if status.code == 403 => Ok(None),
+                Err(source) => Err(ApplyError::Api {
+                    object: format!("Namespace/{IDENTITY_NAMESPACE}"),
+                    source,
+                }),
+            }
+        };
+        self.identity.get_or_try_init(read).await.cloned()
     }
 
     /// The client.
@@ -366,29 +430,6 @@ impl Cluster {
         }
     }
 
-    /// Refuses an object that already exists without this Manifest's label (or with another
-    /// Manifest's), as Helm refuses to install over objects it does not own. Called for objects
-    /// new to the inventory, before they are recorded, so a refused object is never recorded
-    /// (and never checked less strictly on a later pass).
-    pub async fn check_adoptable(
-        &self,
-        object: &RenderedObject,
-        owner_uid: &str,
-    ) -> Result<(), ApplyError> {
-        match self.get(&object.id).await? {
-            Some(existing)
-                if existing
-                    .labels()
-                    .get(MANIFEST_UID_LABEL)
-                    .map(String::as_str)
-                    != Some(owner_uid) =>
-            {
-                Err(ApplyError::NotOwned(describe(&object.id)))
-            }
-            _ => Ok(()),
-        }
-    }
-
     /// Server-side applies one object, labelled as managed by the Manifest `owner_uid`, and
     /// returns it as stored. Applied without `force` first: a field another manager changed
     /// is a conflict (HTTP 409), answered by a forced apply that takes the drift back — less
@@ -399,7 +440,20 @@ impl Cluster {
         object: &RenderedObject,
         owner_uid: &str,
     ) -> Result<DynamicObject, ApplyError> {
-        self.server_side_apply(object, owner_uid, false).await
+        self.server_side_apply(object, owner_uid, false, None).await
+    }
+
+    /// [`Cluster::apply`] carrying `guard`'s precondition in the body: when the API server
+    /// refuses it, [`ApplyError::PreconditionFailed`] and nothing is written
+    /// ([`ownership::apply_owned`] decides what comes next).
+    pub async fn apply_guarded(
+        &self,
+        object: &RenderedObject,
+        owner_uid: &str,
+        guard: &Guard,
+    ) -> Result<DynamicObject, ApplyError> {
+        self.server_side_apply(object, owner_uid, false, Some(guard))
+            .await
     }
 
     /// Applies `body` (fields at their live values, [`drift::handover`]) under
@@ -455,20 +509,26 @@ impl Cluster {
         object: &RenderedObject,
         owner_uid: &str,
     ) -> Result<DynamicObject, ApplyError> {
-        self.server_side_apply(object, owner_uid, true).await
+        self.server_side_apply(object, owner_uid, true, None).await
     }
 
     /// The apply of [`Cluster::apply`] (`dry_run`: with `dryRun=All`, as `diff` previews it):
     /// without `force` first, and forced — less the fields left to autoscalers
-    /// ([`drift::yielded`]) — when another manager changed a field the chart sets.
+    /// ([`drift::yielded`]) — when another manager changed a field the chart sets; with `guard`,
+    /// its precondition in the body (both requests), and a refusal of it is
+    /// [`ApplyError::PreconditionFailed`].
     async fn server_side_apply(
         &self,
         object: &RenderedObject,
         owner_uid: &str,
         dry_run: bool,
+        guard: Option<&Guard>,
     ) -> Result<DynamicObject, ApplyError> {
         let api = self.api_for(&object.id)?;
         let mut body = labelled(object, owner_uid);
+        if let Some(guard) = guard {
+            ownership::precondition(&mut body, guard);
+        }
         let name = &object.id.name;
         let params = |force: bool| {
             let params = PatchParams::apply(FIELD_MANAGER);
@@ -476,7 +536,10 @@ impl Cluster {
             if dry_run { params.dry_run() } else { params }
         };
         let answer = match api.patch(name, &params(false), &Patch::Apply(&body)).await {
-            Err(KubeError::Api(status)) if status.code == 409 => {
+            Err(KubeError::Api(status))
+                if status.code == 409
+                    && (guard.is_none() || ownership::field_conflict(&status)) =>
+            {
                 for pointer in drift::yielded(&object.id, &status.message) {
                     pointer.remove(&mut body);
                 }
@@ -485,6 +548,9 @@ impl Cluster {
             answer => answer,
         };
         match answer {
+            Err(KubeError::Api(status)) if guard.is_some() && ownership::refused(&status) => {
+                Err(ApplyError::PreconditionFailed(describe(&object.id)))
+            }
             Err(e) if not_served(&e) && !self.serves(&object.id).await? => {
                 Err(ApplyError::NoLongerServed {
                     object: describe(&object.id),
@@ -497,12 +563,14 @@ impl Cluster {
 
     /// Deletes an object managed by the Manifest `owner_uid`, in the background (dependents by
     /// the garbage collector). Objects without the Manifest's label, or annotated
-    /// `helm.sh/resource-policy: keep`, are kept. The delete is conditional on the UID that was
-    /// read, so an object re-created meanwhile is not hit.
+    /// `helm.sh/resource-policy: keep`, are kept, and so is one whose UID is not
+    /// `recorded_uid` (the inventory's: deleted and created again by someone else). The delete is
+    /// conditional on the UID that was read, so an object re-created meanwhile is not hit.
     pub async fn delete(
         &self,
         id: &InventoryEntry,
         owner_uid: &str,
+        recorded_uid: Option<&str>,
     ) -> Result<Deletion, ApplyError> {
         let Some(api) = self.served_api(id).await? else {
             return Ok(Deletion::Gone);
@@ -517,6 +585,9 @@ impl Cluster {
             != Some(owner_uid)
         {
             return Ok(Deletion::Kept("not managed by this Manifest"));
+        }
+        if recorded_uid.is_some_and(|uid| existing.metadata.uid.as_deref() != Some(uid)) {
+            return Ok(Deletion::Kept("created again by someone else"));
         }
         if existing
             .annotations()

@@ -110,6 +110,19 @@ pub enum TargetError {
         /// What is wrong, naming fields, never values.
         problem: String,
     },
+    /// the target is not the cluster the module was applied to (a kubeconfig Secret edited to
+    /// name another cluster; waits for a change): nothing is applied, pruned or deleted there.
+    #[error(
+        "the target {server} named by Secret {secret} is not the cluster the module was applied to ({problem}); nothing was applied, pruned or deleted there"
+    )]
+    OtherCluster {
+        /// The server URL (without credentials).
+        server: String,
+        /// The Secret's name.
+        secret: String,
+        /// What differs, naming the identities (UIDs of `kube-system` Namespaces).
+        problem: String,
+    },
     /// the target failed at the connection level (retried with backoff).
     #[error("{}", connection_message(.server, .secret, *.failure, .detail))]
     Connection {
@@ -140,9 +153,10 @@ impl TargetError {
     /// The static category (status reason, Event reason, metric label).
     pub fn category(&self) -> &'static str {
         match self {
-            Self::SecretMissing { .. } | Self::KeyMissing { .. } | Self::Refused { .. } => {
-                "TargetError"
-            }
+            Self::SecretMissing { .. }
+            | Self::KeyMissing { .. }
+            | Self::Refused { .. }
+            | Self::OtherCluster { .. } => "TargetError",
             Self::Connection {
                 failure: Failure::Unreachable,
                 ..
@@ -154,20 +168,21 @@ impl TargetError {
     /// A refused kubeconfig waits for a change (and is re-checked at `spec.interval`); the rest
     /// back off and retry.
     pub fn is_permanent(&self) -> bool {
-        matches!(self, Self::Refused { .. })
+        matches!(self, Self::Refused { .. } | Self::OtherCluster { .. })
     }
 
     /// The `reason` label of `module_manager_target_errors_total`.
     pub fn reason(&self) -> &'static str {
         match self {
             Self::SecretMissing { .. } | Self::KeyMissing { .. } => "secret",
-            Self::Refused { .. } => "refused",
+            Self::Refused { .. } | Self::OtherCluster { .. } => "refused",
             Self::Connection { failure, .. } => failure.reason(),
         }
     }
 
     /// Whether the target can no longer be named at all (Secret or key gone, kubeconfig
-    /// refused): a Manifest being deleted is then released, leaving the objects on the target.
+    /// refused, another cluster than the module's): a Manifest being deleted is then released,
+    /// leaving the objects on the target.
     pub fn target_gone(&self) -> bool {
         !matches!(self, Self::Connection { .. })
     }
@@ -583,6 +598,11 @@ impl Target<'_> {
     /// The remote server's URL; `None` for the local cluster.
     pub fn server(&self) -> Option<&str> {
         self.remote.as_ref().map(|r| r.server.as_str())
+    }
+
+    /// The name of the remote target's kubeconfig Secret; `None` for the local cluster.
+    pub fn secret(&self) -> Option<&str> {
+        self.remote.as_ref().map(|r| r.key.name.as_str())
     }
 
     /// An apply-step error of a pass on this target: on a remote target, an error of the target

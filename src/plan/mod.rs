@@ -4,6 +4,7 @@
 pub mod diff;
 pub mod drift;
 pub mod hooks;
+pub mod ownership;
 pub mod readiness;
 pub mod status;
 pub mod tenancy;
@@ -296,9 +297,17 @@ impl Default for PlanLimits {
     }
 }
 
+/// The bytes of `status.inventoryUids` for these objects, less its braces: `"<key>":"<uid>",`
+/// each (a UID is 36 characters).
+fn uid_bytes<'e>(objects: impl Iterator<Item = &'e InventoryEntry>) -> usize {
+    let keys: BTreeSet<String> = objects.map(ownership::uid_key).collect();
+    keys.iter().map(|key| key.len() + 42).sum()
+}
+
 /// Refuses a plan over `limits`: too many objects, or an inventory that, with the entries
 /// `previous` lists (kept until pruned) and the hook objects, would be too large for the
-/// status. The estimate is the entries' JSON, as the status carries them.
+/// status. The estimate is the entries' JSON, as the status carries them, and the objects' UIDs
+/// (`status.inventoryUids`, not for hooks).
 pub fn check_limits(
     plan: &Plan,
     previous: &[InventoryEntry],
@@ -323,7 +332,8 @@ pub fn check_limits(
         .iter()
         .map(|e| serde_json::to_vec(e).map_or(0, |v| v.len() + 1))
         .sum::<usize>()
-        + 1;
+        + 1
+        + uid_bytes(previous.iter().chain(plan.applied().map(|o| &o.id)));
     if bytes > limits.max_inventory_bytes {
         return Err(PlanError::InventoryTooLarge {
             bytes,
@@ -860,7 +870,7 @@ metadata:
     }
 
     /// Objects are counted over CRDs, objects and hooks; the inventory estimate covers what
-    /// the status would list (the previous entries too) and matches its JSON.
+    /// the status would list (the previous entries too, the objects' UIDs) and matches its JSON.
     #[test]
     fn renders_over_the_caps_are_refused() {
         let docs = |n: usize| {
@@ -883,7 +893,13 @@ metadata:
         );
         let mut listed: Vec<InventoryEntry> = plan.applied().map(|o| o.id.clone()).collect();
         listed.push(plan.hooks[0].object.id.clone());
-        let exact = serde_json::to_vec(&listed).unwrap().len();
+        let uids: std::collections::BTreeMap<String, String> = plan
+            .applied()
+            .map(|o| (ownership::uid_key(&o.id), "u".repeat(36)))
+            .collect();
+        let exact = serde_json::to_vec(&listed).unwrap().len()
+            + serde_json::to_vec(&uids).unwrap().len()
+            - 1;
         assert_eq!(check_limits(&plan, &[], &[], limits(4, exact)), Ok(()));
         assert_eq!(
             check_limits(&plan, &[], &[], limits(4, exact - 1)),

@@ -1,8 +1,11 @@
 //! Status (pure): the next `ManifestStatus` from the previous one and a reconcile's outcome,
 //! with Kubernetes-convention conditions whose transition times move only on a change.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use super::ownership;
 use crate::api::{HookOperation, HookRun, InventoryEntry, LastOperation, ManifestStatus, State};
 use crate::telemetry::events::{MESSAGE_LIMIT, shorten};
 
@@ -119,6 +122,11 @@ pub struct Facts {
     pub applied_generation: Option<i64>,
     /// The inventory.
     pub inventory: Option<Vec<InventoryEntry>>,
+    /// The UIDs of objects this pass created or took over, by [`ownership::uid_key`]; merged
+    /// into `status.inventoryUids` (kept for objects still in the inventory).
+    pub learned_uids: BTreeMap<String, String>,
+    /// The target cluster's identity, once read (`None` keeps the previous value).
+    pub target_identity: Option<String>,
     /// The hook run's progress.
     pub hook_run: Option<HookRun>,
     /// The hook objects that may exist.
@@ -183,7 +191,42 @@ pub fn next_status(
         set(&mut conditions, "Applied", applied);
     }
 
-    let last_operation = match outcome.operation {
+    let last_operation = last_operation(&previous, outcome, &message, now);
+
+    let inventory = facts.inventory.unwrap_or(previous.inventory);
+    ManifestStatus {
+        state: Some(outcome.state),
+        observed_generation: generation,
+        conditions,
+        chart_digest: facts.chart_digest.or(previous.chart_digest),
+        rendered_digest: facts.rendered_digest.or(previous.rendered_digest),
+        values_digest: facts.values_digest.or(previous.values_digest),
+        applied_generation: facts.applied_generation.or(previous.applied_generation),
+        inventory_uids: inventory_uids(previous.inventory_uids, facts.learned_uids, &inventory),
+        target_identity: facts.target_identity.or(previous.target_identity),
+        inventory,
+        shard: shard.or(previous.shard),
+        owner: Some(owner.to_owned()),
+        last_operation,
+        hook_run: facts.hook_run.or(previous.hook_run),
+        hook_objects: facts.hook_objects.unwrap_or(previous.hook_objects),
+        readiness_started: facts
+            .readiness_started
+            .unwrap_or(previous.readiness_started),
+        last_handled_reconcile_at: previous.last_handled_reconcile_at,
+        last_handled_reset_at: previous.last_handled_reset_at,
+    }
+}
+
+/// The last operation: a new one when this pass performed one (and it or its message differs),
+/// else the previous one.
+fn last_operation(
+    previous: &ManifestStatus,
+    outcome: &Outcome,
+    message: &str,
+    now: &Time,
+) -> Option<LastOperation> {
+    match outcome.operation {
         Some(operation) => {
             let operation = operation.as_str();
             let same = previous
@@ -196,33 +239,25 @@ pub fn next_status(
                 Some(LastOperation {
                     operation: operation.to_owned(),
                     time: now.clone(),
-                    message: message.clone().into_owned(),
+                    message: message.to_owned(),
                 })
             }
         }
         None => previous.last_operation.clone(),
-    };
-
-    ManifestStatus {
-        state: Some(outcome.state),
-        observed_generation: generation,
-        conditions,
-        chart_digest: facts.chart_digest.or(previous.chart_digest),
-        rendered_digest: facts.rendered_digest.or(previous.rendered_digest),
-        values_digest: facts.values_digest.or(previous.values_digest),
-        applied_generation: facts.applied_generation.or(previous.applied_generation),
-        inventory: facts.inventory.unwrap_or(previous.inventory),
-        shard: shard.or(previous.shard),
-        owner: Some(owner.to_owned()),
-        last_operation,
-        hook_run: facts.hook_run.or(previous.hook_run),
-        hook_objects: facts.hook_objects.unwrap_or(previous.hook_objects),
-        readiness_started: facts
-            .readiness_started
-            .unwrap_or(previous.readiness_started),
-        last_handled_reconcile_at: previous.last_handled_reconcile_at,
-        last_handled_reset_at: previous.last_handled_reset_at,
     }
+}
+
+/// The recorded UIDs with the ones a pass learned, of the objects `inventory` still holds.
+fn inventory_uids(
+    mut recorded: BTreeMap<String, String>,
+    learned: BTreeMap<String, String>,
+    inventory: &[InventoryEntry],
+) -> BTreeMap<String, String> {
+    recorded.extend(learned);
+    let held: std::collections::HashSet<String> =
+        inventory.iter().map(ownership::uid_key).collect();
+    recorded.retain(|key, _| held.contains(key));
+    recorded
 }
 
 /// Sets a condition, keeping its `lastTransitionTime` unless its status flips.
@@ -258,6 +293,31 @@ fn set_condition(
 mod tests {
     use super::*;
     use k8s_openapi::jiff::Timestamp;
+
+    #[test]
+    fn uids_learned_replace_recorded_ones_and_leave_with_their_objects() {
+        let entry = |name: &str| InventoryEntry {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: "ns".into(),
+            name: name.into(),
+        };
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            let key = |name: &str| ownership::uid_key(&entry(name));
+            pairs
+                .iter()
+                .map(|(n, u)| (key(n), (*u).to_owned()))
+                .collect()
+        };
+        let recorded = map(&[("kept", "u1"), ("recreated", "u2"), ("pruned", "u3")]);
+        let learned = map(&[("recreated", "u4"), ("new", "u5")]);
+        let inventory = [entry("kept"), entry("recreated"), entry("new")];
+        assert_eq!(
+            inventory_uids(recorded, learned, &inventory),
+            map(&[("kept", "u1"), ("recreated", "u4"), ("new", "u5")])
+        );
+    }
 
     fn at(seconds: i64) -> Time {
         Time(Timestamp::from_second(seconds).unwrap())

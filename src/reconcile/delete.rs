@@ -22,6 +22,7 @@ use crate::api::{DeletionPolicy, HookRun, HookRunPhase, InventoryEntry, Manifest
 use crate::apply::Cluster;
 use crate::apply::target::TargetError;
 use crate::plan::hooks::{self, HookState};
+use crate::plan::ownership;
 use crate::plan::status::{Outcome, Reason};
 use crate::plan::{self, Hook, HookEvent, PlanError};
 use crate::shard::fence::Fence;
@@ -53,8 +54,9 @@ pub(super) async fn delete(
     // contact, no delete hooks to run.
     let applied = !previous.inventory.is_empty() || !previous.hook_objects.is_empty();
     if manifest.spec.deletion_policy == DeletionPolicy::Delete && applied {
-        let cluster = match target::resolve(manifest, ctx).await {
-            // The target cannot be named any more: release rather than wait forever.
+        let (cluster, _) = match target::resolve(manifest, ctx).await {
+            // The target cannot be named any more (or is another cluster than the module's):
+            // release rather than wait forever, touching nothing there.
             Err(ReconcileError::Target(gone)) if gone.target_gone() => {
                 let objects = previous.inventory.len() + previous.hook_objects.len();
                 return release_target_gone(manifest, ctx, fence, &gone, objects).await;
@@ -191,7 +193,10 @@ impl Removal<'_> {
         for id in &inventory {
             let (ctx, cluster, fence) = (self.ctx, self.cluster, self.fence);
             let namespace = &scope.manifest_namespace;
-            let outcome = delete_object(ctx, cluster, fence, id, namespace, &scope.uid).await?;
+            let recorded = self.previous.inventory_uids.get(&ownership::uid_key(id));
+            let recorded = recorded.map(String::as_str);
+            let outcome =
+                delete_object(ctx, cluster, fence, id, namespace, &scope.uid, recorded).await?;
             if still_there(&outcome) {
                 remaining.push(plan::describe(id));
             }

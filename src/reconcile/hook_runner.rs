@@ -445,6 +445,7 @@ impl HookScope<'_> {
             id,
             &self.manifest_namespace,
             &self.uid,
+            None,
         )
         .await?;
         if !still_there(&outcome) {

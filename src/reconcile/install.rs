@@ -23,6 +23,7 @@ use crate::apply::namespace::ensure_namespace;
 use crate::apply::{ApplyError, Cluster, kind_name};
 use crate::plan::drift::IgnoreRules;
 use crate::plan::hooks;
+use crate::plan::ownership;
 use crate::plan::readiness::{Readiness, readiness};
 use crate::plan::status::{Facts, Operation, Outcome, Reason};
 use crate::plan::{self, Plan, PruneDecision, RenderedObject, Scope};
@@ -45,7 +46,8 @@ pub(super) async fn install(
         finalizer::claim(manifest, ctx, &shard).await?;
     }
     // The cluster the module goes to: the local one, or the remote target of `spec.target`.
-    let cluster = target::resolve(manifest, ctx).await?;
+    let (cluster, identity) = target::resolve(manifest, ctx).await?;
+    progress.target_identity = identity;
     let step = Install {
         manifest,
         ctx,
@@ -91,6 +93,13 @@ struct Install<'a> {
     interval: Duration,
 }
 
+/// What a pass records while it applies: the inventory (before each apply) and the UIDs the
+/// applies answered with.
+type Records<'r> = (
+    &'r mut Option<Vec<InventoryEntry>>,
+    &'r mut std::collections::BTreeMap<String, String>,
+);
+
 /// What the prune step left: the inventory to record and a refusal to show.
 struct Pruned {
     inventory: Vec<InventoryEntry>,
@@ -126,13 +135,19 @@ impl Install<'_> {
         {
             return Ok(Some(self.waiting(hook_running(message), progress)));
         }
-        let inventory = &mut progress.inventory;
-        self.crds(&previous, inventory, &mut plan, namespace, &drift)
-            .await?;
+        let (inventory, learned) = (&mut progress.inventory, &mut progress.learned_uids);
+        self.crds(
+            &previous,
+            (inventory, learned),
+            &mut plan,
+            namespace,
+            &drift,
+        )
+        .await?;
         self.resolve_scopes(&mut plan, namespace).await?;
         // Apply, recording the inventory first so that nothing applied can be forgotten.
         let applied = self
-            .apply(&previous, inventory, &plan.objects, &drift)
+            .apply(&previous, (inventory, learned), &plan.objects, &drift)
             .await?;
         let changed_inputs = inputs_changed(self.manifest, &previous, &request, &values_digest);
         let pruned = self
@@ -257,13 +272,13 @@ impl Install<'_> {
     async fn crds(
         &self,
         previous: &ManifestStatus,
-        inventory: &mut Option<Vec<InventoryEntry>>,
+        records: Records<'_>,
         plan: &mut Plan,
         namespace: &str,
         drift: &DriftPass<'_>,
     ) -> Result<(), ReconcileError> {
         plan::assign_namespaces(&mut plan.crds, namespace, |_| Some(Scope::Cluster))?;
-        self.apply(previous, inventory, &plan.crds, drift).await?;
+        self.apply(previous, records, &plan.crds, drift).await?;
         if !plan.crds.is_empty() {
             let names: Vec<String> = plan.crds.iter().map(|c| c.id.name.clone()).collect();
             self.cluster
@@ -311,24 +326,18 @@ impl Install<'_> {
         Ok(())
     }
 
-    /// Applies `objects` (recorded in the inventory first); returns them as the server did.
+    /// Applies `objects` (recorded in the inventory first, the UIDs learned after); returns them
+    /// as the server did.
     async fn apply(
         &self,
         previous: &ManifestStatus,
-        recorded: &mut Option<Vec<InventoryEntry>>,
+        (recorded, learned): Records<'_>,
         objects: &[RenderedObject],
         drift: &DriftPass<'_>,
     ) -> Result<Vec<(InventoryEntry, DynamicObject)>, ReconcileError> {
         let (manifest, ctx, cluster, fence) = (self.manifest, self.ctx, self.cluster, self.fence);
         let applied = apply_all(
-            manifest,
-            ctx,
-            cluster,
-            fence,
-            &previous.inventory,
-            recorded,
-            objects,
-            drift,
+            manifest, ctx, cluster, fence, previous, recorded, learned, objects, drift,
         )
         .await?;
         tracing::debug!(objects = applied.len(), "applied");
@@ -353,7 +362,10 @@ impl Install<'_> {
                 let manifest_namespace = self.manifest.namespace().unwrap_or_default();
                 for id in &gone {
                     let (ctx, cluster, fence) = (self.ctx, self.cluster, self.fence);
-                    delete_object(ctx, cluster, fence, id, &manifest_namespace, &self.uid).await?;
+                    let recorded = previous.inventory_uids.get(&ownership::uid_key(id));
+                    let (namespace, uid) = (&manifest_namespace, &self.uid);
+                    let recorded = recorded.map(String::as_str);
+                    delete_object(ctx, cluster, fence, id, namespace, uid, recorded).await?;
                 }
             }
             PruneDecision::Refuse(reason) => {
@@ -436,6 +448,8 @@ impl Install<'_> {
         let facts = Facts {
             applied_generation: self.manifest.meta().generation,
             inventory: Some(ended.pruned.inventory),
+            learned_uids: progress.learned_uids.clone(),
+            target_identity: progress.target_identity.clone(),
             hook_run: progress.hook_run.clone(),
             hook_objects: progress.hook_objects.clone(),
             readiness_started: Some(readiness_started),

@@ -233,6 +233,10 @@ struct Pass {
 #[derive(Default)]
 struct Progress {
     inventory: Option<Vec<InventoryEntry>>,
+    /// The UIDs of the objects this pass's applies answered with.
+    learned_uids: std::collections::BTreeMap<String, String>,
+    /// The target cluster's identity, read at first contact.
+    target_identity: Option<String>,
     hook_objects: Option<Vec<InventoryEntry>>,
     hook_run: Option<HookRun>,
 }
@@ -241,6 +245,8 @@ impl Progress {
     fn facts(&self) -> Facts {
         Facts {
             inventory: self.inventory.clone(),
+            learned_uids: self.learned_uids.clone(),
+            target_identity: self.target_identity.clone(),
             hook_objects: self.hook_objects.clone(),
             hook_run: self.hook_run.clone(),
             ..Default::default()

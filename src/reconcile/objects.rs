@@ -1,14 +1,18 @@
-//! Objects: applying the module's objects (after the adoption check and the inventory record)
-//! and deleting them (guarded, counted).
+//! Objects: applying the module's objects (after the inventory record, each write conditional on
+//! the object being this Manifest's) and deleting them (guarded, counted).
+
+use std::collections::BTreeMap;
 
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 
 use super::records::record_inventory;
 use super::{Context, ReconcileError};
-use crate::api::{InventoryEntry, Manifest};
+use crate::api::{InventoryEntry, Manifest, ManifestStatus};
+use crate::apply::ownership::apply_owned;
 use crate::apply::{Cluster, Deletion, FIELD_MANAGER};
 use crate::plan::drift::{self, IgnoreRules};
+use crate::plan::ownership;
 use crate::plan::{self, RenderedObject};
 use crate::shard::fence::Fence;
 
@@ -22,29 +26,31 @@ pub(super) struct DriftPass<'a> {
     pub changed: bool,
 }
 
-/// Applies `objects` in order, after refusing objects that are not this Manifest's and recording
-/// them all in the inventory (nothing applied can be forgotten); the fence is checked before each
-/// write. Fields the drift rules ignore are left out once an object exists, and fields an apply
-/// would release are handed over first ([`hand_over`]). Returns each object as the server
-/// returned it.
+/// Applies `objects` in order, after recording them all in the inventory (nothing applied can be
+/// forgotten); the fence is checked before each write. Each apply is conditional on the object
+/// being this Manifest's ([`apply_owned`]: its recorded UID, or — new — that it does not exist
+/// yet); the UIDs it learns go to `learned`. Fields the drift rules ignore are left out once an
+/// object exists, and fields an apply would release are handed over first ([`hand_over`]).
+/// Returns each object as the server returned it.
 #[allow(clippy::too_many_arguments, reason = "the pass's parts, each borrowed")]
 pub(super) async fn apply_all(
     manifest: &Manifest,
     ctx: &Context,
     cluster: &Cluster,
     fence: &Fence,
-    previous: &[InventoryEntry],
+    previous: &ManifestStatus,
     recorded: &mut Option<Vec<InventoryEntry>>,
+    learned: &mut BTreeMap<String, String>,
     objects: &[RenderedObject],
     pass: &DriftPass<'_>,
 ) -> Result<Vec<(InventoryEntry, DynamicObject)>, ReconcileError> {
     let uid = manifest.uid().unwrap_or_default();
-    adopt_check(cluster, &uid, previous, objects).await?;
-    record_inventory(manifest, ctx, fence, previous, recorded, objects).await?;
+    let previous_inventory = &previous.inventory;
+    record_inventory(manifest, ctx, fence, previous_inventory, recorded, objects).await?;
     let mut applied = Vec::with_capacity(objects.len());
     for object in objects {
         // Applied before, also under another version (a chart moving to `autoscaling/v2`).
-        let exists = crate::plan::holds(previous, &object.id);
+        let exists = crate::plan::holds(previous_inventory, &object.id);
         let mut prepared = drift::prepare(object, pass.rules, exists);
         if exists && pass.changed && prepared.may_release() {
             // One read, only when a field may be released: is it module-manager's?
@@ -57,8 +63,13 @@ pub(super) async fn apply_all(
             id: object.id.clone(),
             body: std::mem::take(&mut prepared.body),
         };
+        let key = ownership::uid_key(&object.id);
+        let recorded_uid = learned.get(&key).or(previous.inventory_uids.get(&key));
         fence.check()?;
-        let answer = cluster.apply(&body, &uid).await?;
+        let answer = apply_owned(cluster, &body, &uid, recorded_uid.map(String::as_str)).await?;
+        if let Some(object_uid) = answer.metadata.uid.clone() {
+            learned.insert(key, object_uid);
+        }
         if first_with_ignored {
             // The first apply set the ignored fields: hand them over now (from the answer, no
             // read), so the next apply, without them, releases nothing to a default.
@@ -89,22 +100,9 @@ async fn hand_over(
     Ok(())
 }
 
-/// Refuses, before anything is recorded or applied, objects new to the inventory that already
-/// exist and are not this Manifest's.
-async fn adopt_check(
-    cluster: &Cluster,
-    uid: &str,
-    previous: &[InventoryEntry],
-    objects: &[RenderedObject],
-) -> Result<(), ReconcileError> {
-    for object in objects.iter().filter(|o| !previous.contains(&o.id)) {
-        cluster.check_adoptable(object, uid).await?;
-    }
-    Ok(())
-}
-
-/// Deletes one object of the Manifest (pruning or deletion), unless it is protected; checks the
-/// fence first and counts or logs the outcome.
+/// Deletes one object of the Manifest (pruning or deletion), unless it is protected or not the
+/// object `recorded_uid` names (the inventory's UID, if any); checks the fence first and counts
+/// or logs the outcome.
 pub(super) async fn delete_object(
     ctx: &Context,
     cluster: &Cluster,
@@ -112,11 +110,12 @@ pub(super) async fn delete_object(
     id: &InventoryEntry,
     manifest_namespace: &str,
     uid: &str,
+    recorded_uid: Option<&str>,
 ) -> Result<Deletion, ReconcileError> {
     fence.check()?;
     let outcome = match plan::protected(id, manifest_namespace) {
         Some(reason) => Deletion::Kept(reason),
-        None => cluster.delete(id, uid).await?,
+        None => cluster.delete(id, uid, recorded_uid).await?,
     };
     count_deletion(ctx, id, &outcome);
     Ok(outcome)

@@ -4,7 +4,8 @@ use kube::ResourceExt;
 
 use super::{Context, ReconcileError};
 use crate::api::Manifest;
-use crate::apply::target::{self, ResolveError, Target};
+use crate::apply::target::{self, ResolveError, Target, TargetError};
+use crate::plan::ownership::{self, TargetCheck};
 use crate::plan::tenancy::{self, Identity};
 
 /// The cluster the module goes to, as the identity its objects are written with: the local one
@@ -13,10 +14,54 @@ use crate::plan::tenancy::{self, Identity};
 /// place a pass gets the handle every request for the module's objects goes through (discovery,
 /// apply, prune, readiness, hooks, deletion); the Manifest, its status, Events, finalizer and
 /// `valuesFrom` stay on `ctx.client`, the operator's own.
+///
+/// Returns with it the cluster's identity to record at first contact; a cluster whose identity
+/// is not the recorded one is refused ([`verify`]).
 pub(super) async fn resolve<'a>(
     manifest: &Manifest,
     ctx: &'a Context,
-) -> Result<Target<'a>, ReconcileError> {
+) -> Result<(Target<'a>, Option<String>), ReconcileError> {
+    let target = connect(manifest, ctx).await?;
+    // An impersonating client may not read Namespaces: the local cluster is the operator's.
+    let identity = match target.server() {
+        Some(_) => target.identity().await?,
+        None => ctx.cluster.identity().await?,
+    };
+    let record = verify(manifest, &target, identity)?;
+    Ok((target, record))
+}
+
+/// Compares the cluster's identity with `status.targetIdentity` ([`ownership::check_target`]):
+/// `Some` to record at first contact, an error for another cluster, or one that cannot be
+/// confirmed.
+fn verify(
+    manifest: &Manifest,
+    target: &Target<'_>,
+    found: Option<String>,
+) -> Result<Option<String>, ReconcileError> {
+    let recorded = manifest
+        .status
+        .as_ref()
+        .and_then(|s| s.target_identity.as_deref());
+    let problem = match ownership::check_target(recorded, found.as_deref()) {
+        TargetCheck::Same => return Ok(None),
+        TargetCheck::Record(found) => return Ok(Some(found)),
+        TargetCheck::Other { recorded, found } => {
+            format!("kube-system Namespace UID {found}, the module's cluster has {recorded}")
+        }
+        TargetCheck::Unconfirmed { recorded } => format!(
+            "its kube-system Namespace cannot be read to confirm it is the module's cluster, {recorded}"
+        ),
+    };
+    Err(ReconcileError::Target(TargetError::OtherCluster {
+        server: target.server().unwrap_or("(the local cluster)").to_owned(),
+        secret: target.secret().unwrap_or("(none)").to_owned(),
+        problem,
+    }))
+}
+
+/// The target of [`resolve`], not yet verified.
+async fn connect<'a>(manifest: &Manifest, ctx: &'a Context) -> Result<Target<'a>, ReconcileError> {
     let namespace = manifest.namespace().unwrap_or_default();
     let identity = tenancy::identity(
         manifest.spec.service_account_name.as_deref(),

@@ -195,7 +195,7 @@ pub const PERMISSIONS: &[Permission] = &[
         "",
         "namespaces",
         Scope::Cluster,
-        "whether a target namespace exists",
+        "whether a target namespace exists, and the local cluster's identity (kube-system's UID)",
     ),
     permission(
         "create",

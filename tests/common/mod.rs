@@ -59,6 +59,18 @@ pub async fn wait_state(
     .await
 }
 
+/// Waits (60 s) until the Manifest `name` is gone (its finalizer released).
+pub async fn wait_for_gone(manifests: &Api<Manifest>, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while manifests.get_opt(name).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "{name}: timed out waiting until it is gone"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Events about the object named `regarding` in `namespace`, as (type, reason, note).
 pub async fn events(
     client: &Client,
