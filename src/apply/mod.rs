@@ -236,6 +236,8 @@ pub struct Cluster {
     /// The local cluster's CRDs, followed by a watch (`None`: a remote target, or a test
     /// Context: discovery alone, refreshed by age).
     catalog: Option<Arc<catalog::CrdCatalog>>,
+    /// Namespaces known to exist, since when (`namespace.rs`): not read again for a while.
+    namespaces: namespace::Known,
 }
 
 impl Cluster {
@@ -247,6 +249,7 @@ impl Cluster {
             surface,
             user: None,
             catalog: None,
+            namespaces: namespace::Known::default(),
         })
     }
 
@@ -399,7 +402,12 @@ impl Cluster {
         object: &RenderedObject,
         owner_uid: &str,
     ) -> Result<DynamicObject, ApplyError> {
-        self.server_side_apply(object, owner_uid, false).await
+        let answer = self.server_side_apply(object, owner_uid, false).await;
+        if answer.is_err() {
+            // The namespace may be gone: the next pass looks (and creates it).
+            self.namespaces.forget(&object.id.namespace);
+        }
+        answer
     }
 
     /// Applies `body` (fields at their live values, [`drift::handover`]) under

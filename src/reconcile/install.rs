@@ -27,7 +27,6 @@ use crate::plan::readiness::{Readiness, readiness};
 use crate::plan::status::{Facts, Operation, Outcome, Reason};
 use crate::plan::{self, Plan, PruneDecision, RenderedObject, Scope};
 use crate::render::{RenderRequest, Rendered};
-use crate::shard::SHARD_LABEL;
 use crate::shard::fence::Fence;
 
 /// Claims the Manifest (finalizer and shard label) if needed, then installs on its target.
@@ -40,9 +39,8 @@ pub(super) async fn install(
 ) -> Result<Option<Pass>, ReconcileError> {
     let uid = manifest.uid().unwrap_or_default();
     let shard = ctx.shards.shard_of(&uid).to_string();
-    if !finalizer::held(manifest) || manifest.labels().get(SHARD_LABEL) != Some(&shard) {
-        fence.check()?;
-        finalizer::claim(manifest, ctx, &shard).await?;
+    if finalizer::needs_claim(manifest, &shard) {
+        finalizer::claim(manifest, ctx, fence, &shard).await?;
     }
     // The cluster the module goes to: the local one, or the remote target of `spec.target`.
     let cluster = target::resolve(manifest, ctx).await?;
@@ -237,7 +235,10 @@ impl Install<'_> {
             .objects
             .iter()
             .any(|o| o.id.kind == "Namespace" && o.id.group.is_empty() && o.id.name == namespace);
-        if !chart_brings_namespace || !pre_hooks.is_empty() {
+        // The Manifest's own namespace on the local cluster exists (the Manifest is in it).
+        let own = self.manifest.spec.target.is_none()
+            && self.manifest.namespace().as_deref() == Some(namespace);
+        if !own && (!chart_brings_namespace || !pre_hooks.is_empty()) {
             self.fence.check()?;
             ensure_namespace(self.cluster, namespace, &self.uid).await?;
         }

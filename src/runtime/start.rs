@@ -171,6 +171,7 @@ async fn context(
             .with_catalog(Some(catalog))
             .with_requests(metrics.api.clone()),
         pass_limits: config.pass_limits,
+        written: Default::default(),
     }))
 }
 
