@@ -146,15 +146,19 @@ impl Counted {
             }
             last = now;
         }
-        let after = self.snapshot();
-        let requests = after.requests.iter().map(|(series, n)| {
-            let was = before.requests.get(series).copied().unwrap_or(0);
-            (series.clone(), n - was)
-        });
-        Spent {
-            requests: requests.collect(),
-            passes: after.passes - before.passes,
-        }
+        between(&before, &self.snapshot())
+    }
+}
+
+/// What was spent from `before` to `after`.
+fn between(before: &Snapshot, after: &Snapshot) -> Spent {
+    let requests = after.requests.iter().map(|(series, n)| {
+        let was = before.requests.get(series).copied().unwrap_or(0);
+        (series.clone(), n - was)
+    });
+    Spent {
+        requests: requests.collect(),
+        passes: after.passes - before.passes,
     }
 }
 
@@ -237,4 +241,52 @@ async fn an_install_and_a_drift_pass_stay_within_the_request_budget() {
     assert_eq!(drift.passes, MANIFESTS, "one pass per request");
     let drift_budget = MANIFESTS * (OBJECTS + 1);
     assert!(drift.total() <= drift_budget, "requests per drift pass");
+}
+
+/// While a Deployment rolls out, the passes that look at it again read it and apply nothing
+/// (the ConfigMap beside it, ready once applied, is not even read); once it has rolled out, the
+/// Manifest is Ready.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rollout_is_looked_at_by_reading_the_workload_not_by_applying_again() {
+    let op = Counted::start().await;
+    let manifest: Manifest = serde_json::from_value(json!({
+        "apiVersion": "modulemanager.io/v1alpha1",
+        "kind": "Manifest",
+        "metadata": {"name": "roll", "namespace": op.ns},
+        "spec": {"module": "roll", "interval": "1h", "values": {"replicas": 1},
+                 "chart": {"path": "tests/fixtures/charts/scaled"}},
+    }))
+    .unwrap();
+    op.manifests
+        .create(&PostParams::default(), &manifest)
+        .await
+        .unwrap();
+    // No Deployment controller runs: the Deployment waits until the test plays it.
+    let limit = Duration::from_secs(60);
+    common::wait_state(&op.manifests, "roll", State::Processing, limit).await;
+    let before = op.snapshot();
+    while op.snapshot().passes < before.passes + 3 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rechecks = between(&before, &op.snapshot());
+    eprintln!(
+        "BUDGET rollout: {} passes while it rolls out: {}",
+        rechecks.passes,
+        rechecks.line()
+    );
+    let admin = op.manifests.clone().into_client();
+    common::deployment_rolled_out(&admin, &op.ns, "roll", 1).await;
+    common::wait_state(&op.manifests, "roll", State::Ready, limit).await;
+
+    assert_eq!(rechecks.of(|verb, _| verb == "apply"), 0, "nothing applied");
+    assert_eq!(
+        rechecks.of(|_, r| r == "configmaps"),
+        0,
+        "the ConfigMap not read"
+    );
+    let reads = rechecks.of(|verb, r| (verb, r) == ("get", "apps/deployments"));
+    assert!(
+        reads <= rechecks.passes + 1,
+        "one read of the Deployment per pass"
+    );
 }

@@ -128,10 +128,15 @@ impl Install<'_> {
         self.crds(&previous, inventory, &mut plan, namespace, &drift)
             .await?;
         self.resolve_scopes(&mut plan, namespace).await?;
-        // Apply, recording the inventory first so that nothing applied can be forgotten.
-        let applied = self
-            .apply(&previous, inventory, &plan.objects, &drift)
-            .await?;
+        // Apply, recording the inventory first so that nothing applied can be forgotten; or,
+        // while the objects applied last roll out, read them.
+        let applied = match self.recheck(&previous, &plan.objects, &drift).await? {
+            Some(read) => read,
+            None => {
+                self.apply(&previous, inventory, &plan.objects, &drift)
+                    .await?
+            }
+        };
         let changed_inputs = inputs_changed(self.manifest, &previous, &request, &values_digest);
         let pruned = self
             .prune(&previous, plan.inventory(), changed_inputs)
@@ -334,6 +339,47 @@ impl Install<'_> {
         .await?;
         tracing::debug!(objects = applied.len(), "applied");
         Ok(applied)
+    }
+
+    /// A progress re-check: the last pass applied this render of this generation and found
+    /// objects rolling out, less than `spec.interval` ago (the wait's start), and no pass was
+    /// asked for (`requestedAt`, `resetAt`). The objects are read instead of applied again —
+    /// one GET per object whose readiness can still change
+    /// ([`plan::readiness::settled_once_applied`]: none for ConfigMaps, Services …). `None`:
+    /// apply (not a re-check, or an object is gone: the apply re-creates it). Drift is repaired
+    /// as before by the passes that apply: the first of each render, every pass once the
+    /// rollout has taken longer than the interval, the drift passes, the requested ones.
+    async fn recheck(
+        &self,
+        previous: &ManifestStatus,
+        objects: &[RenderedObject],
+        drift: &DriftPass<'_>,
+    ) -> Result<Option<Vec<(InventoryEntry, DynamicObject)>>, ReconcileError> {
+        let rolling_out = previous.state == Some(State::Processing)
+            && previous
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == Reason::Progressing.as_str());
+        let requests = crate::plan::trigger::Requests::of(self.manifest);
+        let within_interval = previous.readiness_started.as_ref().is_some_and(|started| {
+            let waited = Timestamp::now().duration_since(started.0);
+            waited < k8s_openapi::jiff::SignedDuration::try_from(self.interval).unwrap_or_default()
+        });
+        if !rolling_out || !within_interval || drift.changed || requests != Default::default() {
+            return Ok(None);
+        }
+        let mut read = Vec::new();
+        for object in objects {
+            if plan::readiness::settled_once_applied(&object.id) {
+                continue;
+            }
+            match self.cluster.get(&object.id).await? {
+                Some(live) => read.push((object.id.clone(), live)),
+                None => return Ok(None),
+            }
+        }
+        tracing::debug!(objects = read.len(), "rolling out: read, not applied");
+        Ok(Some(read))
     }
 
     /// Prunes what the new render lacks, unless the guard refuses: refused objects stay on the
