@@ -13,12 +13,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::{Client, Config};
+use kube::Config;
 
 use super::catalog::CrdCatalog;
 use super::target::to_evict;
 use super::{ApplyError, Cluster};
 use crate::plan::tenancy::{Protected, ServiceAccount, ServiceAccountPolicy};
+use crate::telemetry::requests::{self, ApiRequestMetrics, RequestTarget};
 
 /// Most impersonating clients cached at once.
 const MAX_CLIENTS: usize = 256;
@@ -38,6 +39,8 @@ pub struct Tenancy {
     clients: Mutex<HashMap<ServiceAccount, (Arc<Cluster>, Instant)>>,
     /// The local cluster's CRDs, which every impersonating client's renders follow.
     catalog: Option<Arc<CrdCatalog>>,
+    /// Where the impersonating clients' API requests are counted.
+    requests: ApiRequestMetrics,
 }
 
 impl Default for Tenancy {
@@ -56,12 +59,18 @@ impl Tenancy {
             base,
             clients: Mutex::new(HashMap::new()),
             catalog: None,
+            requests: ApiRequestMetrics::default(),
         }
     }
 
     /// Every impersonating client follows `catalog` (see [`Cluster::with_catalog`]).
     pub fn with_catalog(self, catalog: Option<Arc<CrdCatalog>>) -> Self {
         Self { catalog, ..self }
+    }
+
+    /// Every impersonating client counts its requests into `requests` (target `impersonated`).
+    pub fn with_requests(self, requests: ApiRequestMetrics) -> Self {
+        Self { requests, ..self }
     }
 
     /// Impersonating clients cached now.
@@ -84,7 +93,8 @@ impl Tenancy {
         let user = account.username();
         config.auth_info.impersonate = Some(user.clone());
         config.auth_info.impersonate_groups = None;
-        let client = Client::try_from(config).map_err(ApplyError::Discovery)?;
+        let client = requests::client(config, &self.requests, RequestTarget::Impersonated)
+            .map_err(ApplyError::Discovery)?;
         let cluster = Arc::new(
             Cluster::connect_as(client, user)
                 .await?

@@ -280,6 +280,8 @@ pub struct Cluster {
     catalog: Option<Arc<catalog::CrdCatalog>>,
     /// The cluster's identity, read once ([`Cluster::identity`]).
     identity: tokio::sync::OnceCell<Option<String>>,
+    /// Namespaces known to exist, since when (`namespace.rs`): not read again for a while.
+    namespaces: namespace::Known,
 }
 
 impl Cluster {
@@ -292,6 +294,7 @@ impl Cluster {
             user: None,
             catalog: None,
             identity: tokio::sync::OnceCell::new(),
+            namespaces: namespace::Known::default(),
         })
     }
 
@@ -547,6 +550,10 @@ impl Cluster {
             }
             answer => answer,
         };
+        if answer.is_err() {
+            // The namespace may be gone: the next pass looks (and creates it).
+            self.namespaces.forget(&object.id.namespace);
+        }
         match answer {
             Err(KubeError::Api(status)) if guard.is_some() && ownership::refused(&status) => {
                 Err(ApplyError::PreconditionFailed(describe(&object.id)))

@@ -30,6 +30,7 @@ use crate::api::Manifest;
 use crate::apply::kubeconfig::{ValidKubeconfig, parse, validate};
 use crate::apply::{ApplyError, Cluster};
 use crate::telemetry::metrics::{TargetErrorLabels, TargetMetrics};
+use crate::telemetry::requests::{self, RequestTarget};
 
 /// Limits and timeouts of remote target clients.
 #[derive(Clone, Copy, Debug)]
@@ -513,7 +514,7 @@ impl TargetClients {
         config.write_timeout = Some(self.settings.request_timeout);
         // The read timeout counts from the request, not from when a pooled connection went idle.
         config.reset_reader_on_write = true;
-        Client::try_from(config).map_err(|_| {
+        requests::client(config, &self.metrics.requests, RequestTarget::Remote).map_err(|_| {
             "its certificates or key cannot be used for TLS (certificate-authority-data, client-certificate-data, client-key-data)"
         })
     }

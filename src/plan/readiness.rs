@@ -44,6 +44,20 @@ pub fn readiness(id: &InventoryEntry, object: &Value, now: Timestamp) -> Readine
     }
 }
 
+/// Whether an object of this kind is ready for good once applied: its readiness is read from
+/// the apply's answer and nothing reports on it later (no status a controller writes). A
+/// progress re-check reads every other object (workloads, custom resources), not these.
+pub fn settled_once_applied(id: &InventoryEntry) -> bool {
+    matches!(
+        (id.group.as_str(), id.kind.as_str()),
+        ("", "ConfigMap" | "Secret" | "ServiceAccount" | "Service")
+            | (
+                "rbac.authorization.k8s.io",
+                "Role" | "RoleBinding" | "ClusterRole" | "ClusterRoleBinding"
+            )
+    )
+}
+
 /// When the wait for the applied objects' readiness began, for a pass that finds some not
 /// ready: the previous start while the same generation and render are waited for, else `now`.
 pub fn wait_started(previous: Option<&Time>, same_render: bool, now: Timestamp) -> Timestamp {
@@ -481,6 +495,34 @@ mod tests {
                 _ => false,
             };
             assert!(ok, "{kind} {object}: want {want:?}, got {got:?}");
+        }
+    }
+
+    #[test]
+    fn a_progress_recheck_reads_workloads_and_custom_resources_not_settled_kinds() {
+        let id = |group: &str, kind: &str| InventoryEntry {
+            group: group.into(),
+            version: "v1".into(),
+            kind: kind.into(),
+            namespace: "ns".into(),
+            name: "x".into(),
+        };
+        for (group, kind) in [("", "ConfigMap"), ("", "Service"), ("", "ServiceAccount")] {
+            assert!(settled_once_applied(&id(group, kind)), "{kind}");
+        }
+        assert!(settled_once_applied(&id(
+            "rbac.authorization.k8s.io",
+            "RoleBinding"
+        )));
+        for (group, kind) in [
+            ("apps", "Deployment"),
+            ("batch", "Job"),
+            ("", "PersistentVolumeClaim"),
+            ("", "Pod"),
+            ("policy", "PodDisruptionBudget"),
+            ("example.com", "ConfigMap"),
+        ] {
+            assert!(!settled_once_applied(&id(group, kind)), "{group}/{kind}");
         }
     }
 

@@ -8,6 +8,7 @@ use super::records::patch_metadata;
 use super::{Context, ReconcileError};
 use crate::api::Manifest;
 use crate::shard::SHARD_LABEL;
+use crate::shard::fence::Fence;
 
 /// The finalizer that keeps a Manifest until its objects are gone.
 pub const FINALIZER: &str = "modulemanager.io/finalizer";
@@ -17,23 +18,34 @@ pub(super) fn held(manifest: &Manifest) -> bool {
     manifest.finalizers().iter().any(|f| f == FINALIZER)
 }
 
+/// Whether the Manifest must be claimed by its shard's owner: it lacks the finalizer, or its
+/// shard label is not `shard` (its UID's).
+pub(super) fn needs_claim(manifest: &Manifest, shard: &str) -> bool {
+    !held(manifest) || manifest.labels().get(SHARD_LABEL).map(String::as_str) != Some(shard)
+}
+
 /// Adds the finalizer and stamps the shard label in one write, guarded by the resourceVersion
-/// the decision was made on.
+/// the decision was made on (checks the fence first); returns the Manifest as written, which a
+/// pass may start from (the guard makes it the current one).
 pub(super) async fn claim(
     manifest: &Manifest,
     ctx: &Context,
+    fence: &Fence,
     shard: &str,
-) -> Result<(), ReconcileError> {
+) -> Result<Manifest, ReconcileError> {
     let mut finalizers = manifest.finalizers().to_vec();
     if !held(manifest) {
         finalizers.push(FINALIZER.to_owned());
     }
-    patch_metadata(
+    fence.check()?;
+    let answer = patch_metadata(
         manifest,
         ctx,
         json!({"finalizers": finalizers, "labels": { SHARD_LABEL: shard }}),
     )
-    .await
+    .await?;
+    ctx.written.wrote(&answer, fence.epoch());
+    Ok(answer)
 }
 
 /// Removes the finalizer (the Manifest goes), guarded by the resourceVersion the decision was
@@ -45,5 +57,7 @@ pub(super) async fn release(manifest: &Manifest, ctx: &Context) -> Result<(), Re
         .filter(|f| *f != FINALIZER)
         .cloned()
         .collect();
-    patch_metadata(manifest, ctx, json!({ "finalizers": finalizers })).await
+    ctx.written.forget(manifest);
+    patch_metadata(manifest, ctx, json!({ "finalizers": finalizers })).await?;
+    Ok(())
 }

@@ -355,7 +355,7 @@ impl HookScope<'_> {
         if let Some(reset) = crate::plan::trigger::Requests::of(self.manifest).reset {
             patch["lastHandledResetAt"] = json!(reset);
         }
-        patch_status(self.manifest, self.ctx, patch).await
+        patch_status(self.manifest, self.ctx, self.fence, patch).await
     }
 
     /// Why a delete hook's namespace cannot hold it: being deleted, or gone (`None` for a
@@ -425,7 +425,8 @@ impl HookScope<'_> {
         if !list.contains(id) {
             list.push(id.clone());
             self.fence.check()?;
-            patch_status(self.manifest, self.ctx, json!({ "hookObjects": list })).await?;
+            let hook_objects_patch = json!({ "hookObjects": list });
+            patch_status(self.manifest, self.ctx, self.fence, hook_objects_patch).await?;
             *hook_objects = Some(list);
         }
         Ok(())

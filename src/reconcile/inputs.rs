@@ -36,13 +36,10 @@ pub(super) async fn vetted_render(
         let protected = &ctx.tenancy.protected;
         check_protected(&plan, &request.namespace, &manifest_namespace, protected)?;
     }
-    check_permitted(
-        cluster,
-        &plan,
-        &request.namespace,
-        &manifest.uid().unwrap_or_default(),
-    )
-    .await?;
+    if !applied_before(manifest, &rendered) {
+        let uid = manifest.uid().unwrap_or_default();
+        check_permitted(cluster, &plan, &request.namespace, &uid).await?;
+    }
     tracing::debug!(
         crds = plan.crds.len(),
         objects = plan.objects.len(),
@@ -52,11 +49,22 @@ pub(super) async fn vetted_render(
     Ok((rendered, plan))
 }
 
+/// Whether a pass already applied this render of this generation (the spec names the
+/// ServiceAccount): its identity's dry runs would ask again what that apply answered. A
+/// permission revoked since fails the real apply of an object that is already there, as it was.
+fn applied_before(manifest: &Manifest, rendered: &Rendered) -> bool {
+    manifest.status.as_ref().is_some_and(|status| {
+        status.rendered_digest.as_deref() == Some(rendered.digest.as_str())
+            && status.applied_generation == manifest.meta().generation
+    })
+}
+
 /// With an impersonated identity, every object of the render (CRDs, objects, hooks) whose
 /// kind is served is first applied with `dryRun=All`: a missing permission (the API
 /// server's 403 names the user, the verb, the resource and the namespace) fails the pass
 /// before anything of the render is written — not after the first objects were applied.
-/// One extra request per object and pass (docs/reconcile.md § Identity).
+/// One extra request per object and pass that applies a new render (docs/reconcile.md §
+/// Identity); none on a pass that re-applies the render the last one applied.
 async fn check_permitted(
     cluster: &Cluster,
     plan: &Plan,

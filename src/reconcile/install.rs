@@ -28,7 +28,6 @@ use crate::plan::readiness::{Readiness, readiness};
 use crate::plan::status::{Facts, Operation, Outcome, Reason};
 use crate::plan::{self, Plan, PruneDecision, RenderedObject, Scope};
 use crate::render::{RenderRequest, Rendered};
-use crate::shard::SHARD_LABEL;
 use crate::shard::fence::Fence;
 
 /// Claims the Manifest (finalizer and shard label) if needed, then installs on its target.
@@ -41,9 +40,8 @@ pub(super) async fn install(
 ) -> Result<Option<Pass>, ReconcileError> {
     let uid = manifest.uid().unwrap_or_default();
     let shard = ctx.shards.shard_of(&uid).to_string();
-    if !finalizer::held(manifest) || manifest.labels().get(SHARD_LABEL) != Some(&shard) {
-        fence.check()?;
-        finalizer::claim(manifest, ctx, &shard).await?;
+    if finalizer::needs_claim(manifest, &shard) {
+        finalizer::claim(manifest, ctx, fence, &shard).await?;
     }
     // The cluster the module goes to: the local one, or the remote target of `spec.target`.
     let (cluster, identity) = target::resolve(manifest, ctx).await?;
@@ -145,10 +143,15 @@ impl Install<'_> {
         )
         .await?;
         self.resolve_scopes(&mut plan, namespace).await?;
-        // Apply, recording the inventory first so that nothing applied can be forgotten.
-        let applied = self
-            .apply(&previous, (inventory, learned), &plan.objects, &drift)
-            .await?;
+        // Apply, recording the inventory first so that nothing applied can be forgotten; or,
+        // while the objects applied last roll out, read them.
+        let applied = match self.recheck(&previous, &plan.objects, &drift).await? {
+            Some(read) => read,
+            None => {
+                self.apply(&previous, (inventory, learned), &plan.objects, &drift)
+                    .await?
+            }
+        };
         let changed_inputs = inputs_changed(self.manifest, &previous, &request, &values_digest);
         let pruned = self
             .prune(&previous, plan.inventory(), changed_inputs)
@@ -252,7 +255,10 @@ impl Install<'_> {
             .objects
             .iter()
             .any(|o| o.id.kind == "Namespace" && o.id.group.is_empty() && o.id.name == namespace);
-        if !chart_brings_namespace || !pre_hooks.is_empty() {
+        // The Manifest's own namespace on the local cluster exists (the Manifest is in it).
+        let own = self.manifest.spec.target.is_none()
+            && self.manifest.namespace().as_deref() == Some(namespace);
+        if !own && (!chart_brings_namespace || !pre_hooks.is_empty()) {
             self.fence.check()?;
             ensure_namespace(self.cluster, namespace, &self.uid).await?;
         }
@@ -342,6 +348,47 @@ impl Install<'_> {
         .await?;
         tracing::debug!(objects = applied.len(), "applied");
         Ok(applied)
+    }
+
+    /// A progress re-check: the last pass applied this render of this generation and found
+    /// objects rolling out, less than `spec.interval` ago (the wait's start), and no pass was
+    /// asked for (`requestedAt`, `resetAt`). The objects are read instead of applied again —
+    /// one GET per object whose readiness can still change
+    /// ([`plan::readiness::settled_once_applied`]: none for ConfigMaps, Services …). `None`:
+    /// apply (not a re-check, or an object is gone: the apply re-creates it). Drift is repaired
+    /// as before by the passes that apply: the first of each render, every pass once the
+    /// rollout has taken longer than the interval, the drift passes, the requested ones.
+    async fn recheck(
+        &self,
+        previous: &ManifestStatus,
+        objects: &[RenderedObject],
+        drift: &DriftPass<'_>,
+    ) -> Result<Option<Vec<(InventoryEntry, DynamicObject)>>, ReconcileError> {
+        let rolling_out = previous.state == Some(State::Processing)
+            && previous
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == Reason::Progressing.as_str());
+        let requests = crate::plan::trigger::Requests::of(self.manifest);
+        let within_interval = previous.readiness_started.as_ref().is_some_and(|started| {
+            let waited = Timestamp::now().duration_since(started.0);
+            waited < k8s_openapi::jiff::SignedDuration::try_from(self.interval).unwrap_or_default()
+        });
+        if !rolling_out || !within_interval || drift.changed || requests != Default::default() {
+            return Ok(None);
+        }
+        let mut read = Vec::new();
+        for object in objects {
+            if plan::readiness::settled_once_applied(&object.id) {
+                continue;
+            }
+            match self.cluster.get(&object.id).await? {
+                Some(live) => read.push((object.id.clone(), live)),
+                None => return Ok(None),
+            }
+        }
+        tracing::debug!(objects = read.len(), "rolling out: read, not applied");
+        Ok(Some(read))
     }
 
     /// Prunes what the new render lacks, unless the guard refuses: refused objects stay on the

@@ -26,6 +26,7 @@ pub mod preview;
 mod records;
 mod relabel;
 mod target;
+mod written;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,7 +34,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::Reporter;
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 
 use crate::api::{HookRun, InventoryEntry, Manifest, ManifestStatus, State};
 use crate::apply::Cluster;
@@ -51,6 +52,7 @@ use crate::telemetry::metrics::{ReconcileMetrics, ResultLabels};
 pub use error::ReconcileError;
 pub use finalizer::FINALIZER;
 pub use relabel::relabel;
+pub use written::LastWrites;
 
 /// How long to wait for CRDs of a chart to become Established within one pass.
 const CRD_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -128,6 +130,9 @@ pub struct Context {
     pub tenancy: Tenancy,
     /// The pass deadline and the caps on a render.
     pub pass_limits: PassLimits,
+    /// This replica's last write of each Manifest: a pass starts from the watch cache when it
+    /// holds that write (no read).
+    pub written: LastWrites,
 }
 
 /// Bounds on one pass.
@@ -272,10 +277,14 @@ pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) ->
 /// One pass, with its result for the metrics: reads the Manifest, runs the phase it is in,
 /// then records the outcome.
 async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, PassResult) {
-    let manifest = match records::read_fresh(&manifest, ctx).await {
+    let manifest = match current(&manifest, ctx, fence).await {
         Ok(Some(fresh)) => Arc::new(starting_point(fresh)),
         // Deleted meanwhile, or re-created under a new UID (queued under its own key).
-        Ok(None) => return (Next::Idle, PassResult::Done),
+        Ok(None) => {
+            ctx.written.forget(&manifest);
+            return (Next::Idle, PassResult::Done);
+        }
+        Err(ReconcileError::Fenced(lost)) => return fenced(&lost),
         Err(e) => return retry(e),
     };
     let interval = crate::api::interval(&manifest.spec).unwrap_or(Duration::from_secs(600));
@@ -302,22 +311,52 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
     // status; this replica writes nothing more and does not requeue.
     let result = result.and_then(|pass| fence.check().map(|()| pass).map_err(Into::into));
     match result {
-        Err(ReconcileError::Fenced(lost)) => {
-            tracing::warn!("stopping the pass: {lost}");
-            // The controller drops the key if the shard is gone, else retries it shortly (the
-            // deadline may pass only for a moment).
-            (Next::After(Duration::from_secs(1)), PassResult::Fenced)
-        }
+        Err(ReconcileError::Fenced(lost)) => fenced(&lost),
         Ok(None) => (Next::Idle, PassResult::Done),
         Ok(Some(pass)) => {
             let result = PassResult::of(&pass.outcome);
-            match records::write_status(&manifest, ctx, &pass.outcome, pass.facts).await {
+            let written = records::write_status(&manifest, ctx, fence, &pass.outcome, pass.facts);
+            match written.await {
                 Ok(()) => (Next::After(pass.requeue), result),
                 Err(e) => retry(e),
             }
         }
         Err(error) => failed(&manifest, ctx, fence, interval, &progress, error).await,
     }
+}
+
+/// The pass stops: the shard was lost (or is being lost now). The controller drops the key if
+/// the shard is gone, else retries it shortly (the deadline may pass only for a moment).
+fn fenced(lost: &crate::shard::fence::FenceLost) -> (Next, PassResult) {
+    tracing::warn!("stopping the pass: {lost}");
+    (Next::After(Duration::from_secs(1)), PassResult::Fenced)
+}
+
+/// The Manifest as stored now, with as few reads as can be: the watch cache's copy when it
+/// holds this replica's last write of it ([`LastWrites`]); for a Manifest to claim (a new one),
+/// the claim's answer — the claim is guarded by the cached resourceVersion, so a cache that
+/// lags fails it with a conflict and the Manifest is read; else one GET
+/// ([`records::read_fresh`]). `None` when it was deleted, or re-created under a new UID.
+async fn current(
+    cached: &Manifest,
+    ctx: &Context,
+    fence: &Fence,
+) -> Result<Option<Manifest>, ReconcileError> {
+    if ctx.written.holds_last_write(cached, fence.epoch()) {
+        return Ok(Some(cached.clone()));
+    }
+    let shard = ctx.shards.shard_of(&cached.uid().unwrap_or_default());
+    let claims = cached.meta().deletion_timestamp.is_none() && !cached.spec.suspend;
+    if claims && finalizer::needs_claim(cached, &shard.to_string()) {
+        match finalizer::claim(cached, ctx, fence, &shard.to_string()).await {
+            Ok(claimed) => return Ok(Some(claimed)),
+            // Changed or deleted since the cache saw it: read it.
+            Err(ReconcileError::WriteMetadata(kube::Error::Api(status)))
+                if matches!(status.code, 404 | 409) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    records::read_fresh(cached, ctx).await
 }
 
 /// The Manifest as a pass starts from it: with a reset pending (`resetAt` not yet echoed), its
@@ -377,7 +416,7 @@ async fn failed(
     // A pass that lost its shard meanwhile must not write over the new owner's status.
     if let Err(lost) = fence.check() {
         tracing::warn!("not writing the error status: {lost}");
-    } else if let Err(e) = records::write_status(manifest, ctx, &outcome, facts).await {
+    } else if let Err(e) = records::write_status(manifest, ctx, fence, &outcome, facts).await {
         tracing::warn!("the error status is not written: {e}");
     }
     let result = PassResult::Error(error.category());

@@ -18,8 +18,9 @@ use crate::telemetry::events::Publisher;
 /// The Manifest as stored now, not as the watch cache has it: a pass decides from
 /// `status.hookRun` and `status.hookObjects` (which hook to start, which objects may exist),
 /// and a cache that lags behind the last pass's status write would start a hook again or
-/// drop a recorded hook object (the status is written whole). One GET per pass. `None` when it
-/// was deleted meanwhile, or re-created under a new UID.
+/// drop a recorded hook object (the status is written whole). One GET, for a pass whose cache
+/// copy may lag (`reconcile::current` says when). `None` when it was deleted meanwhile, or
+/// re-created under a new UID.
 pub(super) async fn read_fresh(
     manifest: &Manifest,
     ctx: &Context,
@@ -52,6 +53,7 @@ pub(super) fn operation(manifest: &Manifest) -> Operation {
 pub(super) async fn write_status(
     manifest: &Manifest,
     ctx: &Context,
+    fence: &Fence,
     outcome: &Outcome,
     facts: Facts,
 ) -> Result<(), ReconcileError> {
@@ -85,6 +87,7 @@ pub(super) async fn write_status(
     patch_status(
         manifest,
         ctx,
+        fence,
         serde_json::to_value(&next).unwrap_or(Value::Null),
     )
     .await?;
@@ -107,13 +110,15 @@ pub(super) async fn write_status(
     Ok(())
 }
 
-/// Merge-patches part of the Manifest's status (`{"status": status}`).
+/// Merge-patches part of the Manifest's status (`{"status": status}`), as the shard's owner at
+/// the fence's epoch: the answer is remembered ([`LastWrites`](super::written::LastWrites)).
 pub(super) async fn patch_status(
     manifest: &Manifest,
     ctx: &Context,
+    fence: &Fence,
     status: Value,
 ) -> Result<(), ReconcileError> {
-    manifest_api(manifest, ctx)
+    let answer = manifest_api(manifest, ctx)
         .patch_status(
             &manifest.name_any(),
             &PatchParams::default(),
@@ -121,16 +126,18 @@ pub(super) async fn patch_status(
         )
         .await
         .map_err(ReconcileError::WriteStatus)?;
+    ctx.written.wrote(&answer, fence.epoch());
     Ok(())
 }
 
 /// Merge-patches the Manifest's metadata, guarded by the resourceVersion it was read at (a
-/// concurrent change makes the write fail with a conflict instead of overwriting it).
+/// concurrent change makes the write fail with a conflict instead of overwriting it); returns
+/// the Manifest as written.
 pub(super) async fn patch_metadata(
     manifest: &Manifest,
     ctx: &Context,
     mut metadata: Value,
-) -> Result<(), ReconcileError> {
+) -> Result<Manifest, ReconcileError> {
     metadata["resourceVersion"] = json!(manifest.resource_version());
     let patch = json!({ "metadata": metadata });
     manifest_api(manifest, ctx)
@@ -140,8 +147,7 @@ pub(super) async fn patch_metadata(
             &Patch::Merge(&patch),
         )
         .await
-        .map_err(ReconcileError::WriteMetadata)?;
-    Ok(())
+        .map_err(ReconcileError::WriteMetadata)
 }
 
 /// Before applying `objects`, makes sure the status inventory lists them: an object that is
@@ -166,7 +172,7 @@ pub(super) async fn record_inventory(
     }
     if list.len() > before {
         fence.check()?;
-        patch_status(manifest, ctx, json!({ "inventory": list })).await?;
+        patch_status(manifest, ctx, fence, json!({ "inventory": list })).await?;
         *recorded = Some(list);
     }
     Ok(())

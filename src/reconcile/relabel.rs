@@ -37,6 +37,8 @@ pub async fn relabel(manifest: &Manifest, ctx: &Context, fence: &Fence) -> Next 
         return Next::After(Duration::from_secs(1));
     }
     let labels = json!({ "labels": { SHARD_LABEL: uid_shard.to_string() } });
+    // Written under another shard's fence: not a write the UID's owner may start from.
+    ctx.written.forget(&fresh);
     if let Err(e) = patch_metadata(&fresh, ctx, labels).await {
         tracing::warn!("relabel: {e}");
         return Next::Retry(e);

@@ -10,13 +10,21 @@ mod statefulset;
 pub use args::{ConfigError, RunArgs, RuntimeConfig};
 
 use crate::telemetry::metrics::{self, Metrics};
+use crate::telemetry::requests::{self, RequestTarget};
 
 /// Runs one replica until SIGTERM or SIGINT: checks its permissions and flags against the
 /// cluster, starts the controller, the fleet loop and the admin API, then shuts them down in
 /// order (the controller drains its passes; the fleet loop keeps or hands over the shards).
 pub async fn run(config: RuntimeConfig) -> anyhow::Result<()> {
     crate::telemetry::init(config.log_format);
-    let client = kube::Client::try_default().await?;
+    let mut registry = metrics::registry();
+    let metrics = Metrics::register(&mut registry);
+    // Every request of the replica's own connection is counted (`module_manager_api_requests_total`).
+    let client = requests::client(
+        kube::Config::infer().await?,
+        &metrics.api,
+        RequestTarget::Local,
+    )?;
     // Every permission the code uses, asked before anything starts: one error lists what is missing.
     preflight::check(
         &client,
@@ -28,8 +36,6 @@ pub async fn run(config: RuntimeConfig) -> anyhow::Result<()> {
         },
     )
     .await?;
-    let mut registry = metrics::registry();
-    let metrics = Metrics::register(&mut registry);
     if let Some(selector) = &config.manifest_selector {
         start::check_selector(&client, selector).await?;
     }

@@ -166,8 +166,12 @@ async fn context(
         shards: config.fleet.shards,
         metrics: metrics.reconcile.clone(),
         hook_timeout: config.hook_timeout,
-        tenancy: tenancy(config).await?.with_catalog(Some(catalog)),
+        tenancy: tenancy(config)
+            .await?
+            .with_catalog(Some(catalog))
+            .with_requests(metrics.api.clone()),
         pass_limits: config.pass_limits,
+        written: Default::default(),
     }))
 }
 

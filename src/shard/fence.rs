@@ -120,6 +120,11 @@ impl Fence {
     pub fn shard(&self) -> u32 {
         self.shard
     }
+
+    /// The epoch of the shard's ownership the pass started with.
+    pub fn epoch(&self) -> i32 {
+        self.epoch
+    }
 }
 
 impl Ownership {

@@ -402,6 +402,9 @@ pub struct TargetMetrics {
     pub errors: Family<TargetErrorLabels, Counter>,
     /// Remote target clients cached now.
     pub clients: Gauge,
+    /// Where the remote clients' API requests are counted (the replica's
+    /// `module_manager_api_requests_total`, target `remote`).
+    pub requests: crate::telemetry::requests::ApiRequestMetrics,
 }
 
 impl TargetMetrics {
@@ -529,6 +532,8 @@ pub struct Metrics {
     pub manifests: ManifestMetrics,
     /// Remote targets.
     pub target: TargetMetrics,
+    /// The API requests of every client the replica builds.
+    pub api: crate::telemetry::requests::ApiRequestMetrics,
 }
 
 impl Metrics {
@@ -550,13 +555,18 @@ impl Metrics {
             "Always 1; the label carries the module-manager version",
             build_info,
         );
+        let api = crate::telemetry::requests::ApiRequestMetrics::register(registry);
         Self {
             reconcile: ReconcileMetrics::register(registry),
             render: RenderMetrics::register(registry),
             queue: QueueMetrics::register(registry),
             fleet: FleetMetrics::register(registry),
             manifests: ManifestMetrics::register(registry),
-            target: TargetMetrics::register(registry),
+            target: TargetMetrics {
+                requests: api.clone(),
+                ..TargetMetrics::register(registry)
+            },
+            api,
         }
     }
 }

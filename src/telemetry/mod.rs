@@ -1,7 +1,9 @@
-//! Telemetry: structured logs (JSON by default) through `tracing`.
+//! Telemetry: structured logs (JSON by default) through `tracing`, metrics (`metrics.rs`), the
+//! count of the operator's own API requests (`requests.rs`), Events (`events.rs`).
 
 pub mod events;
 pub mod metrics;
+pub mod requests;
 
 use tracing_subscriber::EnvFilter;
 

@@ -33,6 +33,12 @@ const MAX_SELECTOR_SHARDS: usize = 1024;
 /// The labelled watch's index in [`Feed`]'s per-watch arrays (the unlabelled one is 1).
 const LABELLED: usize = 0;
 
+/// How long what the watch loop saw of a Manifest a watch reported deleted is kept: a Manifest
+/// that moves from one watch to the other (the first pass stamps the shard label) leaves one
+/// and enters the other in either order, and forgetting it would make its next event look new
+/// (a second pass for the first pass's own writes).
+const GONE_GRACE: Duration = Duration::from_secs(10);
+
 /// What the watch loop remembers of a Manifest to tell a spec change or a request from a
 /// status-only write.
 #[derive(Debug, PartialEq)]
@@ -138,6 +144,7 @@ pub(super) async fn feed_queue(
         synced_flag: synced,
         owned,
         listed: Default::default(),
+        gone: Default::default(),
     };
     let mut labelled = feed.shard_watch();
     loop {
@@ -173,6 +180,9 @@ struct Feed {
     /// Keys listed by a watch's initial list wait for its end: the cache (the store a pass
     /// reads) holds the new list only from `InitDone` on.
     listed: [Vec<(Candidates, Seen)>; 2],
+    /// Keys a watch reported deleted, and when: forgotten ([`Work::seen`]) after
+    /// [`GONE_GRACE`] unless a watch holds their Manifest again.
+    gone: std::collections::HashMap<crate::work::controller::Key, std::time::Instant>,
 }
 
 impl Feed {
@@ -234,16 +244,31 @@ impl Feed {
                 }
             }
             watcher::Event::Delete(manifest) => {
+                let now = std::time::Instant::now();
                 if let Some(candidates) = self.work.candidates(manifest) {
-                    let mut seen = self.work.seen();
-                    candidates.keys().for_each(|key| {
-                        seen.remove(&key);
-                    });
+                    self.gone.extend(candidates.keys().map(|key| (key, now)));
                 }
+                self.forget_gone(now);
             }
             watcher::Event::InitDone => self.listed_all(stream),
             watcher::Event::Init => self.listed[stream].clear(),
         }
+    }
+
+    /// Forgets what was seen of the keys reported deleted more than [`GONE_GRACE`] ago whose
+    /// Manifest neither watch holds now.
+    fn forget_gone(&mut self, now: std::time::Instant) {
+        let work = &self.work;
+        let mut seen = work.seen();
+        self.gone.retain(|key, since| {
+            if now.duration_since(*since) < GONE_GRACE {
+                return true;
+            }
+            if work.get(&key.namespace, &key.name).is_none() {
+                seen.remove(key);
+            }
+            false
+        });
     }
 
     /// A Manifest created or changed: queued when it is new or changed and its shard is ours
