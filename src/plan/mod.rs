@@ -71,7 +71,7 @@ pub enum PlanError {
         error: String,
     },
     /// the rendered output holds YAML anchors or aliases (refused before decoding: their
-    /// expansion is unbounded in bytes).
+    /// expansion is unbounded in bytes), or nests deeper than the decoder reads.
     #[error("rendered output{}: {refusal}", from_template(template.as_deref()))]
     Aliases {
         /// The template it came from (helm's `# Source:` line), if named.
@@ -428,7 +428,9 @@ fn refuse_aliases(document: &str, template: Option<&str>) -> Result<(), PlanErro
     use crate::source::yaml::YamlRefusal;
     let template = template.map(str::to_owned);
     crate::source::yaml::refuse_aliases(document).map_err(|refusal| match refusal {
-        YamlRefusal::Alias { .. } => PlanError::Aliases { template, refusal },
+        YamlRefusal::Alias { .. } | YamlRefusal::TooDeep { .. } => {
+            PlanError::Aliases { template, refusal }
+        }
         YamlRefusal::Invalid {
             line,
             column,

@@ -157,7 +157,7 @@ fn refuse_aliases(text: &str) -> Result<(), FetchError> {
             crate::source::yaml::YamlRefusal::Alias { line, column } => {
                 format!("YAML anchors and aliases are not accepted (line {line}, column {column})")
             }
-            invalid @ crate::source::yaml::YamlRefusal::Invalid { .. } => invalid.to_string(),
+            other => other.to_string(),
         })
     })
 }
