@@ -315,7 +315,7 @@ mod tests {
         }
     }
 
-    /// Links, devices, FIFOs and sparse files are refused naming the entry; more files than
+    /// Links, devices, FIFOs, contiguous and sparse files are refused naming the entry; more files than
     /// the cap, a cut archive and subcharts nested past the limit are refused too.
     #[test]
     fn special_entries_too_many_files_cut_archives_and_deep_nesting_are_refused() {
@@ -336,6 +336,12 @@ mod tests {
                 other => panic!("{kind:?}: {other:?}"),
             }
         }
+        // A sparse file: refused by the tar reader already (its map is not a number).
+        let sparse = Generated {
+            kind: tar::EntryType::GNUSparse,
+            ..file("demo/templates/x", b"")
+        };
+        assert!(check(&archive_of(&[sparse]), Limits::default()).is_err());
         let eleven: Vec<_> = (0..11).map(|i| file(&format!("demo/f{i}"), b"x")).collect();
         assert!(matches!(
             check(&archive_of(&eleven), SMALL),
