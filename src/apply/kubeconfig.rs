@@ -547,6 +547,13 @@ mod tests {
             problem,
             "it is refused: YAML anchors and aliases are not allowed (line 3, column 12)"
         );
+        // Nesting deeper than the decoder reads (its time is quadratic in the depth).
+        let deep = format!("users: {}", "[".repeat(200_000));
+        let problem = parse(deep.as_bytes()).unwrap_err();
+        assert!(
+            problem.starts_with("it is refused: YAML nested deeper than 128 levels"),
+            "{problem}"
+        );
     }
 
     mod properties {

@@ -324,6 +324,10 @@ mod tests {
             let error = parse_index(other.as_bytes()).unwrap_err().to_string();
             assert!(error.contains("anchors and aliases"), "{other}: {error}");
         }
+        // Nesting deeper than the decoder reads (its time is quadratic in the depth).
+        let deep = format!("apiVersion: v1\nentries: {}", "[".repeat(1 << 20));
+        let error = parse_index(deep.as_bytes()).unwrap_err().to_string();
+        assert!(error.contains("nested deeper than 128 levels"), "{error}");
         // `&` and `*` inside scalars are text, not anchors.
         let plain = "apiVersion: v1\nentries:\n  web:\n  - version: 1.0.0\n    description: a & b *c\n    urls: [\"web.tgz?a=1&b=*\"]\n";
         assert_eq!(
