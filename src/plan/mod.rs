@@ -919,6 +919,18 @@ metadata:
         );
         let bare = parse_documents("a: &x 1\nb: *x\n").unwrap_err().to_string();
         assert!(bare.starts_with("rendered output: "), "{bare}");
+        // Nesting deeper than the decoder reads (its time is quadratic in the depth).
+        let deep = format!(
+            "---\n# Source: web/templates/c.yaml\napiVersion: v1\nkind: ConfigMap\ndata: {}",
+            "[".repeat(1 << 20)
+        );
+        let error = parse_documents(&deep).unwrap_err().to_string();
+        assert!(
+            error.starts_with(
+                "rendered output of web/templates/c.yaml: YAML nested deeper than 128 levels"
+            ),
+            "{error}"
+        );
     }
 
     #[test]
