@@ -28,6 +28,9 @@ pub enum ValuesError {
     /// the document is YAML but not a map.
     #[error("{0}: values must be a YAML map")]
     NotAMap(String),
+    /// a Secret's values are not UTF-8 text.
+    #[error("{0}: values are not UTF-8 text")]
+    NotUtf8(String),
 }
 
 /// Parses one values document (a YAML map; an empty document is an empty map). Anchors and
