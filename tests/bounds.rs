@@ -1,5 +1,5 @@
-//! Bounded input on a real kube-apiserver (issue 15 items 5 and 7): a `valuesFrom` alias bomb
-//! is refused naming its source, a render over the object cap is refused with nothing applied,
+//! Bounded input on a real kube-apiserver (issue 15 items 5, 7 and 9): a `valuesFrom` alias bomb
+//! and one nested too deep are refused naming their source, a render over the object cap is refused with nothing applied,
 //! a pass past its deadline ends and frees its worker, and the admin API's Manifest details need
 //! a token whose user may `get` that Manifest (TokenReview + SubjectAccessReview).
 #![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
@@ -159,6 +159,53 @@ async fn a_values_alias_bomb_is_refused_naming_its_source() {
             .is_none(),
         "nothing is applied"
     );
+}
+
+/// A `valuesFrom` ConfigMap of 900 000 open brackets: libyaml would spend time quadratic in
+/// their depth decoding it (hours, on the worker's thread, out of reach of the pass deadline);
+/// it is refused before decoding, naming its source, and the only worker goes on to serve the
+/// next Manifest.
+#[tokio::test]
+async fn a_deeply_nested_values_source_is_refused_and_the_worker_serves_the_next_manifest() {
+    let h = start("deep-values", PassLimits::default(), 1).await;
+    let config_map: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "deep"},
+        "data": {"values.yaml": format!("a: {}", "[".repeat(900_000))},
+    }))
+    .unwrap();
+    h.config_maps()
+        .create(&PostParams::default(), &config_map)
+        .await
+        .unwrap();
+    h.create(
+        "deep",
+        json!({
+            "chart": {"path": "examples/charts/catalog-v1"},
+            "valuesFrom": [{"kind": "ConfigMap", "name": "deep", "key": "values.yaml"}],
+        }),
+    )
+    .await;
+    h.create(
+        "next",
+        json!({"chart": {"path": "examples/charts/catalog-v1"}, "values": {"greeting": "hi"}}),
+    )
+    .await;
+    let (reason, message, stalled) = h
+        .wait_error(
+            "deep",
+            "valuesFrom[0] ConfigMap deep key values.yaml: YAML nested deeper than 128 levels is not allowed",
+        )
+        .await;
+    assert_eq!(reason, "ValuesError", "{message}");
+    assert_eq!(stalled, "True", "a permanent error: {message}");
+    common::wait_for(
+        &h.manifests,
+        "next",
+        "Ready",
+        Duration::from_secs(120),
+        |m| m.status.as_ref().and_then(|s| s.state) == Some(State::Ready),
+    )
+    .await;
 }
 
 /// A render with more objects than `--max-objects-per-render`: a permanent error before

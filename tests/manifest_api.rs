@@ -367,3 +367,51 @@ async fn the_timeout_defaults_to_five_minutes_and_must_be_a_duration() {
     let defaulted = patch(serde_json::Value::Null).await.unwrap();
     assert_eq!(defaulted.spec.timeout, "5m");
 }
+
+/// Names, durations and lists outside the CRD's schema are refused by the API server, naming
+/// the field: they never reach a replica (a release name or namespace with `..` or `/` would
+/// otherwise become part of object names and paths).
+#[tokio::test]
+async fn names_intervals_and_lists_outside_the_schema_are_refused() {
+    let (_, api) = setup("schema").await;
+    let many: Vec<_> = (0..33)
+        .map(|i| json!({"kind": "ConfigMap", "name": format!("v{i}")}))
+        .collect();
+    for (field, value) in [
+        ("releaseName", json!("../etc")),
+        ("releaseName", json!("Web")),
+        ("releaseName", json!("a".repeat(54))),
+        ("targetNamespace", json!("kube_system")),
+        ("targetNamespace", json!("a.b")),
+        ("targetNamespace", json!("a".repeat(64))),
+        ("serviceAccountName", json!("../default")),
+        ("interval", json!("1d")),
+        ("interval", json!("-5m")),
+        ("interval", json!(format!("{}h", "9".repeat(40)))),
+        ("timeout", json!("5m; rm -rf /")),
+        ("module", json!("")),
+        ("valuesFrom", json!(many)),
+    ] {
+        let mut spec = json!({"module": "web", "chart": {"path": "/charts/web"}});
+        spec[field] = value;
+        let raw = json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": "bad"},
+            "spec": spec,
+        });
+        let manifest: Manifest = serde_json::from_value(raw).unwrap();
+        match api.create(&PostParams::default(), &manifest).await {
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 422, "{field}: {status:?}");
+                assert!(
+                    status.message.contains(&format!("spec.{field}")),
+                    "{field}: {}",
+                    status.message
+                );
+            }
+            other => panic!("{field}: expected the server to refuse it, got {other:?}"),
+        }
+    }
+    assert!(api.get_opt("bad").await.unwrap().is_none());
+}

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
@@ -388,6 +388,16 @@ async fn bad_input_is_reported_and_deletes_nothing() {
     let h = start("bad-input", limits).await;
     h.ready_catalog(json!({"greeting": "hi"})).await;
 
+    let binary: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "binary"},
+        // "greeting: " and bytes that are not UTF-8: helm refuses them; they are not replaced.
+        "data": {"values.yaml": "Z3JlZXRpbmc6IP/+"},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(h.client.clone(), &h.ns)
+        .create(&PostParams::default(), &binary)
+        .await
+        .unwrap();
     let fixture = |name: &str| json!({"chart": {"path": format!("tests/fixtures/charts/{name}")}, "values": null});
     let cases = [
         (
@@ -437,6 +447,12 @@ async fn bad_input_is_reported_and_deletes_nothing() {
             fixture("huge"),
             "RenderError",
             "exceeds the limit of 524288 bytes",
+        ),
+        (
+            "values Secret not UTF-8",
+            json!({"chart": {"path": "examples/charts/catalog-v1"}, "valuesFrom": [{"kind": "Secret", "name": "binary"}]}),
+            "ValuesError",
+            "Secret binary key values.yaml: values are not UTF-8 text",
         ),
         (
             "values Secret missing",

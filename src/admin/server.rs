@@ -280,4 +280,36 @@ mod tests {
             assert!(started.elapsed() < Duration::from_secs(120), "never served");
         }
     }
+
+    /// A request line or header far over hyper's buffer (about 400 KiB) is answered with an
+    /// error status or closed, never read whole; the next caller is served.
+    #[tokio::test]
+    async fn oversized_request_lines_and_headers_are_refused_and_others_are_served() {
+        let url = start(ServeLimits::default()).await;
+        let address = url.trim_start_matches("http://").to_owned();
+        let huge = "a".repeat(4 << 20);
+        for request in [
+            format!("GET /livez?{huge} HTTP/1.1\r\nHost: x\r\n\r\n"),
+            format!("GET /livez HTTP/1.1\r\nHost: x\r\nX-Pad: {huge}\r\n\r\n"),
+            format!(
+                "GET /livez HTTP/1.1\r\nHost: x\r\n{}\r\n",
+                "X-Many: a\r\n".repeat(10_000)
+            ),
+        ] {
+            let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+            // The server may close before it has read everything: a failed write is an answer.
+            let _ = stream.write_all(request.as_bytes()).await;
+            let mut answer = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(120), stream.read_to_end(&mut answer))
+                .await
+                .expect("the server answered or closed");
+            let head = String::from_utf8_lossy(&answer[..answer.len().min(64)]).into_owned();
+            assert!(
+                head.is_empty() || head.starts_with("HTTP/1.1 4"),
+                "{}: {head}",
+                &request[..40]
+            );
+        }
+        assert_eq!(livez(&url).await.unwrap(), "ok");
+    }
 }

@@ -90,11 +90,13 @@ pub fn parse(bytes: &[u8]) -> Result<Kubeconfig, String> {
         ));
     }
     let text = std::str::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_owned())?;
-    // Before decoding: an alias is copied at every use, without a bound in bytes.
-    if let Err(alias @ crate::source::yaml::YamlRefusal::Alias { .. }) =
+    // Before decoding: an alias is copied at every use, without a bound in bytes, and deep
+    // nesting costs the decoder time quadratic in its depth.
+    use crate::source::yaml::YamlRefusal;
+    if let Err(refusal @ (YamlRefusal::Alias { .. } | YamlRefusal::TooDeep { .. })) =
         crate::source::yaml::refuse_aliases(text)
     {
-        return Err(format!("it is refused: {alias}"));
+        return Err(format!("it is refused: {refusal}"));
     }
     Kubeconfig::from_yaml(text).map_err(|_| {
         "it is not a valid kubeconfig (YAML); the parser's message is not shown because it may quote the Secret".to_owned()
@@ -465,6 +467,35 @@ mod tests {
         );
     }
 
+    /// Other contexts, users and clusters are never read nor kept: a command in another
+    /// user is not run (and not refused), a current context that names it is refused.
+    #[test]
+    fn only_the_current_context_is_read_and_kept() {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: ctx\ncontexts:\n- name: ctx\n  context: {{cluster: c, user: u}}\n- name: evil\n  context: {{cluster: e, user: e}}\nclusters:\n- name: c\n  cluster:\n{SERVER}- name: e\n  cluster: {{server: 'http://169.254.169.254', insecure-skip-tls-verify: true}}\nusers:\n- name: u\n  user: {{token: {TOKEN}}}\n- name: e\n  user: {{exec: {{apiVersion: client.authentication.k8s.io/v1, command: /bin/touch}}, tokenFile: /etc/x}}\n"
+        );
+        let mut kubeconfig = parse(text.as_bytes()).unwrap();
+        let valid = validate(&kubeconfig).unwrap();
+        assert_eq!(valid.server, "https://10.0.0.1:6443");
+        let kept = valid.into_kubeconfig();
+        assert_eq!(
+            (
+                kept.contexts.len(),
+                kept.clusters.len(),
+                kept.auth_infos.len()
+            ),
+            (1, 1, 1)
+        );
+        assert!(
+            !format!("{kept:?}").contains("/bin/touch") && !format!("{kept:?}").contains("169.254")
+        );
+        kubeconfig.current_context = Some("evil".into());
+        assert!(matches!(
+            validate(&kubeconfig).unwrap_err(),
+            Refusal::Forbidden { field: "exec", .. }
+        ));
+    }
+
     #[test]
     fn servers_must_be_plain_https_urls() {
         for (server, problem) in [
@@ -516,5 +547,232 @@ mod tests {
             problem,
             "it is refused: YAML anchors and aliases are not allowed (line 3, column 12)"
         );
+        // Nesting deeper than the decoder reads (its time is quadratic in the depth).
+        let deep = format!("users: {}", "[".repeat(200_000));
+        let problem = parse(deep.as_bytes()).unwrap_err();
+        assert!(
+            problem.starts_with("it is refused: YAML nested deeper than 128 levels"),
+            "{problem}"
+        );
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+        use serde_json::{Map, Value, json};
+
+        use super::*;
+
+        /// Values that must never appear in a refusal's message.
+        const SECRETS: [&str; 6] = [
+            "s3cr3t-t0ken-value",
+            "hunter2",
+            "/etc/secret",
+            "/bin/touch",
+            "/var/run/secret",
+            "id-t0ken",
+        ];
+
+        /// The user fields a kubeconfig may set, the accepted and the refused.
+        fn user_fields() -> Vec<(&'static str, Value)> {
+            vec![
+                ("token", json!("s3cr3t-t0ken-value")),
+                (
+                    "exec",
+                    json!({"apiVersion": "client.authentication.k8s.io/v1", "command": "/bin/touch", "args": ["/tmp/pwned"]}),
+                ),
+                (
+                    "auth-provider",
+                    json!({"name": "oidc", "config": {"id-token": "id-t0ken"}}),
+                ),
+                ("tokenFile", json!("/var/run/secret/token")),
+                ("client-certificate", json!("/etc/secret/cert.pem")),
+                ("client-key", json!("/etc/secret/key.pem")),
+                ("client-certificate-data", json!("Q0VSVA==")),
+                ("client-key-data", json!("S0VZ")),
+                ("username", json!("admin")),
+                ("password", json!("hunter2")),
+                ("as", json!("deployer")),
+            ]
+        }
+
+        fn cluster_fields() -> Vec<(&'static str, Value)> {
+            vec![
+                ("certificate-authority", json!("/etc/secret/ca.pem")),
+                ("certificate-authority-data", json!("Q0E=")),
+                ("insecure-skip-tls-verify", json!(true)),
+                ("insecure-skip-tls-verify", json!(false)),
+                ("proxy-url", json!("http://proxy:3128")),
+                ("tls-server-name", json!("api.example")),
+            ]
+        }
+
+        const SERVERS: [&str; 7] = [
+            "https://10.0.0.1:6443",
+            "https://api.example/prefix",
+            "https://admin:hunter2@10.0.0.1:6443",
+            "http://10.0.0.1:8080",
+            "https://10.0.0.1:6443/?token=s3cr3t-t0ken-value",
+            "not a url",
+            "",
+        ];
+
+        /// A subset of `fields` as a JSON map.
+        fn subset(fields: Vec<(&'static str, Value)>) -> impl Strategy<Value = Map<String, Value>> {
+            let count = fields.len();
+            prop::collection::vec(any::<bool>(), count).prop_map(move |chosen| {
+                fields
+                    .iter()
+                    .zip(chosen)
+                    .filter(|(_, c)| *c)
+                    .map(|((k, v), _)| ((*k).to_owned(), v.clone()))
+                    .collect()
+            })
+        }
+
+        /// A kubeconfig: a user `u` and a cluster `c` of any fields, context `ctx` of them,
+        /// and a context `other` whose user `evil` runs a command.
+        #[derive(Debug, Clone)]
+        struct Shape {
+            user: Map<String, Value>,
+            cluster: Map<String, Value>,
+            server: Option<&'static str>,
+            current: Option<&'static str>,
+            with_user: bool,
+            as_json: bool,
+        }
+
+        fn shape() -> impl Strategy<Value = Shape> {
+            (
+                subset(user_fields()),
+                subset(cluster_fields()),
+                prop::option::of(prop::sample::select(SERVERS.to_vec())),
+                prop::option::of(prop::sample::select(vec!["ctx", "other", "missing", ""])),
+                any::<bool>(),
+                any::<bool>(),
+            )
+                .prop_map(|(user, cluster, server, current, with_user, as_json)| {
+                    Shape {
+                        user,
+                        cluster,
+                        server,
+                        current,
+                        with_user,
+                        as_json,
+                    }
+                })
+        }
+
+        fn text(shape: &Shape) -> String {
+            let mut cluster = shape.cluster.clone();
+            if let Some(server) = shape.server {
+                cluster.insert("server".into(), json!(server));
+            }
+            let mut context = json!({"cluster": "c"});
+            if shape.with_user {
+                context["user"] = json!("u");
+            }
+            let mut config = json!({
+                "apiVersion": "v1",
+                "kind": "Config",
+                "contexts": [
+                    {"name": "ctx", "context": context},
+                    {"name": "other", "context": {"cluster": "c", "user": "evil"}},
+                ],
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [
+                    {"name": "u", "user": shape.user},
+                    {"name": "evil", "user": {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "/bin/touch"}}},
+                ],
+            });
+            if let Some(current) = shape.current {
+                config["current-context"] = json!(current);
+            }
+            if shape.as_json {
+                config.to_string()
+            } else {
+                serde_yaml_ng::to_string(&config).unwrap()
+            }
+        }
+
+        const REFUSED_USER_FIELDS: [&str; 7] = [
+            "exec",
+            "auth-provider",
+            "tokenFile",
+            "client-certificate",
+            "client-key",
+            "username",
+            "password",
+        ];
+
+        fn refused_cluster(cluster: &Map<String, Value>) -> bool {
+            ["certificate-authority", "proxy-url"]
+                .iter()
+                .any(|f| cluster.contains_key(*f))
+                || cluster.get("insecure-skip-tls-verify") == Some(&json!(true))
+        }
+
+        proptest! {
+            /// Accepted only when the current context's user and cluster set nothing that runs
+            /// code, reads a file or weakens TLS, with an https server; what is accepted holds
+            /// nothing else; a refusal quotes no value.
+            #[test]
+            fn only_inline_credentials_of_the_current_context_are_accepted(shape in shape()) {
+                let parsed = parse(text(&shape).as_bytes());
+                prop_assert!(parsed.is_ok(), "{:?}", parsed.err());
+                let outcome = validate(&parsed.unwrap());
+                let user_refused = shape.with_user
+                    && REFUSED_USER_FIELDS.iter().any(|f| shape.user.contains_key(*f));
+                let server_ok = matches!(
+                    shape.server,
+                    Some("https://10.0.0.1:6443" | "https://api.example/prefix")
+                );
+                if shape.current != Some("ctx") || user_refused || refused_cluster(&shape.cluster) || !server_ok {
+                    prop_assert!(outcome.is_err(), "{:?}", shape);
+                }
+                match outcome {
+                    Err(refusal) => {
+                        let message = refusal.to_string();
+                        for secret in SECRETS {
+                            prop_assert!(!message.contains(secret), "{}", message);
+                        }
+                    }
+                    Ok(valid) => {
+                        let kept = valid.into_kubeconfig();
+                        prop_assert_eq!((kept.clusters.len(), kept.auth_infos.len(), kept.contexts.len()), (1, 1, 1));
+                        let user = kept.auth_infos[0].auth_info.clone().unwrap();
+                        prop_assert!(user.exec.is_none() && user.auth_provider.is_none());
+                        prop_assert!(user.token_file.is_none() && user.client_certificate.is_none());
+                        prop_assert!(user.client_key.is_none() && user.username.is_none() && user.password.is_none());
+                        let cluster = kept.clusters[0].cluster.clone().unwrap();
+                        prop_assert!(cluster.certificate_authority.is_none() && cluster.proxy_url.is_none());
+                        prop_assert!(cluster.insecure_skip_tls_verify.is_none());
+                        prop_assert!(cluster.server.unwrap().starts_with("https://"));
+                    }
+                }
+            }
+
+            /// Any bytes are refused or parsed, never a panic; a refusal quotes none of them.
+            #[test]
+            fn any_bytes_are_parsed_or_refused_without_quoting_them(
+                bytes in prop::collection::vec(any::<u8>(), 0..400),
+                shape in shape(),
+                cut in any::<prop::sample::Index>(),
+            ) {
+                let _ = parse(&bytes);
+                let whole = text(&shape);
+                let end = cut.index(whole.len() + 1);
+                match parse(&whole.as_bytes()[..end]) {
+                    Ok(kubeconfig) => {
+                        if let Err(refusal) = validate(&kubeconfig) {
+                            let message = refusal.to_string();
+                            prop_assert!(SECRETS.iter().all(|s| !message.contains(s)), "{}", message);
+                        }
+                    }
+                    Err(message) => {
+                        prop_assert!(SECRETS.iter().all(|s| !message.contains(s)), "{}", message);
+                    }
+                }
+            }
+        }
     }
 }

@@ -72,7 +72,7 @@ pub enum PlanError {
         error: String,
     },
     /// the rendered output holds YAML anchors or aliases (refused before decoding: their
-    /// expansion is unbounded in bytes).
+    /// expansion is unbounded in bytes), or nests deeper than the decoder reads.
     #[error("rendered output{}: {refusal}", from_template(template.as_deref()))]
     Aliases {
         /// The template it came from (helm's `# Source:` line), if named.
@@ -438,7 +438,9 @@ fn refuse_aliases(document: &str, template: Option<&str>) -> Result<(), PlanErro
     use crate::source::yaml::YamlRefusal;
     let template = template.map(str::to_owned);
     crate::source::yaml::refuse_aliases(document).map_err(|refusal| match refusal {
-        YamlRefusal::Alias { .. } => PlanError::Aliases { template, refusal },
+        YamlRefusal::Alias { .. } | YamlRefusal::TooDeep { .. } => {
+            PlanError::Aliases { template, refusal }
+        }
         YamlRefusal::Invalid {
             line,
             column,
@@ -933,6 +935,18 @@ metadata:
         );
         let bare = parse_documents("a: &x 1\nb: *x\n").unwrap_err().to_string();
         assert!(bare.starts_with("rendered output: "), "{bare}");
+        // Nesting deeper than the decoder reads (its time is quadratic in the depth).
+        let deep = format!(
+            "---\n# Source: web/templates/c.yaml\napiVersion: v1\nkind: ConfigMap\ndata: {}",
+            "[".repeat(1 << 20)
+        );
+        let error = parse_documents(&deep).unwrap_err().to_string();
+        assert!(
+            error.starts_with(
+                "rendered output of web/templates/c.yaml: YAML nested deeper than 128 levels"
+            ),
+            "{error}"
+        );
     }
 
     #[test]

@@ -199,12 +199,9 @@ async fn read_values_source(
             .get_opt(&reference.name)
             .await
             .map_err(failed)?
-            .map(|s| {
-                s.data
-                    .unwrap_or_default()
-                    .get(&reference.key)
-                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-            }),
+            .map(|s| s.data.unwrap_or_default().remove(&reference.key))
+            .map(|bytes| bytes.map(|b| secret_text(b.0, reference)).transpose())
+            .transpose()?,
     };
     match text {
         Some(Some(text)) => Ok(Some(text)),
@@ -218,6 +215,17 @@ async fn read_values_source(
             reference.kind, reference.name, reference.key
         ))),
     }
+}
+
+/// A Secret's values as text: bytes that are not UTF-8 are refused (helm refuses them too),
+/// not changed into replacement characters; the message names the key, never the content.
+fn secret_text(bytes: Vec<u8>, reference: &ValuesReference) -> Result<String, values::ValuesError> {
+    String::from_utf8(bytes).map_err(|_| {
+        values::ValuesError::NotUtf8(format!(
+            "{:?} {} key {}",
+            reference.kind, reference.name, reference.key
+        ))
+    })
 }
 
 /// The hook run an install pass works on, from the previous status: an install until something

@@ -28,6 +28,9 @@ pub enum ValuesError {
     /// the document is YAML but not a map.
     #[error("{0}: values must be a YAML map")]
     NotAMap(String),
+    /// a Secret's values are not UTF-8 text.
+    #[error("{0}: values are not UTF-8 text")]
+    NotUtf8(String),
 }
 
 /// Parses one values document (a YAML map; an empty document is an empty map). Anchors and
@@ -120,5 +123,118 @@ mod tests {
             parse("s", "a: {<<: *b}"),
             Err(ValuesError::Refused { .. })
         ));
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Text of YAML tokens in any order: mostly not YAML, anchors and aliases among them.
+        fn yamlish() -> impl Strategy<Value = String> {
+            let token = prop::sample::select(vec![
+                "a",
+                "b: ",
+                ": ",
+                "- ",
+                "\n",
+                "  ",
+                "&x ",
+                "*x",
+                "<<: ",
+                "[",
+                "]",
+                "{",
+                "}",
+                ",",
+                "'q'",
+                "\"d\"",
+                "~",
+                "1",
+                "é",
+                "#c",
+                "---\n",
+                "? ",
+                "!!str ",
+                "\t",
+                "|\n",
+                "&",
+                "*",
+                "\\",
+                "\"\\x00\"",
+            ]);
+            prop::collection::vec(token, 0..40).prop_map(|tokens| tokens.concat())
+        }
+
+        fn value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                "[a-z&*:#'\" -]{0,8}".prop_map(Value::from),
+            ];
+            leaf.prop_recursive(4, 32, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                    prop::collection::btree_map("[a-z&*]{1,6}", inner, 0..4)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn values_map() -> impl Strategy<Value = Map<String, Value>> {
+            prop::collection::btree_map("[a-z]{1,4}", value(), 0..5)
+                .prop_map(|m| m.into_iter().collect())
+        }
+
+        fn json_len(map: &Map<String, Value>) -> usize {
+            serde_json::to_vec(map).unwrap().len()
+        }
+
+        proptest! {
+            /// Any text: refused or decoded, never a panic; what is decoded is at most a
+            /// constant times the text (nothing was expanded).
+            #[test]
+            fn any_text_is_refused_or_decoded_without_expansion(text in yamlish()) {
+                if let Ok(map) = parse("cm", &text) {
+                    prop_assert!(json_len(&map) <= 8 * text.len() + 64, "{:?}", text);
+                }
+            }
+
+            /// What a YAML serializer writes is read back unchanged; the same text with an
+            /// anchor and an alias added is refused, naming the source.
+            #[test]
+            fn serialized_values_pass_and_aliases_in_them_are_refused(map in values_map()) {
+                let text = serde_yaml_ng::to_string(&map).unwrap();
+                prop_assert_eq!(&parse("cm", &text).unwrap(), &map);
+                let aliased = format!("anchored: &a {{k: v}}\n{text}aliased: *a\n");
+                let refused = matches!(
+                    parse("cm", &aliased),
+                    Err(ValuesError::Refused { refusal: YamlRefusal::Alias { .. }, .. })
+                );
+                prop_assert!(refused, "{}", aliased);
+            }
+
+            /// Nesting of any depth is refused or decoded, never a stack overflow.
+            #[test]
+            fn deep_nesting_never_overflows(depth in 1usize..20_000, flow in any::<bool>()) {
+                let text = if flow {
+                    format!("a: {}{}", "[".repeat(depth), "]".repeat(depth))
+                } else {
+                    (0..depth.min(300)).map(|i| format!("{}k:\n", " ".repeat(i))).collect()
+                };
+                let _ = parse("cm", &text);
+            }
+
+            /// A merge keeps every key of the overlay and is never larger than its inputs.
+            #[test]
+            fn merges_are_bounded_by_their_inputs(base in values_map(), overlay in values_map()) {
+                let bound = json_len(&base) + json_len(&overlay);
+                let mut merged = base;
+                merge(&mut merged, overlay.clone());
+                prop_assert!(json_len(&merged) <= bound);
+                prop_assert!(overlay.keys().all(|k| merged.contains_key(k)));
+            }
+        }
     }
 }

@@ -7,6 +7,11 @@
 //! own, while `helm repo index`, `kubectl` and Helm's own output never write anchors (hand-written
 //! values files sometimes do: those are refused and must be written out). One function serves `index.yaml`, `valuesFrom` values,
 //! rendered output and kubeconfigs.
+//!
+//! Nesting deeper than the decoders accept is refused too: libyaml (serde_yaml_ng's and
+//! serde_yaml's parser) takes time quadratic in the depth of flow collections before its
+//! recursion limit stops the decoding — 16 KB of `[` took 2 s, so a 1 MiB ConfigMap would hold
+//! a worker thread for hours, out of reach of the pass deadline.
 
 use yaml_rust2::parser::{Event, Parser};
 
@@ -31,7 +36,21 @@ pub enum YamlRefusal {
         /// Its column.
         column: usize,
     },
+    /// the text nests collections deeper than [`MAX_DEPTH`].
+    #[error(
+        "YAML nested deeper than {MAX_DEPTH} levels is not allowed (line {line}, column {column})"
+    )]
+    TooDeep {
+        /// Line of the first collection too deep.
+        line: usize,
+        /// Its column.
+        column: usize,
+    },
 }
+
+/// The deepest nesting of collections accepted: the decoders' own limit (serde_yaml_ng and
+/// serde_yaml stop at 128), so nothing they would read is refused.
+pub const MAX_DEPTH: usize = 128;
 
 /// Reads the YAML events of `text` (a stream of any number of documents; reading events
 /// expands nothing) and refuses the first anchor or alias. Never quotes the text: it may be a
@@ -42,35 +61,72 @@ pub enum YamlRefusal {
 /// less than its key (yaml-rust2 #40), which a template that quotes a multi-line value renders.
 /// Text it cannot read is let through when nothing in it could be an anchor or an alias (no `&`
 /// or `*` starting a token): the decoder then decides, and there is nothing to expand.
+///
+/// Collections nested deeper than [`MAX_DEPTH`] are refused as well (at the first one, or where
+/// the parser stopped); text the parser cannot read is let through only when no run of flow
+/// brackets could nest that deep either.
 pub fn refuse_aliases(text: &str) -> Result<(), YamlRefusal> {
     let mut parser = Parser::new_from_str(text);
+    let mut depth = 0usize;
     loop {
         let (event, at) = match parser.next_token() {
             Ok(next) => next,
-            Err(_) if !may_hold_aliases(text) => return Ok(()),
             Err(e) => {
+                let (line, column) = (e.marker().line(), e.marker().col() + 1);
+                if flow_depth(text) > MAX_DEPTH {
+                    // yaml-rust2 stops at 255 flow levels, and may scan that far ahead.
+                    return Err(YamlRefusal::TooDeep { line, column });
+                }
+                if !may_hold_aliases(text) {
+                    return Ok(());
+                }
                 return Err(YamlRefusal::Invalid {
-                    line: e.marker().line(),
-                    column: e.marker().col() + 1,
+                    line,
+                    column,
                     reason: e.info().to_owned(),
                 });
             }
         };
+        let (line, column) = (at.line(), at.col() + 1);
         let anchored = match event {
             Event::StreamEnd => return Ok(()),
             Event::Alias(_) => true,
-            Event::Scalar(_, _, anchor, _)
-            | Event::SequenceStart(anchor, _)
-            | Event::MappingStart(anchor, _) => anchor != 0,
+            Event::Scalar(_, _, anchor, _) => anchor != 0,
+            Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(YamlRefusal::TooDeep { line, column });
+                }
+                anchor != 0
+            }
+            Event::SequenceEnd | Event::MappingEnd => {
+                depth = depth.saturating_sub(1);
+                false
+            }
             _ => false,
         };
         if anchored {
-            return Err(YamlRefusal::Alias {
-                line: at.line(),
-                column: at.col() + 1,
-            });
+            return Err(YamlRefusal::Alias { line, column });
         }
     }
+}
+
+/// The deepest run of flow brackets (`[`, `{` opened and not yet closed), counting those in
+/// quoted and plain text too: at least the depth of flow collections.
+fn flow_depth(text: &str) -> usize {
+    let mut depth = 0usize;
+    let mut deepest = 0;
+    for b in text.bytes() {
+        match b {
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// Whether `text` has an `&` or `*` that could start an anchor or an alias: at the start of a
@@ -164,5 +220,83 @@ mod tests {
         }
         assert!(!may_hold_aliases("a: \"x & y\", b: \"*\"\n"));
         assert!(may_hold_aliases("a: *x\n") && may_hold_aliases("- &x 1\n"));
+    }
+
+    fn nested(depth: usize) -> String {
+        format!("a: {}{}\n", "[".repeat(depth - 1), "]".repeat(depth - 1))
+    }
+
+    /// Regression: libyaml's time is quadratic in the depth of flow collections, before its
+    /// recursion limit stops the decoding (16 KB of `[` took 2 s in a debug build, so 1 MiB
+    /// would take hours). What the decoder reads (128 levels) passes; one level more, which
+    /// the decoder refuses anyway, is refused before decoding, open or closed, flow or block,
+    /// and in text the parser cannot read.
+    #[test]
+    fn nesting_deeper_than_the_decoder_reads_is_refused_before_decoding() {
+        let deepest = nested(MAX_DEPTH);
+        assert_eq!(refuse_aliases(&deepest), Ok(()));
+        assert!(serde_yaml_ng::from_str::<serde_json::Value>(&deepest).is_ok());
+        let deeper = nested(MAX_DEPTH + 1);
+        assert!(serde_yaml_ng::from_str::<serde_json::Value>(&deeper).is_err());
+        assert_eq!(
+            refuse_aliases(&deeper),
+            Err(YamlRefusal::TooDeep {
+                line: 1,
+                column: 3 + MAX_DEPTH
+            })
+        );
+        let open = format!("a: {}", "[".repeat(100_000));
+        assert!(matches!(
+            refuse_aliases(&open),
+            Err(YamlRefusal::TooDeep { .. })
+        ));
+        let flow_maps = format!("a: {}1", "{a: ".repeat(100_000));
+        assert!(matches!(
+            refuse_aliases(&flow_maps),
+            Err(YamlRefusal::TooDeep { .. })
+        ));
+        let block: String = (0..=MAX_DEPTH)
+            .map(|i| format!("{}k:\n", " ".repeat(i)))
+            .collect();
+        assert!(matches!(
+            refuse_aliases(&block),
+            Err(YamlRefusal::TooDeep { .. })
+        ));
+        // Text only libyaml reads, then deep brackets: not let through.
+        let quoted = "description: \"line one\nline two\"\n";
+        assert_eq!(refuse_aliases(quoted), Ok(()));
+        let hidden = format!("{quoted}b: {}", "[".repeat(10_000));
+        assert!(matches!(
+            refuse_aliases(&hidden),
+            Err(YamlRefusal::TooDeep { .. })
+        ));
+        assert_eq!(
+            refuse_aliases(&deeper).unwrap_err().to_string(),
+            format!(
+                "YAML nested deeper than 128 levels is not allowed (line 1, column {})",
+                3 + MAX_DEPTH
+            )
+        );
+    }
+
+    /// The figure behind the test above: the decoder's time on flow nesting 4000 and 16 000
+    /// deep against the check's (`cargo test -p module-manager --lib
+    /// measure_the_decoder_on_deep_nesting -- --ignored --nocapture`).
+    #[test]
+    #[ignore = "a measurement: prints times"]
+    fn measure_the_decoder_on_deep_nesting() {
+        for depth in [4000, 16_000] {
+            let text = format!("a: {}", "[".repeat(depth));
+            let started = std::time::Instant::now();
+            let checked = refuse_aliases(&text);
+            let check = started.elapsed();
+            let started = std::time::Instant::now();
+            let decoded = serde_yaml_ng::from_str::<serde_json::Value>(&text).is_ok();
+            let decode = started.elapsed();
+            println!(
+                "{depth} open brackets: the check {check:?} ({checked:?}), the decoder {decode:?} (decoded: {decoded}), {:.0} times the check",
+                decode.as_secs_f64() / check.as_secs_f64()
+            );
+        }
     }
 }

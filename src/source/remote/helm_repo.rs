@@ -173,7 +173,7 @@ fn refuse_aliases(text: &str) -> Result<(), FetchError> {
             crate::source::yaml::YamlRefusal::Alias { line, column } => {
                 format!("YAML anchors and aliases are not accepted (line {line}, column {column})")
             }
-            invalid @ crate::source::yaml::YamlRefusal::Invalid { .. } => invalid.to_string(),
+            other => other.to_string(),
         })
     })
 }
@@ -340,6 +340,10 @@ mod tests {
             let error = parse_index(other.as_bytes()).unwrap_err().to_string();
             assert!(error.contains("anchors and aliases"), "{other}: {error}");
         }
+        // Nesting deeper than the decoder reads (its time is quadratic in the depth).
+        let deep = format!("apiVersion: v1\nentries: {}", "[".repeat(1 << 20));
+        let error = parse_index(deep.as_bytes()).unwrap_err().to_string();
+        assert!(error.contains("nested deeper than 128 levels"), "{error}");
         // `&` and `*` inside scalars are text, not anchors.
         let plain = "apiVersion: v1\nentries:\n  web:\n  - version: 1.0.0\n    description: a & b *c\n    urls: [\"web.tgz?a=1&b=*\"]\n";
         assert_eq!(

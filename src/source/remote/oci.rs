@@ -493,6 +493,33 @@ mod tests {
         }
     }
 
+    /// Digests that are not a supported algorithm's full hex are refused before any request
+    /// (a digest is also a path in the registry's URL and a name in the chart cache).
+    #[test]
+    fn oci_references_with_bad_digests_are_refused() {
+        let sha = |hex: &str| format!("oci://registry.example.com/charts/web@sha256:{hex}");
+        for bad in [
+            sha("00"),
+            sha(&"0".repeat(63)),
+            sha(&"0".repeat(65)),
+            sha(&"g".repeat(64)),
+            sha(&format!("../../../../etc/passwd{}", "0".repeat(43))),
+            sha(""),
+            format!(
+                "oci://registry.example.com/charts/web@md5:{}",
+                "0".repeat(32)
+            ),
+            format!("oci://registry.example.com/charts/web@{}", "0".repeat(64)),
+            "oci://registry.example.com/charts/web@".into(),
+        ] {
+            assert!(
+                matches!(oci_reference(&bad), Err(FetchError::Reference(_))),
+                "{bad}"
+            );
+        }
+        assert!(oci_reference(&sha(&"a".repeat(64))).is_ok());
+    }
+
     #[test]
     fn loopback_and_listed_registries_use_plain_http() {
         let mut config = RemoteConfig::new(std::env::temp_dir());
