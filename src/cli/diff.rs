@@ -110,6 +110,7 @@ async fn context(args: &DiffArgs, client: kube::Client, home: PathBuf) -> anyhow
         hook_timeout: crate::plan::hooks::DEFAULT_HOOK_TIMEOUT,
         tenancy: Tenancy::default(),
         pass_limits: Default::default(),
+        dependencies: Default::default(),
     })
 }
 

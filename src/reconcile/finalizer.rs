@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::records::patch_metadata;
 use super::{Context, ReconcileError};
-use crate::api::Manifest;
+use crate::api::{HAS_DEPENDENCIES_LABEL, Manifest};
 use crate::shard::SHARD_LABEL;
 
 /// The finalizer that keeps a Manifest until its objects are gone.
@@ -17,8 +17,15 @@ pub(super) fn held(manifest: &Manifest) -> bool {
     manifest.finalizers().iter().any(|f| f == FINALIZER)
 }
 
-/// Adds the finalizer and stamps the shard label in one write, guarded by the resourceVersion
-/// the decision was made on.
+/// Whether the Manifest has a `spec.dependsOn` but not yet the label saying so (a dependency
+/// being deleted lists the Manifests carrying it).
+pub(super) fn unlabelled_dependent(manifest: &Manifest) -> bool {
+    !manifest.spec.depends_on.is_empty() && !manifest.labels().contains_key(HAS_DEPENDENCIES_LABEL)
+}
+
+/// Adds the finalizer and stamps the shard label (and, with a `spec.dependsOn`, the label
+/// `modulemanager.io/has-dependencies`) in one write, guarded by the resourceVersion the
+/// decision was made on.
 pub(super) async fn claim(
     manifest: &Manifest,
     ctx: &Context,
@@ -28,10 +35,14 @@ pub(super) async fn claim(
     if !held(manifest) {
         finalizers.push(FINALIZER.to_owned());
     }
+    let mut labels = json!({ SHARD_LABEL: shard });
+    if !manifest.spec.depends_on.is_empty() {
+        labels[HAS_DEPENDENCIES_LABEL] = json!("true");
+    }
     patch_metadata(
         manifest,
         ctx,
-        json!({"finalizers": finalizers, "labels": { SHARD_LABEL: shard }}),
+        json!({"finalizers": finalizers, "labels": labels}),
     )
     .await
 }

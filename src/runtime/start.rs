@@ -16,7 +16,7 @@ use crate::apply::Cluster;
 use crate::apply::catalog::CrdCatalog;
 use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
-use crate::reconcile::Context;
+use crate::reconcile::{Context, DependencyRules};
 use crate::render::HelmRenderer;
 use crate::shard::fence::Ownership;
 use crate::shard::fleet::{Exit, Fleet, FleetView};
@@ -168,6 +168,10 @@ async fn context(
         hook_timeout: config.hook_timeout,
         tenancy: tenancy(config).await?.with_catalog(Some(catalog)),
         pass_limits: config.pass_limits,
+        dependencies: DependencyRules {
+            cross_namespace: config.cross_namespace_dependencies,
+            ..Default::default()
+        },
     }))
 }
 

@@ -136,6 +136,7 @@ impl ContextBuilder {
             hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
             tenancy: self.tenancy,
             pass_limits: self.pass_limits,
+            dependencies: Default::default(),
         })
     }
 }
