@@ -226,3 +226,53 @@ async fn a_dependency_is_deleted_only_after_its_dependents() {
         "a dependent is not deleted with its dependency"
     );
 }
+
+#[tokio::test]
+async fn another_namespace_is_refused_when_the_operator_says_so() {
+    let operator = common::operator_with("deps-refused", 2, |context| {
+        context.cross_namespace_dependencies(false)
+    })
+    .await;
+    let ns = operator.ns.clone();
+    let elsewhere = json!([{"name": "db", "namespace": "databases"}]);
+    create(&operator, &catalog(&ns, "app", elsewhere)).await;
+    let refused = wait_reason(&operator, "app", State::Error, "DependencyRefused").await;
+    let (_, message) = ready_condition(&refused);
+    assert_eq!(
+        message,
+        "dependencies: dependency databases/db is in another namespace, and this operator runs \
+         with --no-cross-namespace-dependencies"
+    );
+    assert!(common::inventory_names(&refused).is_empty());
+    // The same namespace is fine.
+    create(&operator, &catalog(&ns, "db", json!([]))).await;
+    create(&operator, &catalog(&ns, "web", json!([{"name": "db"}]))).await;
+    common::wait_state(&operator.manifests, "web", State::Ready, LIMIT).await;
+}
+
+/// The example of `make run`: `examples/manifests/storefront.yaml` depends on `catalog` and
+/// `widgets`; applied first (widgets not there yet), it becomes Ready once both are.
+#[tokio::test]
+async fn the_storefront_example_waits_for_catalog_and_widgets() {
+    let operator = common::operator("deps-example", "test-replica").await;
+    let ns = operator.ns.clone();
+    for name in ["storefront", "catalog", "widgets"] {
+        let path = test_support::repo().join(format!("examples/manifests/{name}.yaml"));
+        let mut example: Manifest =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        // Into the test's namespace, the module's objects too.
+        example.metadata.namespace = Some(ns.clone());
+        example.spec.target_namespace = None;
+        create(&operator, &example).await;
+        if name == "storefront" {
+            let waiting =
+                wait_reason(&operator, name, State::Processing, "DependencyNotReady").await;
+            let (_, message) = ready_condition(&waiting);
+            assert!(
+                message.contains(&format!("dependency {ns}/widgets is not found")),
+                "{message}"
+            );
+        }
+    }
+    common::wait_state(&operator.manifests, "storefront", State::Ready, LIMIT).await;
+}
