@@ -135,7 +135,7 @@ pub struct ManifestSpec {
 
     /// Manifests that must be Ready (at their current generation) before this one is installed
     /// or upgraded: until then it waits, `Processing` with reason `DependencyNotReady` naming
-    /// the first that is not. A dependency is not deleted while a dependent that installed
+    /// each that is not and why. A dependency is not deleted while a dependent that installed
     /// something exists. `docs/operations.md` § Dependencies.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
