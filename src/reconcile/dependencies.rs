@@ -28,6 +28,10 @@ const MAX_CHAIN_READS: usize = 32;
 pub const DEPENDENTS_RECHECK: Duration = Duration::from_secs(10);
 /// Most dependents a deletion's message names.
 const NAMED_DEPENDENTS: usize = 10;
+/// Most dependencies [`Awaited`] remembers: one that is never created stays in it (its dependent
+/// may have gone or changed since); past this many, a missing one is found at its dependent's
+/// next interval instead.
+const MAX_AWAITED: usize = 10_000;
 
 /// How dependencies are handled, shared by every pass of a replica.
 #[derive(Clone, Debug)]
@@ -59,9 +63,12 @@ impl Awaited {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Remembers that `key` was missing.
+    /// Remembers that `key` may be missing (up to [`MAX_AWAITED`] keys).
     fn insert(&self, key: DependencyKey) {
-        self.set().insert(key);
+        let mut set = self.set();
+        if set.len() < MAX_AWAITED {
+            set.insert(key);
+        }
     }
 
     /// Whether `key` was awaited (it is no longer).
@@ -219,4 +226,29 @@ pub(super) async fn held_by_dependents(
         facts: Facts::default(),
         requeue: DEPENDENTS_RECHECK,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn awaited_dependencies_are_taken_once_and_bounded() {
+        let awaited = Awaited::default();
+        let key = |name: String| DependencyKey {
+            namespace: "a".into(),
+            name,
+        };
+        awaited.insert(key("db".into()));
+        assert!(awaited.take(&key("db".into())));
+        assert!(!awaited.take(&key("db".into())), "once");
+        for i in 0..MAX_AWAITED + 5 {
+            awaited.insert(key(format!("m{i}")));
+        }
+        assert_eq!(awaited.set().len(), MAX_AWAITED);
+        assert!(
+            !awaited.take(&key(format!("m{MAX_AWAITED}"))),
+            "past the bound"
+        );
+    }
 }
