@@ -637,6 +637,106 @@ async fn a_rolling_restart_moves_no_shard() {
     fleet.assert_clean("rolling restart").await;
 }
 
+impl Fleet {
+    /// The replica holding the shard of `uid`.
+    async fn holder_of(&self, uid: &str) -> Option<String> {
+        let shard = ShardCount::new(self.shards).unwrap().shard_of(uid);
+        self.holders()
+            .await
+            .remove(&shard)
+            .and_then(|(holder, _)| holder)
+    }
+}
+
+/// `spec.dependsOn` across replicas: the dependency is held by one replica, its dependent by
+/// the other; the dependent waits, then is woken by the dependency's readiness (its interval is
+/// an hour: only the depended-on watch of its own replica can wake it).
+#[tokio::test]
+async fn a_dependent_is_woken_by_a_dependency_another_replica_owns() {
+    let _serial = SERIAL.lock().await;
+    let fleet = Fleet::new("deps", 2, &[]).await;
+    fleet.wait_assignment(2, "start").await;
+    let api = fleet.manifests();
+    let tiny = |name: &str, extra: Value| -> Manifest {
+        let mut spec = json!({"module": "tiny", "chart": {"path": "tests/fixtures/charts/tiny"},
+            "interval": "1h"});
+        spec.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": name, "labels": {"fleet-test": fleet.name}},
+            "spec": spec,
+        }))
+        .unwrap()
+    };
+    // Suspended: no pass, no status, until the dependent waits for it.
+    let base = api
+        .create(
+            &PostParams::default(),
+            &tiny("base", json!({"suspend": true})),
+        )
+        .await
+        .unwrap();
+    let base_holder = fleet.holder_of(&base.uid().unwrap()).await.unwrap();
+    // A dependent on the other replica's shards (each try has one chance in two).
+    let mut dependent = None;
+    for i in 0..20 {
+        let name = format!("app-{i}");
+        let app = tiny(&name, json!({"dependsOn": [{"name": "base"}]}));
+        let created = api.create(&PostParams::default(), &app).await.unwrap();
+        if fleet.holder_of(&created.uid().unwrap()).await.as_ref() != Some(&base_holder) {
+            dependent = Some(name);
+            break;
+        }
+        api.delete(&name, &Default::default()).await.unwrap();
+    }
+    let app = dependent.expect("a dependent on the other replica in 20 tries");
+    let waiting = wait_manifest(&api, &app, |m| {
+        m.status.as_ref().is_some_and(|s| {
+            s.state == Some(State::Processing)
+                && s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.reason == "DependencyNotReady")
+        })
+    })
+    .await;
+    let owner = waiting.status.unwrap().owner.unwrap();
+    assert_ne!(owner, base_holder, "the two are on different replicas");
+
+    api.patch(
+        "base",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"suspend": false}})),
+    )
+    .await
+    .unwrap();
+    let took = fleet.wait_ready("base, then its dependent").await;
+    eprintln!(
+        "FLEET deps: dependency Ready on {base_holder}, dependent on {owner} Ready; both within {took:?}"
+    );
+    fleet.assert_clean("dependsOn across replicas").await;
+}
+
+/// Waits (60 s) until the Manifest `name` satisfies `done`.
+async fn wait_manifest(
+    api: &Api<Manifest>,
+    name: &str,
+    done: impl Fn(&Manifest) -> bool,
+) -> Manifest {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(manifest) = api.get_opt(name).await.unwrap() {
+            if done(&manifest) {
+                return manifest;
+            }
+            assert!(Instant::now() < deadline, "{name}: {:#?}", manifest.status);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The checker is only worth something if it fails when ownership is broken: two replicas that
 /// ignore ownership reconcile the same Manifests at once, and the checker must say so.
 #[tokio::test]

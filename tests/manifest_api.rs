@@ -47,6 +47,7 @@ fn manifest(name: &str, chart: ChartSource) -> Manifest {
             interval: "10m".into(),
             timeout: "5m".into(),
             drift_ignore: vec![],
+            depends_on: vec![],
         },
     )
 }

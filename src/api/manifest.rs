@@ -134,6 +134,34 @@ pub struct ManifestSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub drift_ignore: Vec<DriftIgnoreRule>,
+
+    /// Manifests that must be Ready (at their current generation) before this one is installed
+    /// or upgraded: until then it waits, `Processing` with reason `DependencyNotReady` naming
+    /// each that is not and why. A dependency is not deleted while a dependent that installed
+    /// something exists. `docs/operations.md` § Dependencies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub depends_on: Vec<DependencyReference>,
+}
+
+/// A Manifest another one waits for (`spec.dependsOn`).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DependencyReference {
+    /// Name of the Manifest.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// Namespace of the Manifest; omitted means the dependent's own. Another namespace is
+    /// refused when the operator runs with `--no-cross-namespace-dependencies`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub namespace: Option<String>,
 }
 
 /// A `spec.driftIgnore` rule: JSON pointers (RFC 6901) left alone on the objects it targets.

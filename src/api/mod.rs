@@ -27,6 +27,15 @@ pub const WATCH_LABEL: &str = "modulemanager.io/watch";
 /// The value of [`WATCH_LABEL`] that opts an object in.
 pub const WATCH_LABEL_VALUE: &str = "true";
 
+/// Label the operator stamps (`true`) on a Manifest some other Manifest names in
+/// `spec.dependsOn`: every replica watches the Manifests carrying it (a small set) and queues at
+/// once the dependents it holds when one's readiness changes. Never removed (a stale label costs
+/// one object in that watch).
+pub const DEPENDED_ON_LABEL: &str = "modulemanager.io/depended-on";
+/// Label the operator stamps (`true`) on a Manifest with a `spec.dependsOn`: a dependency being
+/// deleted lists only these to find its dependents.
+pub const HAS_DEPENDENCIES_LABEL: &str = "modulemanager.io/has-dependencies";
+
 /// The shortest drift-check interval: shorter ones are raised to it (no busy loop).
 pub const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// The longest drift-check interval: longer ones are lowered to it.

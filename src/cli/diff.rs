@@ -111,6 +111,7 @@ async fn context(args: &DiffArgs, client: kube::Client, home: PathBuf) -> anyhow
         tenancy: Tenancy::default(),
         pass_limits: Default::default(),
         written: Default::default(),
+        dependencies: Default::default(),
     })
 }
 

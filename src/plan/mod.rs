@@ -1,6 +1,7 @@
 //! Plan (pure): split rendered documents into CRDs, hooks and objects, order them as Helm
 //! installs them, give namespaced objects their namespace, and decide what to prune.
 
+pub mod dependencies;
 pub mod diff;
 pub mod drift;
 pub mod hooks;

@@ -29,6 +29,22 @@ pub struct Outcome {
     pub operation: Option<Operation>,
 }
 
+impl Outcome {
+    /// A pass that waits (a hook, objects going, a dependency, dependents): nothing rendered,
+    /// applied or failed in it.
+    pub fn waiting(state: State, reason: Reason, message: String) -> Self {
+        Self {
+            state,
+            reason,
+            message,
+            rendered: None,
+            applied: None,
+            stalled: false,
+            operation: None,
+        }
+    }
+}
+
 /// Why a pass ended as it did: the reason of the conditions and of the Event, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
@@ -51,6 +67,10 @@ pub enum Reason {
     /// An object failed by its readiness rule (a Deployment past its progress deadline, a
     /// crash-looping Pod, a custom resource that is `Stalled` …).
     ObjectFailed,
+    /// A dependency (`spec.dependsOn`) is not Ready: nothing is installed or upgraded yet.
+    DependencyNotReady,
+    /// Deleting waits until no dependent that installed something exists.
+    DependentsExist,
     /// A pass failed: the error's category (`RenderError` …).
     Failed(&'static str),
 }
@@ -72,6 +92,8 @@ impl Reason {
             Self::Orphaned => "Orphaned",
             Self::ReadinessTimeout => "ReadinessTimeout",
             Self::ObjectFailed => "ObjectFailed",
+            Self::DependencyNotReady => "DependencyNotReady",
+            Self::DependentsExist => "DependentsExist",
             Self::Failed(category) => category,
         }
     }
@@ -436,6 +458,8 @@ mod tests {
             (Reason::Deleting, "Deleting"),
             (Reason::Deleted, "Deleted"),
             (Reason::Orphaned, "Orphaned"),
+            (Reason::DependencyNotReady, "DependencyNotReady"),
+            (Reason::DependentsExist, "DependentsExist"),
             (Reason::Failed("ApplyError"), "ApplyError"),
         ];
         for (reason, text) in reasons {

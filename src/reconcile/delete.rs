@@ -15,7 +15,8 @@ use super::inputs::{render_request, vetted_render};
 use super::objects::{delete_object, still_there};
 use super::records::publish;
 use super::{
-    Context, HOOK_REQUEUE, Pass, Progress, ReconcileError, finalizer, progress_requeue, target,
+    Context, HOOK_REQUEUE, Pass, Progress, ReconcileError, dependencies, finalizer,
+    progress_requeue, target,
 };
 use crate::api::State;
 use crate::api::{DeletionPolicy, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
@@ -54,6 +55,11 @@ pub(super) async fn delete(
     // contact, no delete hooks to run.
     let applied = !previous.inventory.is_empty() || !previous.hook_objects.is_empty();
     if manifest.spec.deletion_policy == DeletionPolicy::Delete && applied {
+        // Dependents that installed something may still need this module (their own deletion's
+        // hooks, its CRDs): they go first.
+        if let Some(held) = dependencies::held_by_dependents(manifest, ctx).await? {
+            return Ok(Some(held));
+        }
         let (cluster, _) = match target::resolve(manifest, ctx).await {
             // The target cannot be named any more (or is another cluster than the module's):
             // release rather than wait forever, touching nothing there.
@@ -240,15 +246,7 @@ impl Removal<'_> {
 /// A deletion pass that waits: for a hook, or for objects to go.
 fn deleting(reason: Reason, message: String, requeue: Duration, progress: &Progress) -> Pass {
     Pass {
-        outcome: Outcome {
-            state: State::Deleting,
-            reason,
-            message,
-            rendered: None,
-            applied: None,
-            stalled: false,
-            operation: None,
-        },
+        outcome: Outcome::waiting(State::Deleting, reason, message),
         facts: progress.facts(),
         requeue,
     }

@@ -3,6 +3,7 @@
 use crate::apply::ApplyError;
 use crate::apply::target::TargetError;
 use crate::plan::PlanError;
+use crate::plan::dependencies::DependencyError;
 use crate::plan::tenancy::{IdentityError, ProtectedError};
 use crate::render::RenderError;
 use crate::render::values::ValuesError;
@@ -79,6 +80,27 @@ pub enum ReconcileError {
     /// the Manifest's metadata (finalizer, shard label) could not be written.
     #[error("write the metadata: kubernetes API: {0}")]
     WriteMetadata(#[source] kube::Error),
+    /// the dependencies (`spec.dependsOn`) cannot be waited for (a cycle, a refused namespace).
+    #[error("dependencies: {0}")]
+    Dependency(#[from] DependencyError),
+    /// a dependency (another Manifest) could not be read, or its dependents listed.
+    #[error("read the dependency {what}: kubernetes API: {source}")]
+    ReadDependency {
+        /// The dependency (`namespace/name`) or the list, as said.
+        what: String,
+        /// The API's answer.
+        #[source]
+        source: kube::Error,
+    },
+    /// the label `modulemanager.io/depended-on` could not be stamped on a dependency.
+    #[error("label the dependency {what}: kubernetes API: {source}")]
+    LabelDependency {
+        /// The dependency, `namespace/name`.
+        what: String,
+        /// The API's answer.
+        #[source]
+        source: kube::Error,
+    },
     /// the pass ran past `--pass-deadline-seconds` and was stopped (retried with backoff).
     #[error(
         "the pass did not finish within {} s (--pass-deadline-seconds) and was stopped; it is retried",
@@ -121,7 +143,10 @@ impl ReconcileError {
             | Self::ReadChartSecret { .. }
             | Self::ReadTargetSecret(_)
             | Self::WriteStatus(_)
-            | Self::WriteMetadata(_) => "KubeError",
+            | Self::WriteMetadata(_)
+            | Self::ReadDependency { .. }
+            | Self::LabelDependency { .. } => "KubeError",
+            Self::Dependency(e) => e.category(),
             Self::Fenced(_) => "Fenced",
             Self::PassDeadline(_) => "PassDeadline",
             Self::Target(e) => e.category(),
@@ -139,7 +164,7 @@ impl ReconcileError {
             // A missing or unusable credentials Secret waits for a change (the watch of
             // labelled Secrets brings it at once) or the interval.
             Self::ChartCredentials(_) => true,
-            Self::Identity(_) | Self::Protected(_) => true,
+            Self::Identity(_) | Self::Protected(_) | Self::Dependency(_) => true,
             Self::Render(e) => e.is_permanent(),
             Self::Target(e) => e.is_permanent(),
             Self::Apply(e) => e.is_permanent(),
@@ -150,6 +175,8 @@ impl ReconcileError {
             | Self::ReadTargetSecret(_)
             | Self::WriteStatus(_)
             | Self::WriteMetadata(_)
+            | Self::ReadDependency { .. }
+            | Self::LabelDependency { .. }
             | Self::PassDeadline(_)
             | Self::Fenced(_) => false,
         }

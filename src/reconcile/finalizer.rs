@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::records::patch_metadata;
 use super::{Context, ReconcileError};
-use crate::api::Manifest;
+use crate::api::{HAS_DEPENDENCIES_LABEL, Manifest};
 use crate::shard::SHARD_LABEL;
 use crate::shard::fence::Fence;
 
@@ -18,14 +18,23 @@ pub(super) fn held(manifest: &Manifest) -> bool {
     manifest.finalizers().iter().any(|f| f == FINALIZER)
 }
 
-/// Whether the Manifest must be claimed by its shard's owner: it lacks the finalizer, or its
-/// shard label is not `shard` (its UID's).
+/// Whether the Manifest must be claimed by its shard's owner: it lacks the finalizer, its shard
+/// label is not `shard` (its UID's), or it has a `spec.dependsOn` but not yet the label saying so.
 pub(super) fn needs_claim(manifest: &Manifest, shard: &str) -> bool {
-    !held(manifest) || manifest.labels().get(SHARD_LABEL).map(String::as_str) != Some(shard)
+    !held(manifest)
+        || manifest.labels().get(SHARD_LABEL).map(String::as_str) != Some(shard)
+        || unlabelled_dependent(manifest)
 }
 
-/// Adds the finalizer and stamps the shard label in one write, guarded by the resourceVersion
-/// the decision was made on (checks the fence first); returns the Manifest as written, which a
+/// Whether the Manifest has a `spec.dependsOn` but not yet the label saying so (a dependency
+/// being deleted lists the Manifests carrying it).
+fn unlabelled_dependent(manifest: &Manifest) -> bool {
+    !manifest.spec.depends_on.is_empty() && !manifest.labels().contains_key(HAS_DEPENDENCIES_LABEL)
+}
+
+/// Adds the finalizer and stamps the shard label (and, with a `spec.dependsOn`, the label
+/// `modulemanager.io/has-dependencies`) in one write, guarded by the resourceVersion the
+/// decision was made on (checks the fence first); returns the Manifest as written, which a
 /// pass may start from (the guard makes it the current one).
 pub(super) async fn claim(
     manifest: &Manifest,
@@ -37,11 +46,15 @@ pub(super) async fn claim(
     if !held(manifest) {
         finalizers.push(FINALIZER.to_owned());
     }
+    let mut labels = json!({ SHARD_LABEL: shard });
+    if !manifest.spec.depends_on.is_empty() {
+        labels[HAS_DEPENDENCIES_LABEL] = json!("true");
+    }
     fence.check()?;
     let answer = patch_metadata(
         manifest,
         ctx,
-        json!({"finalizers": finalizers, "labels": { SHARD_LABEL: shard }}),
+        json!({"finalizers": finalizers, "labels": labels}),
     )
     .await?;
     ctx.written.wrote(&answer, fence.epoch());

@@ -15,7 +15,7 @@ use super::inputs::{install_run, render_request, vetted_render};
 use super::objects::{DriftPass, apply_all, delete_object};
 use super::{
     CRD_ESTABLISH_TIMEOUT, Context, HOOK_REQUEUE, Pass, Progress, ReconcileError, STALLED_RECHECK,
-    finalizer, progress_requeue, rolling_out_for, target,
+    dependencies, finalizer, progress_requeue, rolling_out_for, target,
 };
 use crate::api::State;
 use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
@@ -42,6 +42,10 @@ pub(super) async fn install(
     let shard = ctx.shards.shard_of(&uid).to_string();
     if finalizer::needs_claim(manifest, &shard) {
         finalizer::claim(manifest, ctx, fence, &shard).await?;
+    }
+    // Nothing is installed or upgraded before every dependency is Ready.
+    if let Some(waiting) = dependencies::wait(manifest, ctx, fence, interval).await? {
+        return Ok(Some(waiting));
     }
     // The cluster the module goes to: the local one, or the remote target of `spec.target`.
     let (cluster, identity) = target::resolve(manifest, ctx).await?;
@@ -844,7 +848,8 @@ pub(super) mod tests {
             operation: None,
         };
         let failed: &[&str] = &["Deployment web: progress deadline exceeded"];
-        vec![
+        let mut states = dependency_states();
+        states.extend(vec![
             (
                 "ready",
                 applied(&ended(None, [&[], &[]], None, 0)),
@@ -879,6 +884,40 @@ pub(super) mod tests {
             ("permanent error", permanent, Kstatus::Failed),
             ("a Job failed", job, Kstatus::Failed),
             ("deleting", deleting, Kstatus::InProgress),
+        ]);
+        states
+    }
+
+    /// The states of `dependsOn`: waiting for a dependency, a cycle, a deletion waiting for
+    /// its dependents.
+    fn dependency_states() -> Vec<(&'static str, Outcome, Kstatus)> {
+        let cycle = error_outcome(
+            &ReconcileError::Dependency(crate::plan::dependencies::DependencyError::Cycle(
+                "a/x → a/y → a/x".into(),
+            )),
+            Operation::Install,
+        );
+        vec![
+            (
+                "waiting for a dependency",
+                Outcome::waiting(
+                    State::Processing,
+                    Reason::DependencyNotReady,
+                    "waiting: dependency a/db is not found".into(),
+                ),
+                Kstatus::InProgress,
+            ),
+            ("a dependency cycle", cycle, Kstatus::Failed),
+            (
+                "a deletion waiting for its dependents",
+                Outcome::waiting(
+                    State::Deleting,
+                    Reason::DependentsExist,
+                    "waiting for the Manifests that depend on this one to be deleted first: a/b"
+                        .into(),
+                ),
+                Kstatus::InProgress,
+            ),
         ]
     }
 

@@ -10,12 +10,14 @@
 //!
 //! The phases, one file each: `install.rs`, `delete.rs`, the hook runner (`hook_runner.rs`), the
 //! inputs of a render (`inputs.rs`), the objects' applies and deletes (`objects.rs`), the writes
-//! to the Manifest itself (`records.rs`, `finalizer.rs`, `relabel.rs`: a wrong shard label), the target (`target.rs`) and the errors
-//! (`error.rs`).
+//! to the Manifest itself (`records.rs`, `finalizer.rs`, `relabel.rs`: a wrong shard label), the target (`target.rs`),
+//! the wait for `spec.dependsOn` and a deletion's wait for dependents (`dependencies.rs`) and the
+//! errors (`error.rs`).
 
 #[cfg(test)]
 mod argocd_health;
 mod delete;
+mod dependencies;
 mod error;
 mod finalizer;
 mod hook_runner;
@@ -49,6 +51,7 @@ use crate::shard::fence::Fence;
 use crate::source::{Limits, RemoteCharts};
 use crate::telemetry::metrics::{ReconcileMetrics, ResultLabels};
 
+pub use dependencies::{Awaited, DependencyRules};
 pub use error::ReconcileError;
 pub use finalizer::FINALIZER;
 pub use relabel::relabel;
@@ -133,6 +136,8 @@ pub struct Context {
     /// This replica's last write of each Manifest: a pass starts from the watch cache when it
     /// holds that write (no read).
     pub written: LastWrites,
+    /// Whether dependencies may cross namespaces, and those found missing.
+    pub dependencies: DependencyRules,
 }
 
 /// Bounds on one pass.

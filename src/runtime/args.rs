@@ -93,6 +93,12 @@ pub struct RunArgs {
     /// is a permanent error before anything is applied (etcd refuses objects over 1.5 MiB).
     #[arg(long, default_value_t = 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..=1_400_000))]
     pub max_inventory_bytes: u64,
+    /// Refuse a `spec.dependsOn` naming a Manifest of another namespace (the Manifest is
+    /// `Stalled`, reason `DependencyRefused`), as Flux's `--no-cross-namespace-refs`: without
+    /// it, a dependent's status tells whether a Manifest of another namespace exists and is
+    /// Ready, and the operator labels that Manifest.
+    #[arg(long)]
+    pub no_cross_namespace_dependencies: bool,
     /// Most reconciles at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
@@ -245,6 +251,8 @@ pub struct RuntimeConfig {
     pub service_accounts: ServiceAccountPolicy,
     /// `--pass-deadline-seconds`, `--max-objects-per-render`, `--max-inventory-bytes`.
     pub pass_limits: PassLimits,
+    /// Whether `spec.dependsOn` may name another namespace (`--no-cross-namespace-dependencies`).
+    pub cross_namespace_dependencies: bool,
 }
 
 /// `--render-backend`.
@@ -302,6 +310,7 @@ impl RunArgs {
                 },
             },
             concurrency: self.concurrency,
+            cross_namespace_dependencies: !self.no_cross_namespace_dependencies,
             drain_timeout: Duration::from_secs(self.drain_timeout_seconds),
             manifest_selector: self.manifest_selector,
             hook_timeout: Duration::from_secs(self.hook_timeout_seconds),

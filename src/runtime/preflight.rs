@@ -108,14 +108,14 @@ pub const PERMISSIONS: &[Permission] = &[
         MANIFESTS,
         "manifests",
         Scope::AllNamespaces,
-        "the admin API's Manifest lookups",
+        "the admin API's Manifest lookups, a pass's reads of its dependencies (spec.dependsOn)",
     ),
     permission(
         "list",
         MANIFESTS,
         "manifests",
         Scope::AllNamespaces,
-        "the Manifest watches",
+        "the Manifest watches (also of depended-on Manifests), a deletion's list of its dependents",
     ),
     permission(
         "watch",
@@ -129,7 +129,7 @@ pub const PERMISSIONS: &[Permission] = &[
         MANIFESTS,
         "manifests",
         Scope::AllNamespaces,
-        "the finalizer and the shard label",
+        "the finalizer, the shard label, the dependency labels",
     ),
     Permission {
         subresource: "status",

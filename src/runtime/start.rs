@@ -16,7 +16,7 @@ use crate::apply::Cluster;
 use crate::apply::catalog::CrdCatalog;
 use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
-use crate::reconcile::Context;
+use crate::reconcile::{Context, DependencyRules};
 use crate::render::HelmRenderer;
 use crate::shard::fence::Ownership;
 use crate::shard::fleet::{Exit, Fleet, FleetView};
@@ -172,6 +172,10 @@ async fn context(
             .with_requests(metrics.api.clone()),
         pass_limits: config.pass_limits,
         written: Default::default(),
+        dependencies: DependencyRules {
+            cross_namespace: config.cross_namespace_dependencies,
+            ..Default::default()
+        },
     }))
 }
 

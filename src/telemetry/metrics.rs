@@ -477,6 +477,8 @@ pub const FAILING_REASONS: &[&str] = &[
     "TargetUnreachable",
     "TargetAuthError",
     "PassDeadline",
+    "DependencyCycle",
+    "DependencyRefused",
     "Other",
 ];
 

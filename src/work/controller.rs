@@ -9,7 +9,9 @@
 //! another valid shard is queued by that shard's owner, under that shard, to be relabelled.
 //! Ownership is checked on every event, when a key is dispatched, and by the pass's fence before
 //! every write. A third watch, of the ConfigMaps and Secrets labelled `modulemanager.io/watch=true`
-//! (`sources.rs`), queues the Manifests that read one that changed.
+//! (`sources.rs`), queues the Manifests that read one that changed; a fourth, of the Manifests
+//! labelled `modulemanager.io/depended-on=true` (`dependencies.rs`), those that depend on one
+//! whose readiness changed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -25,7 +27,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{Manifest, State};
 use crate::plan::status::PROGRESSING_WITH_RETRY;
-use crate::reconcile::Context;
+use crate::reconcile::{Awaited, Context};
 use crate::shard::fence::Ownership;
 use crate::shard::fleet::LocalWork;
 use crate::shard::label::{LabelState, Route, label_state, route};
@@ -34,6 +36,7 @@ use crate::shard::{SHARD_LABEL, ShardCount};
 use crate::telemetry::metrics::{
     FAILING_REASONS, FailingLabels, ManifestMetrics, QueueMetrics, StateLabels,
 };
+use crate::work::dependencies::feed_dependents;
 use crate::work::dispatch::Passes;
 use crate::work::queue::{QueueKey, WorkQueue};
 use crate::work::sources::feed_sources;
@@ -134,6 +137,8 @@ pub struct Work {
     labelled: Store<Manifest>,
     pub(super) unlabelled: Store<Manifest>,
     shards: ShardCount,
+    /// The dependencies this replica's passes found missing (`work/dependencies.rs`).
+    pub(super) awaited: Awaited,
 }
 
 impl Work {
@@ -390,6 +395,7 @@ impl Controller {
             labelled,
             unlabelled,
             shards: ctx.shards,
+            awaited: ctx.dependencies.awaited.clone(),
         };
         Self {
             ctx,
@@ -419,6 +425,7 @@ impl Controller {
             Some(namespace) => Api::<Manifest>::namespaced(ctx.client.clone(), namespace),
             None => Api::<Manifest>::all(ctx.client.clone()),
         };
+        let dependents = feed_dependents(api.clone(), ownership.clone(), work.clone());
         let manifests = feed_queue(
             api,
             config.selector.clone(),
@@ -433,9 +440,9 @@ impl Controller {
             ownership.clone(),
             work.clone(),
         );
-        // One task: shutdown stops both watches together.
+        // One task: shutdown stops the watches together.
         let watch = tokio::spawn(async move {
-            tokio::join!(manifests, sources);
+            tokio::join!(manifests, sources, dependents);
         });
 
         let passes = Passes::new(work, ctx, ownership);

@@ -89,22 +89,32 @@ pub(super) fn affected<'a>(
 /// One labelled object as its watch reports it: which it is and its resourceVersion.
 type Seen = (SourceRef, String);
 
-/// What one watch (of one kind) knows of its objects: their resourceVersions, to tell a change
-/// from the same object listed again.
-#[derive(Debug, Default)]
-pub(super) struct Versions {
-    known: HashMap<SourceRef, String>,
+/// What one watch (of one kind) knows of its objects: their resourceVersions (or another
+/// version `V` of what matters of them), to tell a change from the same object listed again.
+#[derive(Debug)]
+pub(super) struct Versions<K = SourceRef, V = String> {
+    known: HashMap<K, V>,
     /// The list under way (between `Init` and `InitDone`).
-    listing: HashMap<SourceRef, String>,
+    listing: HashMap<K, V>,
     /// The first list is complete.
     synced: bool,
 }
 
-impl Versions {
+impl<K, V> Default for Versions<K, V> {
+    fn default() -> Self {
+        Self {
+            known: HashMap::new(),
+            listing: HashMap::new(),
+            synced: false,
+        }
+    }
+}
+
+impl<K: Clone + Eq + std::hash::Hash, V: PartialEq> Versions<K, V> {
     /// The objects an event shows changed (pure): created, modified or deleted. The first list
     /// changes nothing (a Manifest is queued when it is first seen anyway); a relist (the watch
     /// lost its place) changes what differs from before, and what is gone from it.
-    pub(super) fn on_event(&mut self, event: watcher::Event<Seen>) -> Vec<SourceRef> {
+    pub(super) fn on_event(&mut self, event: watcher::Event<(K, V)>) -> Vec<K> {
         match event {
             watcher::Event::Init => {
                 self.listing.clear();
@@ -116,7 +126,7 @@ impl Versions {
             }
             watcher::Event::InitDone => {
                 let listed = std::mem::take(&mut self.listing);
-                let mut changed: Vec<SourceRef> = Vec::new();
+                let mut changed: Vec<K> = Vec::new();
                 if self.synced {
                     let gone = self.known.keys().filter(|s| !listed.contains_key(*s));
                     changed.extend(gone.cloned());
@@ -171,17 +181,19 @@ where
     };
     watcher(api, watcher::Config::default().labels(&selector))
         .default_backoff()
-        .map(move |event| {
-            let event = event.map(|event| match event {
-                watcher::Event::Apply(o) => watcher::Event::Apply(seen(o)),
-                watcher::Event::Delete(o) => watcher::Event::Delete(seen(o)),
-                watcher::Event::Init => watcher::Event::Init,
-                watcher::Event::InitApply(o) => watcher::Event::InitApply(seen(o)),
-                watcher::Event::InitDone => watcher::Event::InitDone,
-            });
-            (stream, event)
-        })
+        .map(move |event| (stream, event.map(|event| map_event(event, seen))))
         .boxed()
+}
+
+/// A watch event with its object turned into what the loop keeps of it.
+pub(super) fn map_event<K, T>(event: watcher::Event<K>, f: impl Fn(K) -> T) -> watcher::Event<T> {
+    match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(f(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(f(o)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(f(o)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
 }
 
 /// Watches the labelled ConfigMaps and Secrets (of `namespace`, or all) and queues at once the
@@ -303,7 +315,7 @@ mod tests {
 
     #[test]
     fn only_changes_count_not_the_same_objects_listed_again() {
-        let mut versions = Versions::default();
+        let mut versions: Versions = Versions::default();
         let a = || source("ConfigMap", "a");
         let b = || source("ConfigMap", "b");
         // The first list: nothing changed (the Manifests are queued when first seen).

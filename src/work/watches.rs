@@ -25,6 +25,7 @@ use crate::shard::SHARD_LABEL;
 use crate::shard::fence::{Ownership, Watched};
 use crate::shard::label::{LabelState, stray_selector};
 use crate::work::controller::{Candidates, Work};
+use crate::work::dependencies;
 
 /// Above this many owned shards the shard watch selects every labelled Manifest and filters
 /// locally (a label selector with thousands of values would make an oversized request).
@@ -235,7 +236,10 @@ impl Feed {
         };
         self.writers[stream].apply_watcher_event(&event);
         match &event {
-            watcher::Event::Apply(manifest) => self.applied(manifest),
+            watcher::Event::Apply(manifest) => {
+                self.applied(manifest);
+                dependencies::appeared(&self.work, &self.ownership, manifest);
+            }
             watcher::Event::InitApply(manifest) => {
                 // Decided at InitDone, against ownership and `seen` as they are then.
                 if let Some(candidates) = self.work.candidates(manifest) {

@@ -25,6 +25,7 @@ pub struct ContextBuilder {
     replica: String,
     tenancy: Tenancy,
     pass_limits: PassLimits,
+    cross_namespace_dependencies: bool,
 }
 
 /// The backend tests render with unless told otherwise: `$MODULE_MANAGER_TEST_RENDER_BACKEND`
@@ -56,6 +57,7 @@ pub fn context(client: Client, helm_home: &Path) -> ContextBuilder {
         replica: REPLICA.to_owned(),
         tenancy: Tenancy::default(),
         pass_limits: PassLimits::default(),
+        cross_namespace_dependencies: true,
     }
 }
 
@@ -103,6 +105,13 @@ impl ContextBuilder {
         self
     }
 
+    /// Whether `spec.dependsOn` may name another namespace (default: yes;
+    /// `--no-cross-namespace-dependencies` is `false`).
+    pub fn cross_namespace_dependencies(mut self, allowed: bool) -> Self {
+        self.cross_namespace_dependencies = allowed;
+        self
+    }
+
     /// Discovers the cluster and checks the helm binary.
     pub async fn build(self) -> anyhow::Result<Context> {
         let backend = match self.backend {
@@ -137,6 +146,10 @@ impl ContextBuilder {
             tenancy: self.tenancy,
             pass_limits: self.pass_limits,
             written: Default::default(),
+            dependencies: module_manager::reconcile::DependencyRules {
+                cross_namespace: self.cross_namespace_dependencies,
+                ..Default::default()
+            },
         })
     }
 }
