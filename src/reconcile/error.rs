@@ -31,6 +31,18 @@ pub enum ReconcileError {
     /// a values source is missing, or lacks its key.
     #[error("values source: {0}")]
     ValuesSourceMissing(String),
+    /// the Secret or ConfigMap holding `spec.chart.verify`'s keys could not be read.
+    #[error("read the verification keys {what}: kubernetes API: {source}")]
+    ReadVerificationKeys {
+        /// The object, as `Kind name`.
+        what: String,
+        /// The API's answer.
+        #[source]
+        source: kube::Error,
+    },
+    /// the Secret or ConfigMap holding `spec.chart.verify`'s keys is missing.
+    #[error("verification keys: {0}")]
+    VerificationKeysMissing(String),
     /// a values document is not a YAML map.
     #[error("parse values: {0}")]
     ParseValues(#[from] ValuesError),
@@ -96,6 +108,8 @@ impl ReconcileError {
     /// The static category: the only thing used as a metric label or Event reason.
     pub fn category(&self) -> &'static str {
         match self {
+            Self::ResolveChart(e) if e.is_unverified() => "ChartUnverified",
+            Self::VerificationKeysMissing(_) => "ChartUnverified",
             Self::ResolveChart(_) => "ChartError",
             Self::ValuesSourceMissing(_) | Self::ParseValues(_) => "ValuesError",
             Self::Render(_) => "RenderError",
@@ -106,6 +120,7 @@ impl ReconcileError {
             Self::HookFailed(_) => "HookFailed",
             Self::ReadManifest(_)
             | Self::ReadValuesSource { .. }
+            | Self::ReadVerificationKeys { .. }
             | Self::ReadTargetSecret(_)
             | Self::WriteStatus(_)
             | Self::WriteMetadata(_) => "KubeError",
@@ -128,6 +143,8 @@ impl ReconcileError {
             Self::Target(e) => e.is_permanent(),
             Self::Apply(e) => e.is_permanent(),
             Self::ValuesSourceMissing(_)
+            | Self::VerificationKeysMissing(_)
+            | Self::ReadVerificationKeys { .. }
             | Self::ReadManifest(_)
             | Self::ReadValuesSource { .. }
             | Self::ReadTargetSecret(_)

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::cache::sha256_hex;
 use super::http::checked_url;
 use super::shown::{listing, shown};
+use super::verify::{Trust, TrustedKeys, VerifyError};
 use super::{FetchError, RemoteCharts};
 use crate::source::{Limits, ResolvedChart, version};
 
@@ -39,6 +40,7 @@ impl RemoteCharts {
         name: &str,
         requested: &str,
         limits: Limits,
+        trust: Option<&Trust>,
     ) -> Result<ResolvedChart, FetchError> {
         let base = repository_url(repository)?;
         let index = self.index(&base).await?;
@@ -83,14 +85,26 @@ impl RemoteCharts {
             ))
         })?;
         let hex = sha256_hex(digest)?;
+        let url = || {
+            let url = entry
+                .urls
+                .first()
+                .ok_or_else(|| FetchError::BadIndex(format!("version {chosen} has no urls")))?;
+            chart_url(&base, url)
+        };
+        // The provenance file signs the digest the archive (cached or downloaded) is checked
+        // against.
+        if let Some(trust) = trust {
+            let TrustedKeys::Helm(keys) = &trust.keys else {
+                return Err(VerifyError::Provider("cosign", "oci charts").into());
+            };
+            self.verify_provenance(&url()?, &hex, keys, &trust.from)
+                .await?;
+        }
         if let Some(chart) = self.cached(&hex, limits).await? {
             return Ok(chart);
         }
-        let url = entry
-            .urls
-            .first()
-            .ok_or_else(|| FetchError::BadIndex(format!("version {chosen} has no urls")))?;
-        let url = chart_url(&base, url)?;
+        let url = url()?;
         let bytes = self.get_bounded(&url, limits.max_bytes).await?;
         self.counters
             .archive_downloads

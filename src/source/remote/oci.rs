@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use super::cache::sha256_hex;
 use super::http::{checked_url, request_error};
 use super::shown::{bounded_text, shown_reference};
+use super::verify::{Trust, TrustedKeys, VerifyError};
 use super::{FetchError, RemoteCharts};
 use crate::source::{Limits, ResolvedChart};
 
@@ -36,6 +37,8 @@ const MANIFEST_MEDIA_TYPES: &[&str] = &[
     oci_client::manifest::OCI_IMAGE_INDEX_MEDIA_TYPE,
     oci_client::manifest::IMAGE_MANIFEST_LIST_MEDIA_TYPE,
 ];
+/// What a registry's 404 reads as.
+pub(super) const NOT_FOUND: &str = "not found in the registry";
 const CREDENTIALS_NEEDED: &str =
     "the registry requires credentials; only anonymous pulls are supported";
 
@@ -114,7 +117,7 @@ impl RemoteCharts {
 
     /// GETs `what` of the registry with the pull token, within `max` bytes; the registry's
     /// refusals in words.
-    async fn registry_get(
+    pub(super) async fn registry_get(
         &self,
         url: &Url,
         accept: Option<&str>,
@@ -130,7 +133,7 @@ impl RemoteCharts {
         }
         match self.send_bounded(request, url, max).await {
             Err(FetchError::Status { status: 404, .. }) => Err(FetchError::Registry {
-                message: "not found in the registry".into(),
+                message: NOT_FOUND.into(),
                 transient: false,
             }),
             Err(FetchError::Status {
@@ -140,14 +143,15 @@ impl RemoteCharts {
         }
     }
 
-    /// The image manifest of `reference`, read within [`MAX_MANIFEST_BYTES`] and checked
-    /// against a digest in the reference and the registry's `Docker-Content-Digest`.
+    /// The image manifest of `reference` and the hex of its sha256 digest, read within
+    /// [`MAX_MANIFEST_BYTES`] and checked against a digest in the reference and the registry's
+    /// `Docker-Content-Digest`.
     async fn pull_manifest(
         &self,
         reference: &Reference,
         scheme: &str,
         token: Option<&str>,
-    ) -> Result<OciManifest, FetchError> {
+    ) -> Result<(OciManifest, String), FetchError> {
         let target = reference
             .digest()
             .or(reference.tag())
@@ -174,20 +178,22 @@ impl RemoteCharts {
                 });
             }
         }
-        serde_json::from_slice(&body).map_err(|e| FetchError::Registry {
+        let manifest = serde_json::from_slice(&body).map_err(|e| FetchError::Registry {
             message: format!(
                 "not an OCI manifest (line {}, column {})",
                 e.line(),
                 e.column()
             ),
             transient: false,
-        })
+        })?;
+        Ok((manifest, actual))
     }
 
     pub(super) async fn fetch_from_registry(
         &self,
         text: &str,
         limits: Limits,
+        trust: Option<&Trust>,
     ) -> Result<ResolvedChart, FetchError> {
         let reference = oci_reference(text)?;
         let plain = self.reach.plain_registry(reference.registry());
@@ -197,31 +203,51 @@ impl RemoteCharts {
             Some(_) => Duration::MAX,
             None => self.config.index_ttl,
         };
-        if let Some(hex) = self.layers.get(&key)
+        // A verified chart always needs its manifest: the signature is of the manifest's digest.
+        if trust.is_none()
+            && let Some(hex) = self.layers.get(&key)
             && let Some(chart) = self.cached(&hex, limits).await?
         {
             return Ok(chart);
         }
-        let chart = self.fetch_layer(&reference, plain, text, limits).await?;
+        let chart = self
+            .fetch_layer(&reference, plain, text, limits, trust)
+            .await?;
         let hex = chart.digest.trim_start_matches("sha256:").to_owned();
         self.layers.put(key, hex, ttl, 1);
         Ok(chart)
     }
 
-    /// Pulls the manifest, checks it is a Helm chart, and takes its archive from the cache or
-    /// the registry.
+    /// Pulls the manifest, verifies its signature (with `trust`), checks it is a Helm chart,
+    /// and takes its archive from the cache or the registry: the layer named by the manifest
+    /// whose digest was verified, by its digest.
     async fn fetch_layer(
         &self,
         reference: &Reference,
         plain: bool,
         text: &str,
         limits: Limits,
+        trust: Option<&Trust>,
     ) -> Result<ResolvedChart, FetchError> {
         let scheme = if plain { "http" } else { "https" };
         let token = self.anonymous_token(reference, scheme).await?;
-        let manifest = self
+        let (manifest, manifest_hex) = self
             .pull_manifest(reference, scheme, token.as_deref())
             .await?;
+        if let Some(trust) = trust {
+            let TrustedKeys::Cosign(keys) = &trust.keys else {
+                return Err(VerifyError::Provider("helm", "charts of a Helm repository").into());
+            };
+            self.verify_cosign(
+                reference,
+                scheme,
+                token.as_deref(),
+                &manifest_hex,
+                keys,
+                &trust.from,
+            )
+            .await?;
+        }
         let manifest = match manifest {
             OciManifest::Image(manifest) => manifest,
             OciManifest::ImageIndex(_) => {
@@ -346,7 +372,11 @@ fn credentials_needed() -> FetchError {
 }
 
 /// `<scheme>://<registry>/v2/<repository>/<path>` (`/v2/` for an empty path).
-fn registry_url(scheme: &str, reference: &Reference, path: &str) -> Result<Url, FetchError> {
+pub(super) fn registry_url(
+    scheme: &str,
+    reference: &Reference,
+    path: &str,
+) -> Result<Url, FetchError> {
     let text = if path.is_empty() {
         format!("{scheme}://{}/v2/", reference.resolve_registry())
     } else {
