@@ -417,24 +417,7 @@ impl Registry {
 
     /// `helm push` of a packaged chart to `oci://<host>/charts`; returns the manifest digest.
     fn push(&self, tgz: &[u8], name: &str) -> String {
-        let file = self.dir.path().join(name);
-        std::fs::write(&file, tgz).unwrap();
-        let home = tempfile::tempdir().unwrap();
-        let output = helm(
-            home.path(),
-            &[
-                "push",
-                file.to_str().unwrap(),
-                &format!("oci://{}/charts", self.host),
-                "--plain-http",
-            ],
-        );
-        output
-            .lines()
-            .find_map(|l| l.strip_prefix("Digest: "))
-            .unwrap_or_else(|| panic!("no digest in {output}"))
-            .trim()
-            .to_owned()
+        self.push_to(tgz, name, "charts")
     }
 
     /// Pushes the catalog chart's archive as a plain OCI image (not Helm's media types).
@@ -2162,16 +2145,38 @@ fn verified(mut source: ChartSource, provider: VerificationProvider) -> ChartSou
     source
 }
 
-/// A refusal for `expected`: permanent, and a verification error (not another chart error).
-fn assert_unverified(result: Result<ResolvedChart, SourceError>, case: &str, expected: &str) {
-    let error = result.expect_err(case);
-    let message = error.to_string();
-    assert!(
-        message.contains("signature verification failed: ") && message.contains(expected),
-        "{case}: {message}"
-    );
-    assert!(error.is_permanent(), "{case}: {message}");
-    assert!(error.is_unverified(), "{case}: {message}");
+/// Checks each case is refused for its reason: permanent, and a verification error (not
+/// another chart error). Every case is checked before the test fails, so that a run without
+/// verification shows which cases it lets through.
+#[derive(Default)]
+struct Refusals(Vec<String>);
+
+impl Refusals {
+    fn check(&mut self, result: Result<ResolvedChart, SourceError>, case: &str, expected: &str) {
+        let failure = match result {
+            Ok(chart) => format!("{case}: accepted {}", chart.digest),
+            Err(error) => {
+                let message = error.to_string();
+                if message.contains("signature verification failed: ")
+                    && message.contains(expected)
+                    && error.is_permanent()
+                    && error.is_unverified()
+                {
+                    return;
+                }
+                format!("{case}: {message}")
+            }
+        };
+        self.0.push(failure);
+    }
+
+    fn assert_all_refused(self) {
+        assert!(
+            self.0.is_empty(),
+            "not refused as expected:\n{}",
+            self.0.join("\n")
+        );
+    }
 }
 
 #[tokio::test]
@@ -2213,7 +2218,8 @@ async fn cosign_signed_oci_charts_are_verified_against_the_key() {
         .unwrap();
     assert_eq!(pinned, good);
 
-    assert_unverified(
+    let mut refusals = Refusals::default();
+    refusals.check(
         resolve_with(oci(format!("oci://{host}/charts/catalog:2.0.0"))).await,
         "unsigned",
         &format!(
@@ -2221,12 +2227,12 @@ async fn cosign_signed_oci_charts_are_verified_against_the_key() {
             v2.replace(':', "-")
         ),
     );
-    assert_unverified(
+    refusals.check(
         resolve_with(oci(format!("oci://{host}/other/catalog:1.0.0"))).await,
         "another key",
         "the signature does not match the keys of Secret signers",
     );
-    assert_unverified(
+    refusals.check(
         resolve_with(oci(format!("oci://{host}/moved/catalog:1.0.0"))).await,
         "tag moved after signing",
         "no signature found",
@@ -2239,11 +2245,12 @@ async fn cosign_signed_oci_charts_are_verified_against_the_key() {
         &format!("{}.sig", v2.replace(':', "-")),
     )
     .await;
-    assert_unverified(
+    refusals.check(
         resolve_with(oci(format!("oci://{host}/charts/catalog:2.0.0"))).await,
         "a signature of another manifest",
         &format!("payload digest mismatch: the signature is for {v1}, the chart is {v2}"),
     );
+    refusals.assert_all_refused();
     // A verified source without keys, and keys that are not keys.
     let error = charts
         .resolve(
@@ -2457,17 +2464,18 @@ async fn helm_provenance_files_are_verified_against_the_keyring() {
     let again = resolve_with(signed, "1.0.0", armored()).await.unwrap();
     assert_eq!(again, good, "an armored keyring works too");
 
-    assert_unverified(
+    let mut refusals = Refusals::default();
+    refusals.check(
         resolve_with(other_key, "2.0.0", binary()).await,
         "signed by another key",
         "the signature does not match the keys of Secret signers",
     );
-    assert_unverified(
+    refusals.check(
         resolve_with(unsigned, "1.0.0", binary()).await,
         "no provenance file",
         "no signature found: http://127.0.0.1",
     );
-    assert_unverified(
+    refusals.check(
         resolve_with(tampered, "1.0.0", binary()).await,
         "an archive the provenance file does not sign",
         &format!(
@@ -2476,6 +2484,7 @@ async fn helm_provenance_files_are_verified_against_the_keyring() {
             sha256(&v2)
         ),
     );
+    refusals.assert_all_refused();
     assert_eq!(
         server.hits("/tampered/catalog-1.0.0.tgz") + server.hits("/other/catalog-2.0.0.tgz"),
         0,

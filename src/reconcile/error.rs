@@ -205,6 +205,15 @@ mod tests {
             actual: "b".into(),
         });
         assert!(mismatch.is_permanent());
+        // A refused signature has its own reason; missing keys may still appear.
+        let unverified = fetch(crate::source::FetchError::Verification(
+            crate::source::VerifyError::KeyMismatch("Secret k".into()),
+        ));
+        assert!(unverified.is_permanent());
+        assert_eq!(unverified.category(), "ChartUnverified");
+        let missing = ReconcileError::VerificationKeysMissing("Secret k does not exist".into());
+        assert!(!missing.is_permanent());
+        assert_eq!(missing.category(), "ChartUnverified");
     }
 
     #[test]
