@@ -9,13 +9,14 @@ TESTENV := $(CARGO) run --quiet -p testenv --bin testenv --
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-setup: tools ## Everything the tests and the demo need: the pinned Rust toolchain, the tools, promtool, docker-registry, cargo-deny and cargo-cyclonedx
+setup: tools ## Everything the tests and the demo need: the pinned Rust toolchain, the tools, promtool, docker-registry, gpg, cargo-deny and cargo-cyclonedx
 	@hack/ensure-rust.sh >/dev/null
 	@hack/ensure-promtool.sh >/dev/null
 	@hack/ensure-docker-registry.sh >/dev/null
+	@hack/ensure-gnupg.sh >/dev/null
 	@hack/ensure-cargo-tools.sh >/dev/null
 
-tools: ## Build the pinned kube-apiserver, kube-controller-manager, etcd, helm, kwok and kustomize (cached in ~/.cache/module-manager)
+tools: ## Build the pinned kube-apiserver, kube-controller-manager, etcd, helm, kwok, kustomize and cosign (cached in ~/.cache/module-manager)
 	@hack/build-tools.sh >/dev/null
 
 build: ## Build the workspace

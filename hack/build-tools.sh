@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the pinned kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, helm, kwok and
-# kustomize from their Go modules, and the renderer from renderer/,
+# Builds the pinned kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, helm, kwok,
+# kustomize and cosign from their Go modules, and the renderer from renderer/,
 # into a versioned cache outside the repository. Idempotent: a tool whose binary is present and
 # reports the pinned version is not rebuilt.
 #
@@ -164,6 +164,19 @@ build_kustomize() {
   has_version "$dir/kustomize" "v$v" version || { log "kustomize does not report v$v"; exit 1; }
 }
 
+# cosign signs charts in the signature tests (tests/chart_sources.rs, spec.chart.verify). A plain
+# `go install`: its module has no replace directives. The -X sets what `cosign version` prints.
+build_cosign() {
+  local v=$COSIGN_VERSION dir="$tools/cosign-v$COSIGN_VERSION"
+  if has_version "$dir/cosign" "v$v" version; then log "cosign v$v: cached"; return; fi
+  log "cosign v$v: building"
+  local major=${v%%.*}
+  mkdir -p "$dir"
+  GOBIN="$dir" go install -trimpath -ldflags "-s -w -X sigs.k8s.io/release-utils/version.gitVersion=v$v" \
+    "github.com/sigstore/cosign/v$major/cmd/cosign@v$v"
+  has_version "$dir/cosign" "v$v" version || { log "cosign does not report v$v"; exit 1; }
+}
+
 # The renderer (renderer/ in this repository): Helm's engine at HELM_VERSION as a long-lived child
 # of each replica (docs/reconcile.md). Cached under a key over HELM_VERSION and its sources, so an
 # edit rebuilds it; testenv/src/tools.rs computes the same key (renderer_key) to find it.
@@ -207,6 +220,7 @@ build_kubernetes
 build_kubectl
 build_kwok
 build_kustomize
+build_cosign
 build_renderer
 log "done in $(( $(date +%s) - start ))s"
 echo "$tools"

@@ -19,9 +19,13 @@ use axum::response::{IntoResponse, Response};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use module_manager::api::{ChartSource, Manifest, State as ModuleState};
+use module_manager::api::{
+    ChartSource, ChartVerification, LocalObjectReference, Manifest, State as ModuleState,
+    VerificationProvider,
+};
 use module_manager::source::{
-    Credentials, FetchError, Limits, RemoteCharts, RemoteConfig, ResolvedChart, SourceError,
+    Credentials, FetchError, KeyMaterial, Limits, RemoteCharts, RemoteConfig, ResolvedChart,
+    SourceError,
 };
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
@@ -454,11 +458,22 @@ impl Registry {
 
     /// [`Registry::push`] as `(user, password)` (helm's `--username`, `--password`).
     fn push_as(&self, tgz: &[u8], name: &str, user: Option<(&str, &str)>) -> String {
+        self.push_into(tgz, name, "charts", user)
+    }
+
+    /// `helm push` to `oci://<host>/<repository>`, as `user` if given; the manifest digest.
+    fn push_into(
+        &self,
+        tgz: &[u8],
+        name: &str,
+        repository: &str,
+        user: Option<(&str, &str)>,
+    ) -> String {
         let file = self.dir.path().join(name);
         std::fs::write(&file, tgz).unwrap();
         let home = tempfile::tempdir().unwrap();
         let (to, file) = (
-            format!("oci://{}/charts", self.host),
+            format!("oci://{}/{repository}", self.host),
             file.display().to_string(),
         );
         let mut args = vec!["push", &file, &to, "--plain-http"];
@@ -2572,4 +2587,580 @@ async fn a_rotated_credentials_secret_makes_the_manifest_ready_and_no_password_s
     for secret in [RIGHT, WRONG, basic("alice", RIGHT).as_str()] {
         assert!(!text.contains(secret), "a credential reached the log");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// signed charts (spec.chart.verify): signed here with the real cosign and helm + gpg
+
+/// `cosign` (built by `hack/build-tools.sh`) with a private home and no key password.
+fn cosign(home: &Path, args: &[&str]) -> String {
+    let binary = testenv::Tools::locate().expect("tools built").cosign;
+    assert!(
+        binary.is_file(),
+        "{} is missing: run `make setup` (hack/build-tools.sh builds cosign)",
+        binary.display()
+    );
+    let output = Command::new(binary)
+        .args(args)
+        .current_dir(home)
+        .env_clear()
+        .env("HOME", home)
+        .env("COSIGN_PASSWORD", "")
+        .env("TUF_ROOT", home.join("tuf"))
+        .output()
+        .expect("cosign runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "cosign {args:?}: {text}");
+    text
+}
+
+/// A cosign key pair in its own directory: the directory (holding `cosign.key`) and the PEM
+/// public key.
+fn cosign_key_pair() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    cosign(dir.path(), &["generate-key-pair"]);
+    let public = std::fs::read_to_string(dir.path().join("cosign.pub")).unwrap();
+    (dir, public)
+}
+
+impl Registry {
+    /// `cosign sign --key` of `repository@digest` in the layout the resolver verifies (no
+    /// transparency log: nothing leaves the machine).
+    fn sign(&self, key_dir: &Path, repository: &str, digest: &str) {
+        let key = key_dir.join("cosign.key");
+        cosign(
+            key_dir,
+            &[
+                "sign",
+                "--key",
+                key.to_str().unwrap(),
+                "--tlog-upload=false",
+                "--new-bundle-format=false",
+                "--use-signing-config=false",
+                "--allow-http-registry",
+                "--yes",
+                &format!("{}/{repository}@{digest}", self.host),
+            ],
+        );
+    }
+
+    /// `helm push` of `tgz` to `oci://<host>/<repository>`; returns the manifest digest.
+    fn push_to(&self, tgz: &[u8], name: &str, repository: &str) -> String {
+        self.push_into(tgz, name, repository, None)
+    }
+}
+
+/// catalog 1.0.0 with other content (another values.yaml): what a tag moved after signing
+/// points to.
+fn catalog_v1_altered() -> Vec<u8> {
+    let home = tempfile::tempdir().unwrap();
+    let chart = home.path().join("catalog");
+    let source = repo().join("examples/charts/catalog-v1");
+    std::fs::create_dir_all(chart.join("templates")).unwrap();
+    for file in ["Chart.yaml", "values.yaml"] {
+        std::fs::copy(source.join(file), chart.join(file)).unwrap();
+    }
+    for entry in std::fs::read_dir(source.join("templates")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(
+            entry.path(),
+            chart.join("templates").join(entry.file_name()),
+        )
+        .unwrap();
+    }
+    let mut values = std::fs::read_to_string(chart.join("values.yaml")).unwrap();
+    values.push_str("\n# altered after signing\n");
+    std::fs::write(chart.join("values.yaml"), values).unwrap();
+    let out = home.path().join("out");
+    helm(
+        home.path(),
+        &[
+            "package",
+            chart.to_str().unwrap(),
+            "-d",
+            out.to_str().unwrap(),
+        ],
+    );
+    std::fs::read(out.join("catalog-1.0.0.tgz")).unwrap()
+}
+
+fn keys(from: &str, entries: &[(&str, &[u8])]) -> KeyMaterial {
+    KeyMaterial {
+        from: from.into(),
+        entries: entries
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.to_vec()))
+            .collect(),
+    }
+}
+
+fn verified(mut source: ChartSource, provider: VerificationProvider) -> ChartSource {
+    source.verify = Some(ChartVerification {
+        provider,
+        secret_ref: Some(LocalObjectReference {
+            name: "signers".into(),
+        }),
+        config_map_ref: None,
+        key: None,
+    });
+    source
+}
+
+/// Checks each case is refused for its reason: permanent, and a verification error (not
+/// another chart error). Every case is checked before the test fails, so that a run without
+/// verification shows which cases it lets through.
+#[derive(Default)]
+struct Refusals(Vec<String>);
+
+impl Refusals {
+    fn check(&mut self, result: Result<ResolvedChart, SourceError>, case: &str, expected: &str) {
+        let failure = match result {
+            Ok(chart) => format!("{case}: accepted {}", chart.digest),
+            Err(error) => {
+                let message = error.to_string();
+                if message.contains("signature verification failed: ")
+                    && message.contains(expected)
+                    && error.is_permanent()
+                    && error.is_unverified()
+                {
+                    return;
+                }
+                format!("{case}: {message}")
+            }
+        };
+        self.0.push(failure);
+    }
+
+    fn assert_all_refused(self) {
+        assert!(
+            self.0.is_empty(),
+            "not refused as expected:\n{}",
+            self.0.join("\n")
+        );
+    }
+}
+
+#[tokio::test]
+async fn cosign_signed_oci_charts_are_verified_against_the_key() {
+    let registry = Registry::start().await;
+    let (ours, our_key) = cosign_key_pair();
+    let (theirs, _) = cosign_key_pair();
+    let host = registry.host.clone();
+    let v1 = registry.push(&packaged().v1, "catalog-1.0.0.tgz");
+    let v2 = registry.push(&packaged().v2, "catalog-2.0.0.tgz");
+    registry.sign(ours.path(), "charts/catalog", &v1);
+    // Signed by another key.
+    let other = registry.push_to(&packaged().v1, "catalog-1.0.0.tgz", "other");
+    registry.sign(theirs.path(), "other/catalog", &other);
+    // Signed, then the tag moved to other content.
+    let moved = registry.push_to(&packaged().v1, "catalog-1.0.0.tgz", "moved");
+    registry.sign(ours.path(), "moved/catalog", &moved);
+    registry.push_to(&catalog_v1_altered(), "catalog-1.0.0.tgz", "moved");
+
+    let cache = tempfile::tempdir().unwrap();
+    let charts = remote(cache.path());
+    let material = keys("Secret signers", &[("cosign.pub", our_key.as_bytes())]);
+    let oci = |reference: String| verified(from_oci(&reference), VerificationProvider::Cosign);
+    let resolve_with = |source: ChartSource| {
+        let (charts, material, limits) = (&charts, &material, Limits::default());
+        async move {
+            charts
+                .resolve_verified(&source, &repo(), None, limits, Some(material))
+                .await
+        }
+    };
+
+    let good = resolve_with(oci(format!("oci://{host}/charts/catalog:1.0.0")))
+        .await
+        .unwrap();
+    assert_eq!(good.digest, format!("sha256:{}", sha256(&packaged().v1)));
+    let pinned = resolve_with(oci(format!("oci://{host}/charts/catalog@{v1}")))
+        .await
+        .unwrap();
+    assert_eq!(pinned, good);
+
+    let mut refusals = Refusals::default();
+    refusals.check(
+        resolve_with(oci(format!("oci://{host}/charts/catalog:2.0.0"))).await,
+        "unsigned",
+        &format!(
+            "no signature found: the registry has no cosign signature tag {}.sig",
+            v2.replace(':', "-")
+        ),
+    );
+    refusals.check(
+        resolve_with(oci(format!("oci://{host}/other/catalog:1.0.0"))).await,
+        "another key",
+        "the signature does not match the keys of Secret signers",
+    );
+    refusals.check(
+        resolve_with(oci(format!("oci://{host}/moved/catalog:1.0.0"))).await,
+        "tag moved after signing",
+        "no signature found",
+    );
+    // The signature of v1 copied to v2's signature tag: good, but of another manifest.
+    copy_manifest(
+        &host,
+        "charts/catalog",
+        &format!("{}.sig", v1.replace(':', "-")),
+        &format!("{}.sig", v2.replace(':', "-")),
+    )
+    .await;
+    refusals.check(
+        resolve_with(oci(format!("oci://{host}/charts/catalog:2.0.0"))).await,
+        "a signature of another manifest",
+        &format!("payload digest mismatch: the signature is for {v1}, the chart is {v2}"),
+    );
+    refusals.assert_all_refused();
+    // A verified source without keys, and keys that are not keys.
+    let error = charts
+        .resolve(
+            &oci(format!("oci://{host}/charts/catalog:1.0.0")),
+            &repo(),
+            None,
+            Limits::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("no public keys were read"),
+        "{error}"
+    );
+    let error = charts
+        .resolve_verified(
+            &oci(format!("oci://{host}/charts/catalog:1.0.0")),
+            &repo(),
+            None,
+            Limits::default(),
+            Some(&keys("Secret signers", &[("cosign.pub", b"not a key")])),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("Secret signers key cosign.pub: not a PEM ECDSA P-256 public key"),
+        "{error}"
+    );
+}
+
+/// Copies the manifest at tag `from` to tag `to` of `repository` (the blobs are shared).
+async fn copy_manifest(host: &str, repository: &str, from: &str, to: &str) {
+    let client = reqwest::Client::new();
+    let accept = "application/vnd.oci.image.manifest.v1+json";
+    let response = client
+        .get(format!("http://{host}/v2/{repository}/manifests/{from}"))
+        .header("accept", accept)
+        .send()
+        .await
+        .unwrap();
+    assert!(response.status().is_success(), "{}", response.status());
+    let media_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let body = response.bytes().await.unwrap();
+    let put = client
+        .put(format!("http://{host}/v2/{repository}/manifests/{to}"))
+        .header("content-type", media_type)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{}", put.status());
+}
+
+/// An OpenPGP signing key made with gpg in its own home: the home, the legacy secret keyring
+/// `helm package --sign` reads, and the public keyring (binary or armored).
+struct GpgKey {
+    home: tempfile::TempDir,
+    name: String,
+}
+
+/// gpg starts an agent per home: stopped with the key.
+impl Drop for GpgKey {
+    fn drop(&mut self) {
+        let _ = Command::new("gpgconf")
+            .args([
+                "--homedir",
+                self.home.path().to_str().unwrap(),
+                "--kill",
+                "gpg-agent",
+            ])
+            .output();
+        let _ = std::fs::remove_file(self.keyring());
+    }
+}
+
+impl GpgKey {
+    fn new(name: &str) -> Self {
+        let home = tempfile::tempdir().unwrap();
+        let params = format!(
+            "%no-protection\nKey-Type: RSA\nKey-Length: 2048\nKey-Usage: sign\nName-Real: {name}\nName-Email: {name}@example.com\nExpire-Date: 0\n%commit\n"
+        );
+        std::fs::write(home.path().join("params"), params).unwrap();
+        Self::gpg(home.path(), &["--gen-key", "params"]);
+        let key = Self {
+            home,
+            name: name.into(),
+        };
+        let secret = Self::gpg(key.home.path(), &["--export-secret-keys", name]);
+        std::fs::write(key.keyring(), secret).unwrap();
+        key
+    }
+
+    /// The legacy secret keyring (outside gpg's home, which would import a `secring.gpg`).
+    fn keyring(&self) -> PathBuf {
+        self.home.path().with_extension("secring.gpg")
+    }
+
+    fn gpg(home: &Path, args: &[&str]) -> Vec<u8> {
+        let output = Command::new("gpg")
+            .args(["--batch", "--homedir", home.to_str().unwrap()])
+            .args(args)
+            .current_dir(home)
+            .output()
+            .expect("gpg runs: run `make setup` (hack/ensure-gnupg.sh)");
+        assert!(
+            output.status.success(),
+            "gpg {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output.stdout
+    }
+
+    fn public(&self, armor: bool) -> Vec<u8> {
+        let mut args = vec!["--export"];
+        if armor {
+            args.push("--armor");
+        }
+        args.push(&self.name);
+        Self::gpg(self.home.path(), &args)
+    }
+
+    /// `helm package --sign` of `chart` into `out`: the archive and its provenance file.
+    fn package(&self, chart: &Path, out: &Path) -> (Vec<u8>, Vec<u8>) {
+        let name = chart.file_name().unwrap().to_str().unwrap();
+        let version = if name.ends_with("v2") {
+            "2.0.0"
+        } else {
+            "1.0.0"
+        };
+        let keyring = self.keyring();
+        helm(
+            self.home.path(),
+            &[
+                "package",
+                chart.to_str().unwrap(),
+                "-d",
+                out.to_str().unwrap(),
+                "--sign",
+                "--key",
+                &self.name,
+                "--keyring",
+                keyring.to_str().unwrap(),
+            ],
+        );
+        let tgz = out.join(format!("catalog-{version}.tgz"));
+        let prov = out.join(format!("catalog-{version}.tgz.prov"));
+        (std::fs::read(tgz).unwrap(), std::fs::read(prov).unwrap())
+    }
+}
+
+/// A repository at `/<path>` of `server` with catalog `version` as given, and its `.prov` file
+/// if any.
+fn publish_signed(
+    server: &RepoServer,
+    path: &str,
+    version: &str,
+    tgz: &[u8],
+    prov: Option<&[u8]>,
+) -> String {
+    let file = format!("catalog-{version}.tgz");
+    server.put(
+        &format!("/{path}/index.yaml"),
+        index_yaml(&[("catalog", version, &sha256(tgz), &file)]),
+    );
+    server.put(&format!("/{path}/{file}"), tgz.to_vec());
+    if let Some(prov) = prov {
+        server.put(&format!("/{path}/{file}.prov"), prov.to_vec());
+    }
+    format!("{}/{path}", server.url)
+}
+
+#[tokio::test]
+async fn helm_provenance_files_are_verified_against_the_keyring() {
+    let (ours, theirs) = (GpgKey::new("chart-signer"), GpgKey::new("someone-else"));
+    let out = tempfile::tempdir().unwrap();
+    let charts_dir = repo().join("examples/charts");
+    let (v1, v1_prov) = ours.package(&charts_dir.join("catalog-v1"), &out.path().join("ours"));
+    let (v2, v2_prov) = theirs.package(&charts_dir.join("catalog-v2"), &out.path().join("theirs"));
+    let server = RepoServer::start().await;
+    let signed = publish_signed(&server, "signed", "1.0.0", &v1, Some(&v1_prov));
+    let other_key = publish_signed(&server, "other", "2.0.0", &v2, Some(&v2_prov));
+    let unsigned = publish_signed(&server, "unsigned", "1.0.0", &v1, None);
+    // v2's archive under v1's name, the index changed to match it, v1's provenance file.
+    let tampered = publish_signed(&server, "tampered", "1.0.0", &v2, Some(&v1_prov));
+
+    let cache = tempfile::tempdir().unwrap();
+    let charts = remote(cache.path());
+    let resolve_with = |repository: String, version: &str, material: KeyMaterial| {
+        let source = verified(
+            from_repository(&repository, "catalog", version),
+            VerificationProvider::Helm,
+        );
+        let charts = &charts;
+        async move {
+            charts
+                .resolve_verified(&source, &repo(), None, Limits::default(), Some(&material))
+                .await
+        }
+    };
+    let binary = || keys("Secret signers", &[("pubring.gpg", &ours.public(false))]);
+    let armored = || keys("ConfigMap signers", &[("signer.asc", &ours.public(true))]);
+
+    let good = resolve_with(signed.clone(), "1.0.0", binary())
+        .await
+        .unwrap();
+    assert_eq!(good.digest, format!("sha256:{}", sha256(&v1)));
+    assert_eq!(std::fs::read(&good.path).unwrap(), v1);
+    let again = resolve_with(signed, "1.0.0", armored()).await.unwrap();
+    assert_eq!(again, good, "an armored keyring works too");
+
+    let mut refusals = Refusals::default();
+    refusals.check(
+        resolve_with(other_key, "2.0.0", binary()).await,
+        "signed by another key",
+        "the signature does not match the keys of Secret signers",
+    );
+    refusals.check(
+        resolve_with(unsigned, "1.0.0", binary()).await,
+        "no provenance file",
+        "no signature found: http://127.0.0.1",
+    );
+    refusals.check(
+        resolve_with(tampered, "1.0.0", binary()).await,
+        "an archive the provenance file does not sign",
+        &format!(
+            "archive digest mismatch: the signature is for sha256:{}, the chart is sha256:{}",
+            sha256(&v1),
+            sha256(&v2)
+        ),
+    );
+    refusals.assert_all_refused();
+    assert_eq!(
+        server.hits("/tampered/catalog-1.0.0.tgz") + server.hits("/other/catalog-2.0.0.tgz"),
+        0,
+        "a refused chart is not downloaded"
+    );
+}
+
+#[tokio::test]
+async fn a_module_installs_only_a_verified_chart() {
+    let registry = Registry::start().await;
+    let (ours, our_key) = cosign_key_pair();
+    let v1 = registry.push(&packaged().v1, "catalog-1.0.0.tgz");
+    registry.push(&packaged().v2, "catalog-2.0.0.tgz");
+    registry.sign(ours.path(), "charts/catalog", &v1);
+    let signer = GpgKey::new("chart-signer");
+    let out = tempfile::tempdir().unwrap();
+    let (v2_tgz, v2_prov) = signer.package(&repo().join("examples/charts/catalog-v2"), out.path());
+    let server = RepoServer::start().await;
+    let signed_repository = publish_signed(&server, "signed", "2.0.0", &v2_tgz, Some(&v2_prov));
+
+    let h = start("verify").await;
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "cosign-signers"},
+        "stringData": {"cosign.pub": our_key},
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(h.client.clone(), &h.ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let keyring = String::from_utf8(signer.public(true)).unwrap();
+    let config_map: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "helm-signers"},
+        "data": {"signers.asc": keyring},
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(h.client.clone(), &h.ns)
+        .create(&PostParams::default(), &config_map)
+        .await
+        .unwrap();
+    let cosign_verify = json!({"provider": "cosign", "secretRef": {"name": "cosign-signers"}});
+    let oci = |tag: &str| json!({"oci": format!("oci://{}/charts/catalog:{tag}", registry.host), "verify": cosign_verify});
+
+    h.create("catalog", oci("1.0.0"), json!({"greeting": "hi"}))
+        .await;
+    let ready = h.wait_state("catalog", ModuleState::Ready).await;
+    assert_eq!(
+        ready.status.clone().unwrap().chart_digest,
+        Some(format!("sha256:{}", sha256(&packaged().v1)))
+    );
+
+    // 2.0.0 is not signed: refused before rendering, nothing changes.
+    h.set_chart("catalog", oci("2.0.0")).await;
+    let refused = h
+        .wait_for("catalog", "refused", |m| {
+            let status = m.status.clone().unwrap_or_default();
+            status.observed_generation == m.metadata.generation
+                && condition(m, "Ready").is_some_and(|(_, reason, _)| reason == "ChartUnverified")
+        })
+        .await;
+    let (_, _, message) = condition(&refused, "Ready").unwrap();
+    assert!(
+        message.contains("signature verification failed: no signature found"),
+        "{message}"
+    );
+    assert_eq!(condition(&refused, "Stalled").unwrap().0, "True");
+    assert_eq!(
+        refused.status.clone().unwrap().state,
+        Some(ModuleState::Error)
+    );
+    assert_eq!(
+        refused.status.clone().unwrap().chart_digest,
+        Some(format!("sha256:{}", sha256(&packaged().v1)))
+    );
+    assert_eq!(common::inventory_names(&refused).len(), 2, "nothing pruned");
+    assert_eq!(
+        h.config_map_data("catalog-settings", "version")
+            .await
+            .as_deref(),
+        Some("1"),
+        "nothing applied"
+    );
+    let events = h.events("catalog").await;
+    assert!(
+        events.iter().any(|(kind, reason, note)| kind == "Warning"
+            && reason == "ChartUnverified"
+            && note.contains("no signature found")),
+        "{events:?}"
+    );
+
+    // The signed 2.0.0 of a Helm repository, its keyring in a ConfigMap: upgraded.
+    h.set_chart(
+        "catalog",
+        json!({
+            "repository": signed_repository, "name": "catalog", "version": "2.0.0",
+            // A merge patch: the Secret of the cosign keys is removed.
+            "verify": {"provider": "helm", "secretRef": null, "configMapRef": {"name": "helm-signers"}},
+        }),
+    )
+    .await;
+    let upgraded = h.wait_state("catalog", ModuleState::Ready).await;
+    assert_eq!(
+        upgraded.status.unwrap().chart_digest,
+        Some(format!("sha256:{}", sha256(&v2_tgz)))
+    );
+    assert_eq!(
+        h.config_map_data("catalog-settings", "version")
+            .await
+            .as_deref(),
+        Some("2")
+    );
 }

@@ -174,6 +174,63 @@ async fn cel_rule_requires_exactly_one_chart_source() {
 }
 
 #[tokio::test]
+async fn cel_rules_match_the_verification_provider_to_the_source() {
+    let (_, api) = setup("cel-verify").await;
+    let oci = "oci://registry.example/charts/web:1.0.0";
+    let secret = json!({"name": "signers"});
+    let cases = [
+        (
+            json!({"repository": "https://charts.example", "name": "web", "version": "1.0.0",
+                   "verify": {"provider": "cosign", "secretRef": secret}}),
+            "verify.provider cosign is for oci charts, helm for charts of a Helm repository",
+        ),
+        (
+            json!({"oci": oci, "verify": {"provider": "helm", "secretRef": secret}}),
+            "verify.provider cosign is for oci charts, helm for charts of a Helm repository",
+        ),
+        (
+            json!({"path": "/charts/web", "verify": {"provider": "helm", "secretRef": secret}}),
+            "verify.provider cosign is for oci charts, helm for charts of a Helm repository",
+        ),
+        (
+            json!({"oci": oci, "verify": {"provider": "cosign"}}),
+            "exactly one of secretRef and configMapRef must be set",
+        ),
+        (
+            json!({"oci": oci, "verify": {"provider": "cosign", "secretRef": secret,
+                   "configMapRef": secret}}),
+            "exactly one of secretRef and configMapRef must be set",
+        ),
+    ];
+    for (chart, expected) in cases {
+        let message = rejection(&api, chart.clone()).await;
+        assert!(message.contains(expected), "{chart}: {message}");
+    }
+    for (name, chart) in [
+        (
+            "cosign",
+            json!({"oci": oci, "verify": {"provider": "cosign", "secretRef": secret}}),
+        ),
+        (
+            "helm",
+            json!({"repository": "https://charts.example", "name": "web", "version": "1.0.0",
+                   "verify": {"provider": "helm", "configMapRef": secret, "key": "pubring.gpg"}}),
+        ),
+    ] {
+        let mut m = manifest(name, ChartSource::default());
+        m.spec.chart = serde_json::from_value(chart).unwrap();
+        let created = api
+            .create(&PostParams::default(), &m)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            created.spec.chart.verify, m.spec.chart.verify,
+            "{name}: kept"
+        );
+    }
+}
+
+#[tokio::test]
 async fn cel_rule_keeps_the_target_immutable() {
     let (_, api) = setup("target").await;
     let patch = |name: &'static str, spec: serde_json::Value| {

@@ -217,7 +217,9 @@ fn default_timeout() -> String {
     validation = Rule::new("has(self.repository) == has(self.name) && has(self.repository) == has(self.version)")
         .message("name and version are required with repository, and only with repository"),
     validation = Rule::new("!has(self.secretRef) || !has(self.path)")
-        .message("secretRef is for repository and oci sources, not for path")
+        .message("secretRef is for repository and oci sources, not for path"),
+    validation = Rule::new("!has(self.verify) || (self.verify.provider == 'cosign' ? has(self.oci) : has(self.repository))")
+        .message("verify.provider cosign is for oci charts, helm for charts of a Helm repository")
 )]
 pub struct ChartSource {
     /// A chart directory or `.tgz` archive on module-manager's filesystem.
@@ -251,6 +253,11 @@ pub struct ChartSource {
     /// registry. Sent only to the repository's or registry's own host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<ChartSecretRef>,
+
+    /// Verify the chart's signature before it is rendered: a chart that is unsigned, or not
+    /// signed by one of the given keys, is refused and nothing of it is applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<ChartVerification>,
 }
 
 /// The Secret holding a chart source's credentials, in the Manifest's namespace.
@@ -262,6 +269,51 @@ pub struct ChartSecretRef {
         length(min = 1, max = 253),
         regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     )]
+    pub name: String,
+}
+
+/// How a chart's signature is verified (Flux's `HelmChart.spec.verify`): with which provider,
+/// against public keys held in a Secret or ConfigMap of the Manifest's namespace.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.secretRef) != has(self.configMapRef)")
+        .message("exactly one of secretRef and configMapRef must be set")
+)]
+pub struct ChartVerification {
+    /// `cosign` (an `oci` chart signed with `cosign sign --key`) or `helm` (a Helm
+    /// repository's chart with a `.prov` provenance file, `helm package --sign`).
+    pub provider: VerificationProvider,
+    /// A Secret holding the public keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<LocalObjectReference>,
+    /// A ConfigMap holding the public keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_ref: Option<LocalObjectReference>,
+    /// The key of the Secret or ConfigMap that holds the public key (`cosign`: PEM) or keyring
+    /// (`helm`: OpenPGP public keys, binary or ASCII-armored). Omitted: every key of the
+    /// object whose name ends in `.pub` (`cosign`) or `.gpg` or `.asc` (`helm`) is one, and a
+    /// signature by any of them is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: Option<String>,
+}
+
+/// Who signed a chart, and how.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum VerificationProvider {
+    /// A cosign signature of the chart's OCI manifest (the `sha256-<digest>.sig` tag).
+    Cosign,
+    /// A Helm provenance file (`<chart>.tgz.prov`) signed with OpenPGP.
+    Helm,
+}
+
+/// An object of the Manifest's namespace, by name.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct LocalObjectReference {
+    /// Its name.
+    #[schemars(length(min = 1, max = 253))]
     pub name: String,
 }
 

@@ -172,9 +172,12 @@ mod tests {
             .iter()
             .map(|r| r["rule"].as_str().unwrap())
             .collect();
-        assert_eq!(rules.len(), 3);
+        assert_eq!(rules.len(), 4);
         assert!(rules[0].contains("size() == 1"));
         assert!(rules[2].contains("has(self.secretRef)"));
+        assert!(rules[3].contains("self.verify.provider == 'cosign'"));
+        let verify = &chart["properties"]["verify"]["x-kubernetes-validations"][0]["rule"];
+        assert_eq!(verify, "has(self.secretRef) != has(self.configMapRef)");
         assert_eq!(crd["spec"]["names"]["shortNames"][0], "mfst");
     }
 }

@@ -336,6 +336,7 @@ fn cannot_render_for_good(error: &ReconcileError) -> bool {
         ReconcileError::Plan(PlanError::UnknownKind(_)) => false,
         ReconcileError::ResolveChart(_)
         | ReconcileError::ValuesSourceMissing(_)
+        | ReconcileError::VerificationKeysMissing(_)
         | ReconcileError::ParseValues(_)
         | ReconcileError::Plan(_)
         // A hook no module may write (in the operator's namespace, a fleet Lease): the

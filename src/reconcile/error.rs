@@ -44,6 +44,18 @@ pub enum ReconcileError {
     /// a values source is missing, or lacks its key.
     #[error("values source: {0}")]
     ValuesSourceMissing(String),
+    /// the Secret or ConfigMap holding `spec.chart.verify`'s keys could not be read.
+    #[error("read the verification keys {what}: kubernetes API: {source}")]
+    ReadVerificationKeys {
+        /// The object, as `Kind name`.
+        what: String,
+        /// The API's answer.
+        #[source]
+        source: kube::Error,
+    },
+    /// the Secret or ConfigMap holding `spec.chart.verify`'s keys is missing.
+    #[error("verification keys: {0}")]
+    VerificationKeysMissing(String),
     /// a values document is not a YAML map.
     #[error("parse values: {0}")]
     ParseValues(#[from] ValuesError),
@@ -130,6 +142,8 @@ impl ReconcileError {
     /// The static category: the only thing used as a metric label or Event reason.
     pub fn category(&self) -> &'static str {
         match self {
+            Self::ResolveChart(e) if e.is_unverified() => "ChartUnverified",
+            Self::VerificationKeysMissing(_) => "ChartUnverified",
             Self::ResolveChart(_) | Self::ChartCredentials(_) => "ChartError",
             Self::ValuesSourceMissing(_) | Self::ParseValues(_) => "ValuesError",
             Self::Render(_) => "RenderError",
@@ -141,6 +155,7 @@ impl ReconcileError {
             Self::ReadManifest(_)
             | Self::ReadValuesSource { .. }
             | Self::ReadChartSecret { .. }
+            | Self::ReadVerificationKeys { .. }
             | Self::ReadTargetSecret(_)
             | Self::WriteStatus(_)
             | Self::WriteMetadata(_)
@@ -169,6 +184,8 @@ impl ReconcileError {
             Self::Target(e) => e.is_permanent(),
             Self::Apply(e) => e.is_permanent(),
             Self::ValuesSourceMissing(_)
+            | Self::VerificationKeysMissing(_)
+            | Self::ReadVerificationKeys { .. }
             | Self::ReadManifest(_)
             | Self::ReadValuesSource { .. }
             | Self::ReadChartSecret { .. }
@@ -232,6 +249,15 @@ mod tests {
             actual: "b".into(),
         });
         assert!(mismatch.is_permanent());
+        // A refused signature has its own reason; missing keys may still appear.
+        let unverified = fetch(crate::source::FetchError::Verification(
+            crate::source::VerifyError::KeyMismatch("Secret k".into()),
+        ));
+        assert!(unverified.is_permanent());
+        assert_eq!(unverified.category(), "ChartUnverified");
+        let missing = ReconcileError::VerificationKeysMissing("Secret k does not exist".into());
+        assert!(!missing.is_permanent());
+        assert_eq!(missing.category(), "ChartUnverified");
     }
 
     #[test]

@@ -10,13 +10,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{Context, DISCOVERY_MAX_AGE, ReconcileError};
-use crate::api::{HookRun, Manifest, ManifestStatus, ValuesReference, ValuesSourceKind};
+use crate::api::{
+    ChartVerification, HookRun, Manifest, ManifestStatus, ValuesReference, ValuesSourceKind,
+};
 use crate::apply::Cluster;
 use crate::plan::tenancy::check_protected;
 use crate::plan::{self, Plan, RenderedObject, hooks};
 use crate::render::values;
 use crate::render::{RenderRequest, Rendered};
-use crate::source::{Credentials, CredentialsError};
+use crate::source::{Credentials, CredentialsError, KeyMaterial};
 
 /// Renders (cached) and plans the chart; refuses a render that writes what no module may
 /// write, or (impersonating) anything the identity may not write, before any of it is. Every
@@ -102,15 +104,22 @@ pub(super) async fn render_request(
         .target_namespace
         .clone()
         .unwrap_or_else(|| manifest.namespace().unwrap_or_default());
-    // Resolve (network fetches async; file I/O, hashing and archive checks on blocking threads).
+    // Resolve (network fetches async; file I/O, hashing and archive checks on blocking threads),
+    // with the credentials of `spec.chart.secretRef`, verified with the keys of
+    // `spec.chart.verify`.
     let credentials = chart_credentials(manifest, ctx).await?;
+    let keys = match &manifest.spec.chart.verify {
+        Some(verify) => Some(read_verification_keys(ctx, manifest, verify).await?),
+        None => None,
+    };
     let chart = ctx
         .remote_charts
-        .resolve(
+        .resolve_verified(
             &manifest.spec.chart,
             &ctx.chart_root,
             credentials.as_ref(),
             ctx.chart_limits,
+            keys.as_ref(),
         )
         .await?;
     let values = gather_values(manifest, ctx).await?;
@@ -155,6 +164,55 @@ async fn chart_credentials(
         .map(|(key, value)| (key, value.0))
         .collect();
     Ok(Some(Credentials::from_secret(&reference.name, &data)?))
+}
+
+/// Every entry of the Secret or ConfigMap `spec.chart.verify` names, in the Manifest's
+/// namespace (the resolver picks and parses the keys).
+async fn read_verification_keys(
+    ctx: &Context,
+    manifest: &Manifest,
+    verify: &ChartVerification,
+) -> Result<KeyMaterial, ReconcileError> {
+    let namespace = manifest.namespace().unwrap_or_default();
+    let (kind, name) = match (&verify.secret_ref, &verify.config_map_ref) {
+        (Some(secret), _) => (ValuesSourceKind::Secret, &secret.name),
+        (None, Some(config_map)) => (ValuesSourceKind::ConfigMap, &config_map.name),
+        // The CRD's CEL rule makes this unreachable through the API server.
+        (None, None) => {
+            return Err(ReconcileError::VerificationKeysMissing(
+                "spec.chart.verify names no Secret or ConfigMap".into(),
+            ));
+        }
+    };
+    let from = format!("{kind:?} {name}");
+    let failed = |source| ReconcileError::ReadVerificationKeys {
+        what: from.clone(),
+        source,
+    };
+    let entries: Option<Vec<(String, Vec<u8>)>> = match kind {
+        ValuesSourceKind::Secret => Api::<Secret>::namespaced(ctx.client.clone(), &namespace)
+            .get_opt(name)
+            .await
+            .map_err(failed)?
+            .map(|s| {
+                let data = s.data.unwrap_or_default().into_iter();
+                data.map(|(k, v)| (k, v.0)).collect()
+            }),
+        ValuesSourceKind::ConfigMap => Api::<ConfigMap>::namespaced(ctx.client.clone(), &namespace)
+            .get_opt(name)
+            .await
+            .map_err(failed)?
+            .map(|cm| {
+                let text = cm.data.unwrap_or_default().into_iter();
+                let binary = cm.binary_data.unwrap_or_default().into_iter();
+                text.map(|(k, v)| (k, v.into_bytes()))
+                    .chain(binary.map(|(k, v)| (k, v.0)))
+                    .collect()
+            }),
+    };
+    let entries = entries
+        .ok_or_else(|| ReconcileError::VerificationKeysMissing(format!("{from} does not exist")))?;
+    Ok(KeyMaterial { from, entries })
 }
 
 /// Merges `valuesFrom` in order, then the inline values.

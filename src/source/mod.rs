@@ -17,8 +17,8 @@ pub mod yaml;
 
 use self::local::resolve_path;
 pub use remote::{
-    Cidr, Credentials, CredentialsError, FetchError, FetchStats, Refusal, RemoteCharts,
-    RemoteConfig, Reserved, ensure_crypto_provider,
+    Cidr, Credentials, CredentialsError, FetchError, FetchStats, KeyMaterial, Refusal, RemoteCharts,
+    RemoteConfig, Reserved, VerifyError, ensure_crypto_provider,
 };
 
 /// Bounds on what a chart may contain.
@@ -109,6 +109,17 @@ impl SourceError {
             Self::Fetch { error, .. } => error.is_permanent(),
             _ => true,
         }
+    }
+
+    /// The chart's signature was not accepted (`spec.chart.verify`).
+    pub fn is_unverified(&self) -> bool {
+        matches!(
+            self,
+            Self::Fetch {
+                error: FetchError::Verification(_),
+                ..
+            }
+        )
     }
 }
 

@@ -465,6 +465,7 @@ pub const FAILING_REASONS: &[&str] = &[
     "ReadinessTimeout",
     "ObjectFailed",
     "ChartError",
+    "ChartUnverified",
     "ValuesError",
     "RenderError",
     "PlanError",

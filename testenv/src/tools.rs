@@ -1,4 +1,4 @@
-//! Locates the pinned control-plane, helm, renderer and kustomize binaries that `hack/build-tools.sh` builds.
+//! Locates the pinned control-plane, helm, renderer, kustomize and cosign binaries that `hack/build-tools.sh` builds.
 
 use std::path::{Path, PathBuf};
 
@@ -51,6 +51,8 @@ pub struct Tools {
     /// `kustomize` (renders `deploy/`; like kwok, not required by [`Tools::locate`]: the tests
     /// that use it check it).
     pub kustomize: PathBuf,
+    /// `cosign` (signs charts in the signature tests; not required by [`Tools::locate`]).
+    pub cosign: PathBuf,
 }
 
 impl Tools {
@@ -83,6 +85,9 @@ impl Tools {
                     pinned_version("KUSTOMIZE_VERSION")
                 ))
                 .join("kustomize"),
+            cosign: tools
+                .join(format!("cosign-v{}", pinned_version("COSIGN_VERSION")))
+                .join("cosign"),
         };
         for path in [
             &found.kube_apiserver,

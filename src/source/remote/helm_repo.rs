@@ -12,6 +12,7 @@ use super::cache::sha256_hex;
 use super::credentials::Auth;
 use super::http::checked_url;
 use super::shown::{listing, shown};
+use super::verify::{Trust, TrustedKeys, VerifyError};
 use super::{FetchError, RemoteCharts};
 use crate::source::{Limits, ResolvedChart, version};
 
@@ -44,6 +45,7 @@ impl RemoteCharts {
         requested: &str,
         auth: Option<&Auth>,
         limits: Limits,
+        trust: Option<&Trust>,
     ) -> Result<ResolvedChart, FetchError> {
         let base = repository_url(repository)?;
         // Every resolve reads the index with its own credentials (or from the index cache
@@ -91,14 +93,27 @@ impl RemoteCharts {
             ))
         })?;
         let hex = sha256_hex(digest)?;
+        let url = || {
+            let url = entry
+                .urls
+                .first()
+                .ok_or_else(|| FetchError::BadIndex(format!("version {chosen} has no urls")))?;
+            chart_url(&base, url)
+        };
+        // The provenance file signs the digest the archive (cached or downloaded) is checked
+        // against.
+        if let Some(trust) = trust {
+            let TrustedKeys::Helm(keys) = &trust.keys else {
+                return Err(VerifyError::Provider("cosign", "oci charts").into());
+            };
+            let auth = auth.map(|a| (a, &base));
+            self.verify_provenance(&url()?, auth, &hex, keys, &trust.from)
+                .await?;
+        }
         if let Some(chart) = self.cached(&hex, limits).await? {
             return Ok(chart);
         }
-        let url = entry
-            .urls
-            .first()
-            .ok_or_else(|| FetchError::BadIndex(format!("version {chosen} has no urls")))?;
-        let url = chart_url(&base, url)?;
+        let url = url()?;
         let bytes = self
             .get_bounded(&url, auth.map(|a| (a, &base)), limits.max_bytes)
             .await?;

@@ -9,18 +9,22 @@
 //! One file per concern: the capped HTTP client (`http.rs`), where it may connect (`reach.rs`,
 //! over the address classifier of `address.rs`), Helm repositories (`helm_repo.rs`), OCI
 //! registries (`oci.rs`), the credentials of `spec.chart.secretRef` (`credentials.rs`), the disk
-//! cache (`cache.rs`), the in-memory TTL cache (`recent.rs`) and what may be shown of a URL
-//! (`shown.rs`).
+//! cache (`cache.rs`), the in-memory TTL cache (`recent.rs`), what may be shown of a URL
+//! (`shown.rs`), and signature verification (`spec.chart.verify`: the keys in `verify.rs`,
+//! cosign signatures in `cosign.rs`, Helm provenance in `provenance.rs`).
 
 mod address;
 mod cache;
+mod cosign;
 mod credentials;
 mod helm_repo;
 mod http;
 mod oci;
+mod provenance;
 mod reach;
 mod recent;
 mod shown;
+mod verify;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,6 +38,7 @@ use self::helm_repo::Index;
 use self::reach::Reach;
 use self::recent::Recent;
 use self::shown::{shown_reference, shown_url};
+use self::verify::{Trust, trusted_keys};
 use super::archive::{Budget, check_archive};
 use super::{Limits, ResolvedChart, SourceError};
 use crate::api::ChartSource;
@@ -42,6 +47,7 @@ pub use self::address::{Cidr, Reserved};
 pub use self::credentials::{Credentials, CredentialsError};
 pub use self::oci::{HELM_CHART_MEDIA_TYPE, HELM_CONFIG_MEDIA_TYPE, HELM_PROVENANCE_MEDIA_TYPE};
 pub use self::reach::Refusal;
+pub use self::verify::{KeyMaterial, VerifyError};
 
 /// Most `index.yaml` documents kept in memory (the oldest is dropped).
 const MAX_CACHED_INDEXES: usize = 64;
@@ -198,6 +204,9 @@ pub enum FetchError {
     /// the archive failed the chart checks.
     #[error(transparent)]
     Chart(Box<SourceError>),
+    /// the chart's signature was not accepted (`spec.chart.verify`).
+    #[error("signature verification failed: {0}")]
+    Verification(#[from] VerifyError),
     /// storing the archive would take the chart cache past its cap.
     #[error(
         "the chart cache cannot take a {needed}-byte archive: its cap is {limit} bytes \
@@ -338,13 +347,31 @@ impl RemoteCharts {
 
     /// Resolves any chart source: a local path (under `root`, on a blocking thread), a chart of
     /// a Helm repository, or an OCI reference; a remote one with `credentials` (those of
-    /// `spec.chart.secretRef`), sent only to the repository's or registry's host.
+    /// `spec.chart.secretRef`), sent only to the repository's or registry's host. A source with
+    /// `verify` is refused: its keys are needed ([`RemoteCharts::resolve_verified`]).
     pub async fn resolve(
         &self,
         source: &ChartSource,
         root: &Path,
         credentials: Option<&Credentials>,
         limits: Limits,
+    ) -> Result<ResolvedChart, SourceError> {
+        self.resolve_verified(source, root, credentials, limits, None)
+            .await
+    }
+
+    /// [`RemoteCharts::resolve`], and a source with `verify` is verified against the public
+    /// keys of `keys` before its archive is used: the archive returned is the one whose digest
+    /// the signature covers (an OCI chart's layer is taken from the manifest whose digest was
+    /// verified; a repository chart's archive is checked against the digest the provenance
+    /// file signs).
+    pub async fn resolve_verified(
+        &self,
+        source: &ChartSource,
+        root: &Path,
+        credentials: Option<&Credentials>,
+        limits: Limits,
+        keys: Option<&KeyMaterial>,
     ) -> Result<ResolvedChart, SourceError> {
         match (&source.path, &source.repository, &source.oci) {
             (None, Some(repository), None) => {
@@ -354,18 +381,31 @@ impl RemoteCharts {
                     "chart {name} {version} from {}",
                     shown_url(repository.as_str())
                 );
+                let trust = trust(source, keys).map_err(|e| SourceError::Fetch {
+                    origin: origin.clone(),
+                    error: e.into(),
+                })?;
                 let fetch = async {
                     let auth = credentials.map(Credentials::for_repository).transpose()?;
-                    self.fetch_from_repository(repository, name, version, auth.as_ref(), limits)
+                    let (auth, trust) = (auth.as_ref(), trust.as_ref());
+                    self.fetch_from_repository(repository, name, version, auth, limits, trust)
                         .await
                 };
                 self.bounded(origin, fetch).await
             }
             (None, None, Some(reference)) => {
                 let origin = format!("chart {}", shown_reference(reference));
-                let fetch = self.fetch_from_registry(reference, credentials, limits);
+                let trust = trust(source, keys).map_err(|e| SourceError::Fetch {
+                    origin: origin.clone(),
+                    error: e.into(),
+                })?;
+                let fetch =
+                    self.fetch_from_registry(reference, credentials, limits, trust.as_ref());
                 self.bounded(origin, fetch).await
             }
+            (Some(_), None, None) if source.verify.is_some() => Err(SourceError::Unsupported(
+                "spec.chart.verify is for oci charts and charts of a Helm repository",
+            )),
             (Some(_), None, None) => {
                 let (source, root) = (source.clone(), root.to_owned());
                 tokio::task::spawn_blocking(move || super::resolve(&source, &root, limits))
@@ -445,6 +485,18 @@ impl RemoteCharts {
             path: "store".into(),
             error: std::io::Error::other(e),
         })?
+    }
+}
+
+/// The parsed keys of `source.verify`, if set; refused when set without key material.
+fn trust(source: &ChartSource, keys: Option<&KeyMaterial>) -> Result<Option<Trust>, VerifyError> {
+    match (&source.verify, keys) {
+        (None, _) => Ok(None),
+        (Some(verify), Some(material)) => Ok(Some(Trust {
+            keys: trusted_keys(verify, material)?,
+            from: material.from.clone(),
+        })),
+        (Some(_), None) => Err(VerifyError::NoKeyMaterial),
     }
 }
 

@@ -17,6 +17,7 @@ use super::credentials::{Auth, Credentials};
 use super::http::{checked_url, request_error};
 use super::reach::authority;
 use super::shown::{bounded_text, shown_reference};
+use super::verify::{Trust, TrustedKeys, VerifyError};
 use super::{FetchError, RemoteCharts};
 use crate::source::{Limits, ResolvedChart};
 
@@ -40,9 +41,12 @@ const MANIFEST_MEDIA_TYPES: &[&str] = &[
     oci_client::manifest::IMAGE_MANIFEST_LIST_MEDIA_TYPE,
 ];
 
+/// What a registry's 404 reads as.
+pub(super) const NOT_FOUND: &str = "not found in the registry";
+
 /// What the manifest and blob requests of one pull carry.
 #[derive(Debug, Default)]
-struct Grant {
+pub(super) struct Grant {
     /// The `Authorization` header: a pull token, or the credentials themselves.
     auth: Option<Auth>,
     /// Whether `spec.chart.secretRef`'s credentials were used (for the message of a refusal).
@@ -162,7 +166,7 @@ impl RemoteCharts {
 
     /// GETs `what` of the registry with the grant, within `max` bytes; the registry's
     /// refusals in words.
-    async fn registry_get(
+    pub(super) async fn registry_get(
         &self,
         url: &Url,
         accept: Option<&str>,
@@ -178,7 +182,7 @@ impl RemoteCharts {
         }
         match self.send_bounded(request, url, max).await {
             Err(FetchError::Status { status: 404, .. }) => Err(FetchError::Registry {
-                message: "not found in the registry".into(),
+                message: NOT_FOUND.into(),
                 transient: false,
             }),
             Err(e) if grant.with_credentials => Err(e.credentials_sent_to(&authority(url))),
@@ -193,7 +197,7 @@ impl RemoteCharts {
         reference: &Reference,
         scheme: &str,
         grant: &Grant,
-    ) -> Result<OciManifest, FetchError> {
+    ) -> Result<(OciManifest, String), FetchError> {
         let target = reference
             .digest()
             .or(reference.tag())
@@ -220,14 +224,15 @@ impl RemoteCharts {
                 });
             }
         }
-        serde_json::from_slice(&body).map_err(|e| FetchError::Registry {
+        let manifest = serde_json::from_slice(&body).map_err(|e| FetchError::Registry {
             message: format!(
                 "not an OCI manifest (line {}, column {})",
                 e.line(),
                 e.column()
             ),
             transient: false,
-        })
+        })?;
+        Ok((manifest, actual))
     }
 
     /// The chart of the OCI reference `text`, pulled with the `credentials`' entry for its
@@ -237,6 +242,7 @@ impl RemoteCharts {
         text: &str,
         credentials: Option<&Credentials>,
         limits: Limits,
+        trust: Option<&Trust>,
     ) -> Result<ResolvedChart, FetchError> {
         let reference = oci_reference(text)?;
         let auth = credentials
@@ -254,21 +260,24 @@ impl RemoteCharts {
             Some(_) => Duration::MAX,
             None => self.config.index_ttl,
         };
-        if let Some(hex) = self.layers.get(&key)
+        // A verified chart always needs its manifest: the signature is of the manifest's digest.
+        if trust.is_none()
+            && let Some(hex) = self.layers.get(&key)
             && let Some(chart) = self.cached(&hex, limits).await?
         {
             return Ok(chart);
         }
         let chart = self
-            .fetch_layer(&reference, plain, text, auth.as_ref(), limits)
+            .fetch_layer(&reference, plain, text, auth.as_ref(), limits, trust)
             .await?;
         let hex = chart.digest.trim_start_matches("sha256:").to_owned();
         self.layers.put(key, hex, ttl, 1);
         Ok(chart)
     }
 
-    /// Pulls the manifest, checks it is a Helm chart, and takes its archive from the cache or
-    /// the registry.
+    /// Pulls the manifest, verifies its signature (with `trust`), checks it is a Helm chart,
+    /// and takes its archive from the cache or the registry: the layer named by the manifest
+    /// whose digest was verified, by its digest.
     async fn fetch_layer(
         &self,
         reference: &Reference,
@@ -276,10 +285,19 @@ impl RemoteCharts {
         text: &str,
         credentials: Option<&Auth>,
         limits: Limits,
+        trust: Option<&Trust>,
     ) -> Result<ResolvedChart, FetchError> {
         let scheme = if plain { "http" } else { "https" };
         let grant = self.grant(reference, scheme, credentials).await?;
-        let manifest = self.pull_manifest(reference, scheme, &grant).await?;
+        let (manifest, manifest_hex) = self.pull_manifest(reference, scheme, &grant).await?;
+        if let Some(trust) = trust {
+            let TrustedKeys::Cosign(keys) = &trust.keys else {
+                return Err(VerifyError::Provider("helm", "charts of a Helm repository").into());
+            };
+            let from = &trust.from;
+            self.verify_cosign(reference, scheme, &grant, &manifest_hex, keys, from)
+                .await?;
+        }
         let manifest = match manifest {
             OciManifest::Image(manifest) => manifest,
             OciManifest::ImageIndex(_) => {
@@ -397,7 +415,11 @@ fn oci_reference(text: &str) -> Result<Reference, FetchError> {
 }
 
 /// `<scheme>://<registry>/v2/<repository>/<path>` (`/v2/` for an empty path).
-fn registry_url(scheme: &str, reference: &Reference, path: &str) -> Result<Url, FetchError> {
+pub(super) fn registry_url(
+    scheme: &str,
+    reference: &Reference,
+    path: &str,
+) -> Result<Url, FetchError> {
     let text = if path.is_empty() {
         format!("{scheme}://{}/v2/", reference.resolve_registry())
     } else {
