@@ -17,8 +17,8 @@ pub mod yaml;
 
 use self::local::resolve_path;
 pub use remote::{
-    Cidr, Credentials, CredentialsError, FetchError, FetchStats, KeyMaterial, Refusal, RemoteCharts,
-    RemoteConfig, Reserved, VerifyError, ensure_crypto_provider,
+    Cidr, Credentials, CredentialsError, FetchError, FetchStats, KeyMaterial, Refusal,
+    RemoteCharts, RemoteConfig, Reserved, VerifyError, ensure_crypto_provider,
 };
 
 /// Bounds on what a chart may contain.
