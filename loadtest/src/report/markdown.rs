@@ -8,6 +8,8 @@ use crate::results::{
 
 use super::charts;
 
+mod mttp;
+
 /// Shown for a figure that was not measured.
 const MISSING: &str = "–";
 /// Resources listed in the API server section; the rest are summed up in one line.
@@ -25,6 +27,7 @@ pub fn markdown(result: &RunResult) -> String {
         apiserver(&result.apiserver),
         fleet(&result.fleet, result.environment.lease_duration_seconds),
         capacity(&result.capacity),
+        result.mttp.as_ref().map(mttp::section),
         result.baselines.as_ref().map(baselines),
         result
             .baselines_error
