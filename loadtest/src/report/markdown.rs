@@ -21,7 +21,9 @@ pub fn markdown(result: &RunResult) -> String {
         Some(title(result)),
         Some(environment(&result.environment, &result.parameters)),
         Some(violations(&result.violations)),
-        Some(throughput(&result.throughput)),
+        // `mttp` sends no steady load: its bursts are in its own section.
+        (result.mttp.is_none() || result.throughput.operations > 0)
+            .then(|| throughput(&result.throughput)),
         latency(&result.latency),
         replicas(&result.replicas),
         apiserver(&result.apiserver),

@@ -309,6 +309,10 @@ fn markdown_has_the_mttp_bursts_baselines_ratios_idle_and_restart() {
     assert_contains(&md, "| the fleet's requests/s (audit log) | 3.75 |");
     assert_contains(&md, "after 41.0 s; 600 of 600 checked, 600 passes.");
     assert_contains(&md, "![MTTP](mttp.png)");
+    assert!(
+        !md.contains("## Throughput"),
+        "no steady load to report:\n{md}"
+    );
 }
 
 #[test]

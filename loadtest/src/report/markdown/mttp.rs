@@ -14,7 +14,8 @@ pub(super) fn section(m: &Mttp) -> String {
         "## MTTP: Manifests created at once, until all are Ready\n\nCPU: the replicas' process \
          trees (module-manager, the renderer child, helm runs). API requests: every client \
          (`apiserver_request_total`); the fleet's own from the API server's audit log (local \
-         control planes). Peak RSS: the highest replica, renderer included."
+         control planes). Peak RSS: the highest replica, renderer included. The Latency, Replicas \
+         and API server sections above cover the whole run of the last fleet size."
             .to_owned(),
         bursts(&m.bursts),
     ];
