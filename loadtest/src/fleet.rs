@@ -378,6 +378,34 @@ impl Fleet {
         }
     }
 
+    /// A cold restart of the whole fleet: every replica stopped at once (SIGTERM, waiting for
+    /// the exits), then all started again (cluster: every pod deleted, the StatefulSet
+    /// controller recreates them). Wait with [`Fleet::wait_ready`].
+    pub async fn restart_all(&mut self) -> anyhow::Result<()> {
+        let ordinals = self.ordinals().await?;
+        match &mut self.kind {
+            Kind::Local { fleet, .. } => {
+                let all = fleet.take_all();
+                self.sync_endpoints();
+                stop_all(all, Duration::from_secs(60)).await;
+                for ordinal in ordinals {
+                    self.start(ordinal)?;
+                }
+                Ok(())
+            }
+            Kind::Cluster { settings } => {
+                let pods = Api::<Pod>::namespaced(self.client.clone(), &settings.namespace);
+                for ordinal in ordinals {
+                    let name = format!("{}-{ordinal}", settings.statefulset);
+                    pods.delete(&name, &DeleteParams::default())
+                        .await
+                        .with_context(|| format!("delete pod {name}"))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Waits until every running replica answers `/readyz` with 200.
     pub async fn wait_ready(&self, limit: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + limit;
@@ -511,9 +539,10 @@ impl Probe {
         }
     }
 
-    /// CPU seconds (process and finished children) and resident bytes of replica `ordinal`:
-    /// local fleets from `/proc`, deployed ones from the process metrics in `samples` (the
-    /// replica's scrape the caller already has; none: no reading).
+    /// CPU seconds and resident bytes of replica `ordinal`: local fleets from `/proc`, the
+    /// process and its descendants (the renderer child, helm runs; [`crate::usage`]), deployed
+    /// ones from the process metrics in `samples` (the replica's scrape the caller already has;
+    /// none: no reading), which leave a live renderer child out.
     pub fn usage(
         &self,
         ordinal: u32,
@@ -522,7 +551,7 @@ impl Probe {
         match &self.reach {
             Reach::Local(endpoints) => {
                 let (_, pid) = *endpoints.lock().unwrap().get(&ordinal)?;
-                proc_usage(pid)
+                crate::usage::tree_usage(pid)
             }
             Reach::Cluster(_) => {
                 let samples = samples?;

@@ -7,14 +7,18 @@
 //! - [`fleet`]: the fleet under test (local processes or a deployed StatefulSet), [`cgroup`];
 //! - [`load`]: the load generator and its bookkeeping; [`observe`]: Leases and scrapes over time;
 //! - [`checks`]: the checkers; [`measure`]: arithmetic; [`results`]: the figures;
-//!   [`report`]: JSON, Markdown and PNG; [`baseline`]: bare apply and helm.
+//!   [`report`]: JSON, Markdown and PNG; [`baseline`]: bare apply and helm;
+//! - [`mttp`]: the burst scenario (time to all Ready, cost per Manifest, idle, cold restart);
+//!   [`usage`]: a replica's process tree; [`audit`]: requests per client from the audit log.
 
+pub mod audit;
 pub mod baseline;
 pub mod cgroup;
 pub mod checks;
 pub mod fleet;
 pub mod load;
 pub mod measure;
+pub mod mttp;
 pub mod observe;
 pub mod options;
 pub mod progress;
@@ -22,3 +26,4 @@ pub mod report;
 pub mod results;
 pub mod run;
 pub mod scenario;
+pub mod usage;

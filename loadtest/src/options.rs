@@ -23,6 +23,10 @@ pub enum Scenario {
     /// A short run of everything cheap: basic load, one rolling update, small baselines. For
     /// `make test`.
     Smoke,
+    /// Flux's "Mean Time To Production" shape: `--manifests` created at once, time to all
+    /// Ready, CPU, API requests and memory per Manifest, with the baselines in the same run;
+    /// optionally the idle fleet (`--idle-seconds`) and a cold restart (`--cold-restart`).
+    Mttp,
 }
 
 impl Scenario {
@@ -34,6 +38,7 @@ impl Scenario {
             Scenario::RollingUpdate => "rolling-update",
             Scenario::Rebalance => "rebalance",
             Scenario::Smoke => "smoke",
+            Scenario::Mttp => "mttp",
         }
     }
 }
@@ -42,7 +47,7 @@ impl Scenario {
 #[derive(Args, Clone, Debug, Serialize)]
 pub struct Options {
     // ---- the fleet ----
-    /// Replicas; `scale-out` takes a list (`1,2,3,4`) and measures each size in turn.
+    /// Replicas; `scale-out` and `mttp` take a list (`1,2,3,4`) and measure each size in turn.
     #[arg(
         long,
         value_delimiter = ',',
@@ -163,8 +168,26 @@ pub struct Options {
     #[arg(long, value_delimiter = ',', help_heading = "rebalance")]
     pub sizes: Vec<u32>,
 
+    // ---- mttp ----
+    /// Burst sizes: each is created at once, in turn, on every fleet size.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "100,500,1000",
+        help_heading = "mttp"
+    )]
+    pub manifests: Vec<usize>,
+    /// After the last burst, measure the idle fleet (API requests, passes, CPU, memory) for
+    /// this many seconds (0: not at all). A whole `--drift-interval` sees every drift check.
+    #[arg(long, default_value_t = 0, help_heading = "mttp")]
+    pub idle_seconds: u64,
+    /// Then stop every replica and start them again: time until every Manifest has been
+    /// reconciled again.
+    #[arg(long, help_heading = "mttp")]
+    pub cold_restart: bool,
+
     // ---- baselines ----
-    /// Skip the baselines (on by default for basic, scale-out and smoke).
+    /// Skip the baselines (on by default for basic, scale-out, smoke and mttp).
     #[arg(long, help_heading = "Baselines")]
     pub no_baselines: bool,
     /// Manifests (releases) in each baseline burst.

@@ -28,6 +28,9 @@ pub struct RunResult {
     pub fleet: FleetFigures,
     /// `scale-out` only: one entry per fleet size measured.
     pub capacity: Vec<Capacity>,
+    /// `mttp` only: the bursts, their baselines, the idle fleet and the cold restart.
+    #[serde(default)]
+    pub mttp: Option<Mttp>,
     /// Present when baselines ran.
     pub baselines: Option<Baselines>,
     /// Why the baselines could not be measured, when they failed.
@@ -257,4 +260,120 @@ pub struct Sample {
     pub rss_mib: BTreeMap<String, f64>,
     /// Events in this interval (`kill member-1`, `scale 3→5`).
     pub events: Vec<String>,
+}
+
+/// `mttp`: Manifests created at once, shaped like Flux's "Mean Time To Production" benchmark.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Mttp {
+    /// One per fleet size and burst size, in the order run.
+    pub bursts: Vec<MttpBurst>,
+    /// Per burst size: the paths without the fleet, in the same run.
+    pub baselines: Vec<MttpBaseline>,
+    /// Per burst size: the fleet under test against each baseline.
+    pub ratios: Vec<MttpRatio>,
+    /// The fleet idle after its last burst (`--idle-seconds`).
+    pub idle: Option<IdleFigures>,
+    /// Every replica stopped and started again (`--cold-restart`).
+    pub cold_restart: Option<ColdRestart>,
+}
+
+/// One burst: `manifests` created at once on a fleet of `replicas`, until all are Ready.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct MttpBurst {
+    pub replicas: u32,
+    /// CPU quota per replica (cores), if any.
+    pub cpu_per_replica: Option<f64>,
+    pub manifests: u64,
+    /// Manifests the fleet held at the end (earlier bursts' included: they stay).
+    pub manifests_held: u64,
+    /// From the first create to the last Manifest seen Ready.
+    pub all_ready_seconds: f64,
+    /// `manifests / all_ready_seconds`.
+    pub per_second: f64,
+    /// Create → Ready of each Manifest.
+    pub create_to_ready_seconds: Quantiles,
+    /// CPU of the replicas' process trees (module-manager, the renderer, helm) over the burst.
+    pub fleet_cpu_seconds: f64,
+    pub cpu_seconds_per_manifest: f64,
+    /// CPU of etcd, kube-apiserver and kube-controller-manager over the burst, per Manifest
+    /// (local control planes only).
+    pub control_plane_cpu_seconds_per_manifest: Option<f64>,
+    /// `apiserver_request_total`, every client, over the burst, per Manifest.
+    pub api_requests_per_manifest: f64,
+    /// The same by verb (`POST`, `GET`, `APPLY`…) and by resource, per Manifest.
+    pub api_by_verb_per_manifest: BTreeMap<String, f64>,
+    pub api_by_resource_per_manifest: BTreeMap<String, f64>,
+    /// Requests per client over the burst, from the audit log (local control planes).
+    pub requests_by_client: BTreeMap<String, u64>,
+    /// module-manager's requests per Manifest, and by audit verb and resource (audit log).
+    pub operator_requests_per_manifest: Option<f64>,
+    pub operator_by_verb_per_manifest: BTreeMap<String, f64>,
+    pub operator_by_resource_per_manifest: BTreeMap<String, f64>,
+    /// Reconcile passes per Manifest (the replicas' counter).
+    pub passes_per_manifest: f64,
+    /// Highest RSS per replica (process tree, the renderer included) seen during the burst.
+    pub peak_rss_mib: BTreeMap<String, f64>,
+}
+
+/// The paths without the fleet for one burst size.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct MttpBaseline {
+    pub manifests: u64,
+    pub objects_per_manifest: u64,
+    pub bare_apply: Option<Burst>,
+    pub helm: Option<Burst>,
+    /// Why a path could not be measured.
+    pub error: Option<String>,
+}
+
+/// The fleet under test (the last of `--replicas`) against the baselines, at one burst size;
+/// each a ratio of Manifests per second (above 1: the fleet is faster).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct MttpRatio {
+    pub manifests: u64,
+    pub replicas: u32,
+    pub fleet_over_bare_apply: Option<f64>,
+    /// Against one replica with the same CPU quota: N vs 1 replicas.
+    pub fleet_over_single_replica: Option<f64>,
+    pub fleet_over_helm: Option<f64>,
+}
+
+/// The fleet idle with all its Manifests Ready, at their drift interval.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct IdleFigures {
+    pub replicas: u32,
+    pub manifests: u64,
+    /// `spec.interval` of the Manifests.
+    pub drift_interval: String,
+    pub seconds: f64,
+    /// `apiserver_request_total`, every client, per second.
+    pub api_requests_per_second: f64,
+    /// module-manager's requests per second (audit log), and by verb and resource.
+    pub operator_requests_per_second: Option<f64>,
+    pub operator_by_verb_per_second: BTreeMap<String, f64>,
+    pub operator_by_resource_per_second: BTreeMap<String, f64>,
+    /// Requests per client over the window (audit log).
+    pub requests_by_client: BTreeMap<String, u64>,
+    /// Reconcile passes per second, all replicas (the drift checks).
+    pub passes_per_second: f64,
+    /// Cores of the replicas' process trees, summed.
+    pub fleet_cores: f64,
+    /// Highest RSS per replica (process tree, the renderer included) over the window.
+    pub peak_rss_mib: BTreeMap<String, f64>,
+}
+
+/// Every replica stopped (SIGTERM) and started again at once.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ColdRestart {
+    pub replicas: u32,
+    pub manifests: u64,
+    /// From the stop to the moment every replica answered `/readyz` again.
+    pub ready_seconds: f64,
+    /// From the stop until every Manifest had a completed reconcile pass in the new processes'
+    /// logs (`reconcile end`); `None` when some had none within the limit.
+    pub all_checked_seconds: Option<f64>,
+    /// Manifests with a completed pass after the restart, when the measurement ended.
+    pub checked: u64,
+    /// Reconcile passes the new processes completed until then.
+    pub passes: u64,
 }

@@ -45,17 +45,32 @@ pub enum Cluster<'a> {
 impl Cluster<'_> {
     pub async fn client(&self) -> anyhow::Result<Client> {
         match self {
-            Cluster::Local(cp) => Ok(cp.client().await?),
+            Cluster::Local(cp) => harness_client(cp.kubeconfig()).await,
             Cluster::Deployed { client, .. } => Ok(client.clone()),
         }
     }
 
-    fn kubeconfig(&self) -> PathBuf {
+    pub fn kubeconfig(&self) -> PathBuf {
         match self {
             Cluster::Local(cp) => cp.kubeconfig().to_owned(),
             Cluster::Deployed { kubeconfig, .. } => kubeconfig.clone(),
         }
     }
+}
+
+/// A client of `kubeconfig` whose requests carry the harness's user agent
+/// ([`crate::audit::HARNESS_AGENT`]), so that the audit log tells them from the fleet's.
+pub async fn harness_client(kubeconfig: &Path) -> anyhow::Result<Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("read {}", kubeconfig.display()))?;
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .with_context(|| format!("load {}", kubeconfig.display()))?;
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(crate::audit::HARNESS_AGENT),
+    ));
+    Ok(Client::try_from(config)?)
 }
 
 /// The repository (chart root of local replicas): `--repo`, else the workspace this program
@@ -390,7 +405,7 @@ fn spawn_ticker(
     })
 }
 
-async fn new_namespace(
+pub async fn new_namespace(
     cluster: &Cluster<'_>,
     client: &Client,
     prefix: &str,
@@ -420,7 +435,7 @@ pub async fn apiserver_metrics(client: &Client) -> anyhow::Result<Vec<PromSample
 /// Request rates of every client (the fleet, kube-controller-manager and the harness itself:
 /// its load, watch and Lease reads) over `seconds`; a counter that went down (another API
 /// server instance answered, or it restarted) counts as zero.
-fn apiserver_figures(
+pub fn apiserver_figures(
     before: &[PromSample],
     after: &[PromSample],
     seconds: f64,
@@ -651,6 +666,8 @@ pub async fn execute(
             }
         }
         last.context("no fleet size given")?
+    } else if scenario == Scenario::Mttp {
+        crate::mttp::run(&cluster, options, &mut result, &progress).await?
     } else {
         let mut phase = Phase::start(&cluster, options, "mm", first, progress.clone()).await?;
         let extra = scenario::play(scenario, &mut phase, options, &mut result.fleet).await?;
@@ -722,7 +739,7 @@ async fn clean_up_deployed(
 /// Waits (up to 5 minutes) until no replica has started a reconcile pass for 3 s, so that a
 /// burst does not compete with work left from before (a scaled-down fleet re-reads the
 /// Manifests of the shards it gained).
-async fn wait_idle(probe: &Probe, progress: &Progress) {
+pub async fn wait_idle(probe: &Probe, progress: &Progress) {
     let passes = || async {
         let mut total = 0.0;
         for ordinal in probe.ordinals().await.unwrap_or_default() {
@@ -759,6 +776,31 @@ async fn fleet_burst(
     count: usize,
     prefix: &str,
 ) -> anyhow::Result<Burst> {
+    let limit = Duration::from_secs(options.settle_seconds);
+    Ok(timed_burst(cluster, options, fleet, count, prefix, limit)
+        .await?
+        .burst)
+}
+
+/// What [`timed_burst`] measured.
+pub struct TimedBurst {
+    pub burst: Burst,
+    /// Create → Ready of each Manifest, seconds.
+    pub latencies: Vec<f64>,
+    /// Where the Manifests are.
+    pub namespace: String,
+}
+
+/// [`fleet_burst`] waiting up to `limit` for the last Manifest, with each Manifest's create →
+/// Ready and the namespace.
+pub async fn timed_burst(
+    cluster: &Cluster<'_>,
+    options: &Options,
+    fleet: &Fleet,
+    count: usize,
+    prefix: &str,
+    limit: Duration,
+) -> anyhow::Result<TimedBurst> {
     let client = cluster.client().await?;
     let namespace = new_namespace(cluster, &client, prefix).await?;
     let mut labels = fleet.manifest_labels.clone();
@@ -781,35 +823,39 @@ async fn fleet_burst(
     tokio::time::sleep(Duration::from_millis(500)).await; // the watch's initial list
     let start = Instant::now();
     load.burst(count).await;
-    let outstanding = load
-        .settle(Duration::from_secs(options.settle_seconds))
-        .await;
+    let outstanding = load.settle(limit).await;
     let seconds = start.elapsed().as_secs_f64();
     watch.abort();
     anyhow::ensure!(
         outstanding.is_empty(),
         "{} of the burst's Manifests not Ready within {} s",
         outstanding.len(),
-        options.settle_seconds
+        limit.as_secs()
     );
-    let last = {
+    let (last, latencies) = {
         let tracker = load.tracker.lock().unwrap();
-        tracker
+        let last = tracker
             .done
             .iter()
             .map(|d| d.sent + d.seconds)
             .fold(0.0, f64::max)
-            - tracker.done.iter().map(|d| d.sent).fold(f64::MAX, f64::min)
+            - tracker.done.iter().map(|d| d.sent).fold(f64::MAX, f64::min);
+        let latencies = tracker.done.iter().map(|d| d.seconds).collect();
+        (last, latencies)
     };
     let seconds = if last.is_finite() && last > 0.0 {
         last
     } else {
         seconds
     };
-    Ok(Burst {
-        parallelism: fleet.ordinals().await?.len() as u32,
-        seconds,
-        per_second: count as f64 / seconds,
+    Ok(TimedBurst {
+        burst: Burst {
+            parallelism: fleet.ordinals().await?.len() as u32,
+            seconds,
+            per_second: count as f64 / seconds,
+        },
+        latencies,
+        namespace,
     })
 }
 
@@ -839,14 +885,42 @@ async fn run_baselines(
         fleet.shutdown().await;
     }
 
+    let paths = bare_and_helm(cluster, options, count, replicas as usize, progress).await?;
+    Ok(Baselines {
+        manifests: count as u64,
+        objects_per_manifest: paths.objects_per_manifest,
+        fleet: fleet_burst_figure,
+        single_replica: Some(single),
+        bare_apply: Some(paths.bare_apply),
+        helm: Some(paths.helm),
+    })
+}
+
+/// The two baselines without a fleet, for one burst size.
+pub struct PathsWithoutFleet {
+    pub objects_per_manifest: u64,
+    pub bare_apply: Burst,
+    pub helm: Burst,
+}
+
+/// A bare client server-side applying the chart's objects for `count` releases, then
+/// `helm upgrade --install` of `count` releases, each `replicas` × `--concurrency` at once
+/// (as many as the fleet's workers), each in a new namespace.
+pub async fn bare_and_helm(
+    cluster: &Cluster<'_>,
+    options: &Options,
+    count: usize,
+    replicas: usize,
+    progress: &Progress,
+) -> anyhow::Result<PathsWithoutFleet> {
     let client = cluster.client().await?;
     let helm = testenv::Tools::locate()?.helm;
     let chart = repo(options).join(&options.chart);
-    let parallelism = replicas as usize * options.concurrency;
+    let parallelism = replicas * options.concurrency;
     let names: Vec<String> = (0..count).map(|i| format!("r{i:05}")).collect();
 
     progress.say(format!(
-        "baseline: a bare client server-side applying the same objects, {parallelism} at once"
+        "baseline: a bare client server-side applying {count} releases' objects, {parallelism} at once"
     ));
     let namespace = new_namespace(cluster, &client, "burst-apply").await?;
     let objects = baseline::render_chart(
@@ -857,8 +931,7 @@ async fn run_baselines(
         &json!({"revision": 0}),
     )
     .await?;
-    let objects_per_manifest = objects.len() as u64;
-    let bare = baseline::bare_apply(
+    let bare_apply = baseline::bare_apply(
         &client,
         &namespace,
         &objects,
@@ -869,10 +942,10 @@ async fn run_baselines(
     .await?;
 
     progress.say(format!(
-        "baseline: helm upgrade --install, {parallelism} at once"
+        "baseline: helm upgrade --install of {count} releases, {parallelism} at once"
     ));
     let namespace = new_namespace(cluster, &client, "burst-helm").await?;
-    let helm_figure = baseline::helm_install(
+    let helm = baseline::helm_install(
         &helm,
         &cluster.kubeconfig(),
         &chart,
@@ -881,12 +954,9 @@ async fn run_baselines(
         parallelism,
     )
     .await?;
-    Ok(Baselines {
-        manifests: count as u64,
-        objects_per_manifest,
-        fleet: fleet_burst_figure,
-        single_replica: Some(single),
-        bare_apply: Some(bare),
-        helm: Some(helm_figure),
+    Ok(PathsWithoutFleet {
+        objects_per_manifest: objects.len() as u64,
+        bare_apply,
+        helm,
     })
 }

@@ -39,6 +39,7 @@ pub async fn play(
         Scenario::RollingUpdate | Scenario::Smoke => rolling_update(phase, options, figures).await,
         Scenario::Rebalance => rebalance(phase, options, figures).await,
         Scenario::ScaleOut => anyhow::bail!("scale-out is played by scale_out"),
+        Scenario::Mttp => anyhow::bail!("mttp is played by mttp::run"),
     }
 }
 

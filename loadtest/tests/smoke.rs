@@ -3,43 +3,29 @@
 //! exit code 0 and the report's files. Needs the `module-manager` binary built next to the
 //! test (`cargo test --workspace` builds it).
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn the_smoke_scenario_passes_and_writes_its_report() {
     let out = tempfile::tempdir().unwrap();
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_loadtest"))
-        .parent()
-        .unwrap()
-        .join("module-manager");
-    let status = Command::new(env!("CARGO_BIN_EXE_loadtest"))
-        .arg("smoke")
-        .args(["--replicas", "2", "--shards", "16"])
-        .args([
-            "--lease-duration-seconds",
-            "4",
-            "--renew-interval-seconds",
-            "1",
-        ])
-        .args(["--renew-deadline-seconds", "3"])
-        .args(["--duration-seconds", "25", "--warmup-seconds", "8"])
-        .args(["--update-period-seconds", "20", "--burst", "20", "--quiet"])
-        .arg("--binary")
-        .arg(&binary)
-        .arg("--repo")
-        .arg(&repo)
-        .arg("--out")
-        .arg(out.path())
-        .status()
-        .expect("run loadtest");
-    assert!(status.success(), "loadtest smoke exited with {status}");
-    let dir = std::fs::read_dir(out.path())
-        .unwrap()
-        .next()
-        .expect("a run directory")
-        .unwrap()
-        .path();
+    let dir = common::run_loadtest(
+        &[
+            &["smoke"],
+            common::SHORT_FLEET,
+            &[
+                "--duration-seconds",
+                "25",
+                "--warmup-seconds",
+                "8",
+                "--update-period-seconds",
+                "20",
+                "--burst",
+                "20",
+            ],
+        ]
+        .concat(),
+        out.path(),
+    );
     assert!(
         dir.file_name()
             .unwrap()

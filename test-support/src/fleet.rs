@@ -306,6 +306,12 @@ pub async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
 pub fn proc_usage(pid: u32) -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let cpu = cpu_seconds_from_stat(&stat)?;
+    Some((cpu, rss_bytes(pid)?))
+}
+
+/// Resident bytes of a process (`VmRSS` of `/proc/<pid>/status`); `None` when it is gone or a
+/// zombie (which has no such line).
+pub fn rss_bytes(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let rss_kib: f64 = status
         .lines()
@@ -314,7 +320,7 @@ pub fn proc_usage(pid: u32) -> Option<(f64, f64)> {
         .next()?
         .parse()
         .ok()?;
-    Some((cpu, rss_kib * 1024.0))
+    Some(rss_kib * 1024.0)
 }
 
 /// utime + stime + cutime + cstime of a `/proc/<pid>/stat` line, in seconds.

@@ -57,7 +57,21 @@ pub struct Options {
     pub dir: Option<PathBuf>,
     /// Whether the processes outlive this one.
     pub detached: bool,
+    /// Write an audit log (`audit.log` in the working directory, one JSON event per finished
+    /// request, level Metadata: user, user agent, verb, resource), so that a measurement can
+    /// tell the clients' requests apart ([`ControlPlane::audit_log`]). Costs the API server a
+    /// little CPU per request; off by default.
+    pub audit_log: bool,
 }
+
+/// The audit policy of [`Options::audit_log`]: every request at level Metadata, logged once
+/// when its response is complete (a watch when it ends).
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+- level: Metadata
+";
 
 /// Where a running control plane is and what it runs; written as `state.json` for `testenv down`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -180,6 +194,21 @@ impl ControlPlane {
                 files.service_account_key.display()
             ),
         ]);
+        if options.audit_log {
+            let policy = dir.join("audit-policy.yaml");
+            write(&policy, AUDIT_POLICY)?;
+            apiserver.args([
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", dir.join("audit.log").display()),
+                "--audit-log-format=json".to_owned(),
+                // Batched: the request does not wait for the log write; a batch is written
+                // within a second (a reader waits that long after its window).
+                "--audit-log-mode=batch".to_owned(),
+                "--audit-log-batch-max-size=100".to_owned(),
+                "--audit-log-batch-max-wait=1s".to_owned(),
+                "--audit-log-maxsize=0".to_owned(),
+            ]);
+        }
         procs.push(Proc::spawn(
             "kube-apiserver",
             apiserver,
@@ -298,6 +327,11 @@ impl ControlPlane {
             .pid(program)
             .ok_or_else(|| Error::NoSuchProcess(program.to_owned()))?;
         Paused::pause(program, pid)
+    }
+
+    /// The API server's audit log, when it writes one ([`Options::audit_log`]).
+    pub fn audit_log(&self) -> Option<PathBuf> {
+        Some(self.endpoints.dir.join("audit.log")).filter(|p| p.exists())
     }
 
     /// Path of the admin kubeconfig.

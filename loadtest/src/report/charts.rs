@@ -12,7 +12,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::font::{Text, font};
-use crate::results::{Burst, CapacityStep, RunResult, Sample};
+use crate::results::{Burst, CapacityStep, Mttp, MttpBurst, RunResult, Sample};
 
 /// One chart file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +25,8 @@ pub(super) enum Chart {
     Capacity,
     /// Manifests per second of each baseline path.
     Baselines,
+    /// `mttp`: time to all Ready, CPU, requests and memory against the burst size.
+    Mttp,
 }
 
 impl Chart {
@@ -34,6 +36,7 @@ impl Chart {
             Chart::Replicas => "replicas.png",
             Chart::Capacity => "capacity.png",
             Chart::Baselines => "baselines.png",
+            Chart::Mttp => "mttp.png",
         }
     }
 
@@ -43,6 +46,7 @@ impl Chart {
             Chart::Replicas => "Replicas",
             Chart::Capacity => "Capacity",
             Chart::Baselines => "Baselines",
+            Chart::Mttp => "MTTP",
         }
     }
 }
@@ -58,6 +62,10 @@ pub(super) fn planned(result: &RunResult) -> Vec<Chart> {
         (Chart::Replicas, has_replica_samples),
         (Chart::Capacity, !result.capacity.is_empty()),
         (Chart::Baselines, result.baselines.is_some()),
+        (
+            Chart::Mttp,
+            result.mttp.as_ref().is_some_and(|m| !m.bursts.is_empty()),
+        ),
     ]
     .into_iter()
     .filter_map(|(chart, has_data)| has_data.then_some(chart))
@@ -97,6 +105,10 @@ fn draw(chart: Chart, result: &RunResult, path: &Path, text: Text) -> anyhow::Re
         Chart::Timeline => timeline(result, path, text),
         Chart::Replicas => replicas(result, path, text),
         Chart::Capacity => capacity(result, path, text),
+        Chart::Mttp => match &result.mttp {
+            Some(m) => mttp(m, path, text),
+            None => Ok(()),
+        },
         Chart::Baselines => match &result.baselines {
             Some(b) => baselines(
                 &[
@@ -466,6 +478,87 @@ fn capacity(result: &RunResult, path: &Path, text: Text) -> anyhow::Result<()> {
     let root = BitMapBackend::new(path, (1200, 900)).into_drawing_area();
     root.fill(&WHITE)?;
     let panels = [objects, ready, ops, queue];
+    for (area, panel) in root.split_evenly((2, 2)).iter().zip(&panels) {
+        line_panel(area, panel, text)?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// `mttp`: per fleet size (and the baselines), against the burst size: time to all Ready, CPU
+/// seconds per Manifest, API requests per Manifest, peak RSS per replica.
+fn mttp(m: &Mttp, path: &Path, text: Text) -> anyhow::Result<()> {
+    let mut sizes: Vec<u32> = m.bursts.iter().map(|b| b.replicas).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let per_size = |pick: &dyn Fn(&MttpBurst) -> Option<f64>| -> Vec<Line> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, size)| {
+                let points = m
+                    .bursts
+                    .iter()
+                    .filter(|b| b.replicas == *size)
+                    .filter_map(|b| pick(b).map(|v| (b.manifests as f64, v)))
+                    .collect();
+                line(
+                    format!("{size} replica{}", if *size == 1 { "" } else { "s" }),
+                    palette(i),
+                    points,
+                )
+            })
+            .collect()
+    };
+    let mut ready = per_size(&|b| Some(b.all_ready_seconds));
+    let baseline =
+        |pick: &dyn Fn(&crate::results::MttpBaseline) -> Option<f64>| -> Vec<(f64, f64)> {
+            m.baselines
+                .iter()
+                .filter_map(|b| pick(b).map(|v| (b.manifests as f64, v)))
+                .collect()
+        };
+    let n = sizes.len();
+    ready.push(line(
+        "bare apply",
+        palette(n),
+        baseline(&|b| b.bare_apply.as_ref().map(|x| x.seconds)),
+    ));
+    ready.push(line(
+        "helm",
+        palette(n + 1),
+        baseline(&|b| b.helm.as_ref().map(|x| x.seconds)),
+    ));
+    let x = "Manifests created at once";
+    let mut panels = [
+        Panel::new("Time to all Ready", x, "seconds", ready),
+        Panel::new(
+            "CPU per Manifest (replicas, renderer, helm)",
+            x,
+            "CPU seconds",
+            per_size(&|b| Some(b.cpu_seconds_per_manifest)),
+        ),
+        Panel::new(
+            "API requests per Manifest (the fleet's)",
+            x,
+            "requests",
+            per_size(&|b| {
+                b.operator_requests_per_manifest
+                    .or(Some(b.api_requests_per_manifest))
+            }),
+        ),
+        Panel::new(
+            "Peak RSS per replica (renderer included)",
+            x,
+            "MiB",
+            per_size(&|b| b.peak_rss_mib.values().copied().reduce(f64::max)),
+        ),
+    ];
+    for panel in &mut panels {
+        panel.dots = true;
+    }
+    let root = BitMapBackend::new(path, (1200, 900)).into_drawing_area();
+    root.fill(&WHITE)?;
     for (area, panel) in root.split_evenly((2, 2)).iter().zip(&panels) {
         line_panel(area, panel, text)?;
     }

@@ -8,6 +8,8 @@ use crate::results::{
 
 use super::charts;
 
+mod mttp;
+
 /// Shown for a figure that was not measured.
 const MISSING: &str = "–";
 /// Resources listed in the API server section; the rest are summed up in one line.
@@ -19,12 +21,15 @@ pub fn markdown(result: &RunResult) -> String {
         Some(title(result)),
         Some(environment(&result.environment, &result.parameters)),
         Some(violations(&result.violations)),
-        Some(throughput(&result.throughput)),
+        // `mttp` sends no steady load: its bursts are in its own section.
+        (result.mttp.is_none() || result.throughput.operations > 0)
+            .then(|| throughput(&result.throughput)),
         latency(&result.latency),
         replicas(&result.replicas),
         apiserver(&result.apiserver),
         fleet(&result.fleet, result.environment.lease_duration_seconds),
         capacity(&result.capacity),
+        result.mttp.as_ref().map(mttp::section),
         result.baselines.as_ref().map(baselines),
         result
             .baselines_error

@@ -209,7 +209,118 @@ fn full() -> RunResult {
             helm: Some(burst(8, 100.0, 200)),
         }),
         timeline: (0..24).map(sample).collect(),
+        mttp: None,
     }
+}
+
+/// An `mttp` run: two fleet sizes, two burst sizes, baselines, idle, cold restart.
+fn mttp_run() -> RunResult {
+    let fleet_burst = |replicas: u32, manifests: u64, seconds: f64| MttpBurst {
+        replicas,
+        cpu_per_replica: Some(0.5),
+        manifests,
+        manifests_held: manifests,
+        all_ready_seconds: seconds,
+        per_second: manifests as f64 / seconds,
+        create_to_ready_seconds: quantiles(manifests, seconds / 2.0),
+        cpu_seconds_per_manifest: 0.052,
+        control_plane_cpu_seconds_per_manifest: Some(0.081),
+        api_requests_per_manifest: 31.5,
+        operator_requests_per_manifest: Some(22.3),
+        operator_by_verb_per_manifest: BTreeMap::from([
+            ("patch".into(), 9.0),
+            ("get".into(), 13.25),
+        ]),
+        operator_by_resource_per_manifest: BTreeMap::from([("manifests/status".into(), 3.0)]),
+        passes_per_manifest: 2.5,
+        peak_rss_mib: BTreeMap::from([("mm1-0".into(), 61.5), ("mm1-1".into(), 77.3)]),
+        ..Default::default()
+    };
+    let path = |seconds| Some(burst(12, seconds, 100));
+    let mut mttp = Mttp {
+        bursts: vec![
+            fleet_burst(1, 100, 40.0),
+            fleet_burst(1, 500, 230.0),
+            fleet_burst(3, 100, 16.0),
+            fleet_burst(3, 500, 100.0),
+        ],
+        baselines: vec![MttpBaseline {
+            manifests: 100,
+            objects_per_manifest: 4,
+            bare_apply: path(4.0),
+            helm: path(25.0),
+            error: None,
+        }],
+        idle: Some(IdleFigures {
+            replicas: 3,
+            manifests: 600,
+            drift_interval: "10m".into(),
+            seconds: 60.0,
+            api_requests_per_second: 12.5,
+            operator_requests_per_second: Some(3.75),
+            requests_by_client: BTreeMap::from([("module-manager".into(), 225)]),
+            passes_per_second: 1.0,
+            fleet_cores: 0.02,
+            peak_rss_mib: BTreeMap::from([("mm1-0".into(), 88.0)]),
+            ..Default::default()
+        }),
+        cold_restart: Some(ColdRestart {
+            replicas: 3,
+            manifests: 600,
+            ready_seconds: 4.5,
+            all_checked_seconds: Some(41.0),
+            checked: 600,
+            passes: 600,
+        }),
+        ..Default::default()
+    };
+    mttp.ratios = crate::mttp::ratios(&mttp, 3);
+    RunResult {
+        scenario: "mttp".to_owned(),
+        passed: true,
+        mttp: Some(mttp),
+        ..RunResult::default()
+    }
+}
+
+#[test]
+fn markdown_has_the_mttp_bursts_baselines_ratios_idle_and_restart() {
+    let md = markdown(&mttp_run());
+    assert_contains(&md, "## MTTP");
+    assert_contains(
+        &md,
+        "| 3 × 0.5 core | 500 | 500 | 100.0 | 5.0 | 50.000 | 150.000 | 0.052 | 0.081 | 31.5 | 22.3 | 2.50 | 77.3 |",
+    );
+    assert_contains(
+        &md,
+        "by verb get 13.25, patch 9.00; by resource manifests/status 3.00",
+    );
+    assert_contains(
+        &md,
+        "| 100 | 4.0 s (25.0/s, 12 at once) | 25.0 s (4.0/s, 12 at once) |",
+    );
+    // 100 on 3 replicas: 6.25/s; bare 25/s, one replica 2.5/s, helm 4/s.
+    assert_contains(&md, "| 100 | 3 | **0.25×** | **2.50×** | **1.56×** |");
+    assert_contains(&md, "| 500 | 3 | – | **2.30×** | – |");
+    assert_contains(
+        &md,
+        "### Idle: 600 Manifests on 3 replicas for 60 s (drift interval 10m)",
+    );
+    assert_contains(&md, "| the fleet's requests/s (audit log) | 3.75 |");
+    assert_contains(&md, "after 41.0 s; 600 of 600 checked, 600 passes.");
+    assert_contains(&md, "![MTTP](mttp.png)");
+    assert!(
+        !md.contains("## Throughput"),
+        "no steady load to report:\n{md}"
+    );
+}
+
+#[test]
+fn the_mttp_chart_is_drawn() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = render(&mttp_run(), dir.path(), Text::Omitted).unwrap();
+    assert_eq!(file_names(&written), ["mttp.png"]);
+    assert_png(&written[0], 1200);
 }
 
 /// What a run that measured nothing looks like.

@@ -68,6 +68,7 @@ async fn main() -> anyhow::Result<()> {
                 controllers: None,
                 simulated_nodes: if no_controller_manager { 0 } else { nodes },
                 node_monitor_grace_period: None,
+                audit_log: false,
             };
             let endpoints = ControlPlane::start(options).await?.detach();
             std::fs::write(&state_file, serde_json::to_vec_pretty(&endpoints)?)?;

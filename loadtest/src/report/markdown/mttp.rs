@@ -1,0 +1,254 @@
+//! The `mttp` section of the summary: bursts, baselines, ratios, the idle fleet, the cold
+//! restart.
+
+use std::collections::BTreeMap;
+
+use super::{Align, MISSING, descending, rate, ratio, seconds, table};
+use crate::results::{ColdRestart, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio};
+
+/// Resources listed per burst in the fleet's requests; the rest are summed up.
+const TOP: usize = 6;
+
+pub(super) fn section(m: &Mttp) -> String {
+    let mut parts = vec![
+        "## MTTP: Manifests created at once, until all are Ready\n\nCPU: the replicas' process \
+         trees (module-manager, the renderer child, helm runs). API requests: every client \
+         (`apiserver_request_total`); the fleet's own from the API server's audit log (local \
+         control planes). Peak RSS: the highest replica, renderer included. The Latency, Replicas \
+         and API server sections above cover the whole run of the last fleet size."
+            .to_owned(),
+        bursts(&m.bursts),
+    ];
+    parts.extend(fleet_requests(&m.bursts));
+    if !m.baselines.is_empty() {
+        parts.push(baselines(&m.baselines));
+    }
+    if !m.ratios.is_empty() {
+        parts.push(ratios(&m.ratios));
+    }
+    parts.extend(m.idle.as_ref().map(idle));
+    parts.extend(m.cold_restart.as_ref().map(cold_restart));
+    parts.join("\n\n")
+}
+
+fn optional(v: Option<f64>, digits: usize) -> String {
+    v.filter(|v| v.is_finite())
+        .map_or_else(|| MISSING.to_owned(), |v| format!("{v:.digits$}"))
+}
+
+fn peak(rss: &BTreeMap<String, f64>) -> Option<f64> {
+    rss.values().copied().reduce(f64::max)
+}
+
+fn bursts(bursts: &[MttpBurst]) -> String {
+    let rows = bursts
+        .iter()
+        .map(|b| {
+            let cpu = b
+                .cpu_per_replica
+                .map_or(String::new(), |c| format!(" × {c} core"));
+            vec![
+                format!("{}{cpu}", b.replicas),
+                b.manifests.to_string(),
+                b.manifests_held.to_string(),
+                format!("{:.1}", b.all_ready_seconds),
+                rate(b.per_second),
+                seconds(b.create_to_ready_seconds.p50),
+                seconds(b.create_to_ready_seconds.p99),
+                format!("{:.3}", b.cpu_seconds_per_manifest),
+                optional(b.control_plane_cpu_seconds_per_manifest, 3),
+                format!("{:.1}", b.api_requests_per_manifest),
+                optional(b.operator_requests_per_manifest, 1),
+                format!("{:.2}", b.passes_per_manifest),
+                optional(peak(&b.peak_rss_mib), 1),
+            ]
+        })
+        .collect();
+    let header = [
+        "replicas",
+        "Manifests",
+        "held",
+        "all Ready (s)",
+        "Manifests/s",
+        "Ready p50 (s)",
+        "Ready p99 (s)",
+        "CPU-s / Manifest",
+        "control plane CPU-s / Manifest",
+        "API requests / Manifest",
+        "fleet's requests / Manifest",
+        "passes / Manifest",
+        "peak RSS per replica (MiB)",
+    ];
+    let mut align = vec![Align::Right; header.len()];
+    align[0] = Align::Left;
+    table(&header, &align, rows)
+}
+
+/// One line per burst: the fleet's requests per Manifest by verb and resource.
+fn fleet_requests(bursts: &[MttpBurst]) -> Option<String> {
+    let lines: Vec<String> = bursts
+        .iter()
+        .filter(|b| b.operator_requests_per_manifest.is_some())
+        .map(|b| {
+            let list = |map: &BTreeMap<String, f64>, top: usize| {
+                let sorted = descending(map.iter());
+                let mut items: Vec<String> = sorted
+                    .iter()
+                    .take(top)
+                    .map(|(k, v)| format!("{k} {v:.2}"))
+                    .collect();
+                let rest: f64 = sorted.iter().skip(top).map(|(_, v)| v).sum();
+                if rest > 0.0 {
+                    items.push(format!("others {rest:.2}"));
+                }
+                items.join(", ")
+            };
+            format!(
+                "- {} replicas, {} Manifests: by verb {}; by resource {}",
+                b.replicas,
+                b.manifests,
+                list(&b.operator_by_verb_per_manifest, usize::MAX),
+                list(&b.operator_by_resource_per_manifest, TOP)
+            )
+        })
+        .collect();
+    (!lines.is_empty()).then(|| {
+        format!(
+            "The fleet's requests per Manifest (audit log):\n\n{}",
+            lines.join("\n")
+        )
+    })
+}
+
+fn baselines(baselines: &[MttpBaseline]) -> String {
+    let path = |b: Option<&crate::results::Burst>| {
+        b.map_or_else(
+            || MISSING.to_owned(),
+            |b| {
+                format!(
+                    "{:.1} s ({}/s, {} at once)",
+                    b.seconds,
+                    rate(b.per_second),
+                    b.parallelism
+                )
+            },
+        )
+    };
+    let rows = baselines
+        .iter()
+        .map(|b| {
+            vec![
+                b.manifests.to_string(),
+                path(b.bare_apply.as_ref()),
+                path(b.helm.as_ref()),
+                b.error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    format!(
+        "### Baselines (same run, no fleet)\n\n{}",
+        table(
+            &[
+                "Manifests",
+                "bare server-side apply",
+                "`helm upgrade --install`",
+                "error"
+            ],
+            &[Align::Right, Align::Right, Align::Right, Align::Left],
+            rows
+        )
+    )
+}
+
+fn ratios(ratios: &[MttpRatio]) -> String {
+    let show =
+        |v: Option<f64>| v.map_or_else(|| MISSING.to_owned(), |v| format!("**{}**", ratio(v)));
+    let rows = ratios
+        .iter()
+        .map(|r| {
+            vec![
+                r.manifests.to_string(),
+                r.replicas.to_string(),
+                show(r.fleet_over_bare_apply),
+                show(r.fleet_over_single_replica),
+                show(r.fleet_over_helm),
+            ]
+        })
+        .collect();
+    format!(
+        "### Ratios (Manifests/s; above 1: the fleet is faster)\n\n{}",
+        table(
+            &[
+                "Manifests",
+                "replicas",
+                "fleet ÷ bare apply",
+                "fleet ÷ one replica",
+                "fleet ÷ helm"
+            ],
+            &[Align::Right; 5],
+            rows
+        )
+    )
+}
+
+fn clients(map: &BTreeMap<String, u64>) -> String {
+    if map.is_empty() {
+        return MISSING.to_owned();
+    }
+    map.iter()
+        .map(|(c, n)| format!("{c} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn idle(i: &IdleFigures) -> String {
+    let rows = vec![
+        vec![
+            "API requests/s, every client".to_owned(),
+            format!("{:.2}", i.api_requests_per_second),
+        ],
+        vec![
+            "the fleet's requests/s (audit log)".to_owned(),
+            optional(i.operator_requests_per_second, 2),
+        ],
+        vec![
+            "requests per client over the window".to_owned(),
+            clients(&i.requests_by_client),
+        ],
+        vec![
+            "reconcile passes/s".to_owned(),
+            format!("{:.2}", i.passes_per_second),
+        ],
+        vec![
+            "fleet CPU (cores)".to_owned(),
+            format!("{:.3}", i.fleet_cores),
+        ],
+        vec![
+            "peak RSS per replica (MiB)".to_owned(),
+            optional(peak(&i.peak_rss_mib), 1),
+        ],
+    ];
+    format!(
+        "### Idle: {} Manifests on {} replicas for {:.0} s (drift interval {})\n\n{}",
+        i.manifests,
+        i.replicas,
+        i.seconds,
+        i.drift_interval,
+        table(&["", ""], &[Align::Left, Align::Right], rows)
+    )
+}
+
+fn cold_restart(c: &ColdRestart) -> String {
+    format!(
+        "### Cold restart of {} replicas holding {} Manifests\n\nEvery replica ready again after \
+         {:.1} s; every Manifest reconciled again (a completed pass in the new processes' logs) \
+         after {} s; {} of {} checked, {} passes.",
+        c.replicas,
+        c.manifests,
+        c.ready_seconds,
+        optional(c.all_checked_seconds, 1),
+        c.checked,
+        c.manifests,
+        c.passes
+    )
+}
