@@ -210,20 +210,27 @@ pub fn describe_cycle(cycle: &[DependencyKey]) -> String {
 /// The dependents among `candidates` that keep `dependency` from being deleted: those that name
 /// it in `spec.dependsOn` and have installed something (an inventory or hook objects; one that
 /// never installed anything needs nothing of it, so two Manifests of a cycle, which never
-/// install, do not keep each other), but not `dependency` itself. Sorted.
+/// install, do not keep each other), but not `dependency` itself, nor a dependent that is being
+/// deleted too and that `dependency` itself depends on (a cycle of two that installed before it
+/// was closed: each would wait for the other for good). Sorted.
 pub fn holding_dependents<'a>(
-    dependency: &DependencyKey,
+    dependency: &Manifest,
     candidates: impl IntoIterator<Item = &'a Manifest>,
 ) -> Vec<DependencyKey> {
+    let key = DependencyKey::of(dependency);
+    let own = dependencies(dependency);
+    let in_cycle_and_going =
+        |m: &Manifest| m.meta().deletion_timestamp.is_some() && own.contains(&DependencyKey::of(m));
     let mut holding: Vec<DependencyKey> = candidates
         .into_iter()
-        .filter(|m| DependencyKey::of(m) != *dependency)
+        .filter(|m| DependencyKey::of(m) != key)
         .filter(|m| {
             m.status
                 .as_ref()
                 .is_some_and(|s| !s.inventory.is_empty() || !s.hook_objects.is_empty())
         })
-        .filter(|m| dependencies(m).contains(dependency))
+        .filter(|m| dependencies(m).contains(&key))
+        .filter(|m| !in_cycle_and_going(m))
         .map(DependencyKey::of)
         .collect();
     holding.sort();
@@ -418,10 +425,26 @@ mod tests {
                 json!([{"name": "cache"}]),
                 installed.clone(),
             ),
-            manifest("a", "db", json!([{"name": "db"}]), installed),
+            manifest("a", "db", json!([{"name": "db"}]), installed.clone()),
         ];
+        let dependency = manifest("a", "db", json!([{"name": "app"}]), installed.clone());
+        assert_eq!(DependencyKey::of(&dependency), db);
         assert_eq!(
-            holding_dependents(&db, &candidates),
+            holding_dependents(&dependency, &candidates),
+            [key("a", "app"), key("b", "other")]
+        );
+        // A cycle of two that installed before it closed, both being deleted: app (which db
+        // depends on) no longer holds db; other still does.
+        let mut going = candidates.clone();
+        going[0].metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(holding_dependents(&dependency, &going), [key("b", "other")]);
+        // A dependent being deleted that db does not depend on still holds it.
+        let plain = manifest("a", "db", json!([]), installed);
+        assert_eq!(
+            holding_dependents(&plain, &going),
             [key("a", "app"), key("b", "other")]
         );
     }

@@ -130,11 +130,21 @@ pub enum TargetCheck {
     },
 }
 
-/// Compares the identity `status.targetIdentity` recorded with the one read now.
-pub fn check_target(recorded: Option<&str>, found: Option<&str>) -> TargetCheck {
+/// Compares the identity `status.targetIdentity` recorded with the one read now. While
+/// `nothing_applied` (no inventory, no hook objects: a first kubeconfig that named the wrong
+/// cluster, passes that failed before any apply), there is nothing on the recorded cluster to
+/// protect, and another identity is recorded instead of refused.
+pub fn check_target(
+    recorded: Option<&str>,
+    found: Option<&str>,
+    nothing_applied: bool,
+) -> TargetCheck {
     match (recorded, found) {
         (None, None) => TargetCheck::Same,
         (None, Some(found)) => TargetCheck::Record(found.to_owned()),
+        (Some(recorded), Some(found)) if recorded != found && nothing_applied => {
+            TargetCheck::Record(found.to_owned())
+        }
         (Some(recorded), Some(found)) if recorded == found => TargetCheck::Same,
         (Some(recorded), Some(found)) => TargetCheck::Other {
             recorded: recorded.to_owned(),
@@ -217,21 +227,35 @@ mod tests {
 
     #[test]
     fn a_target_is_recorded_at_first_contact_and_another_one_refused() {
-        assert_eq!(check_target(None, None), TargetCheck::Same);
+        assert_eq!(check_target(None, None, false), TargetCheck::Same);
         assert_eq!(
-            check_target(None, Some("c1")),
+            check_target(None, Some("c1"), false),
             TargetCheck::Record("c1".into())
         );
-        assert_eq!(check_target(Some("c1"), Some("c1")), TargetCheck::Same);
         assert_eq!(
-            check_target(Some("c1"), Some("c2")),
+            check_target(Some("c1"), Some("c1"), false),
+            TargetCheck::Same
+        );
+        assert_eq!(
+            check_target(Some("c1"), Some("c2"), false),
             TargetCheck::Other {
                 recorded: "c1".into(),
                 found: "c2".into()
             }
         );
         assert_eq!(
-            check_target(Some("c1"), None),
+            check_target(Some("c1"), None, false),
+            TargetCheck::Unconfirmed {
+                recorded: "c1".into()
+            }
+        );
+        // Nothing applied yet: a corrected kubeconfig's cluster is recorded instead.
+        assert_eq!(
+            check_target(Some("c1"), Some("c2"), true),
+            TargetCheck::Record("c2".into())
+        );
+        assert_eq!(
+            check_target(Some("c1"), None, true),
             TargetCheck::Unconfirmed {
                 recorded: "c1".into()
             }

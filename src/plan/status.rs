@@ -282,6 +282,38 @@ fn inventory_uids(
     recorded
 }
 
+/// The JSON merge patch (RFC 7386) that turns the status `previous` into `next`: `next` whole,
+/// plus `null` for every map key `previous` has and `next` lacks (a pruned object's
+/// `inventoryUids` entry, a field `next` leaves out) — a merge patch keeps any key it does not
+/// name, so without them removed keys would stay stored for good.
+pub fn status_patch(previous: Option<&ManifestStatus>, next: &ManifestStatus) -> serde_json::Value {
+    let next = serde_json::to_value(next).unwrap_or(serde_json::Value::Null);
+    match previous.and_then(|p| serde_json::to_value(p).ok()) {
+        Some(previous) => with_removals(&previous, next),
+        None => next,
+    }
+}
+
+/// `next` with `null` for each key of `previous`'s maps that `next` lacks, at any depth of
+/// maps present in both (lists are replaced whole by a merge patch).
+fn with_removals(previous: &serde_json::Value, next: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    let (Value::Object(previous), Value::Object(mut next)) = (previous, next.clone()) else {
+        return next;
+    };
+    for (key, old) in previous {
+        match next.remove(key) {
+            None => {
+                next.insert(key.clone(), Value::Null);
+            }
+            Some(new) => {
+                next.insert(key.clone(), with_removals(old, new));
+            }
+        }
+    }
+    Value::Object(next)
+}
+
 /// Sets a condition, keeping its `lastTransitionTime` unless its status flips.
 fn set_condition(
     conditions: &mut Vec<Condition>,
@@ -313,6 +345,39 @@ fn set_condition(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_status_patch_removes_what_the_next_status_no_longer_has() {
+        use crate::api::ManifestStatus;
+        let previous = ManifestStatus {
+            inventory_uids: [("ConfigMap/ns/a", "u1"), ("ConfigMap/ns/b", "u2")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            target_identity: Some("cluster".into()),
+            ..Default::default()
+        };
+        let mut next = previous.clone();
+        next.inventory_uids.remove("ConfigMap/ns/b");
+        let patch = super::status_patch(Some(&previous), &next);
+        assert_eq!(patch["inventoryUids"]["ConfigMap/ns/a"], "u1");
+        assert!(patch["inventoryUids"]["ConfigMap/ns/b"].is_null());
+        assert!(
+            patch["inventoryUids"]
+                .as_object()
+                .unwrap()
+                .contains_key("ConfigMap/ns/b"),
+            "the removed key is named, with null"
+        );
+        // The last entry gone: the field (left out by serde) is removed as a whole.
+        next.inventory_uids.clear();
+        let patch = super::status_patch(Some(&previous), &next);
+        assert!(patch.as_object().unwrap()["inventoryUids"].is_null());
+        assert_eq!(patch["targetIdentity"], "cluster");
+        // No previous status: the next one as it is.
+        let first = super::status_patch(None, &previous);
+        assert_eq!(first, serde_json::to_value(&previous).unwrap());
+    }
+
     use super::*;
     use k8s_openapi::jiff::Timestamp;
 

@@ -337,6 +337,8 @@ fn cannot_render_for_good(error: &ReconcileError) -> bool {
         ReconcileError::ResolveChart(_)
         | ReconcileError::ValuesSourceMissing(_)
         | ReconcileError::VerificationKeysMissing(_)
+        // The credentials Secret is gone (a namespace being deleted takes it first).
+        | ReconcileError::ChartCredentials(_)
         | ReconcileError::ParseValues(_)
         | ReconcileError::Plan(_)
         // A hook no module may write (in the operator's namespace, a fleet Lease): the
@@ -360,6 +362,12 @@ mod tests {
         assert!(cannot_render_for_good(&ReconcileError::Plan(
             PlanError::Duplicate("Secret/s".into())
         )));
+        assert!(
+            cannot_render_for_good(&ReconcileError::ChartCredentials(
+                crate::source::CredentialsError::missing("pull")
+            )),
+            "a deletion whose credentials Secret is gone goes on without its delete hooks"
+        );
         assert!(
             !cannot_render_for_good(&ReconcileError::Plan(PlanError::UnknownKind(
                 "Widget/w".into()

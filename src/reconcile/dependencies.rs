@@ -202,7 +202,7 @@ pub(super) async fn held_by_dependents(
             what: "dependents (Manifests labelled modulemanager.io/has-dependencies)".to_owned(),
             source,
         })?;
-    let holding = holding_dependents(&DependencyKey::of(manifest), &listed.items);
+    let holding = holding_dependents(manifest, &listed.items);
     if holding.is_empty() {
         return Ok(None);
     }

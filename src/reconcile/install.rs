@@ -386,7 +386,15 @@ impl Install<'_> {
             if plan::readiness::settled_once_applied(&object.id) {
                 continue;
             }
+            let recorded = previous
+                .inventory_uids
+                .get(&crate::plan::ownership::uid_key(&object.id));
             match self.cluster.get(&object.id).await? {
+                // Another object under the name (deleted and created again by someone else):
+                // not ours to call ready; the guarded apply reports it.
+                Some(live) if recorded.is_some() && live.metadata.uid.as_ref() != recorded => {
+                    return Ok(None);
+                }
                 Some(live) => read.push((object.id.clone(), live)),
                 None => return Ok(None),
             }

@@ -52,9 +52,14 @@ pub(super) async fn apply_all(
         // Applied before, also under another version (a chart moving to `autoscaling/v2`).
         let exists = crate::plan::holds(previous_inventory, &object.id);
         let mut prepared = drift::prepare(object, pass.rules, exists);
+        let key = ownership::uid_key(&object.id);
+        let recorded_uid = learned.get(&key).or(previous.inventory_uids.get(&key));
         if exists && pass.changed && prepared.may_release() {
-            // One read, only when a field may be released: is it module-manager's?
-            if let Some(live) = cluster.get(&object.id).await? {
+            // One read, only when a field may be released: is it module-manager's? Not when it
+            // is another object under the name (the guarded apply below refuses it).
+            if let Some(live) = cluster.get(&object.id).await?
+                && (recorded_uid.is_none() || live.metadata.uid.as_ref() == recorded_uid)
+            {
                 hand_over(cluster, fence, &object.id, &prepared, &live).await?;
             }
         }
@@ -63,8 +68,6 @@ pub(super) async fn apply_all(
             id: object.id.clone(),
             body: std::mem::take(&mut prepared.body),
         };
-        let key = ownership::uid_key(&object.id);
-        let recorded_uid = learned.get(&key).or(previous.inventory_uids.get(&key));
         fence.check()?;
         let answer = apply_owned(cluster, &body, &uid, recorded_uid.map(String::as_str)).await?;
         if let Some(object_uid) = answer.metadata.uid.clone() {

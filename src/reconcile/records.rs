@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::{Context, ReconcileError};
 use crate::api::{InventoryEntry, Manifest, ManifestStatus, State};
 use crate::plan::RenderedObject;
-use crate::plan::status::{Facts, Operation, Outcome, next_status};
+use crate::plan::status::{Facts, Operation, Outcome, next_status, status_patch};
 use crate::plan::trigger;
 use crate::shard::fence::Fence;
 use crate::telemetry::events::Publisher;
@@ -84,13 +84,7 @@ pub(super) async fn write_status(
     let problem = matches!(outcome.state, State::Error | State::Warning);
     let notable = previous.and_then(|s| s.state) != next.state
         || (problem && previous.and_then(ready_message).as_ref() != Some(&message));
-    patch_status(
-        manifest,
-        ctx,
-        fence,
-        serde_json::to_value(&next).unwrap_or(Value::Null),
-    )
-    .await?;
+    patch_status(manifest, ctx, fence, status_patch(previous, &next)).await?;
     if notable {
         let reason = outcome.reason.as_str();
         // A render error's text is helm's (a chart's `fail` may quote values): status and

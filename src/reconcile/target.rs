@@ -39,11 +39,11 @@ fn verify(
     target: &Target<'_>,
     found: Option<String>,
 ) -> Result<Option<String>, ReconcileError> {
-    let recorded = manifest
-        .status
-        .as_ref()
-        .and_then(|s| s.target_identity.as_deref());
-    let problem = match ownership::check_target(recorded, found.as_deref()) {
+    let status = manifest.status.as_ref();
+    let recorded = status.and_then(|s| s.target_identity.as_deref());
+    let nothing_applied =
+        status.is_none_or(|s| s.inventory.is_empty() && s.hook_objects.is_empty());
+    let problem = match ownership::check_target(recorded, found.as_deref(), nothing_applied) {
         TargetCheck::Same => return Ok(None),
         TargetCheck::Record(found) => return Ok(Some(found)),
         TargetCheck::Other { recorded, found } => {

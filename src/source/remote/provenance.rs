@@ -59,9 +59,11 @@ impl RemoteCharts {
 }
 
 fn percent_decoded(text: &str) -> String {
-    url::form_urlencoded::parse(format!("f={text}").as_bytes())
-        .next()
-        .map_or_else(|| text.to_owned(), |(_, v)| v.into_owned())
+    // A path's `%XX` only: `+` stays `+` (`helm package` names a 1.0.0+build.1 chart
+    // `web-1.0.0+build.1.tgz`, and `helm repo index` keeps the `+` in its URL).
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// Checks a provenance file: signed by one of `keys`, then its `files:` entry for `file` is
@@ -129,6 +131,11 @@ mod tests {
             );
         }
         assert_eq!(percent_decoded("web%2B1.tgz"), "web+1.tgz");
+        assert_eq!(
+            percent_decoded("web-1.0.0+build.1.tgz"),
+            "web-1.0.0+build.1.tgz"
+        );
+        assert_eq!(percent_decoded("a%26b=c.tgz"), "a&b=c.tgz");
         assert_eq!(percent_decoded("web-1.0.0.tgz"), "web-1.0.0.tgz");
     }
 }
