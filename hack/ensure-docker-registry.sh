@@ -10,20 +10,8 @@
 # the service is stopped and disabled here: the tests start their own registries.
 set -euo pipefail
 
-if path=$(command -v docker-registry); then
-  echo "$path"
-  exit 0
+. "$(dirname "$0")/apt.sh"
+apt_ensure docker-registry docker-registry
+if [ "$APT_INSTALLED" = 1 ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+  "${APT_SUDO[@]}" systemctl disable --now docker-registry.service >&2 || true
 fi
-
-sudo=()
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "docker-registry is missing and installing it needs root or sudo" >&2; exit 1; }
-  sudo=(sudo)
-fi
-echo "docker-registry not found: installing Debian's docker-registry package" >&2
-"${sudo[@]}" apt-get update -qq >&2
-"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-registry >&2
-if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
-  "${sudo[@]}" systemctl disable --now docker-registry.service >&2 || true
-fi
-command -v docker-registry

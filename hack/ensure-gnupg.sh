@@ -5,17 +5,5 @@
 # `gnupg` package. Idempotent: a second run only prints the path.
 set -euo pipefail
 
-if path=$(command -v gpg); then
-  echo "$path"
-  exit 0
-fi
-
-sudo=()
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "gpg is missing and installing it needs root or sudo" >&2; exit 1; }
-  sudo=(sudo)
-fi
-echo "gpg not found: installing Debian's gnupg package" >&2
-"${sudo[@]}" apt-get update -qq >&2
-"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnupg >&2
-command -v gpg
+. "$(dirname "$0")/apt.sh"
+apt_ensure gpg gnupg

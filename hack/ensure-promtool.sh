@@ -9,17 +9,5 @@
 # starts and listens on port 9090, which nothing of module-manager uses.
 set -euo pipefail
 
-if path=$(command -v promtool); then
-  echo "$path"
-  exit 0
-fi
-
-sudo=()
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "promtool is missing and installing it needs root or sudo" >&2; exit 1; }
-  sudo=(sudo)
-fi
-echo "promtool not found: installing Debian's prometheus package" >&2
-"${sudo[@]}" apt-get update -qq >&2
-"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2
-command -v promtool
+. "$(dirname "$0")/apt.sh"
+apt_ensure promtool prometheus
