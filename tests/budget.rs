@@ -26,6 +26,7 @@ const OBJECTS: u64 = 3;
 
 /// An operator (the controller in process, no fleet) whose client counts its requests.
 struct Counted {
+    admin: kube::Client,
     api: ApiRequestMetrics,
     ctx: Arc<Context>,
     manifests: Api<Manifest>,
@@ -94,7 +95,8 @@ impl Counted {
         Self {
             api,
             ctx,
-            manifests: Api::namespaced(admin, &ns),
+            manifests: Api::namespaced(admin.clone(), &ns),
+            admin,
             ns,
             _stop: stop,
             _helm_home: helm_home,
@@ -162,12 +164,17 @@ fn between(before: &Snapshot, after: &Snapshot) -> Spent {
 
 /// Creates the Manifests `m-0` … of the `budget` chart.
 async fn create_all(op: &Counted) {
+    create_all_every(op, "1h").await;
+}
+
+/// Creates the Manifests `m-0` … of the `budget` chart, with drift passes every `interval`.
+async fn create_all_every(op: &Counted, interval: &str) {
     for i in 0..MANIFESTS {
         let manifest: Manifest = serde_json::from_value(json!({
             "apiVersion": "modulemanager.io/v1alpha1",
             "kind": "Manifest",
             "metadata": {"name": format!("m-{i}"), "namespace": op.ns},
-            "spec": {"module": format!("m-{i}"), "interval": "1h",
+            "spec": {"module": format!("m-{i}"), "interval": interval,
                      "chart": {"path": "tests/fixtures/charts/budget"}},
         }))
         .unwrap();
@@ -194,7 +201,8 @@ fn identity_read(verb: &str, resource: &str) -> bool {
 /// the inventory recorded before the applies and the status — objects + 3 — and one Event (it
 /// became Ready); one pass per Manifest whose objects are ready at once (at most 1.2 on
 /// average); a pass asked for with `requestedAt` over an unchanged Manifest costs the
-/// objects' applies and the status write echoing the request: objects + 1.
+/// objects' applies and the status write echoing the request: objects + 1 (a pass on its timer, not
+/// asked for, applies nothing unchanged: see the idle test below).
 #[tokio::test(flavor = "multi_thread")]
 async fn an_install_and_a_drift_pass_stay_within_the_request_budget() {
     let op = Counted::start().await;
@@ -212,11 +220,13 @@ async fn an_install_and_a_drift_pass_stay_within_the_request_budget() {
     let per = |n: u64, of: u64| n as f64 / of.max(1) as f64;
     let events = install.of(|_, r| r == "events.k8s.io/events");
     let identity = install.of(identity_read);
-    let counted = install.total() - events - identity;
+    let watches = install.of(watching);
+    let counted = install.total() - events - identity - watches;
     eprintln!(
         "BUDGET install: {MANIFESTS} Manifests of {OBJECTS} objects: {:.1} requests per install in \
-         all; {:.1} without the Events ({:.1}) and the replica's one read of the cluster's \
-         identity ({identity} in all), budget {}; {:.2} passes per Manifest, budget 1.2",
+         all; {:.1} without the Events ({:.1}), the replica's one read of the cluster's \
+         identity ({identity} in all) and the start of the watches of the objects' kinds \
+         ({watches} in all), budget {}; {:.2} passes per Manifest, budget 1.2",
         per(install.total(), MANIFESTS),
         per(counted, MANIFESTS),
         per(events, MANIFESTS),
@@ -238,6 +248,7 @@ async fn an_install_and_a_drift_pass_stay_within_the_request_budget() {
         identity <= 1,
         "the cluster's identity is read once per replica"
     );
+    assert!(watches <= 2 * OBJECTS, "a list and a watch per kind, once");
     assert!(install.passes * 10 <= MANIFESTS * 12, "passes per Manifest");
     assert_eq!(drift.passes, MANIFESTS, "one pass per request");
     let drift_budget = MANIFESTS * (OBJECTS + 1);
@@ -290,4 +301,92 @@ async fn a_rollout_is_looked_at_by_reading_the_workload_not_by_applying_again() 
         reads <= rechecks.passes + 1,
         "one read of the Deployment per pass"
     );
+}
+
+/// The watches' own requests: a list and a watch per kind when a replica first applies it,
+/// and again when a watch is renewed (the API server ends each after some minutes).
+fn watching(verb: &str, _resource: &str) -> bool {
+    verb == "list" || verb == "watch"
+}
+
+/// Drift passes on a timer over Ready Manifests whose objects nobody touched send no request:
+/// the watches of the objects' kinds vouch that each is as the last apply left it
+/// (docs/reconcile.md, "Cheap drift passes"). An object edited or deleted by someone else is
+/// still repaired by the next pass, which applies what changed and nothing else.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_drift_passes_apply_nothing_yet_repair_what_others_changed() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Service};
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    let op = Counted::start().await;
+    let ready = |m: &Manifest| m.status.as_ref().and_then(|s| s.state) == Some(State::Ready);
+    op.spent(async |op: &Counted| create_all_every(op, "2s").await, ready)
+        .await;
+    // Each object once found unchanged: every kind's watch has listed.
+    let unchanged = || op.ctx.metrics.unchanged.get();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while unchanged() < MANIFESTS * OBJECTS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no pass skipped its objects"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let before = op.snapshot();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let idle = between(&before, &op.snapshot());
+    eprintln!(
+        "BUDGET idle: {} passes, {} requests ({} of them the watches'): {}",
+        idle.passes,
+        idle.total(),
+        idle.of(watching),
+        idle.line()
+    );
+    assert!(
+        idle.passes >= MANIFESTS * 2,
+        "the passes ran on their timer"
+    );
+    assert_eq!(
+        idle.total() - idle.of(watching),
+        0,
+        "an idle drift pass sends nothing"
+    );
+
+    // Someone edits one ConfigMap and deletes one Service.
+    let configmaps: Api<ConfigMap> = Api::namespaced(op.admin.clone(), &op.ns);
+    let services: Api<Service> = Api::namespaced(op.admin.clone(), &op.ns);
+    let edit = json!({"data": {"n": "edited"}});
+    let params = PatchParams::default();
+    let before = op.snapshot();
+    configmaps
+        .patch("m-0", &params, &Patch::Merge(&edit))
+        .await
+        .unwrap();
+    services
+        .delete("m-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let data = configmaps
+            .get("m-0")
+            .await
+            .unwrap()
+            .data
+            .unwrap_or_default();
+        let restored = data.get("n").map(String::as_str) == Some("0");
+        if restored && services.get_opt("m-1").await.unwrap().is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the drift was not repaired"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let repair = between(&before, &op.snapshot());
+    eprintln!("BUDGET repair: {} passes: {}", repair.passes, repair.line());
+    let applies = |resource: &'static str| repair.of(move |v, r| v == "apply" && r == resource);
+    assert!(applies("configmaps") >= 1 && applies("services") >= 1);
+    assert_eq!(applies("serviceaccounts"), 0, "nobody touched those");
 }

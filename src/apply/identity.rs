@@ -17,6 +17,7 @@ use kube::Config;
 
 use super::catalog::CrdCatalog;
 use super::target::to_evict;
+use super::watched::Followed;
 use super::{ApplyError, Cluster};
 use crate::plan::tenancy::{Protected, ServiceAccount, ServiceAccountPolicy};
 use crate::telemetry::requests::{self, ApiRequestMetrics, RequestTarget};
@@ -39,6 +40,8 @@ pub struct Tenancy {
     clients: Mutex<HashMap<ServiceAccount, (Arc<Cluster>, Instant)>>,
     /// The local cluster's CRDs, which every impersonating client's renders follow.
     catalog: Option<Arc<CrdCatalog>>,
+    /// The local cluster's applied objects and their watches, shared with the operator's client.
+    followed: Option<Arc<Followed>>,
     /// Where the impersonating clients' API requests are counted.
     requests: ApiRequestMetrics,
 }
@@ -59,6 +62,7 @@ impl Tenancy {
             base,
             clients: Mutex::new(HashMap::new()),
             catalog: None,
+            followed: None,
             requests: ApiRequestMetrics::default(),
         }
     }
@@ -66,6 +70,12 @@ impl Tenancy {
     /// Every impersonating client follows `catalog` (see [`Cluster::with_catalog`]).
     pub fn with_catalog(self, catalog: Option<Arc<CrdCatalog>>) -> Self {
         Self { catalog, ..self }
+    }
+
+    /// Every impersonating client records its applies in `followed` (see
+    /// [`Cluster::with_followed`]).
+    pub fn with_followed(self, followed: Option<Arc<Followed>>) -> Self {
+        Self { followed, ..self }
     }
 
     /// Every impersonating client counts its requests into `requests` (target `impersonated`).
@@ -98,7 +108,8 @@ impl Tenancy {
         let cluster = Arc::new(
             Cluster::connect_as(client, user)
                 .await?
-                .with_catalog(self.catalog.clone()),
+                .with_catalog(self.catalog.clone())
+                .with_followed(self.followed.clone()),
         );
         let mut clients = self.lock();
         clients.insert(account.clone(), (cluster.clone(), now));

@@ -7,6 +7,7 @@ pub mod kubeconfig;
 pub mod namespace;
 pub mod ownership;
 pub mod target;
+pub mod watched;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -282,6 +283,8 @@ pub struct Cluster {
     identity: tokio::sync::OnceCell<Option<String>>,
     /// Namespaces known to exist, since when (`namespace.rs`): not read again for a while.
     namespaces: namespace::Known,
+    /// The objects applied and the watches of their kinds (`None`: every drift pass applies).
+    followed: Option<Arc<watched::Followed>>,
 }
 
 impl Cluster {
@@ -295,6 +298,7 @@ impl Cluster {
             catalog: None,
             identity: tokio::sync::OnceCell::new(),
             namespaces: namespace::Known::default(),
+            followed: None,
         })
     }
 
@@ -310,6 +314,19 @@ impl Cluster {
     /// ([`catalog::compose`]) and discovery is re-run on the next render after it changed.
     pub fn with_catalog(self, catalog: Option<Arc<catalog::CrdCatalog>>) -> Self {
         Self { catalog, ..self }
+    }
+
+    /// Records what its applies answer in `followed`, whose watches tell which objects are
+    /// unchanged since ([`Cluster::unchanged`]). The local cluster only: the watches run as the
+    /// operator.
+    pub fn with_followed(self, followed: Option<Arc<watched::Followed>>) -> Self {
+        Self { followed, ..self }
+    }
+
+    /// Whether `id` is exactly as module-manager's last apply left it, as the watch of its kind
+    /// tells (`false` when not followed).
+    pub fn unchanged(&self, id: &InventoryEntry) -> bool {
+        self.followed.as_ref().is_some_and(|f| f.unchanged(id))
     }
 
     /// The user this cluster's requests impersonate; `None`: the client's own identity.
@@ -532,6 +549,13 @@ impl Cluster {
         if let Some(guard) = guard {
             ownership::precondition(&mut body, guard);
         }
+        let followed = self.followed.as_ref().filter(|_| !dry_run);
+        if let Some(followed) = followed {
+            let surface = self.surface();
+            if let Some((resource, _)) = surface.resolve(&object.id) {
+                followed.begin(&object.id, resource);
+            }
+        }
         let name = &object.id.name;
         let params = |force: bool| {
             let params = PatchParams::apply(FIELD_MANAGER);
@@ -553,6 +577,13 @@ impl Cluster {
         if answer.is_err() {
             // The namespace may be gone: the next pass looks (and creates it).
             self.namespaces.forget(&object.id.namespace);
+        }
+        if let Some(followed) = followed {
+            let version = answer
+                .as_ref()
+                .ok()
+                .and_then(|o| o.metadata.resource_version.as_deref());
+            followed.applied(&object.id, version);
         }
         match answer {
             Err(KubeError::Api(status)) if guard.is_some() && ownership::refused(&status) => {

@@ -10,6 +10,7 @@ pub mod readiness;
 pub mod status;
 pub mod tenancy;
 pub mod trigger;
+pub mod unchanged;
 
 use std::collections::BTreeSet;
 

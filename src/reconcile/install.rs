@@ -121,11 +121,7 @@ impl Install<'_> {
         request.is_upgrade = run.operation == HookOperation::Upgrade;
         let (rendered, mut plan) = self.render(&request).await?;
         let rules = IgnoreRules::parse(&self.manifest.spec.drift_ignore)?;
-        let drift = DriftPass {
-            rules: &rules,
-            changed: previous.rendered_digest.as_deref() != Some(rendered.digest.as_str())
-                || previous.applied_generation != self.manifest.meta().generation,
-        };
+        let drift = self.drift_pass(&previous, &rendered, &rules);
         // Recorded from here on: a render that fails does not replace the previous run.
         let run = progress.hook_run.insert(run);
         let scope = self.hook_scope(&previous);
@@ -184,6 +180,25 @@ impl Install<'_> {
         };
         let digests = digests(&request, &rendered, values_digest);
         Ok(Some(self.outcome(&previous, ended, digests, progress)))
+    }
+
+    /// How this pass applies: `changed` when the render or the spec changed since the last
+    /// pass; skipping unchanged objects when nothing changed, the module was Ready and no pass
+    /// was asked for (`requestedAt`, `resetAt`: a pass asked for applies everything).
+    fn drift_pass<'r>(
+        &self,
+        previous: &ManifestStatus,
+        rendered: &Rendered,
+        rules: &'r IgnoreRules,
+    ) -> DriftPass<'r> {
+        let changed = previous.rendered_digest.as_deref() != Some(rendered.digest.as_str())
+            || previous.applied_generation != self.manifest.meta().generation;
+        let asked = crate::plan::trigger::Requests::of(self.manifest) != Default::default();
+        DriftPass {
+            rules,
+            changed,
+            skip_unchanged: !changed && !asked && previous.state == Some(State::Ready),
+        }
     }
 
     /// The hook run this pass works on: an install until something was applied, then upgrades;

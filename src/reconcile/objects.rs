@@ -24,6 +24,10 @@ pub(super) struct DriftPass<'a> {
     /// then can an apply lack a field the last one set (an unchanged pass applies the same
     /// bodies), so only then is an object read to see what it would release.
     pub changed: bool,
+    /// A drift pass over the unchanged render of a Ready module, not asked for: objects exactly
+    /// as the last apply left them ([`Cluster::unchanged`]) are not applied again (and, unchanged
+    /// since that Ready pass, are still ready).
+    pub skip_unchanged: bool,
 }
 
 /// Applies `objects` in order, after recording them all in the inventory (nothing applied can be
@@ -31,7 +35,8 @@ pub(super) struct DriftPass<'a> {
 /// being this Manifest's ([`apply_owned`]: its recorded UID, or — new — that it does not exist
 /// yet); the UIDs it learns go to `learned`. Fields the drift rules ignore are left out once an
 /// object exists, and fields an apply would release are handed over first ([`hand_over`]).
-/// Returns each object as the server returned it.
+/// Returns each object applied as the server returned it (not those a drift pass found
+/// unchanged: [`DriftPass::skip_unchanged`]).
 #[allow(clippy::too_many_arguments, reason = "the pass's parts, each borrowed")]
 pub(super) async fn apply_all(
     manifest: &Manifest,
@@ -54,6 +59,10 @@ pub(super) async fn apply_all(
         let mut prepared = drift::prepare(object, pass.rules, exists);
         let key = ownership::uid_key(&object.id);
         let recorded_uid = learned.get(&key).or(previous.inventory_uids.get(&key));
+        if pass.skip_unchanged && exists && cluster.unchanged(&object.id) {
+            ctx.metrics.unchanged.inc();
+            continue;
+        }
         if exists && pass.changed && prepared.may_release() {
             // One read, only when a field may be released: is it module-manager's? Not when it
             // is another object under the name (the guarded apply below refuses it).

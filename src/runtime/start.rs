@@ -16,6 +16,7 @@ use crate::apply::Cluster;
 use crate::apply::catalog::CrdCatalog;
 use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
+use crate::apply::watched::Followed;
 use crate::reconcile::{Context, DependencyRules};
 use crate::render::HelmRenderer;
 use crate::shard::fence::Ownership;
@@ -151,10 +152,12 @@ async fn context(
         instance: Some(config.replica.clone()),
     };
     let catalog = crds(&client).await;
+    let followed = Followed::new(client.clone());
     Ok(Arc::new(Context {
         cluster: Cluster::connect(client.clone())
             .await?
-            .with_catalog(Some(catalog.clone())),
+            .with_catalog(Some(catalog.clone()))
+            .with_followed(Some(followed.clone())),
         targets: TargetClients::new(config.targets, metrics.target.clone()),
         reporter,
         client,
@@ -169,6 +172,7 @@ async fn context(
         tenancy: tenancy(config)
             .await?
             .with_catalog(Some(catalog))
+            .with_followed(Some(followed))
             .with_requests(metrics.api.clone()),
         pass_limits: config.pass_limits,
         written: Default::default(),

@@ -34,6 +34,8 @@ pub struct ReconcileMetrics {
     pub duration: Histogram,
     /// Objects server-side applied.
     pub applied: Counter,
+    /// Objects a drift pass did not apply: unchanged since the last apply, as their watch tells.
+    pub unchanged: Counter,
     /// Objects deleted by pruning or deletion.
     pub deleted: Counter,
 }
@@ -44,6 +46,7 @@ impl Default for ReconcileMetrics {
             reconciles: Family::default(),
             duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             applied: Counter::default(),
+            unchanged: Counter::default(),
             deleted: Counter::default(),
         }
     }
@@ -68,6 +71,11 @@ impl ReconcileMetrics {
             "objects_applied",
             "Objects server-side applied",
             metrics.applied.clone(),
+        );
+        sub.register(
+            "objects_unchanged",
+            "Objects a drift pass did not apply: unchanged since the last apply, as their watch tells",
+            metrics.unchanged.clone(),
         );
         sub.register(
             "objects_deleted",

@@ -18,10 +18,11 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::api::{DEPENDED_ON_LABEL, Manifest};
+use crate::apply::watched::map_event;
 use crate::plan::dependencies::{DependencyKey, Signal, dependencies};
 use crate::shard::fence::Ownership;
 use crate::work::controller::{Key, Work};
-use crate::work::sources::{Versions, map_event};
+use crate::work::sources::Versions;
 
 /// Most events handled together (one scan of the caches for all of them).
 const BATCH: usize = 256;

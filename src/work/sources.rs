@@ -27,6 +27,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use crate::api::{Manifest, ValuesSourceKind, WATCH_LABEL, WATCH_LABEL_VALUE};
+use crate::apply::watched::map_event;
 use crate::shard::fence::Ownership;
 use crate::work::controller::{Key, Work};
 
@@ -183,17 +184,6 @@ where
         .default_backoff()
         .map(move |event| (stream, event.map(|event| map_event(event, seen))))
         .boxed()
-}
-
-/// A watch event with its object turned into what the loop keeps of it.
-pub(super) fn map_event<K, T>(event: watcher::Event<K>, f: impl Fn(K) -> T) -> watcher::Event<T> {
-    match event {
-        watcher::Event::Apply(o) => watcher::Event::Apply(f(o)),
-        watcher::Event::Delete(o) => watcher::Event::Delete(f(o)),
-        watcher::Event::Init => watcher::Event::Init,
-        watcher::Event::InitApply(o) => watcher::Event::InitApply(f(o)),
-        watcher::Event::InitDone => watcher::Event::InitDone,
-    }
 }
 
 /// Watches the labelled ConfigMaps and Secrets (of `namespace`, or all) and queues at once the

@@ -7,6 +7,7 @@ use kube::runtime::events::Reporter;
 use module_manager::apply::Cluster;
 use module_manager::apply::identity::Tenancy;
 use module_manager::apply::target::TargetClients;
+use module_manager::apply::watched::Followed;
 use module_manager::reconcile::{Context, PassLimits};
 use module_manager::render::{Backend, HelmRenderer, RenderLimits};
 use module_manager::source::{Limits, RemoteCharts, RemoteConfig};
@@ -125,8 +126,12 @@ impl ContextBuilder {
             Default::default(),
         )
         .await?;
+        // As a replica has it (src/runtime/start.rs): drift passes skip unchanged objects.
+        let followed = Followed::new(self.client.clone());
         Ok(Context {
-            cluster: Cluster::connect(self.client.clone()).await?,
+            cluster: Cluster::connect(self.client.clone())
+                .await?
+                .with_followed(Some(followed.clone())),
             client: self.client,
             targets: self.targets,
             renderer,
@@ -143,7 +148,7 @@ impl ContextBuilder {
             replica: self.replica,
             metrics: Default::default(),
             hook_timeout: module_manager::plan::hooks::DEFAULT_HOOK_TIMEOUT,
-            tenancy: self.tenancy,
+            tenancy: self.tenancy.with_followed(Some(followed)),
             pass_limits: self.pass_limits,
             written: Default::default(),
             dependencies: module_manager::reconcile::DependencyRules {

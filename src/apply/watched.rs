@@ -1,0 +1,138 @@
+//! The watches behind cheap drift passes: for every kind module-manager has applied on the
+//! local cluster, one metadata-only watch of the objects labelled with a Manifest's UID, feeding
+//! [`plan::unchanged`](crate::plan::unchanged) (which decides). Started on the first apply of
+//! the kind; a watch that fails is started again from a fresh list, with backoff (its kind's
+//! objects are applied meanwhile). docs/reconcile.md, "Cheap drift passes".
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::core::PartialObjectMeta;
+use kube::discovery::ApiResource;
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+
+use super::MANIFEST_UID_LABEL;
+use crate::api::InventoryEntry;
+use crate::plan::unchanged::{Kind, Seen, Unchanged};
+
+const PROCESS_TARGET: &str = "module_manager::process::object_watch";
+
+/// The first wait before a failed watch is started again; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// The applied objects of the local cluster and the watches of their kinds (one per process,
+/// shared by the operator's client and every impersonating one: the watches run as the operator).
+pub struct Followed {
+    client: Client,
+    state: Mutex<Unchanged>,
+}
+
+impl std::fmt::Debug for Followed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Followed")
+            .field("objects", &self.len())
+            .finish()
+    }
+}
+
+impl Followed {
+    /// Follows, through `client`, the kinds applied from now on.
+    pub fn new(client: Client) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            state: Mutex::default(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Unchanged> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `id` is exactly as module-manager's last apply left it.
+    pub fn unchanged(&self, id: &InventoryEntry) -> bool {
+        self.lock().unchanged(id)
+    }
+
+    /// Objects recorded now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// An apply of `id` (of `resource`) begins; starts its kind's watch on the kind's first.
+    pub(super) fn begin(self: &Arc<Self>, id: &InventoryEntry, resource: &ApiResource) {
+        if self.lock().begin(id) {
+            tokio::spawn(self.clone().follow(Kind::of(id), resource.clone()));
+        }
+    }
+
+    /// The apply of `id` answered with `version` (`None`: it failed or said nothing).
+    pub(super) fn applied(&self, id: &InventoryEntry, version: Option<&str>) {
+        match version {
+            Some(version) => self.lock().applied(id, version),
+            None => self.lock().forget(id),
+        }
+    }
+
+    /// Watches `kind` as long as the process runs, from a fresh list after each failure.
+    async fn follow(self: Arc<Self>, kind: Kind, resource: ApiResource) {
+        let api = Api::<PartialObjectMeta<DynamicObject>>::all_with(self.client.clone(), &resource);
+        let config = watcher::Config::default().labels(MANIFEST_UID_LABEL);
+        let mut backoff = FIRST_BACKOFF;
+        // Warned since the watch last listed: a kind the operator may not watch (RBAC) warns
+        // once, not every few minutes.
+        let mut warned = false;
+        loop {
+            let mut events = watcher(api.clone(), config.clone()).boxed();
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(event) => {
+                        if matches!(event, watcher::Event::InitDone) {
+                            (backoff, warned) = (FIRST_BACKOFF, false);
+                        }
+                        self.lock().on_event(&kind, map_event(event, seen));
+                    }
+                    Err(e) => {
+                        self.lock().lost(&kind);
+                        let (kind, group) = (&kind.kind, &kind.group);
+                        let what = "watch of applied objects failed: drift passes apply them until it has listed again";
+                        if warned {
+                            tracing::debug!(target: PROCESS_TARGET, %kind, %group, "{what} (next try in {backoff:?}): {e}");
+                        } else {
+                            tracing::warn!(target: PROCESS_TARGET, %kind, %group, "{what} (next try in {backoff:?}): {e}");
+                        }
+                        warned = true;
+                        break;
+                    }
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
+
+/// What the state keeps of an object the watch reports.
+fn seen(object: PartialObjectMeta<DynamicObject>) -> Seen {
+    let name = (object.namespace().unwrap_or_default(), object.name_any());
+    (name, object.resource_version().unwrap_or_default())
+}
+
+/// A watch event with its object turned into what its follower keeps of it.
+pub fn map_event<K, T>(event: watcher::Event<K>, f: impl Fn(K) -> T) -> watcher::Event<T> {
+    match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(f(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(f(o)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(f(o)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
