@@ -1208,3 +1208,44 @@ async fn a_kind_no_longer_served_is_reported_by_name_and_the_manifest_can_be_del
     h.delete_and_wait("unserved").await;
     assert!(!h.config_map_exists("unserved-config").await);
 }
+
+#[tokio::test]
+async fn the_watch_cache_keeps_neither_managed_fields_nor_kubectls_copy() {
+    const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+    let h = start("slim-cache", RenderLimits::default()).await;
+    let mut manifest = h.manifest("catalog", "examples/charts/catalog-v1", json!({}));
+    manifest.metadata.annotations = Some(
+        [
+            (LAST_APPLIED.to_owned(), r#"{"spec":{}}"#.to_owned()),
+            ("team".to_owned(), "a".to_owned()),
+        ]
+        .into(),
+    );
+    h.create(&manifest).await;
+    let ready = h.wait_state("catalog", State::Ready).await;
+    // The API server's copy has both: the creator's and the operator's writes.
+    assert!(
+        ready.managed_fields().len() >= 2,
+        "{:?}",
+        ready.managed_fields()
+    );
+    assert!(ready.annotations().contains_key(LAST_APPLIED));
+    // The cache a pass reads has neither, and the rest as the API server has it.
+    let mut cached = None;
+    h.wait_until("the cache holds the Ready status", async || {
+        cached = h.work.get(&h.ns, "catalog");
+        let status = cached.as_ref().and_then(|m| m.status.as_ref());
+        status.is_some_and(|s| s.state == Some(State::Ready))
+    })
+    .await;
+    let cached = cached.unwrap();
+    assert_eq!(cached.metadata.managed_fields, None);
+    assert!(!cached.annotations().contains_key(LAST_APPLIED));
+    assert_eq!(
+        cached.annotations().get("team").map(String::as_str),
+        Some("a")
+    );
+    assert_eq!(cached.spec, ready.spec);
+    assert_eq!(cached.labels(), ready.labels());
+    assert_eq!(cached.finalizers(), ready.finalizers());
+}

@@ -110,10 +110,26 @@ fn shard_selector(base: Option<&str>, shards: Option<&BTreeSet<u32>>) -> Option<
     })
 }
 
+/// The annotation `kubectl apply` keeps a copy of the whole object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what no reader of the caches uses before a Manifest enters them: `managedFields` (the
+/// largest part of a Manifest after a few writes: one entry per writer, each a tree of the
+/// fields it set) and kubectl's copy of the object. A pass writes Manifests with merge patches
+/// only (never a PUT of the cached copy), so what is dropped here is never written back.
+fn slim(manifest: &mut Manifest) {
+    let meta = manifest.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
 fn watch_with(api: &Api<Manifest>, selector: Option<String>) -> Events {
     match selector {
         Some(selector) => watcher(api.clone(), watcher::Config::default().labels(&selector))
             .default_backoff()
+            .modify(slim)
             .boxed(),
         None => futures::stream::pending().boxed(),
     }
@@ -408,6 +424,34 @@ mod tests {
         assert!(
             !wrong.wants_pass_after(Some(&wrong)),
             "the same wrong label once"
+        );
+    }
+
+    #[test]
+    fn the_cached_copy_drops_managed_fields_and_kubectls_copy_only() {
+        let mut cached: Manifest = serde_json::from_value(serde_json::json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": "m", "namespace": "ns", "uid": "u1", "generation": 2,
+                "resourceVersion": "7", "labels": {SHARD_LABEL: "3"},
+                "annotations": {LAST_APPLIED: "{\"spec\":{}}", "team": "a"},
+                "finalizers": ["modulemanager.io/finalizer"],
+                "managedFields": [{"manager": "kubectl", "operation": "Apply",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:module": {}}}}]},
+            "spec": {"module": "m", "chart": {"path": "p"}},
+            "status": {"state": "Ready"},
+        }))
+        .unwrap();
+        let before = cached.clone();
+        slim(&mut cached);
+        assert_eq!(cached.metadata.managed_fields, None);
+        let mut expected = before;
+        expected.metadata.managed_fields = None;
+        expected.metadata.annotations = Some([("team".to_owned(), "a".to_owned())].into());
+        assert_eq!(
+            serde_json::to_value(&cached).unwrap(),
+            serde_json::to_value(&expected).unwrap(),
+            "everything else is kept"
         );
     }
 

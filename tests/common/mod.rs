@@ -149,6 +149,8 @@ pub struct Operator {
     pub ns: String,
     pub manifests: Api<Manifest>,
     pub ctx: std::sync::Arc<module_manager::reconcile::Context>,
+    /// The controller's caches and queue.
+    pub work: module_manager::work::controller::Work,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     _helm_home: tempfile::TempDir,
 }
@@ -186,7 +188,8 @@ pub async fn operator_with(
     concurrency: usize,
     configure: impl FnOnce(test_support::ContextBuilder) -> test_support::ContextBuilder,
 ) -> Operator {
-    use module_manager::work::controller::{self, ControllerConfig};
+    use module_manager::shard::fence::Ownership;
+    use module_manager::work::controller::{Controller, ControllerConfig};
     let control_plane = control_plane().await;
     let client = control_plane.client().await.unwrap();
     let ns = control_plane.namespace(&client, prefix).await.unwrap();
@@ -203,7 +206,9 @@ pub async fn operator_with(
         namespace: Some(ns.clone()),
         ..Default::default()
     };
-    tokio::spawn(controller::run(ctx.clone(), config, async move {
+    let controller = Controller::new(ctx.clone(), config, Ownership::everything());
+    let work = controller.work();
+    tokio::spawn(controller.run(async move {
         let _ = stopped.await;
     }));
     Operator {
@@ -211,6 +216,7 @@ pub async fn operator_with(
         client,
         ns,
         ctx,
+        work,
         stop: Some(stop),
         _helm_home: helm_home,
     }
