@@ -323,10 +323,14 @@ impl Cluster {
         Self { followed, ..self }
     }
 
-    /// Whether `id` is exactly as module-manager's last apply left it, as the watch of its kind
-    /// tells (`false` when not followed).
-    pub fn unchanged(&self, id: &InventoryEntry) -> bool {
-        self.followed.as_ref().is_some_and(|f| f.unchanged(id))
+    /// Whether `object` is exactly as module-manager's last apply left it, as the watch of its
+    /// kind tells, and that apply sent the body an apply of `object` for the Manifest
+    /// `owner_uid` would send now (`false` when not followed).
+    pub fn unchanged(&self, object: &RenderedObject, owner_uid: &str) -> bool {
+        self.followed.as_ref().is_some_and(|followed| {
+            let body = body_digest(&labelled(object, owner_uid));
+            followed.unchanged(&object.id, &body)
+        })
     }
 
     /// The user this cluster's requests impersonate; `None`: the client's own identity.
@@ -546,10 +550,11 @@ impl Cluster {
     ) -> Result<DynamicObject, ApplyError> {
         let api = self.api_for(&object.id)?;
         let mut body = labelled(object, owner_uid);
+        let followed = self.followed.as_ref().filter(|_| !dry_run);
+        let sent = followed.map(|_| body_digest(&body));
         if let Some(guard) = guard {
             ownership::precondition(&mut body, guard);
         }
-        let followed = self.followed.as_ref().filter(|_| !dry_run);
         if let Some(followed) = followed {
             let surface = self.surface();
             if let Some((resource, _)) = surface.resolve(&object.id) {
@@ -578,12 +583,12 @@ impl Cluster {
             // The namespace may be gone: the next pass looks (and creates it).
             self.namespaces.forget(&object.id.namespace);
         }
-        if let Some(followed) = followed {
+        if let (Some(followed), Some(sent)) = (followed, sent) {
             let version = answer
                 .as_ref()
                 .ok()
                 .and_then(|o| o.metadata.resource_version.as_deref());
-            followed.applied(&object.id, version);
+            followed.applied(&object.id, version, sent);
         }
         match answer {
             Err(KubeError::Api(status)) if guard.is_some() && ownership::refused(&status) => {
@@ -679,6 +684,12 @@ impl Cluster {
 }
 
 /// The object as applied: labelled as managed by the Manifest `owner_uid`.
+/// A digest of an apply body (what [`watched::Followed`] records of it).
+fn body_digest(body: &Value) -> crate::plan::unchanged::Body {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(serde_json::to_vec(body).unwrap_or_default()).into()
+}
+
 fn labelled(object: &RenderedObject, owner_uid: &str) -> serde_json::Value {
     let mut body = object.body.clone();
     if let Some(metadata) = body

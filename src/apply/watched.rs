@@ -4,6 +4,7 @@
 //! the kind; a watch that fails is started again from a fresh list, with backoff (its kind's
 //! objects are applied meanwhile). docs/reconcile.md, "Cheap drift passes".
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use kube::{Client, ResourceExt};
 
 use super::MANIFEST_UID_LABEL;
 use crate::api::InventoryEntry;
-use crate::plan::unchanged::{Kind, Seen, Unchanged};
+use crate::plan::unchanged::{Body, Kind, Seen, Unchanged};
 
 const PROCESS_TARGET: &str = "module_manager::process::object_watch";
 
@@ -29,6 +30,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 pub struct Followed {
     client: Client,
     state: Mutex<Unchanged>,
+    /// The API of each kind as last applied: a watch that starts again watches it there (a kind
+    /// whose first version stopped being served moves with the charts).
+    resources: Mutex<HashMap<Kind, ApiResource>>,
 }
 
 impl std::fmt::Debug for Followed {
@@ -45,6 +49,7 @@ impl Followed {
         Arc::new(Self {
             client,
             state: Mutex::default(),
+            resources: Mutex::default(),
         })
     }
 
@@ -52,9 +57,14 @@ impl Followed {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether `id` is exactly as module-manager's last apply left it.
-    pub fn unchanged(&self, id: &InventoryEntry) -> bool {
-        self.lock().unchanged(id)
+    /// Whether `id` is exactly as module-manager's last apply, which sent `body`, left it.
+    pub fn unchanged(&self, id: &InventoryEntry, body: &Body) -> bool {
+        self.lock().unchanged(id, body)
+    }
+
+    fn resource(&self, kind: &Kind) -> Option<ApiResource> {
+        let resources = self.resources.lock().unwrap_or_else(|e| e.into_inner());
+        resources.get(kind).cloned()
     }
 
     /// Objects recorded now.
@@ -69,29 +79,42 @@ impl Followed {
 
     /// An apply of `id` (of `resource`) begins; starts its kind's watch on the kind's first.
     pub(super) fn begin(self: &Arc<Self>, id: &InventoryEntry, resource: &ApiResource) {
+        let kind = Kind::of(id);
+        let mut resources = self.resources.lock().unwrap_or_else(|e| e.into_inner());
+        if resources.get(&kind) != Some(resource) {
+            resources.insert(kind.clone(), resource.clone());
+        }
+        drop(resources);
         if self.lock().begin(id) {
-            tokio::spawn(self.clone().follow(Kind::of(id), resource.clone()));
+            tokio::spawn(self.clone().follow(kind));
         }
     }
 
-    /// The apply of `id` answered with `version` (`None`: it failed or said nothing).
-    pub(super) fn applied(&self, id: &InventoryEntry, version: Option<&str>) {
+    /// The apply of `id`, which sent `body`, answered with `version` (`None`: it failed or
+    /// said nothing).
+    pub(super) fn applied(&self, id: &InventoryEntry, version: Option<&str>, body: Body) {
         match version {
-            Some(version) => self.lock().applied(id, version),
+            Some(version) => self.lock().applied(id, version, body),
             None => self.lock().forget(id),
         }
     }
 
-    /// Watches `kind` as long as the process runs, from a fresh list after each failure.
-    async fn follow(self: Arc<Self>, kind: Kind, resource: ApiResource) {
-        let api = Api::<PartialObjectMeta<DynamicObject>>::all_with(self.client.clone(), &resource);
+    /// Watches `kind` as long as the process runs, from a fresh list after each failure (at
+    /// the kind's API as last applied). Should the task ever end, the kind is lost for good.
+    async fn follow(self: Arc<Self>, kind: Kind) {
+        let _lost_when_ended = LostWhenEnded(self.clone(), kind.clone());
         let config = watcher::Config::default().labels(MANIFEST_UID_LABEL);
         let mut backoff = FIRST_BACKOFF;
         // Warned since the watch last listed: a kind the operator may not watch (RBAC) warns
         // once, not every few minutes.
         let mut warned = false;
         loop {
-            let mut events = watcher(api.clone(), config.clone()).boxed();
+            let Some(resource) = self.resource(&kind) else {
+                return;
+            };
+            let api =
+                Api::<PartialObjectMeta<DynamicObject>>::all_with(self.client.clone(), &resource);
+            let mut events = watcher(api, config.clone()).boxed();
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => {
@@ -117,6 +140,16 @@ impl Followed {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
+    }
+}
+
+/// Marks its kind lost when dropped: a watch task that ends (or panics) leaves nothing of its
+/// kind taken as unchanged.
+struct LostWhenEnded(Arc<Followed>, Kind);
+
+impl Drop for LostWhenEnded {
+    fn drop(&mut self) {
+        self.0.lock().lost(&self.1);
     }
 }
 

@@ -3,8 +3,10 @@
 //! them again (docs/reconcile.md, "Cheap drift passes").
 //!
 //! An object is *unchanged* when module-manager applied it, recorded the resourceVersion the API
-//! server answered with, and the watch of its kind has since reported no other version of it and
-//! has not lost its place. Any write to an object — a field, a label, its status, a delete —
+//! server answered with (and a digest of the body it sent), and the watch of its kind has since
+//! reported no other version of it and has not lost its place — and the body a pass would send
+//! now is the one recorded (a pass whose render changed back to an older one, after a pass whose
+//! status was never written, must not take the object as it is for the render it wants). Any write to an object — a field, a label, its status, a delete —
 //! gives it a new resourceVersion, so every change is caught; the comparison is equality only
 //! (resourceVersions are opaque, [API concepts: resource versions]). Everything else — an entry
 //! never recorded, a version seen that is not the recorded one, a watch not (re)listed yet — means
@@ -43,14 +45,16 @@ pub type Name = (String, String);
 /// What the watch reports of one object: its namespace and name, and its resourceVersion.
 pub type Seen = (Name, String);
 
+/// A digest of the body of an apply (as sent, before any precondition).
+pub type Body = [u8; 32];
+
 /// What is known of one object since module-manager began applying it.
 #[derive(Clone, Debug, PartialEq)]
 enum Entry {
-    /// The apply is under way; what the watch reported meanwhile (the last version, or `None`
-    /// for a delete), if anything.
-    Applying(Option<Option<String>>),
-    /// The version the apply answered with, and nothing else seen since.
-    Applied(String),
+    /// The apply is under way; the last version the watch reported meanwhile, if any.
+    Applying(Option<String>),
+    /// The version the apply answered with and the body it sent; nothing else seen since.
+    Applied(String, Body),
 }
 
 /// The state of one kind's watch.
@@ -74,15 +78,17 @@ fn name_of(id: &InventoryEntry) -> Name {
 }
 
 impl Unchanged {
-    /// Whether `id` is exactly as module-manager's last apply left it (see the module's doc).
-    pub fn unchanged(&self, id: &InventoryEntry) -> bool {
+    /// Whether `id` is exactly as module-manager's last apply left it, and that apply sent
+    /// `body` (see the module's doc).
+    pub fn unchanged(&self, id: &InventoryEntry, body: &Body) -> bool {
         let kind = Kind::of(id);
         let synced = self.watches.get(&kind).is_some_and(|w| w.synced);
         let entry = self.objects.get(&kind).and_then(|o| o.get(&name_of(id)));
-        synced && matches!(entry, Some(Entry::Applied(_)))
+        synced && matches!(entry, Some(Entry::Applied(_, sent)) if sent == body)
     }
 
-    /// An apply of `id` begins. `true` when its kind is new: the caller starts its watch.
+    /// An apply of `id` begins (the previous record, if any, no longer holds). `true` when its
+    /// kind is new: the caller starts its watch.
     pub fn begin(&mut self, id: &InventoryEntry) -> bool {
         let kind = Kind::of(id);
         let new = !self.watches.contains_key(&kind);
@@ -94,22 +100,25 @@ impl Unchanged {
         new
     }
 
-    /// The apply of `id` answered with `version`: recorded, unless the watch reported another
-    /// version (or a delete) after the apply began — the object may have changed after it.
-    pub fn applied(&mut self, id: &InventoryEntry, version: &str) {
+    /// The apply of `id`, which sent `body`, answered with `version`: recorded, unless the
+    /// watch reported another version after the apply began (the object may have changed after
+    /// it), the object was deleted meanwhile, or the version is empty (a server that does not
+    /// version its objects: nothing can be told unchanged).
+    pub fn applied(&mut self, id: &InventoryEntry, version: &str, body: Body) {
         let Some(objects) = self.objects.get_mut(&Kind::of(id)) else {
             return;
         };
         let name = name_of(id);
-        match objects.get(&name) {
-            Some(Entry::Applying(None)) => {}
-            Some(Entry::Applying(Some(Some(seen)))) if seen == version => {}
-            _ => {
-                objects.remove(&name);
-                return;
-            }
+        let record = match objects.get(&name) {
+            Some(Entry::Applying(None)) => !version.is_empty(),
+            Some(Entry::Applying(Some(seen))) => seen == version && !version.is_empty(),
+            _ => false,
+        };
+        if record {
+            objects.insert(name, Entry::Applied(version.to_owned(), body));
+        } else {
+            objects.remove(&name);
         }
-        objects.insert(name, Entry::Applied(version.to_owned()));
     }
 
     /// The apply of `id` failed, or its outcome is not known: it is applied next time.
@@ -172,16 +181,17 @@ impl Unchanged {
     }
 }
 
-/// The watch saw `name` at `version` (`None`: deleted). Objects module-manager never applied
+/// The watch saw `name` at `version` (`None`: deleted — its entry goes, also one whose apply is
+/// under way: that apply's answer then records nothing). Objects module-manager never applied
 /// are not kept.
 fn seen(objects: &mut HashMap<Name, Entry>, name: Name, version: Option<String>) {
-    match objects.get_mut(&name) {
-        Some(Entry::Applying(last)) => *last = Some(version),
-        Some(Entry::Applied(recorded)) if version.as_ref() == Some(recorded) => {}
-        Some(Entry::Applied(_)) => {
+    match (objects.get_mut(&name), version) {
+        (Some(Entry::Applying(last)), Some(version)) => *last = Some(version),
+        (Some(Entry::Applied(recorded, _)), Some(version)) if version == *recorded => {}
+        (Some(_), _) => {
             objects.remove(&name);
         }
-        None => {}
+        (None, _) => {}
     }
 }
 
@@ -203,6 +213,8 @@ mod tests {
         (("ns".into(), name.into()), version.into())
     }
 
+    const BODY: Body = [1; 32];
+
     fn kind() -> Kind {
         Kind::of(&id("x"))
     }
@@ -222,18 +234,18 @@ mod tests {
 
     fn applied(state: &mut Unchanged, name: &str, version: &str) {
         assert!(!state.begin(&id(name)), "the kind's watch runs already");
-        state.applied(&id(name), version);
+        state.applied(&id(name), version, BODY);
     }
 
     #[test]
     fn an_object_applied_and_not_changed_since_is_unchanged() {
         let mut state = synced();
         applied(&mut state, "a", "10");
-        assert!(state.unchanged(&id("a")));
+        assert!(state.unchanged(&id("a"), &BODY));
         // The watch reports the apply itself: the same version.
         state.on_event(&kind(), watcher::Event::Apply(at("a", "10")));
-        assert!(state.unchanged(&id("a")));
-        assert!(!state.unchanged(&id("b")), "never applied");
+        assert!(state.unchanged(&id("a"), &BODY));
+        assert!(!state.unchanged(&id("b"), &BODY), "never applied");
     }
 
     #[test]
@@ -243,13 +255,13 @@ mod tests {
         applied(&mut state, "b", "11");
         state.on_event(&kind(), watcher::Event::Apply(at("a", "12")));
         state.on_event(&kind(), watcher::Event::Delete(at("b", "11")));
-        assert!(!state.unchanged(&id("a")));
-        assert!(!state.unchanged(&id("b")));
+        assert!(!state.unchanged(&id("a"), &BODY));
+        assert!(!state.unchanged(&id("b"), &BODY));
         assert!(state.is_empty(), "changed objects are not kept");
         // An older version reported late also counts: equality only, never order.
         applied(&mut state, "a", "13");
         state.on_event(&kind(), watcher::Event::Apply(at("a", "12")));
-        assert!(!state.unchanged(&id("a")));
+        assert!(!state.unchanged(&id("a"), &BODY));
     }
 
     #[test]
@@ -258,33 +270,66 @@ mod tests {
         // Another writer's version arrives between the apply's start and its answer.
         state.begin(&id("a"));
         state.on_event(&kind(), watcher::Event::Apply(at("a", "20")));
-        state.applied(&id("a"), "19");
-        assert!(!state.unchanged(&id("a")));
+        state.applied(&id("a"), "19", BODY);
+        assert!(!state.unchanged(&id("a"), &BODY));
         // Deleted meanwhile.
         state.begin(&id("b"));
         state.on_event(&kind(), watcher::Event::Delete(at("b", "5")));
-        state.applied(&id("b"), "6");
-        assert!(!state.unchanged(&id("b")));
+        state.applied(&id("b"), "6", BODY);
+        assert!(!state.unchanged(&id("b"), &BODY));
         // The apply's own version, reported before its answer arrived, is no change.
         state.begin(&id("c"));
         state.on_event(&kind(), watcher::Event::Apply(at("c", "30")));
-        state.applied(&id("c"), "30");
-        assert!(state.unchanged(&id("c")));
+        state.applied(&id("c"), "30", BODY);
+        assert!(state.unchanged(&id("c"), &BODY));
+    }
+
+    #[test]
+    fn only_the_body_last_applied_is_vouched_for() {
+        let mut state = synced();
+        applied(&mut state, "a", "10");
+        // The render went back to a body another pass (whose status was not written) replaced.
+        assert!(!state.unchanged(&id("a"), &[2; 32]));
+        assert!(state.unchanged(&id("a"), &BODY));
+    }
+
+    #[test]
+    fn an_unversioned_answer_or_a_delete_during_the_apply_records_nothing() {
+        let mut state = synced();
+        state.begin(&id("a"));
+        state.applied(&id("a"), "", BODY);
+        assert!(
+            !state.unchanged(&id("a"), &BODY),
+            "no version, nothing to compare"
+        );
+        // An apply cut off (the pass deadline) and its object deleted: nothing stays behind.
+        state.begin(&id("b"));
+        state.on_event(&kind(), watcher::Event::Delete(at("b", "3")));
+        assert!(state.is_empty());
     }
 
     #[test]
     fn nothing_is_unchanged_before_the_first_list_or_after_the_watch_failed() {
         let mut state = Unchanged::default();
         assert!(state.begin(&id("a")));
-        state.applied(&id("a"), "10");
-        assert!(!state.unchanged(&id("a")), "the watch has not listed yet");
+        state.applied(&id("a"), "10", BODY);
+        assert!(
+            !state.unchanged(&id("a"), &BODY),
+            "the watch has not listed yet"
+        );
         state.on_event(&kind(), watcher::Event::Init);
         state.on_event(&kind(), watcher::Event::InitApply(at("a", "10")));
-        assert!(!state.unchanged(&id("a")), "the list is not complete");
+        assert!(
+            !state.unchanged(&id("a"), &BODY),
+            "the list is not complete"
+        );
         state.on_event(&kind(), watcher::Event::InitDone);
-        assert!(state.unchanged(&id("a")));
+        assert!(state.unchanged(&id("a"), &BODY));
         state.lost(&kind());
-        assert!(!state.unchanged(&id("a")), "events may have been missed");
+        assert!(
+            !state.unchanged(&id("a"), &BODY),
+            "events may have been missed"
+        );
     }
 
     #[test]
@@ -299,10 +344,10 @@ mod tests {
         state.on_event(&kind(), watcher::Event::InitApply(at("edited", "7")));
         state.on_event(&kind(), watcher::Event::InitApply(at("other", "8")));
         state.on_event(&kind(), watcher::Event::InitDone);
-        assert!(state.unchanged(&id("same")));
-        assert!(!state.unchanged(&id("edited")));
-        assert!(!state.unchanged(&id("gone")));
-        assert!(!state.unchanged(&id("other")), "never applied by us");
+        assert!(state.unchanged(&id("same"), &BODY));
+        assert!(!state.unchanged(&id("edited"), &BODY));
+        assert!(!state.unchanged(&id("gone"), &BODY));
+        assert!(!state.unchanged(&id("other"), &BODY), "never applied by us");
         assert_eq!(state.len(), 1, "only what module-manager applied is kept");
     }
 
@@ -311,14 +356,17 @@ mod tests {
         let mut state = synced();
         state.begin(&id("a"));
         state.forget(&id("a"));
-        state.applied(&id("a"), "4");
-        assert!(!state.unchanged(&id("a")));
+        state.applied(&id("a"), "4", BODY);
+        assert!(!state.unchanged(&id("a"), &BODY));
         let mut service = id("a");
         service.group = String::new();
         service.kind = "Service".into();
         assert!(state.begin(&service), "a new kind, a new watch");
-        state.applied(&service, "4");
-        assert!(!state.unchanged(&service), "its watch has not listed yet");
+        state.applied(&service, "4", BODY);
+        assert!(
+            !state.unchanged(&service, &BODY),
+            "its watch has not listed yet"
+        );
         // Events of a kind never followed are ignored.
         let other = Kind {
             group: "x".into(),

@@ -293,7 +293,7 @@ impl Install<'_> {
         }
     }
 
-    /// CRDs first: apply, wait for Established.
+    /// CRDs first: apply, wait for Established (those applied).
     async fn crds(
         &self,
         previous: &ManifestStatus,
@@ -303,9 +303,10 @@ impl Install<'_> {
         drift: &DriftPass<'_>,
     ) -> Result<(), ReconcileError> {
         plan::assign_namespaces(&mut plan.crds, namespace, |_| Some(Scope::Cluster))?;
-        self.apply(previous, records, &plan.crds, drift).await?;
-        if !plan.crds.is_empty() {
-            let names: Vec<String> = plan.crds.iter().map(|c| c.id.name.clone()).collect();
+        let applied = self.apply(previous, records, &plan.crds, drift).await?;
+        // CRDs a drift pass did not apply are unchanged since the Ready pass: Established.
+        if !applied.is_empty() {
+            let names: Vec<String> = applied.iter().map(|(id, _)| id.name.clone()).collect();
             self.cluster
                 .wait_established(&names, CRD_ESTABLISH_TIMEOUT)
                 .await?;

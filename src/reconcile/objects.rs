@@ -59,10 +59,6 @@ pub(super) async fn apply_all(
         let mut prepared = drift::prepare(object, pass.rules, exists);
         let key = ownership::uid_key(&object.id);
         let recorded_uid = learned.get(&key).or(previous.inventory_uids.get(&key));
-        if pass.skip_unchanged && exists && cluster.unchanged(&object.id) {
-            ctx.metrics.unchanged.inc();
-            continue;
-        }
         if exists && pass.changed && prepared.may_release() {
             // One read, only when a field may be released: is it module-manager's? Not when it
             // is another object under the name (the guarded apply below refuses it).
@@ -77,6 +73,10 @@ pub(super) async fn apply_all(
             id: object.id.clone(),
             body: std::mem::take(&mut prepared.body),
         };
+        if pass.skip_unchanged && exists && cluster.unchanged(&body, &uid) {
+            ctx.metrics.unchanged.inc();
+            continue;
+        }
         fence.check()?;
         let answer = apply_owned(cluster, &body, &uid, recorded_uid.map(String::as_str)).await?;
         if let Some(object_uid) = answer.metadata.uid.clone() {
