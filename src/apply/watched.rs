@@ -103,7 +103,11 @@ impl Followed {
     /// the kind's API as last applied). Should the task ever end, the kind is lost for good.
     async fn follow(self: Arc<Self>, kind: Kind) {
         let _lost_when_ended = LostWhenEnded(self.clone(), kind.clone());
-        let config = watcher::Config::default().labels(MANIFEST_UID_LABEL);
+        // Pages of 100: a list decodes each object's whole metadata (managedFields too) before
+        // it is dropped; a page of the default 500 Deployments costs several MiB at once.
+        let config = watcher::Config::default()
+            .labels(MANIFEST_UID_LABEL)
+            .page_size(100);
         let mut backoff = FIRST_BACKOFF;
         // Warned since the watch last listed: a kind the operator may not watch (RBAC) warns
         // once, not every few minutes.
