@@ -640,13 +640,7 @@ metadata: {name: a.b.c, annotations: {helm.sh/hook: pre-install, helm.sh/hook-de
 
     #[test]
     fn jobs_and_pods_are_waited_for_and_the_rest_is_done_once_applied() {
-        let id = |group: &str, kind: &str| InventoryEntry {
-            group: group.into(),
-            version: "v1".into(),
-            kind: kind.into(),
-            namespace: "ns".into(),
-            name: "x".into(),
-        };
+        let id = crate::plan::test_object;
         let job = id("batch", "Job");
         assert!(matches!(
             hook_state(&job, &json!({})),

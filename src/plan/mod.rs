@@ -19,6 +19,18 @@ use serde_json::Value;
 
 use crate::api::InventoryEntry;
 
+/// An object `x` of `group`/`kind` (version `v1`) in namespace `ns`, for tests.
+#[cfg(test)]
+pub(crate) fn test_object(group: &str, kind: &str) -> InventoryEntry {
+    InventoryEntry {
+        group: group.into(),
+        version: "v1".into(),
+        kind: kind.into(),
+        namespace: "ns".into(),
+        name: "x".into(),
+    }
+}
+
 /// Helm's install order by kind (`helm.sh/helm/v4/pkg/release/v1/util/kind_sorter.go`).
 /// Kinds not listed come after these, ordered by name. Deletion and pruning use the reverse.
 const INSTALL_ORDER: &[&str] = &[

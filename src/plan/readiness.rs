@@ -500,13 +500,7 @@ mod tests {
 
     #[test]
     fn a_progress_recheck_reads_workloads_and_custom_resources_not_settled_kinds() {
-        let id = |group: &str, kind: &str| InventoryEntry {
-            group: group.into(),
-            version: "v1".into(),
-            kind: kind.into(),
-            namespace: "ns".into(),
-            name: "x".into(),
-        };
+        let id = crate::plan::test_object;
         for (group, kind) in [("", "ConfigMap"), ("", "Service"), ("", "ServiceAccount")] {
             assert!(settled_once_applied(&id(group, kind)), "{kind}");
         }

@@ -138,10 +138,11 @@ impl Unchanged {
 
     /// One event of `kind`'s watch.
     pub fn on_event(&mut self, kind: &Kind, event: watcher::Event<Seen>) {
-        let Some(watch) = self.watches.get_mut(kind) else {
+        // No allocation per event: both maps hold every followed kind from its `begin` on.
+        let (Some(watch), Some(objects)) = (self.watches.get_mut(kind), self.objects.get_mut(kind))
+        else {
             return;
         };
-        let objects = self.objects.entry(kind.clone()).or_default();
         match event {
             watcher::Event::Init => {
                 watch.synced = false;
