@@ -13,7 +13,11 @@ use std::time::Duration;
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use module_manager::api::{Manifest, RECONCILE_REQUESTED_AT, State};
+use module_manager::apply::MANIFEST_UID_LABEL;
+use module_manager::apply::watched::{MANIFEST_SHARD_LABEL, Selected, Selection};
 use module_manager::reconcile::Context;
+use module_manager::shard::ShardCount;
+use module_manager::shard::label::owned_selector;
 use module_manager::telemetry::requests::{self, ApiRequestMetrics, RequestLabels, RequestTarget};
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::json;
@@ -68,6 +72,11 @@ impl Spent {
 
 impl Counted {
     async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// With `selection` for the object watches (a replica's owned shards).
+    async fn start_with(selection: Option<Selection>) -> Self {
         let control_plane = common::control_plane().await;
         let admin = control_plane.client().await.unwrap();
         let ns = control_plane.namespace(&admin, "budget").await.unwrap();
@@ -77,7 +86,10 @@ impl Counted {
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options);
         let client = requests::client(config.await.unwrap(), &api, RequestTarget::Local).unwrap();
         let helm_home = tempfile::tempdir().unwrap();
-        let context = test_support::context(client, helm_home.path());
+        let mut context = test_support::context(client, helm_home.path());
+        if let Some(selection) = selection {
+            context = context.object_selection(selection);
+        }
         let ctx = Arc::new(context.build().await.unwrap());
         let config = ControllerConfig {
             concurrency: 2,
@@ -137,8 +149,10 @@ impl Counted {
             let limit = Duration::from_secs(60);
             common::wait_for(&self.manifests, &name, "done", limit, &done).await;
         }
+        // Until no pass ran for 1.5 s; at most 15 s (Manifests with a short `spec.interval`
+        // whose passes drift apart may never leave such a gap).
         let mut last = self.snapshot().passes;
-        loop {
+        for _ in 0..10 {
             tokio::time::sleep(Duration::from_millis(1500)).await;
             let now = self.snapshot().passes;
             if now == last {
@@ -257,7 +271,7 @@ async fn an_install_and_a_drift_pass_stay_within_the_request_budget() {
 
 /// While a Deployment rolls out, the passes that look at it again read it and apply nothing
 /// (the ConfigMap beside it, ready once applied, is not even read); once it has rolled out, the
-/// Manifest is Ready.
+/// Manifest is Ready, and its one Event says so.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rollout_is_looked_at_by_reading_the_workload_not_by_applying_again() {
     let op = Counted::start().await;
@@ -301,6 +315,12 @@ async fn a_rollout_is_looked_at_by_reading_the_workload_not_by_applying_again() 
         reads <= rechecks.passes + 1,
         "one read of the Deployment per pass"
     );
+    // One Event for the install, when it ends: none when the rollout wait began.
+    let ready_published =
+        |events: &[(String, String, String)]| events.iter().any(|(_, reason, _)| reason == "Ready");
+    let events = common::events_once(&admin, &op.ns, "roll", ready_published).await;
+    let reasons: Vec<&str> = events.iter().map(|(_, r, _)| r.as_str()).collect();
+    assert_eq!(reasons, ["Ready"], "{events:?}");
 }
 
 /// The watches' own requests: a list and a watch per kind when a replica first applies it,
@@ -384,4 +404,137 @@ async fn idle_drift_passes_apply_nothing_yet_repair_what_others_changed() {
     let applies = |resource: &'static str| repair.of(move |v, r| v == "apply" && r == resource);
     assert!(applies("configmaps") >= 1 && applies("services") >= 1);
     assert_eq!(applies("serviceaccounts"), 0, "nobody touched those");
+}
+
+/// In a fleet, each replica's object watches select only the objects of its own shards (each
+/// stamped with its Manifest's shard), and follow the owned shards as they change: a replica
+/// receives the events of its share of the objects, not of all. After a change, passes skip
+/// the objects of owned shards again once the watch has listed them; an object of a shard no
+/// longer owned is no longer vouched for, so a pass applies it again.
+#[tokio::test(flavor = "multi_thread")]
+async fn object_watches_select_the_owned_shards_and_follow_them() {
+    use std::collections::BTreeSet;
+    let shards = ShardCount::DEFAULT;
+    let owning = |set: Option<BTreeSet<u32>>| Selected {
+        selector: owned_selector(MANIFEST_SHARD_LABEL, None, set.as_ref()),
+        shards: set,
+    };
+    let (select, selected) = tokio::sync::watch::channel(owning(None));
+    let selection = Selection {
+        shard_of: Box::new(move |uid| shards.shard_of(uid)),
+        selected,
+    };
+    let op = Counted::start_with(Some(selection)).await;
+    let ready = |m: &Manifest| m.status.as_ref().and_then(|s| s.state) == Some(State::Ready);
+    op.spent(async |op: &Counted| create_all_every(op, "2s").await, ready)
+        .await;
+    let (unchanged, applied) = (
+        || op.ctx.metrics.unchanged.get(),
+        || op.ctx.metrics.applied.get(),
+    );
+    let skipped_again = async |from: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while unchanged() < from + MANIFESTS * OBJECTS {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no pass skipped its objects"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    skipped_again(0).await;
+
+    let owned_here = stamped_shards(&op).await;
+
+    let other = (0..shards.get()).find(|s| !owned_here.contains(s)).unwrap();
+    let lists = || {
+        op.snapshot()
+            .requests
+            .get(&("list".into(), "configmaps".into()))
+            .copied()
+    };
+
+    // Their shards and one more owned: the watches list again with the new selector, and
+    // passes skip the objects again once they have (with no further change needed).
+    let listed = lists();
+    let mut owned = owned_here.clone();
+    owned.insert(other);
+    select.send_replace(owning(Some(owned)));
+    skipped_again(unchanged()).await;
+    assert!(lists() > listed, "a new selector lists again");
+
+    // Only the other shard owned: none of their objects is vouched for, each is applied again.
+    let only_other = BTreeSet::from([other]);
+    select.send_replace(owning(Some(only_other.clone())));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (skips, applies) = (unchanged(), applied());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(unchanged(), skips, "objects nobody watches were skipped");
+    assert!(
+        applied() >= applies + MANIFESTS * OBJECTS,
+        "each object applied again ({} applies)",
+        applied() - applies
+    );
+
+    only_owned_shards_bring_events(&op, &only_other, other).await;
+}
+
+/// The shards of the Manifests' objects, checking that each ConfigMap carries its Manifest's.
+async fn stamped_shards(op: &Counted) -> std::collections::BTreeSet<u32> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ListParams;
+    let shards = ShardCount::DEFAULT;
+    let configmaps: Api<ConfigMap> = Api::namespaced(op.admin.clone(), &op.ns);
+    let mut stamped = std::collections::BTreeSet::new();
+    let labelled = ListParams::default().labels(MANIFEST_UID_LABEL);
+    for object in configmaps.list(&labelled).await.unwrap() {
+        let labels = object.metadata.labels.unwrap_or_default();
+        let shard = shards.shard_of(&labels[MANIFEST_UID_LABEL]);
+        assert_eq!(labels[MANIFEST_SHARD_LABEL], shard.to_string());
+        stamped.insert(shard);
+    }
+    assert!(!stamped.is_empty());
+    stamped
+}
+
+/// The API server sends only the selected shards' objects: a labelled object of a shard not
+/// `owned` brings no event, one of `inside` (owned) does.
+async fn only_owned_shards_bring_events(
+    op: &Counted,
+    owned: &std::collections::BTreeSet<u32>,
+    inside: u32,
+) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let configmaps: Api<ConfigMap> = Api::namespaced(op.admin.clone(), &op.ns);
+    let followed = op.ctx.cluster.followed().unwrap();
+    let stray = |name: &str, shard: u32| -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {
+                MANIFEST_UID_LABEL: "someone-else", MANIFEST_SHARD_LABEL: shard.to_string()}}
+        }))
+        .unwrap()
+    };
+    let outside = (0..ShardCount::DEFAULT.get())
+        .find(|s| !owned.contains(s))
+        .unwrap();
+    let events = followed.events();
+    let post = PostParams::default();
+    configmaps
+        .create(&post, &stray("outside", outside))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(followed.events(), events, "an event of a shard not owned");
+    configmaps
+        .create(&post, &stray("inside", inside))
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while followed.events() == events {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no event of an owned shard"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

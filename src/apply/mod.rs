@@ -323,14 +323,26 @@ impl Cluster {
         Self { followed, ..self }
     }
 
+    /// The objects applied and the watches of their kinds, if followed.
+    pub fn followed(&self) -> Option<&Arc<watched::Followed>> {
+        self.followed.as_ref()
+    }
+
     /// Whether `object` is exactly as module-manager's last apply left it, as the watch of its
     /// kind tells, and that apply sent the body an apply of `object` for the Manifest
     /// `owner_uid` would send now (`false` when not followed).
     pub fn unchanged(&self, object: &RenderedObject, owner_uid: &str) -> bool {
         self.followed.as_ref().is_some_and(|followed| {
-            let body = body_digest(&labelled(object, owner_uid));
-            followed.unchanged(&object.id, &body)
+            let body = body_digest(&self.labelled(object, owner_uid));
+            followed.unchanged(&object.id, owner_uid, &body)
         })
+    }
+
+    /// `object` as applied for the Manifest `owner_uid`: labelled with its UID, and, where
+    /// [`watched::Followed`] selects objects by shard, with its shard.
+    fn labelled(&self, object: &RenderedObject, owner_uid: &str) -> Value {
+        let stamp = self.followed.as_ref().and_then(|f| f.stamp(owner_uid));
+        labelled(object, owner_uid, stamp)
     }
 
     /// The user this cluster's requests impersonate; `None`: the client's own identity.
@@ -511,7 +523,7 @@ impl Cluster {
             .patch(
                 &object.id.name,
                 &params,
-                &Patch::Apply(&labelled(object, owner_uid)),
+                &Patch::Apply(&self.labelled(object, owner_uid)),
             )
             .await
         {
@@ -549,7 +561,7 @@ impl Cluster {
         guard: Option<&Guard>,
     ) -> Result<DynamicObject, ApplyError> {
         let api = self.api_for(&object.id)?;
-        let mut body = labelled(object, owner_uid);
+        let mut body = self.labelled(object, owner_uid);
         let followed = self.followed.as_ref().filter(|_| !dry_run);
         let sent = followed.map(|_| body_digest(&body));
         if let Some(guard) = guard {
@@ -587,6 +599,7 @@ impl Cluster {
             let version = answer
                 .as_ref()
                 .ok()
+                .filter(|o| followed.would_see(o, owner_uid))
                 .and_then(|o| o.metadata.resource_version.as_deref());
             followed.applied(&object.id, version, sent);
         }
@@ -683,14 +696,19 @@ impl Cluster {
     }
 }
 
-/// The object as applied: labelled as managed by the Manifest `owner_uid`.
 /// A digest of an apply body (what [`watched::Followed`] records of it).
 fn body_digest(body: &Value) -> crate::plan::unchanged::Body {
     use sha2::{Digest, Sha256};
     Sha256::digest(serde_json::to_vec(body).unwrap_or_default()).into()
 }
 
-fn labelled(object: &RenderedObject, owner_uid: &str) -> serde_json::Value {
+/// The object as applied: labelled as managed by the Manifest `owner_uid`, and with `stamp`
+/// (a label and its value) if any.
+fn labelled(
+    object: &RenderedObject,
+    owner_uid: &str,
+    stamp: Option<(&str, String)>,
+) -> serde_json::Value {
     let mut body = object.body.clone();
     if let Some(metadata) = body
         .get_mut("metadata")
@@ -703,6 +721,9 @@ fn labelled(object: &RenderedObject, owner_uid: &str) -> serde_json::Value {
         }
         if let Some(labels) = labels.as_object_mut() {
             labels.insert(MANIFEST_UID_LABEL.into(), owner_uid.into());
+            if let Some((key, value)) = stamp {
+                labels.insert(key.into(), value.into());
+            }
         }
     }
     body

@@ -369,6 +369,16 @@ impl Plan {
     }
 }
 
+/// `n` and `noun` (a countable one, `"object"`, `"hook object"`) in the singular or plural:
+/// "1 object", "2 objects" — the counts the status messages give.
+pub fn counted(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// Human-readable `kind/namespace/name` of an inventory entry.
 pub fn describe(id: &InventoryEntry) -> String {
     if id.namespace.is_empty() {
@@ -754,13 +764,13 @@ pub fn guard_prune(
         PruneDecision::Prune(gone)
     } else if rendered == 0 {
         PruneDecision::Refuse(format!(
-            "the render is empty; refusing to delete all {} objects of the module",
-            gone.len()
+            "the render is empty; refusing to delete all {} of the module",
+            counted(gone.len(), "object")
         ))
     } else if !inputs_changed {
         PruneDecision::Refuse(format!(
-            "{} objects vanished from the render although the chart and values did not change (first: {}); refusing to prune",
-            gone.len(),
+            "{} vanished from the render although the chart and values did not change (first: {}); refusing to prune",
+            counted(gone.len(), "object"),
             describe(&gone[0])
         ))
     } else {
@@ -771,6 +781,13 @@ pub fn guard_prune(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_say_one_object_and_two_objects() {
+        assert_eq!(counted(1, "object"), "1 object");
+        assert_eq!(counted(2, "object"), "2 objects");
+        assert_eq!(counted(0, "hook object"), "0 hook objects");
+    }
 
     fn id(kind: &str, namespace: &str, name: &str) -> InventoryEntry {
         let (group, version) = match kind {

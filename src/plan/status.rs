@@ -282,6 +282,35 @@ fn inventory_uids(
     recorded
 }
 
+/// Whether writing `next` over `previous` (for `outcome`) publishes an Event: when the state
+/// changes, or a problem's message does (`ready_message`: the `Ready` condition's). Not on
+/// entering the rollout wait (`Processing`, reason `Progressing`): an install or upgrade whose
+/// objects roll out announces itself when the wait ends (`Ready`, or the error), not also when
+/// it begins — each Event is an API write (issue 14's budget). Hooks and dependency waits,
+/// other reasons of `Processing`, still publish theirs.
+pub fn publishes_event(
+    previous: Option<&ManifestStatus>,
+    next: &ManifestStatus,
+    outcome: &Outcome,
+) -> bool {
+    let problem = matches!(outcome.state, State::Error | State::Warning);
+    let state_changed = previous.and_then(|s| s.state) != next.state;
+    if state_changed && outcome.state == State::Processing && outcome.reason == Reason::Progressing
+    {
+        return false;
+    }
+    state_changed || (problem && previous.and_then(ready_message) != ready_message(next))
+}
+
+/// The `Ready` condition's message, if the status has that condition.
+pub fn ready_message(status: &ManifestStatus) -> Option<String> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.message.clone())
+}
+
 /// The JSON merge patch (RFC 7386) that turns the status `previous` into `next`: `next` whole,
 /// plus `null` for every map key `previous` has and `next` lacks (a pruned object's
 /// `inventoryUids` entry, a field `next` leaves out) — a merge patch keeps any key it does not
@@ -420,6 +449,72 @@ mod tests {
             stalled: false,
             operation: Some(Operation::Install),
         }
+    }
+
+    #[test]
+    fn an_operation_publishes_one_event_when_it_ends_not_when_its_rollout_wait_begins() {
+        let status_of = |previous: Option<&ManifestStatus>, outcome: &Outcome, time: i64| {
+            next_status(
+                previous,
+                Some(1),
+                outcome,
+                Facts::default(),
+                None,
+                "r0",
+                &at(time),
+            )
+        };
+        let rolling_out = Outcome {
+            state: State::Processing,
+            reason: Reason::Progressing,
+            message: "waiting for Deployment ns/web".into(),
+            ..ready()
+        };
+        let failing = |message: &str| Outcome {
+            state: State::Error,
+            reason: Reason::Failed("ApplyError"),
+            message: message.into(),
+            stalled: false,
+            ..ready()
+        };
+        let waiting = status_of(None, &rolling_out, 100);
+        assert!(
+            !publishes_event(None, &waiting, &rolling_out),
+            "the wait begins"
+        );
+        let done = status_of(Some(&waiting), &ready(), 110);
+        assert!(publishes_event(Some(&waiting), &done, &ready()), "Ready");
+        assert!(
+            !publishes_event(Some(&done), &done, &ready()),
+            "nothing new"
+        );
+        // Another wait of the same state with another message: still no Event.
+        let later = Outcome {
+            message: "waiting for Deployment ns/api".into(),
+            ..rolling_out.clone()
+        };
+        let waiting_more = status_of(Some(&waiting), &later, 105);
+        assert!(!publishes_event(Some(&waiting), &waiting_more, &later));
+        // Problems: on entering, and when their message changes.
+        let broken = status_of(Some(&done), &failing("no route"), 120);
+        assert!(publishes_event(Some(&done), &broken, &failing("no route")));
+        let same = status_of(Some(&broken), &failing("no route"), 130);
+        assert!(!publishes_event(Some(&broken), &same, &failing("no route")));
+        let other = status_of(Some(&broken), &failing("forbidden"), 140);
+        assert!(publishes_event(
+            Some(&broken),
+            &other,
+            &failing("forbidden")
+        ));
+        // Other Processing reasons (a dependency, a hook) still announce themselves.
+        let blocked = Outcome {
+            state: State::Processing,
+            reason: Reason::DependencyNotReady,
+            message: "waiting for ns/db".into(),
+            ..ready()
+        };
+        let waiting_for_db = status_of(Some(&done), &blocked, 150);
+        assert!(publishes_event(Some(&done), &waiting_for_db, &blocked));
     }
 
     #[test]

@@ -90,8 +90,8 @@ pub(super) async fn delete(
         DeletionPolicy::Orphan => (
             Reason::Orphaned,
             format!(
-                "left {} objects on the cluster (deletionPolicy: Orphan)",
-                previous.inventory.len()
+                "left {} on the cluster (deletionPolicy: Orphan)",
+                plan::counted(previous.inventory.len(), "object")
             ),
         ),
     };
@@ -209,8 +209,8 @@ impl Removal<'_> {
         }
         Ok(remaining.first().map(|first| {
             let message = format!(
-                "waiting for {} objects to be deleted: {first}",
-                remaining.len()
+                "waiting for {} to be deleted: {first}",
+                plan::counted(remaining.len(), "object")
             );
             (Reason::Deleting, message, deletion_requeue(self.manifest))
         }))
@@ -235,8 +235,8 @@ impl Removal<'_> {
         }
         Ok(remaining.first().map(|first| {
             let message = format!(
-                "waiting for {} hook objects to be deleted: {first}",
-                remaining.len()
+                "waiting for {} to be deleted: {first}",
+                plan::counted(remaining.len(), "hook object")
             );
             (Reason::Deleting, message, deletion_requeue(self.manifest))
         }))

@@ -622,7 +622,10 @@ impl Ended {
                 interval.min(STALLED_RECHECK),
             )
         } else if let Some(first) = waiting.first() {
-            let message = format!("waiting for {} objects: {first}", waiting.len());
+            let message = format!(
+                "waiting for {}: {first}",
+                plan::counted(waiting.len(), "object")
+            );
             let requeue = progress_requeue(rolling_out_for(previous, self.wait.now));
             verdict(
                 State::Processing,
@@ -640,7 +643,10 @@ impl Ended {
                 HOOK_REQUEUE,
             )
         } else {
-            let message = format!("{} objects applied and ready", self.pruned.inventory.len());
+            let message = format!(
+                "{} applied and ready",
+                plan::counted(self.pruned.inventory.len(), "object")
+            );
             verdict(State::Ready, Reason::Ready, message, false, interval)
         }
     }

@@ -9,6 +9,7 @@ use super::install::inputs_changed;
 use super::{Context, ReconcileError};
 use crate::api::{HookOperation, HookRunPhase, InventoryEntry, Manifest};
 use crate::apply::target::{self, ResolveError};
+use crate::apply::watched::MANIFEST_SHARD_LABEL;
 use crate::apply::{Cluster, FIELD_MANAGER, MANIFEST_UID_LABEL};
 use crate::plan::diff::{Diff, ObjectChange, ObjectDiff, hooks_to_run, object_change};
 use crate::plan::drift::{self, IgnoreRules};
@@ -152,10 +153,11 @@ async fn object_diff(
     // What the pass sends: less the ignored fields once the object exists; and what it leaves
     // after handing over a field it stops setting (`plan::drift`).
     let mut prepared = drift::prepare(object, drift.rules, drift.exists);
-    let body = RenderedObject {
+    let mut body = RenderedObject {
         id: object.id.clone(),
         body: std::mem::take(&mut prepared.body),
     };
+    keep_shard_stamp(&mut body.body, &live);
     let applied = cluster.dry_run_apply(&body, uid).await?;
     let (live, mut applied) = (to_value(&live), to_value(&applied));
     if drift.exists {
@@ -167,7 +169,60 @@ async fn object_diff(
     }
 }
 
+/// Keeps the live object's shard label ([`MANIFEST_SHARD_LABEL`]) in what is previewed: a
+/// replica stamps it on every apply, and a preview that left it out (the `diff` command, which
+/// does not know the fleet's shard count) would show it removed on every object.
+fn keep_shard_stamp(body: &mut serde_json::Value, live: &kube::api::DynamicObject) {
+    let Some(shard) = live.labels().get(MANIFEST_SHARD_LABEL) else {
+        return;
+    };
+    let Some(metadata) = body
+        .get_mut("metadata")
+        .and_then(serde_json::Value::as_object_mut)
+    else {
+        return;
+    };
+    let labels = metadata.entry("labels").or_insert(serde_json::Value::Null);
+    if !labels.is_object() {
+        *labels = serde_json::json!({});
+    }
+    if let Some(labels) = labels.as_object_mut() {
+        labels.insert(MANIFEST_SHARD_LABEL.into(), shard.clone().into());
+    }
+}
+
 /// A stored object as JSON (a `DynamicObject` always serializes: its fields are JSON already).
 fn to_value(object: &kube::api::DynamicObject) -> serde_json::Value {
     serde_json::to_value(object).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_preview_keeps_the_live_shard_label_and_adds_none() {
+        let live = |labels: serde_json::Value| -> kube::api::DynamicObject {
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "c", "labels": labels}}))
+            .unwrap()
+        };
+        let stamped = live(json!({MANIFEST_SHARD_LABEL: "7", "app": "web"}));
+        let mut body = json!({"metadata": {"name": "c", "labels": {"app": "web"}}});
+        keep_shard_stamp(&mut body, &stamped);
+        assert_eq!(body["metadata"]["labels"][MANIFEST_SHARD_LABEL], "7");
+        assert_eq!(body["metadata"]["labels"]["app"], "web");
+        // A template that renders `labels: null`, or none.
+        let mut body = json!({"metadata": {"name": "c", "labels": null}});
+        keep_shard_stamp(&mut body, &stamped);
+        assert_eq!(
+            body["metadata"]["labels"],
+            json!({MANIFEST_SHARD_LABEL: "7"})
+        );
+        // An object from before the label: nothing to keep.
+        let mut body = json!({"metadata": {"name": "c"}});
+        keep_shard_stamp(&mut body, &live(json!({"app": "web"})));
+        assert_eq!(body, json!({"metadata": {"name": "c"}}));
+    }
 }

@@ -8,9 +8,11 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::{Context, ReconcileError};
-use crate::api::{InventoryEntry, Manifest, ManifestStatus, State};
+use crate::api::{InventoryEntry, Manifest, State};
 use crate::plan::RenderedObject;
-use crate::plan::status::{Facts, Operation, Outcome, next_status, status_patch};
+use crate::plan::status::{
+    Facts, Operation, Outcome, next_status, publishes_event, ready_message, status_patch,
+};
 use crate::plan::trigger;
 use crate::shard::fence::Fence;
 use crate::telemetry::events::Publisher;
@@ -47,8 +49,9 @@ pub(super) fn operation(manifest: &Manifest) -> Operation {
     }
 }
 
-/// Writes the status when it differs from the current one; publishes an Event when the state
-/// changed, or an error's message did. The status echoes the requests the pass read
+/// Writes the status when it differs from the current one; publishes an Event when
+/// [`publishes_event`] says so (the state changed, but not into the rollout wait, or an error's
+/// message did). The status echoes the requests the pass read
 /// (`lastHandledReconcileAt`, `lastHandledResetAt`): no write of their own.
 pub(super) async fn write_status(
     manifest: &Manifest,
@@ -73,17 +76,9 @@ pub(super) async fn write_status(
         return Ok(());
     }
     // The messages as written (shortened), so a long one that did not change is not news.
-    let ready_message = |status: &ManifestStatus| {
-        status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Ready")
-            .map(|c| c.message.clone())
-    };
     let message = ready_message(&next).unwrap_or_default();
     let problem = matches!(outcome.state, State::Error | State::Warning);
-    let notable = previous.and_then(|s| s.state) != next.state
-        || (problem && previous.and_then(ready_message).as_ref() != Some(&message));
+    let notable = publishes_event(previous, &next, outcome);
     patch_status(manifest, ctx, fence, status_patch(previous, &next)).await?;
     if notable {
         let reason = outcome.reason.as_str();

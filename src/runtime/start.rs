@@ -16,11 +16,13 @@ use crate::apply::Cluster;
 use crate::apply::catalog::CrdCatalog;
 use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
-use crate::apply::watched::Followed;
+use crate::apply::watched::{Followed, MANIFEST_SHARD_LABEL, Selected, Selection};
 use crate::reconcile::{Context, DependencyRules};
 use crate::render::HelmRenderer;
-use crate::shard::fence::Ownership;
+use crate::shard::ShardCount;
+use crate::shard::fence::{Ownership, Watched};
 use crate::shard::fleet::{Exit, Fleet, FleetView};
+use crate::shard::label::owned_selector;
 use crate::shard::membership::Members;
 use crate::source::{Limits, RemoteCharts};
 use crate::telemetry::metrics::{Metrics, RenderMetrics};
@@ -90,7 +92,6 @@ pub async fn start(
         metrics: metrics.queue.clone(),
         ..Default::default()
     };
-    let ctx = context(&config, client.clone(), charts, &metrics).await?;
     let ownership = Ownership::counting_lapses(metrics.fleet.fence_lapses.clone());
     let controller_ownership = if config.fault_ignore_ownership {
         tracing::error!(
@@ -100,6 +101,8 @@ pub async fn start(
     } else {
         ownership.clone()
     };
+    let selection = object_selection(config.fleet.shards, &controller_ownership);
+    let ctx = context(&config, client.clone(), charts, &metrics, selection).await?;
     let synced = controller_config.synced.clone();
     let census_ownership = controller_ownership.clone();
     let controller = Controller::new(ctx, controller_config, controller_ownership);
@@ -146,13 +149,14 @@ async fn context(
     client: kube::Client,
     charts: Charts,
     metrics: &Metrics,
+    selection: Selection,
 ) -> anyhow::Result<Arc<Context>> {
     let reporter = Reporter {
         controller: "module-manager".into(),
         instance: Some(config.replica.clone()),
     };
     let catalog = crds(&client).await;
-    let followed = Followed::new(client.clone());
+    let followed = Followed::new(client.clone(), Some(selection));
     Ok(Arc::new(Context {
         cluster: Cluster::connect(client.clone())
             .await?
@@ -181,6 +185,40 @@ async fn context(
             ..Default::default()
         },
     }))
+}
+
+/// How long the owned shards must hold still before the object watches follow them.
+const SELECTION_SETTLE: Duration = Duration::from_secs(1);
+
+/// What the watches behind cheap drift passes select: the objects of the shards `ownership`
+/// dispatches, each stamped with its Manifest's shard (docs/reconcile.md, "Cheap drift passes").
+fn object_selection(shards: ShardCount, ownership: &Ownership) -> Selection {
+    let mut owned = ownership.subscribe();
+    let selected = |now: &Watched| Selected {
+        selector: owned_selector(MANIFEST_SHARD_LABEL, None, now.shards.as_ref()),
+        shards: now.shards.clone(),
+    };
+    let (changes, receiver) = watch::channel(selected(&owned.borrow_and_update()));
+    tokio::spawn(async move {
+        while owned.changed().await.is_ok() {
+            // Shards are taken and given up in rounds (a scale-out, a drain): the watches follow
+            // once the set has held still for a moment, not each round — a growing set lists
+            // every kind again.
+            while let Ok(Ok(())) = tokio::time::timeout(SELECTION_SETTLE, owned.changed()).await {}
+            let next = selected(&owned.borrow_and_update());
+            // Only a change of the shards moves the watches, not one of `Watched::losses`: a
+            // shard lost and taken back between two looks was selected all along.
+            changes.send_if_modified(|now| {
+                let changed = *now != next;
+                *now = next;
+                changed
+            });
+        }
+    });
+    Selection {
+        shard_of: Box::new(move |uid| shards.shard_of(uid)),
+        selected: receiver,
+    }
 }
 
 /// The local cluster's CRD catalog, followed by a watch; waits (bounded) for its first list, so

@@ -8,6 +8,8 @@
 //! below give every such Manifest exactly one replica that acts on it (docs/sharding.md,
 //! "The shard label").
 
+use std::collections::BTreeSet;
+
 use super::{SHARD_LABEL, ShardCount};
 
 /// Above this many shards the stray watch cannot list every valid value (the selector would be
@@ -81,6 +83,33 @@ pub fn route(state: LabelState, uid_shard: u32, wants: impl Fn(u32) -> bool) -> 
         LabelState::Wrong(named) if wants(named) => Some(Route::Relabel(named)),
         _ => None,
     }
+}
+
+/// Above this many owned shards a watch of the owned shards selects every labelled object and
+/// filters locally (a label selector with thousands of values would make an oversized request).
+const MAX_SELECTOR_SHARDS: usize = 1024;
+
+/// The label selector of a watch of the objects whose label `key` names one of `shards` (the
+/// owned ones; `None`: every shard), joined to `base`; `None` when there is nothing to watch.
+/// The shard watch of Manifests (`key` [`SHARD_LABEL`]) and the object watches behind cheap
+/// drift passes (`modulemanager.io/manifest-shard`) select with it.
+pub fn owned_selector(
+    key: &str,
+    base: Option<&str>,
+    shards: Option<&BTreeSet<u32>>,
+) -> Option<String> {
+    let shard_part = match shards {
+        Some(set) if set.is_empty() => return None,
+        Some(set) if set.len() <= MAX_SELECTOR_SHARDS => {
+            let values: Vec<String> = set.iter().map(u32::to_string).collect();
+            format!("{key} in ({})", values.join(","))
+        }
+        _ => key.to_owned(),
+    };
+    Some(match base {
+        Some(base) => format!("{base},{shard_part}"),
+        None => shard_part,
+    })
 }
 
 /// The selector of the watch every replica runs for the Manifests no shard watch sees:
@@ -194,5 +223,25 @@ mod tests {
         );
         assert!(stray_selector(None, count(1024)).ends_with(",1023)"));
         assert_eq!(stray_selector(None, count(2048)), "!modulemanager.io/shard");
+    }
+
+    #[test]
+    fn the_shard_watch_selects_the_owned_shards() {
+        let set = |v: &[u32]| v.iter().copied().collect::<BTreeSet<u32>>();
+        assert_eq!(owned_selector(SHARD_LABEL, None, Some(&set(&[]))), None);
+        assert_eq!(
+            owned_selector(SHARD_LABEL, None, Some(&set(&[3, 1]))).as_deref(),
+            Some("modulemanager.io/shard in (1,3)")
+        );
+        assert_eq!(
+            owned_selector(SHARD_LABEL, Some("team=a"), None).as_deref(),
+            Some("team=a,modulemanager.io/shard")
+        );
+        let many: BTreeSet<u32> = (0..2000).collect();
+        assert_eq!(
+            owned_selector(SHARD_LABEL, None, Some(&many)).as_deref(),
+            Some("modulemanager.io/shard"),
+            "too many values: select all labelled, filter locally"
+        );
     }
 }

@@ -23,13 +23,9 @@ use crate::api::Manifest;
 use crate::plan::trigger::Requests;
 use crate::shard::SHARD_LABEL;
 use crate::shard::fence::{Ownership, Watched};
-use crate::shard::label::{LabelState, stray_selector};
+use crate::shard::label::{LabelState, owned_selector, stray_selector};
 use crate::work::controller::{Candidates, Work};
 use crate::work::dependencies;
-
-/// Above this many owned shards the shard watch selects every labelled Manifest and filters
-/// locally (a label selector with thousands of values would make an oversized request).
-const MAX_SELECTOR_SHARDS: usize = 1024;
 
 /// The labelled watch's index in [`Feed`]'s per-watch arrays (the unlabelled one is 1).
 const LABELLED: usize = 0;
@@ -92,23 +88,6 @@ impl Seen {
 }
 
 type Events = Pin<Box<dyn Stream<Item = Result<watcher::Event<Manifest>, watcher::Error>> + Send>>;
-
-/// The label selector of the shard watch for the dispatchable shards (`None`: all shards);
-/// `None` when there is nothing to watch.
-fn shard_selector(base: Option<&str>, shards: Option<&BTreeSet<u32>>) -> Option<String> {
-    let shard_part = match shards {
-        Some(set) if set.is_empty() => return None,
-        Some(set) if set.len() <= MAX_SELECTOR_SHARDS => {
-            let values: Vec<String> = set.iter().map(u32::to_string).collect();
-            format!("{SHARD_LABEL} in ({})", values.join(","))
-        }
-        _ => SHARD_LABEL.to_owned(),
-    };
-    Some(match base {
-        Some(base) => format!("{base},{shard_part}"),
-        None => shard_part,
-    })
-}
 
 /// The annotation `kubectl apply` keeps a copy of the whole object in.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -207,7 +186,11 @@ impl Feed {
     fn shard_watch(&self) -> Events {
         watch_with(
             &self.api,
-            shard_selector(self.base.as_deref(), self.owned.shards.as_ref()),
+            owned_selector(
+                SHARD_LABEL,
+                self.base.as_deref(),
+                self.owned.shards.as_ref(),
+            ),
         )
     }
 
@@ -452,26 +435,6 @@ mod tests {
             serde_json::to_value(&cached).unwrap(),
             serde_json::to_value(&expected).unwrap(),
             "everything else is kept"
-        );
-    }
-
-    #[test]
-    fn the_shard_watch_selects_the_owned_shards() {
-        let set = |v: &[u32]| v.iter().copied().collect::<BTreeSet<u32>>();
-        assert_eq!(shard_selector(None, Some(&set(&[]))), None);
-        assert_eq!(
-            shard_selector(None, Some(&set(&[3, 1]))).as_deref(),
-            Some("modulemanager.io/shard in (1,3)")
-        );
-        assert_eq!(
-            shard_selector(Some("team=a"), None).as_deref(),
-            Some("team=a,modulemanager.io/shard")
-        );
-        let many: BTreeSet<u32> = (0..2000).collect();
-        assert_eq!(
-            shard_selector(None, Some(&many)).as_deref(),
-            Some("modulemanager.io/shard"),
-            "too many values: select all labelled, filter locally"
         );
     }
 }

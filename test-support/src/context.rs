@@ -7,9 +7,10 @@ use kube::runtime::events::Reporter;
 use module_manager::apply::Cluster;
 use module_manager::apply::identity::Tenancy;
 use module_manager::apply::target::TargetClients;
-use module_manager::apply::watched::Followed;
+use module_manager::apply::watched::{Followed, MANIFEST_SHARD_LABEL, Selected, Selection};
 use module_manager::reconcile::{Context, PassLimits};
 use module_manager::render::{Backend, HelmRenderer, RenderLimits};
+use module_manager::shard::label::owned_selector;
 use module_manager::source::{Limits, RemoteCharts, RemoteConfig};
 
 /// The replica name tests run as unless [`ContextBuilder::replica`] says otherwise.
@@ -27,6 +28,7 @@ pub struct ContextBuilder {
     tenancy: Tenancy,
     pass_limits: PassLimits,
     cross_namespace_dependencies: bool,
+    selection: Option<Selection>,
 }
 
 /// The backend tests render with unless told otherwise: `$MODULE_MANAGER_TEST_RENDER_BACKEND`
@@ -58,6 +60,7 @@ pub fn context(client: Client, helm_home: &Path) -> ContextBuilder {
         replica: REPLICA.to_owned(),
         tenancy: Tenancy::default(),
         pass_limits: PassLimits::default(),
+        selection: None,
         cross_namespace_dependencies: true,
     }
 }
@@ -113,6 +116,13 @@ impl ContextBuilder {
         self
     }
 
+    /// What the object watches behind cheap drift passes select (default [`every_shard`]: the
+    /// objects of every shard, each stamped with its shard, as a replica that owns them all).
+    pub fn object_selection(mut self, selection: Selection) -> Self {
+        self.selection = Some(selection);
+        self
+    }
+
     /// Discovers the cluster and checks the helm binary.
     pub async fn build(self) -> anyhow::Result<Context> {
         let backend = match self.backend {
@@ -127,7 +137,8 @@ impl ContextBuilder {
         )
         .await?;
         // As a replica has it (src/runtime/start.rs): drift passes skip unchanged objects.
-        let followed = Followed::new(self.client.clone());
+        let selection = self.selection.unwrap_or_else(every_shard);
+        let followed = Followed::new(self.client.clone(), Some(selection));
         Ok(Context {
             cluster: Cluster::connect(self.client.clone())
                 .await?
@@ -156,5 +167,19 @@ impl ContextBuilder {
                 ..Default::default()
             },
         })
+    }
+}
+
+/// The selection of a replica that owns every shard (of the default count): objects are
+/// stamped with their shard, and the watches select every shard.
+pub fn every_shard() -> Selection {
+    let shards = module_manager::shard::ShardCount::DEFAULT;
+    let (_, selected) = tokio::sync::watch::channel(Selected {
+        selector: owned_selector(MANIFEST_SHARD_LABEL, None, None),
+        shards: None,
+    });
+    Selection {
+        shard_of: Box::new(move |uid| shards.shard_of(uid)),
+        selected,
     }
 }
