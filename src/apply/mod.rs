@@ -341,7 +341,7 @@ impl Cluster {
     /// `object` as applied for the Manifest `owner_uid`: labelled with its UID, and, where
     /// [`watched::Followed`] selects objects by shard, with its shard.
     fn labelled(&self, object: &RenderedObject, owner_uid: &str) -> Value {
-        let stamp = self.followed.as_ref().and_then(|f| f.stamp(owner_uid));
+        let stamp = self.followed.as_ref().map(|f| f.stamp(owner_uid));
         labelled(object, owner_uid, stamp)
     }
 

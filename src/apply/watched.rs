@@ -31,8 +31,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
 /// Which objects a replica's watches select: those of the shards it owns. Each applied object is
 /// stamped with its Manifest's shard ([`MANIFEST_SHARD_LABEL`]), and every kind's watch selects
-/// the owned shards, started again (from a fresh list) when they change. Without it a watch
-/// selects every labelled object, and every replica decodes every module object's events.
+/// the owned shards, started again (from a fresh list) when they change: a replica receives
+/// the events of its own share of the module objects. (A process that owns every shard, or
+/// `--fault-ignore-ownership`, selects `modulemanager.io/manifest-shard` as a whole.)
 pub struct Selection {
     /// The shard of the Manifest with this UID (the label its objects carry).
     pub shard_of: Box<dyn Fn(&str) -> u32 + Send + Sync>,
@@ -51,14 +52,6 @@ pub struct Selected {
 }
 
 impl Selected {
-    /// Every labelled object: without a [`Selection`].
-    fn everything() -> Self {
-        Self {
-            shards: None,
-            selector: Some(MANIFEST_UID_LABEL.to_owned()),
-        }
-    }
-
     /// Whether the objects of `shard` are selected.
     fn holds(&self, shard: u32) -> bool {
         self.selector.is_some() && self.shards.as_ref().is_none_or(|set| set.contains(&shard))
@@ -82,12 +75,12 @@ pub const MANIFEST_SHARD_LABEL: &str = "modulemanager.io/manifest-shard";
 /// shared by the operator's client and every impersonating one: the watches run as the operator).
 pub struct Followed {
     client: Client,
-    selection: Option<Selection>,
+    selection: Selection,
     state: Mutex<Unchanged>,
     /// The API of each kind as last applied: a watch that starts again watches it there (a kind
     /// whose first version stopped being served moves with the charts).
     resources: Mutex<HashMap<Kind, ApiResource>>,
-    /// The shards each kind's current watch selects (with a [`Selection`]): only an object of
+    /// The shards each kind's current watch selects: only an object of
     /// one of them is vouched for — an apply a pass made while its shard was not (yet) selected
     /// is recorded, but no watch would see a change to it.
     watching: Mutex<HashMap<Kind, Selected>>,
@@ -104,9 +97,9 @@ impl std::fmt::Debug for Followed {
 }
 
 impl Followed {
-    /// Follows, through `client`, the kinds applied from now on: every object labelled with a
-    /// Manifest's UID, or with `selection` those of the owned shards.
-    pub fn new(client: Client, selection: Option<Selection>) -> Arc<Self> {
+    /// Follows, through `client`, the kinds applied from now on: their objects of the shards
+    /// `selection` selects.
+    pub fn new(client: Client, selection: Selection) -> Arc<Self> {
         Arc::new(Self {
             client,
             selection,
@@ -117,26 +110,16 @@ impl Followed {
         })
     }
 
-    /// The shard label an object applied for the Manifest `owner_uid` carries, if any.
-    pub fn stamp(&self, owner_uid: &str) -> Option<(&'static str, String)> {
-        let selection = self.selection.as_ref()?;
-        Some((
-            MANIFEST_SHARD_LABEL,
-            (selection.shard_of)(owner_uid).to_string(),
-        ))
+    /// The shard label an object applied for the Manifest `owner_uid` carries.
+    pub fn stamp(&self, owner_uid: &str) -> (&'static str, String) {
+        let shard = (self.selection.shard_of)(owner_uid);
+        (MANIFEST_SHARD_LABEL, shard.to_string())
     }
 
-    /// What the watches select now (every labelled object without a [`Selection`]), the label
-    /// selector of a kind's watch (`None`: nothing to watch), and the changes to come.
+    /// What the watches select now, the label selector of a kind's watch (`None`: nothing to
+    /// watch), and the changes to come.
     fn selected(&self) -> (Selected, Option<String>, Option<watch::Receiver<Selected>>) {
-        let Some(selection) = &self.selection else {
-            return (
-                Selected::everything(),
-                Some(MANIFEST_UID_LABEL.to_owned()),
-                None,
-            );
-        };
-        let mut changes = selection.selected.clone();
+        let mut changes = self.selection.selected.clone();
         let now = changes.borrow_and_update().clone();
         let selector = now
             .selector
@@ -151,10 +134,8 @@ impl Followed {
     pub(super) fn would_see(&self, object: &DynamicObject, owner_uid: &str) -> bool {
         let labels = object.labels();
         let has = |key: &str, value: &str| labels.get(key).is_some_and(|v| v == value);
-        has(MANIFEST_UID_LABEL, owner_uid)
-            && self
-                .stamp(owner_uid)
-                .is_none_or(|(key, value)| has(key, &value))
+        let (key, shard) = self.stamp(owner_uid);
+        has(MANIFEST_UID_LABEL, owner_uid) && has(key, &shard)
     }
 
     /// Object events the watches have received.
@@ -164,11 +145,8 @@ impl Followed {
 
     /// Whether the watch of `id`'s kind selects the objects of the Manifest `owner_uid`.
     fn watched(&self, id: &InventoryEntry, owner_uid: &str) -> bool {
-        let Some(selection) = &self.selection else {
-            return true;
-        };
         let watching = self.watching.lock().unwrap_or_else(|e| e.into_inner());
-        let shard = (selection.shard_of)(owner_uid);
+        let shard = (self.selection.shard_of)(owner_uid);
         watching
             .get(&Kind::of(id))
             .is_some_and(|selected| selected.holds(shard))
@@ -418,7 +396,6 @@ mod tests {
             !owning(Some(&[])).holds(2),
             "none owned: nothing is watched"
         );
-        assert!(Selected::everything().holds(7));
     }
 
     #[test]

@@ -156,7 +156,7 @@ async fn context(
         instance: Some(config.replica.clone()),
     };
     let catalog = crds(&client).await;
-    let followed = Followed::new(client.clone(), Some(selection));
+    let followed = Followed::new(client.clone(), selection);
     Ok(Arc::new(Context {
         cluster: Cluster::connect(client.clone())
             .await?

@@ -138,7 +138,7 @@ impl ContextBuilder {
         .await?;
         // As a replica has it (src/runtime/start.rs): drift passes skip unchanged objects.
         let selection = self.selection.unwrap_or_else(every_shard);
-        let followed = Followed::new(self.client.clone(), Some(selection));
+        let followed = Followed::new(self.client.clone(), selection);
         Ok(Context {
             cluster: Cluster::connect(self.client.clone())
                 .await?
