@@ -14,10 +14,10 @@ use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use module_manager::api::{Manifest, RECONCILE_REQUESTED_AT, State};
 use module_manager::apply::MANIFEST_UID_LABEL;
-use module_manager::apply::watched::{MANIFEST_SHARD_LABEL, Selected, Selection};
+use module_manager::apply::watched::{MANIFEST_SHARD_LABEL, Selection};
 use module_manager::reconcile::Context;
 use module_manager::shard::ShardCount;
-use module_manager::shard::label::owned_selector;
+use module_manager::shard::label::owned_objects;
 use module_manager::telemetry::requests::{self, ApiRequestMetrics, RequestLabels, RequestTarget};
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::json;
@@ -415,10 +415,7 @@ async fn idle_drift_passes_apply_nothing_yet_repair_what_others_changed() {
 async fn object_watches_select_the_owned_shards_and_follow_them() {
     use std::collections::BTreeSet;
     let shards = ShardCount::DEFAULT;
-    let owning = |set: Option<BTreeSet<u32>>| Selected {
-        selector: owned_selector(MANIFEST_SHARD_LABEL, None, set.as_ref()),
-        shards: set,
-    };
+    let owning = owned_objects;
     let (select, selected) = tokio::sync::watch::channel(owning(None));
     let selection = Selection {
         shard_of: Box::new(move |uid| shards.shard_of(uid)),

@@ -42,7 +42,7 @@ pub struct Selection {
 }
 
 /// The shards the watches select now.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Selected {
     /// The owned shards (`None`: every shard).
     pub shards: Option<BTreeSet<u32>>,
@@ -118,14 +118,14 @@ impl Followed {
 
     /// What the watches select now, the label selector of a kind's watch (`None`: nothing to
     /// watch), and the changes to come.
-    fn selected(&self) -> (Selected, Option<String>, Option<watch::Receiver<Selected>>) {
+    fn selected(&self) -> (Selected, Option<String>, watch::Receiver<Selected>) {
         let mut changes = self.selection.selected.clone();
         let now = changes.borrow_and_update().clone();
         let selector = now
             .selector
             .as_ref()
             .map(|shards| format!("{MANIFEST_UID_LABEL},{shards}"));
-        (now, selector, Some(changes))
+        (now, selector, changes)
     }
 
     /// Whether `object`, as an apply for the Manifest `owner_uid` answered, carries the labels
@@ -209,7 +209,9 @@ impl Followed {
             let Some(resource) = self.resource(&kind) else {
                 return;
             };
-            let (selected, selector, mut changes) = self.selected();
+            let (selected, selector, changes) = self.selected();
+            // `None` once the owner of the selection is gone (the process stops).
+            let mut changes = Some(changes);
             self.select(&kind, selected.clone());
             let ended = match selector {
                 Some(selector) => {

@@ -16,13 +16,13 @@ use crate::apply::Cluster;
 use crate::apply::catalog::CrdCatalog;
 use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
-use crate::apply::watched::{Followed, MANIFEST_SHARD_LABEL, Selected, Selection};
+use crate::apply::watched::{Followed, Selection};
 use crate::reconcile::{Context, DependencyRules};
 use crate::render::HelmRenderer;
 use crate::shard::ShardCount;
 use crate::shard::fence::{Ownership, Watched};
 use crate::shard::fleet::{Exit, Fleet, FleetView};
-use crate::shard::label::owned_selector;
+use crate::shard::label::owned_objects;
 use crate::shard::membership::Members;
 use crate::source::{Limits, RemoteCharts};
 use crate::telemetry::metrics::{Metrics, RenderMetrics};
@@ -194,10 +194,7 @@ const SELECTION_SETTLE: Duration = Duration::from_secs(1);
 /// dispatches, each stamped with its Manifest's shard (docs/reconcile.md, "Cheap drift passes").
 fn object_selection(shards: ShardCount, ownership: &Ownership) -> Selection {
     let mut owned = ownership.subscribe();
-    let selected = |now: &Watched| Selected {
-        selector: owned_selector(MANIFEST_SHARD_LABEL, None, now.shards.as_ref()),
-        shards: now.shards.clone(),
-    };
+    let selected = |now: &Watched| owned_objects(now.shards.clone());
     let (changes, receiver) = watch::channel(selected(&owned.borrow_and_update()));
     tokio::spawn(async move {
         while owned.changed().await.is_ok() {

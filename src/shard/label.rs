@@ -11,6 +11,7 @@
 use std::collections::BTreeSet;
 
 use super::{SHARD_LABEL, ShardCount};
+use crate::apply::watched::{MANIFEST_SHARD_LABEL, Selected};
 
 /// Above this many shards the stray watch cannot list every valid value (the selector would be
 /// too long for a request): it selects unlabelled Manifests only (docs/sharding.md, limits).
@@ -110,6 +111,15 @@ pub fn owned_selector(
         Some(base) => format!("{base},{shard_part}"),
         None => shard_part,
     })
+}
+
+/// What the object watches behind cheap drift passes select when `shards` are owned (`None`:
+/// every shard): the objects stamped with one of them ([`MANIFEST_SHARD_LABEL`]).
+pub fn owned_objects(shards: Option<BTreeSet<u32>>) -> Selected {
+    Selected {
+        selector: owned_selector(MANIFEST_SHARD_LABEL, None, shards.as_ref()),
+        shards,
+    }
 }
 
 /// The selector of the watch every replica runs for the Manifests no shard watch sees:

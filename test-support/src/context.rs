@@ -7,10 +7,10 @@ use kube::runtime::events::Reporter;
 use module_manager::apply::Cluster;
 use module_manager::apply::identity::Tenancy;
 use module_manager::apply::target::TargetClients;
-use module_manager::apply::watched::{Followed, MANIFEST_SHARD_LABEL, Selected, Selection};
+use module_manager::apply::watched::{Followed, Selection};
 use module_manager::reconcile::{Context, PassLimits};
 use module_manager::render::{Backend, HelmRenderer, RenderLimits};
-use module_manager::shard::label::owned_selector;
+use module_manager::shard::label::owned_objects;
 use module_manager::source::{Limits, RemoteCharts, RemoteConfig};
 
 /// The replica name tests run as unless [`ContextBuilder::replica`] says otherwise.
@@ -174,10 +174,7 @@ impl ContextBuilder {
 /// stamped with their shard, and the watches select every shard.
 pub fn every_shard() -> Selection {
     let shards = module_manager::shard::ShardCount::DEFAULT;
-    let (_, selected) = tokio::sync::watch::channel(Selected {
-        selector: owned_selector(MANIFEST_SHARD_LABEL, None, None),
-        shards: None,
-    });
+    let (_, selected) = tokio::sync::watch::channel(owned_objects(None));
     Selection {
         shard_of: Box::new(move |uid| shards.shard_of(uid)),
         selected,
