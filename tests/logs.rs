@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
@@ -194,6 +194,7 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
     create(manifest(
         "secret-values",
         json!({"module": "db", "chart": {"path": "tests/fixtures/charts/needs-value"},
+               "targetNamespace": format!("{ns}-db"),
                "valuesFrom": [{"kind": "Secret", "name": "db"}]}),
     ))
     .await;
@@ -230,6 +231,38 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
         .await
         .unwrap();
     wait_for(&manifests, "catalog", "upgraded", in_state(State::Ready)).await;
+    // The operator's writes to a Manifest name their field manager (the test's own writes
+    // have none and no user agent: `unknown`); its create of the target namespace names none,
+    // and the API server names it after the operator's user agent.
+    let target: Namespace = Api::all(client.clone())
+        .get(&format!("{ns}-db"))
+        .await
+        .unwrap();
+    let managers: Vec<_> = target
+        .managed_fields()
+        .iter()
+        .map(|f| f.manager.clone())
+        .collect();
+    assert_eq!(managers, [Some("module-manager".to_owned())]);
+    let catalog = manifests.get("catalog").await.unwrap();
+    let writers: BTreeSet<(String, String)> = catalog
+        .managed_fields()
+        .iter()
+        .map(|f| {
+            let name = f.manager.clone().unwrap_or_default();
+            (name, f.subresource.clone().unwrap_or_default())
+        })
+        .collect();
+    for part in ["status", ""] {
+        assert!(
+            writers.contains(&("module-manager".to_owned(), part.to_owned())),
+            "no write of module-manager to {part:?} in {writers:?}"
+        );
+    }
+    assert!(
+        !writers.contains(&("unknown".to_owned(), "status".to_owned())),
+        "{writers:?}"
+    );
     let uids: BTreeSet<String> = manifests
         .list(&Default::default())
         .await

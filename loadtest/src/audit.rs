@@ -3,9 +3,10 @@
 //! audit log names each request's user agent, so the fleet's own requests can be told from the
 //! harness's, kube-controller-manager's and helm's.
 //!
-//! Clients by user agent: the harness sends `loadtest` ([`HARNESS_AGENT`]); module-manager's
-//! kube client sends none (or one starting with `module-manager`); Go clients send their
-//! program's name. [`count`] is pure; [`AuditLog`] reads the file from a mark.
+//! Clients by user agent: the harness sends `loadtest` ([`HARNESS_AGENT`]); module-manager sends
+//! `module-manager/<version>` (its CLI `module-manager-cli/<version>`, not the fleet's; builds
+//! before 2026-12-02 sent none, counted as the fleet's too); Go clients send their program's
+//! name. [`count`] is pure; [`AuditLog`] reads the file from a mark.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -16,7 +17,8 @@ use serde::{Deserialize, Serialize};
 
 /// The user agent of the harness's own client.
 pub const HARNESS_AGENT: &str = "loadtest";
-/// The client name [`client_of`] gives module-manager's requests.
+/// The client name [`client_of`] gives module-manager's requests (user agent
+/// `module-manager/<version>`, `module_manager::telemetry::requests::USER_AGENT`).
 pub const OPERATOR: &str = "module-manager";
 
 /// Requests of one client.
@@ -36,7 +38,8 @@ pub fn client_of(user_agent: &str) -> &'static str {
     let lower = user_agent.to_ascii_lowercase();
     if lower.starts_with(HARNESS_AGENT) {
         "loadtest"
-    } else if lower.is_empty() || lower.starts_with(OPERATOR) {
+    } else if lower.starts_with("module-manager/") || lower.is_empty() {
+        // Builds before the user agent (2026-12-02) sent none: `--binary` A/B runs compare them.
         OPERATOR
     } else if lower.starts_with("kube-controller-manager") {
         "kube-controller-manager"
@@ -133,19 +136,25 @@ mod tests {
 
     #[test]
     fn requests_are_counted_per_client_verb_and_resource() {
-        let text = r#"{"stage":"ResponseComplete","verb":"patch","userAgent":"","objectRef":{"resource":"manifests","subresource":"status"}}
-{"stage":"ResponseComplete","verb":"get","objectRef":{"resource":"configmaps"}}
+        let text = r#"{"stage":"ResponseComplete","verb":"patch","userAgent":"module-manager/0.1.0","objectRef":{"resource":"manifests","subresource":"status"}}
+{"stage":"ResponseComplete","verb":"get","userAgent":"module-manager/0.1.0","objectRef":{"resource":"configmaps"}}
+{"stage":"ResponseComplete","verb":"patch","userAgent":"module-manager-cli/0.1.0","objectRef":{"resource":"manifests"}}
+{"stage":"ResponseComplete","verb":"get","userAgent":"","objectRef":{"resource":"secrets"}}
 {"stage":"ResponseComplete","verb":"create","userAgent":"loadtest","objectRef":{"resource":"manifests"}}
 {"stage":"ResponseComplete","verb":"update","userAgent":"kube-controller-manager/v1.34.0 (linux/amd64) kubernetes/abc/system:serviceaccount:kube-system:deployment-controller","objectRef":{"resource":"deployments","subresource":"status"}}
-{"stage":"ResponseStarted","verb":"watch","userAgent":"","objectRef":{"resource":"manifests"}}
+{"stage":"ResponseStarted","verb":"watch","userAgent":"module-manager/0.1.0","objectRef":{"resource":"manifests"}}
 {"stage":"ResponseComplete","verb":"get","userAgent":"Helm/4.0.0","requestURI":"/version"}
 not json
 "#;
         let counted = count(text);
         let operator = &counted[OPERATOR];
-        assert_eq!(operator.total, 2, "the started watch does not count yet");
+        assert_eq!(
+            operator.total, 3,
+            "the started watch does not count yet, nor the CLI; an older build sent no agent"
+        );
+        assert_eq!(counted["other"].total, 1, "the CLI");
         assert_eq!(operator.by_resource["manifests/status"], 1);
-        assert_eq!(operator.by_verb["get"], 1);
+        assert_eq!(operator.by_verb["get"], 2);
         assert_eq!(counted["loadtest"].total, 1);
         assert_eq!(
             counted["kube-controller-manager"].by_resource["deployments/status"],
@@ -160,7 +169,7 @@ not json
         let path = dir.path().join("audit.log");
         let log = AuditLog::new(&path);
         assert_eq!(log.mark(), 0, "no log yet");
-        let line = r#"{"stage":"ResponseComplete","verb":"get","userAgent":"","objectRef":{"resource":"leases"}}"#;
+        let line = r#"{"stage":"ResponseComplete","verb":"get","userAgent":"module-manager/0.1.0","objectRef":{"resource":"leases"}}"#;
         std::fs::write(&path, format!("{line}\n")).unwrap();
         let mark = log.mark();
         std::fs::write(&path, format!("{line}\n{line}\n{line}\n")).unwrap();

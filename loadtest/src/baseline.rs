@@ -109,26 +109,35 @@ pub fn for_release(template: &[Value], template_release: &str, release: &str) ->
 }
 
 /// One object ready to apply: where to send it, its name and body.
-struct Prepared {
-    api: Api<DynamicObject>,
-    kind: String,
-    name: String,
-    body: Value,
+pub(crate) struct Prepared {
+    pub api: Api<DynamicObject>,
+    pub kind: String,
+    pub name: String,
+    pub body: Value,
 }
 
-/// Server-side applies (field manager [`FIELD_MANAGER`], forced) the template's objects once
-/// per release (see [`for_release`]) to `namespace`, `parallelism` releases at once, each
-/// release's objects in order. Discovery (each kind resolved once) and the substitution happen
-/// before the clock starts; the burst is timed from the first request to the last answer. The
-/// first error fails the whole, naming the release and the object.
-pub async fn bare_apply(
+/// The releases of a baseline burst: the chart's objects as `template_release` (see
+/// [`for_release`]), the release names, how many at once.
+pub struct Releases<'a> {
+    pub objects_template: &'a [Value],
+    pub template_release: &'a str,
+    pub names: &'a [String],
+    pub parallelism: usize,
+}
+
+/// The template's objects for each release (see [`for_release`]), each ready to apply in
+/// `namespace`: every kind resolved once by discovery.
+pub(crate) async fn prepare(
     client: &kube::Client,
     namespace: &str,
-    objects_template: &[Value],
-    template_release: &str,
-    releases: &[String],
-    parallelism: usize,
-) -> anyhow::Result<Burst> {
+    releases: &Releases<'_>,
+) -> anyhow::Result<Vec<(String, Vec<Prepared>)>> {
+    let Releases {
+        objects_template,
+        template_release,
+        names: releases,
+        ..
+    } = *releases;
     let mut resources: HashMap<GroupVersionKind, (ApiResource, Scope)> = HashMap::new();
     for object in objects_template {
         let gvk = gvk_of(object)?;
@@ -164,9 +173,31 @@ pub async fn bare_apply(
                 body,
             });
         }
-        work.push((release, objects));
+        work.push((release.clone(), objects));
     }
+    Ok(work)
+}
 
+/// Server-side applies (field manager [`FIELD_MANAGER`], forced) the template's objects once
+/// per release (see [`for_release`]) to `namespace`, `parallelism` releases at once, each
+/// release's objects in order. Discovery (each kind resolved once) and the substitution happen
+/// before the clock starts; the burst is timed from the first request to the last answer. The
+/// first error fails the whole, naming the release and the object.
+pub async fn bare_apply(
+    client: &kube::Client,
+    namespace: &str,
+    objects_template: &[Value],
+    template_release: &str,
+    releases: &[String],
+    parallelism: usize,
+) -> anyhow::Result<Burst> {
+    let these = Releases {
+        objects_template,
+        template_release,
+        names: releases,
+        parallelism,
+    };
+    let work = prepare(client, namespace, &these).await?;
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let started = Instant::now();
     let mut applies = stream::iter(work)
@@ -175,12 +206,9 @@ pub async fn bare_apply(
             async move {
                 for object in objects {
                     object
-                        .api
-                        .patch(&object.name, params, &Patch::Apply(&object.body))
+                        .apply(params)
                         .await
-                        .with_context(|| {
-                            format!("release {release}: apply {} {}", object.kind, object.name)
-                        })?;
+                        .with_context(|| format!("release {release}"))?;
                 }
                 anyhow::Ok(())
             }
@@ -190,6 +218,16 @@ pub async fn bare_apply(
         done?;
     }
     Ok(burst(parallelism, releases.len(), started.elapsed()))
+}
+
+impl Prepared {
+    /// Server-side applies the object with `params`; the error names it.
+    pub(crate) async fn apply(&self, params: &PatchParams) -> anyhow::Result<DynamicObject> {
+        self.api
+            .patch(&self.name, params, &Patch::Apply(&self.body))
+            .await
+            .with_context(|| format!("apply {} {}", self.kind, self.name))
+    }
 }
 
 /// What `helm upgrade --install` waits for once it has applied the objects.
@@ -285,7 +323,7 @@ pub async fn helm_install_waiting(
     Ok(burst(parallelism, releases.len(), started.elapsed()))
 }
 
-fn burst(parallelism: usize, releases: usize, elapsed: Duration) -> Burst {
+pub(crate) fn burst(parallelism: usize, releases: usize, elapsed: Duration) -> Burst {
     let seconds = elapsed.as_secs_f64();
     Burst {
         parallelism: u32::try_from(parallelism).unwrap_or(u32::MAX),

@@ -8,6 +8,7 @@
 //! - [`load`]: the load generator and its bookkeeping; [`observe`]: Leases and scrapes over time;
 //! - [`checks`]: the checkers; [`measure`]: arithmetic; [`results`]: the figures;
 //!   [`report`]: JSON, Markdown and PNG; [`baseline`]: bare apply and helm;
+//!   [`manifest_writes`]: bare apply with the fleet's own requests of an install;
 //! - [`mttp`]: the burst scenario (time to all Ready, cost per Manifest, idle, cold restart);
 //!   [`usage`]: a replica's process tree; [`audit`]: requests per client from the audit log.
 
@@ -17,6 +18,7 @@ pub mod cgroup;
 pub mod checks;
 pub mod fleet;
 pub mod load;
+pub mod manifest_writes;
 pub mod measure;
 pub mod mttp;
 pub mod observe;

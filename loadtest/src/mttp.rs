@@ -18,11 +18,13 @@ use module_manager::api::Manifest;
 
 use crate::audit::{self, AuditLog, ClientRequests};
 use crate::fleet::{Fleet, Probe};
+use crate::manifest_writes::Writes;
 use crate::measure;
 use crate::options::Options;
 use crate::progress::Progress;
 use crate::results::{
-    ColdRestart, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio, RunResult,
+    ColdRestart, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio, PATH_BARE_APPLY, PATH_HELM,
+    PATH_MANIFEST_WRITES, PATH_MINIMUM_WRITES, RunResult,
 };
 use crate::run::{self, Cluster, Phase};
 
@@ -484,31 +486,84 @@ async fn baseline(
     replicas: u32,
     progress: &Progress,
 ) -> MttpBaseline {
-    match run::bare_and_helm(
-        setting.cluster,
-        setting.options,
-        count,
-        replicas as usize,
-        progress,
-    )
-    .await
-    {
-        Ok(paths) => MttpBaseline {
-            manifests: count as u64,
-            objects_per_manifest: paths.objects_per_manifest,
-            bare_apply: Some(paths.bare_apply),
-            helm: Some(paths.helm),
-            error: None,
-        },
-        Err(e) => {
-            progress.say(format!("baseline of {count} failed: {e:#}"));
-            MttpBaseline {
-                manifests: count as u64,
-                error: Some(format!("{e:#}")),
-                ..Default::default()
-            }
-        }
+    let mut measured = MttpBaseline {
+        manifests: count as u64,
+        ..Default::default()
+    };
+    if let Err(e) = baselines(setting, count, replicas, progress, &mut measured).await {
+        progress.say(format!("baseline of {count} failed: {e:#}"));
+        measured.error = Some(format!("{e:#}"));
     }
+    measured
+}
+
+/// Below this many cores (over one second) the control plane counts as quiet after a path.
+const QUIET_CORES: f64 = 0.25;
+/// The longest a path's CPU window waits for the control plane to quiet down.
+const QUIET_LIMIT: Duration = Duration::from_secs(60);
+
+/// Waits until the control plane (`pids`) used less than [`QUIET_CORES`] over the last second,
+/// at most [`QUIET_LIMIT`]: the work a path leaves behind (kube-controller-manager's on the
+/// Deployments it applied, the endpoints of its Services) counts to it, not to the next path —
+/// as a fleet's window, which ends once every Deployment is rolled out, includes it.
+async fn quiet(pids: &[u32]) {
+    if pids.is_empty() {
+        return;
+    }
+    let started = Instant::now();
+    let (mut cpu, mut at) = (control_plane_cpu(pids), Instant::now());
+    while started.elapsed() < QUIET_LIMIT {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (now, now_at) = (control_plane_cpu(pids), Instant::now());
+        if (now - cpu) / now_at.duration_since(at).as_secs_f64() < QUIET_CORES {
+            return;
+        }
+        (cpu, at) = (now, now_at);
+    }
+}
+
+/// Measures the paths in turn into `measured`: bare apply, bare apply with the Manifest's
+/// writes, the fleet's and the minimum (local control planes: they leave Manifests with a
+/// finalizer behind), helm; with the
+/// control plane's CPU from a quiet start until it is quiet again after the path ([`quiet`]).
+async fn baselines(
+    setting: &Setting<'_>,
+    count: usize,
+    replicas: u32,
+    progress: &Progress,
+    measured: &mut MttpBaseline,
+) -> anyhow::Result<()> {
+    let paths =
+        run::BaselinePaths::new(setting.cluster, setting.options, count, replicas as usize).await?;
+    measured.objects_per_manifest = paths.objects_per_manifest;
+    let pids = &setting.control_plane;
+    let n = count.max(1) as f64;
+    quiet(pids).await;
+    let before = control_plane_cpu(pids);
+    let bare = paths.bare_apply(progress).await?;
+    measured.bare_apply = Some(bare);
+    let mut spent = async |path: &str, before: f64| {
+        quiet(pids).await;
+        let after = control_plane_cpu(pids);
+        if !pids.is_empty() {
+            let per = &mut measured.control_plane_cpu_seconds_per_manifest;
+            per.insert(path.to_owned(), (after - before) / n);
+        }
+        after
+    };
+    let mut before = spent(PATH_BARE_APPLY, before).await;
+    if matches!(setting.cluster, Cluster::Local(_)) {
+        let writes = paths.manifest_writes(Writes::Fleet, progress).await?;
+        measured.bare_with_manifest_writes = Some(writes);
+        before = spent(PATH_MANIFEST_WRITES, before).await;
+        let minimum = paths.manifest_writes(Writes::Minimum, progress).await?;
+        measured.bare_with_minimum_writes = Some(minimum);
+        before = spent(PATH_MINIMUM_WRITES, before).await;
+    }
+    let helm = paths.helm(progress).await?;
+    measured.helm = Some(helm);
+    spent(PATH_HELM, before).await;
+    Ok(())
 }
 
 /// Per burst size, the fleet under test (`replicas`) against one replica, bare apply and helm.
@@ -536,6 +591,14 @@ pub fn ratios(mttp: &Mttp, replicas: u32) -> Vec<MttpRatio> {
                 replicas,
                 fleet_over_bare_apply: over(
                     baseline.and_then(|b| b.bare_apply.as_ref().map(|x| x.per_second)),
+                ),
+                fleet_over_manifest_writes: over(
+                    baseline
+                        .and_then(|b| b.bare_with_manifest_writes.as_ref().map(|x| x.per_second)),
+                ),
+                fleet_over_minimum_writes: over(
+                    baseline
+                        .and_then(|b| b.bare_with_minimum_writes.as_ref().map(|x| x.per_second)),
                 ),
                 fleet_over_single_replica: (replicas != 1).then(|| over(rate(1, count))).flatten(),
                 fleet_over_helm: over(baseline.and_then(|b| b.helm.as_ref().map(|x| x.per_second))),

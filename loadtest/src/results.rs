@@ -321,10 +321,32 @@ pub struct MttpBaseline {
     pub manifests: u64,
     pub objects_per_manifest: u64,
     pub bare_apply: Option<Burst>,
+    /// A bare client sending, per release, the fleet's requests of an install
+    /// ([`crate::manifest_writes`]); local control planes only.
+    #[serde(default)]
+    pub bare_with_manifest_writes: Option<Burst>,
+    /// The same with only the writes the Manifest's contract needs at least
+    /// ([`crate::manifest_writes::Writes::Minimum`]); local control planes only.
+    #[serde(default)]
+    pub bare_with_minimum_writes: Option<Burst>,
     pub helm: Option<Burst>,
+    /// The control plane's CPU-seconds per Manifest while each path ran, by path
+    /// ([`PATH_BARE_APPLY`], [`PATH_MANIFEST_WRITES`], [`PATH_MINIMUM_WRITES`], [`PATH_HELM`]);
+    /// local control planes.
+    #[serde(default)]
+    pub control_plane_cpu_seconds_per_manifest: BTreeMap<String, f64>,
     /// Why a path could not be measured.
     pub error: Option<String>,
 }
+
+/// [`MttpBaseline::control_plane_cpu_seconds_per_manifest`]'s key of the bare apply.
+pub const PATH_BARE_APPLY: &str = "bare apply";
+/// … of the bare client with the fleet's requests.
+pub const PATH_MANIFEST_WRITES: &str = "bare apply with the Manifest's writes";
+/// … of the bare client with the minimum writes.
+pub const PATH_MINIMUM_WRITES: &str = "bare apply with the minimum writes";
+/// … of `helm upgrade --install`.
+pub const PATH_HELM: &str = "helm";
 
 /// The fleet under test (the last of `--replicas`) against the baselines, at one burst size;
 /// each a ratio of Manifests per second (above 1: the fleet is faster).
@@ -333,6 +355,13 @@ pub struct MttpRatio {
     pub manifests: u64,
     pub replicas: u32,
     pub fleet_over_bare_apply: Option<f64>,
+    /// Against the bare client that sends the fleet's requests (the API server's work for the
+    /// Manifests, without the operator).
+    #[serde(default)]
+    pub fleet_over_manifest_writes: Option<f64>,
+    /// Against the bare client that sends only the writes the Manifest's contract needs.
+    #[serde(default)]
+    pub fleet_over_minimum_writes: Option<f64>,
     /// Against one replica with the same CPU quota: N vs 1 replicas.
     pub fleet_over_single_replica: Option<f64>,
     pub fleet_over_helm: Option<f64>,

@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use module_manager::shard::{ShardCount, assign};
-use serde_json::json;
+use serde_json::{Value, json};
 use test_support::fleet::ReplicaSettings;
 use test_support::log_check;
 
@@ -66,10 +66,7 @@ pub async fn harness_client(kubeconfig: &Path) -> anyhow::Result<Client> {
     let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .with_context(|| format!("load {}", kubeconfig.display()))?;
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_static(crate::audit::HARNESS_AGENT),
-    ));
+    module_manager::telemetry::requests::with_user_agent(&mut config, crate::audit::HARNESS_AGENT);
     Ok(Client::try_from(config)?)
 }
 
@@ -203,10 +200,7 @@ impl Phase {
         wait_assignment(&probe, fleet.shards, replicas, Duration::from_secs(180)).await?;
         let mut labels = fleet.manifest_labels.clone();
         labels.insert("loadtest-run".into(), namespace.clone());
-        let chart = match &options.chart_spec {
-            Some(spec) => serde_json::from_str(spec).context("--chart-spec is not JSON")?,
-            None => json!({ "path": options.chart }),
-        };
+        let chart = chart_spec(options)?;
         let load = Load::new(
             client.clone(),
             &namespace,
@@ -805,10 +799,7 @@ pub async fn timed_burst(
     let namespace = new_namespace(cluster, &client, prefix).await?;
     let mut labels = fleet.manifest_labels.clone();
     labels.insert("loadtest-run".into(), namespace.clone());
-    let chart = match &options.chart_spec {
-        Some(spec) => serde_json::from_str(spec)?,
-        None => json!({ "path": options.chart }),
-    };
+    let chart = chart_spec(options)?;
     let load = Load::new(
         client,
         &namespace,
@@ -913,50 +904,151 @@ pub async fn bare_and_helm(
     replicas: usize,
     progress: &Progress,
 ) -> anyhow::Result<PathsWithoutFleet> {
-    let client = cluster.client().await?;
-    let helm = testenv::Tools::locate()?.helm;
-    let chart = repo(options).join(&options.chart);
-    let parallelism = replicas * options.concurrency;
-    let names: Vec<String> = (0..count).map(|i| format!("r{i:05}")).collect();
-
-    progress.say(format!(
-        "baseline: a bare client server-side applying {count} releases' objects, {parallelism} at once"
-    ));
-    let namespace = new_namespace(cluster, &client, "burst-apply").await?;
-    let objects = baseline::render_chart(
-        &helm,
-        &chart,
-        baseline::TEMPLATE_RELEASE,
-        &namespace,
-        &json!({"revision": 0}),
-    )
-    .await?;
-    let bare_apply = baseline::bare_apply(
-        &client,
-        &namespace,
-        &objects,
-        baseline::TEMPLATE_RELEASE,
-        &names,
-        parallelism,
-    )
-    .await?;
-
-    progress.say(format!(
-        "baseline: helm upgrade --install of {count} releases, {parallelism} at once"
-    ));
-    let namespace = new_namespace(cluster, &client, "burst-helm").await?;
-    let helm = baseline::helm_install(
-        &helm,
-        &cluster.kubeconfig(),
-        &chart,
-        &namespace,
-        &names,
-        parallelism,
-    )
-    .await?;
+    let paths = BaselinePaths::new(cluster, options, count, replicas).await?;
+    let bare_apply = paths.bare_apply(progress).await?;
+    let helm = paths.helm(progress).await?;
     Ok(PathsWithoutFleet {
-        objects_per_manifest: objects.len() as u64,
+        objects_per_manifest: paths.objects_per_manifest,
         bare_apply,
         helm,
     })
+}
+
+/// The paths without a fleet for one burst size: `count` releases (`r00000`…), each path
+/// `replicas` × `--concurrency` releases at once (as many as the fleet's workers), each in a
+/// new namespace, the chart rendered once for it.
+pub struct BaselinePaths<'a> {
+    cluster: &'a Cluster<'a>,
+    options: &'a Options,
+    client: Client,
+    helm: PathBuf,
+    chart: PathBuf,
+    names: Vec<String>,
+    parallelism: usize,
+    /// Objects in one release of the chart.
+    pub objects_per_manifest: u64,
+}
+
+impl<'a> BaselinePaths<'a> {
+    pub async fn new(
+        cluster: &'a Cluster<'a>,
+        options: &'a Options,
+        count: usize,
+        replicas: usize,
+    ) -> anyhow::Result<Self> {
+        let client = cluster.client().await?;
+        let helm = testenv::Tools::locate()?.helm;
+        let chart = repo(options).join(&options.chart);
+        let mut paths = Self {
+            cluster,
+            options,
+            client,
+            helm,
+            chart,
+            names: (0..count).map(|i| format!("r{i:05}")).collect(),
+            parallelism: replicas * options.concurrency,
+            objects_per_manifest: 0,
+        };
+        paths.objects_per_manifest = paths.objects("default").await?.len() as u64;
+        Ok(paths)
+    }
+
+    /// The chart's objects as the template release in `namespace` (see
+    /// [`baseline::for_release`]).
+    async fn objects(&self, namespace: &str) -> anyhow::Result<Vec<Value>> {
+        baseline::render_chart(
+            &self.helm,
+            &self.chart,
+            baseline::TEMPLATE_RELEASE,
+            namespace,
+            &json!({"revision": 0}),
+        )
+        .await
+    }
+
+    /// A bare client server-side applying the releases' objects.
+    pub async fn bare_apply(&self, progress: &Progress) -> anyhow::Result<Burst> {
+        progress.say(format!(
+            "baseline: a bare client server-side applying {} releases' objects, {} at once",
+            self.names.len(),
+            self.parallelism
+        ));
+        let namespace = new_namespace(self.cluster, &self.client, "burst-apply").await?;
+        baseline::bare_apply(
+            &self.client,
+            &namespace,
+            &self.objects(&namespace).await?,
+            baseline::TEMPLATE_RELEASE,
+            &self.names,
+            self.parallelism,
+        )
+        .await
+    }
+
+    /// A bare client sending `writes` of an install per release ([`crate::manifest_writes`]).
+    pub async fn manifest_writes(
+        &self,
+        writes: crate::manifest_writes::Writes,
+        progress: &Progress,
+    ) -> anyhow::Result<Burst> {
+        progress.say(format!(
+            "baseline: a bare client sending {writes:?} requests for {} installs, {} at once",
+            self.names.len(),
+            self.parallelism
+        ));
+        let namespace = new_namespace(self.cluster, &self.client, "burst-writes").await?;
+        let chart = chart_spec(self.options)?;
+        // The labels of a local fleet's bursts (no fleet selects these: the fleets are gone).
+        let labels = BTreeMap::from([
+            ("loadtest-fleet".to_owned(), "baseline".to_owned()),
+            ("loadtest-run".to_owned(), namespace.clone()),
+        ]);
+        let shape = crate::manifest_writes::Shape {
+            chart: &chart,
+            interval: &self.options.drift_interval,
+            labels: &labels,
+        };
+        let objects = self.objects(&namespace).await?;
+        let releases = baseline::Releases {
+            objects_template: &objects,
+            template_release: baseline::TEMPLATE_RELEASE,
+            names: &self.names,
+            parallelism: self.parallelism,
+        };
+        crate::manifest_writes::bare_with_manifest_writes(
+            &self.client,
+            &namespace,
+            &releases,
+            &shape,
+            writes,
+        )
+        .await
+    }
+
+    /// `helm upgrade --install` of the releases.
+    pub async fn helm(&self, progress: &Progress) -> anyhow::Result<Burst> {
+        progress.say(format!(
+            "baseline: helm upgrade --install of {} releases, {} at once",
+            self.names.len(),
+            self.parallelism
+        ));
+        let namespace = new_namespace(self.cluster, &self.client, "burst-helm").await?;
+        baseline::helm_install(
+            &self.helm,
+            &self.cluster.kubeconfig(),
+            &self.chart,
+            &namespace,
+            &self.names,
+            self.parallelism,
+        )
+        .await
+    }
+}
+
+/// `spec.chart` of the load's Manifests: `--chart-spec`, else `{"path": --chart}`.
+pub fn chart_spec(options: &Options) -> anyhow::Result<Value> {
+    match &options.chart_spec {
+        Some(spec) => serde_json::from_str(spec).context("--chart-spec is not JSON"),
+        None => Ok(json!({ "path": options.chart })),
+    }
 }

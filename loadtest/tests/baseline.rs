@@ -2,14 +2,23 @@
 //! every object of every release and are idempotent; `helm upgrade --install` stores its
 //! releases and creates their objects, with and without `--wait`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Resource, ResourceExt};
 use loadtest::baseline::{self, HelmWait};
+use loadtest::manifest_writes::{self, Writes};
+use module_manager::api::{Manifest, State};
+use module_manager::apply::MANIFEST_UID_LABEL;
+use module_manager::apply::watched::MANIFEST_SHARD_LABEL;
+use module_manager::shard::SHARD_LABEL;
+use module_manager::shard::hash::ShardCount;
+use module_manager::telemetry::requests::{self, ApiRequestMetrics, RequestTarget};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
@@ -22,6 +31,17 @@ fn repo() -> PathBuf {
 
 fn chart() -> PathBuf {
     repo().join("loadtest/charts/podinfo-like")
+}
+
+/// The shared control plane, with kube-controller-manager and the Manifest CRD.
+async fn control_plane() -> &'static testenv::ControlPlane {
+    testenv::shared(testenv::Options {
+        controller_manager: true,
+        crd_files: vec![repo().join("crds/manifest.yaml")],
+        ..Default::default()
+    })
+    .await
+    .expect("control plane")
 }
 
 fn releases(prefix: &str, count: usize) -> Vec<String> {
@@ -125,13 +145,7 @@ async fn assert_releases(client: &Client, namespace: &str, releases: &[String]) 
 
 #[tokio::test]
 async fn bare_apply_and_helm_install_create_every_release() {
-    let control_plane = testenv::shared(testenv::Options {
-        controller_manager: true,
-        crd_files: vec![repo().join("crds/manifest.yaml")],
-        ..Default::default()
-    })
-    .await
-    .expect("control plane");
+    let control_plane = control_plane().await;
     let client = control_plane.client().await.unwrap();
     let helm = testenv::Tools::locate().unwrap().helm;
 
@@ -227,6 +241,137 @@ async fn bare_apply_and_helm_install_create_every_release() {
     }
 }
 
+/// Six releases through the bare client with `writes`, 4 at once, in a new namespace: the
+/// requests it sent (counted as a replica counts its own), the namespace, the releases.
+async fn send(writes: Writes, prefix: &str) -> (ApiRequestMetrics, Client, String, Vec<String>) {
+    let control_plane = control_plane().await;
+    let client = control_plane.client().await.unwrap();
+    let helm = testenv::Tools::locate().unwrap().helm;
+    let ns = control_plane.namespace(&client, prefix).await.unwrap();
+    let sent = ApiRequestMetrics::default();
+    let config = kube::Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(control_plane.kubeconfig()).unwrap(),
+        &KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let counted = requests::client(config, &sent, RequestTarget::Local).unwrap();
+    let template =
+        baseline::render_chart(&helm, &chart(), baseline::TEMPLATE_RELEASE, &ns, &json!({}))
+            .await
+            .unwrap();
+    let names = releases(prefix, 6);
+    let chart_spec = json!({"path": "loadtest/charts/podinfo-like"});
+    let labels = BTreeMap::from([("loadtest-run".to_owned(), ns.clone())]);
+    let shape = manifest_writes::Shape {
+        chart: &chart_spec,
+        interval: "10m",
+        labels: &labels,
+    };
+    let releases = baseline::Releases {
+        objects_template: &template,
+        template_release: baseline::TEMPLATE_RELEASE,
+        names: &names,
+        parallelism: 4,
+    };
+    let burst =
+        manifest_writes::bare_with_manifest_writes(&counted, &ns, &releases, &shape, writes)
+            .await
+            .unwrap();
+    assert!(burst.seconds > 0.0);
+    assert_objects(&client, &ns, &format!("{prefix}-"), &names).await;
+    (sent, client, ns, names)
+}
+
+/// Asserts each release left what an install leaves: its Manifest claimed (shard label, a
+/// finalizer), `Ready` with its inventory and the UIDs of the live objects, which carry its
+/// UID and shard; `events` `Ready` Events about it.
+async fn assert_installed(client: &Client, ns: &str, releases: &[String], events: usize) {
+    let manifests: Api<Manifest> = Api::namespaced(client.clone(), ns);
+    let published: Api<Event> = Api::namespaced(client.clone(), ns);
+    let published = published.list(&ListParams::default()).await.unwrap().items;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    for release in releases {
+        let manifest = manifests.get(release).await.unwrap();
+        let uid = manifest.uid().unwrap();
+        let shard = ShardCount::DEFAULT.shard_of(&uid).to_string();
+        assert_eq!(manifest.labels()[SHARD_LABEL], shard);
+        assert_eq!(manifest.finalizers().len(), 1, "{release}");
+        let status = manifest.status.unwrap();
+        assert_eq!(status.state, Some(State::Ready), "{release}");
+        assert_eq!(status.inventory.len(), 4, "{release}");
+        assert_eq!(status.inventory_uids.len(), 4, "{release}");
+        let deployment = deployments.get(release).await.unwrap();
+        assert_eq!(deployment.labels()[MANIFEST_UID_LABEL], uid);
+        assert_eq!(deployment.labels()[MANIFEST_SHARD_LABEL], shard);
+        let recorded = status.inventory_uids.values();
+        assert!(
+            recorded
+                .into_iter()
+                .any(|u| Some(u) == deployment.uid().as_ref()),
+            "{release}: {:?}",
+            status.inventory_uids
+        );
+        let ready = published.iter().filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
+                && e.reason.as_deref() == Some("Ready")
+        });
+        assert_eq!(ready.count(), events, "{release}");
+    }
+}
+
+/// Asserts the six releases sent `expected` (verb, resource — any for `apply` —, requests per
+/// release) and nothing else but discovery.
+fn assert_sent(sent: &ApiRequestMetrics, expected: &[(&str, &str, f64)]) {
+    for &(verb, resource, count) in expected {
+        let sent_here = if verb == "apply" {
+            sent.sum(|l| l.verb == "apply")
+        } else {
+            sent.count(verb, resource)
+        };
+        assert_eq!(sent_here as f64 / 6.0, count, "{verb} {resource}");
+    }
+    let all = sent.sum(|l| l.resource != "discovery") as f64;
+    let per_release: f64 = expected.iter().map(|e| e.2).sum();
+    assert_eq!(all, 6.0 * per_release, "nothing else: {:?}", sent.seen());
+}
+
+const MANIFESTS: &str = "modulemanager.io/manifests";
+const STATUS: &str = "modulemanager.io/manifests/status";
+
+/// The bare client with the Manifest's writes sends the fleet's requests of an install per
+/// release and leaves what the fleet's install leaves.
+#[tokio::test]
+async fn the_manifest_writes_baseline_sends_an_install_s_requests() {
+    let (sent, client, ns, names) = send(Writes::Fleet, "writes").await;
+    // The create, the claim, 3 statuses, 4 applies, the Deployment's read, the Event.
+    let expected = [
+        ("create", MANIFESTS, 1.0),
+        ("patch", MANIFESTS, 1.0),
+        ("patch", STATUS, 3.0),
+        ("apply", "", 4.0),
+        ("get", "apps/deployments", 1.0),
+        ("create", "events.k8s.io/events", 1.0),
+    ];
+    assert_sent(&sent, &expected);
+    assert_installed(&client, &ns, &names, 1).await;
+}
+
+/// With the minimum writes: the create, the claim, the inventory, 4 applies, the `Ready`
+/// status; no rollout status, read or Event — and the same Manifests as the fleet's.
+#[tokio::test]
+async fn the_minimum_writes_baseline_sends_what_the_contract_needs() {
+    let (sent, client, ns, names) = send(Writes::Minimum, "minimum").await;
+    let expected = [
+        ("create", MANIFESTS, 1.0),
+        ("patch", MANIFESTS, 1.0),
+        ("patch", STATUS, 2.0),
+        ("apply", "", 4.0),
+    ];
+    assert_sent(&sent, &expected);
+    assert_installed(&client, &ns, &names, 0).await;
+}
+
 #[tokio::test]
 async fn failures_name_the_release_and_carry_helm_s_reason() {
     let helm = testenv::Tools::locate().unwrap().helm;
@@ -237,13 +382,7 @@ async fn failures_name_the_release_and_carry_helm_s_reason() {
     let message = format!("{err:#}");
     assert!(message.contains("no-such-chart"), "{message}");
 
-    let control_plane = testenv::shared(testenv::Options {
-        controller_manager: true,
-        crd_files: vec![repo().join("crds/manifest.yaml")],
-        ..Default::default()
-    })
-    .await
-    .expect("control plane");
+    let control_plane = control_plane().await;
     let releases = releases("nowhere", 1);
     let err = baseline::helm_install(
         &helm,

@@ -98,13 +98,30 @@ fn the_mttp_scenario_reports_every_figure() {
     for b in mttp["baselines"].as_array().unwrap() {
         assert!(b["error"].is_null(), "{b}");
         positive(&b["bare_apply"]["per_second"], "bare apply");
+        positive(
+            &b["bare_with_manifest_writes"]["per_second"],
+            "bare apply with the Manifest's writes",
+        );
+        positive(
+            &b["bare_with_minimum_writes"]["per_second"],
+            "bare apply with the minimum writes",
+        );
         positive(&b["helm"]["per_second"], "helm");
+        let cpu = b["control_plane_cpu_seconds_per_manifest"]
+            .as_object()
+            .unwrap();
+        assert_eq!(cpu.len(), 4, "{b}");
+        for v in cpu.values() {
+            positive(v, "control plane CPU");
+        }
     }
     let ratios = mttp["ratios"].as_array().unwrap();
     assert_eq!(ratios.len(), 2);
     for r in ratios {
         for field in [
             "fleet_over_bare_apply",
+            "fleet_over_manifest_writes",
+            "fleet_over_minimum_writes",
             "fleet_over_single_replica",
             "fleet_over_helm",
         ] {

@@ -6,6 +6,10 @@ use std::path::PathBuf;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
+/// The CLI's `User-Agent`: its writes (`reconcile`, `reset`) show in `managedFields` and audit
+/// logs as `module-manager-cli`, apart from the operator's.
+const CLI_USER_AGENT: &str = concat!("module-manager-cli/", env!("CARGO_PKG_VERSION"));
+
 /// The connection flags of every Manifest command.
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct KubeArgs {
@@ -55,6 +59,8 @@ pub async fn connect(args: &KubeArgs) -> anyhow::Result<Connection> {
         .namespace
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
+    let mut config = config;
+    crate::telemetry::requests::with_user_agent(&mut config, CLI_USER_AGENT);
     let client = Client::try_from(config).map_err(|e| anyhow::anyhow!("connect: {e}"))?;
     Ok(Connection { client, namespace })
 }

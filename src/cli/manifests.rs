@@ -167,7 +167,11 @@ async fn patch(
     name: &str,
     body: serde_json::Value,
 ) -> anyhow::Result<Manifest> {
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&body))
+    let params = PatchParams {
+        field_manager: Some("module-manager-cli".to_owned()),
+        ..PatchParams::default()
+    };
+    api.patch(name, &params, &Patch::Merge(&body))
         .await
         .map_err(|e| api_error(step, what, e))
 }

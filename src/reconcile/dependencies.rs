@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch};
 use serde_json::json;
 
 use super::{Context, Pass, ReconcileError};
@@ -102,7 +102,11 @@ async fn label(
     fence.check()?;
     let patch = json!({"metadata": {"labels": {DEPENDED_ON_LABEL: "true"}}});
     Api::<Manifest>::namespaced(ctx.client.clone(), &key.namespace)
-        .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &key.name,
+            &super::records::merge_params(),
+            &Patch::Merge(&patch),
+        )
         .await
         .map_err(|source| ReconcileError::LabelDependency {
             what: key.to_string(),

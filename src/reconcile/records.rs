@@ -110,7 +110,7 @@ pub(super) async fn patch_status(
     let answer = manifest_api(manifest, ctx)
         .patch_status(
             &manifest.name_any(),
-            &PatchParams::default(),
+            &merge_params(),
             &Patch::Merge(&json!({ "status": status })),
         )
         .await
@@ -130,11 +130,7 @@ pub(super) async fn patch_metadata(
     metadata["resourceVersion"] = json!(manifest.resource_version());
     let patch = json!({ "metadata": metadata });
     manifest_api(manifest, ctx)
-        .patch(
-            &manifest.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+        .patch(&manifest.name_any(), &merge_params(), &Patch::Merge(&patch))
         .await
         .map_err(ReconcileError::WriteMetadata)
 }
@@ -165,6 +161,15 @@ pub(super) async fn record_inventory(
         *recorded = Some(list);
     }
     Ok(())
+}
+
+/// A merge patch's parameters: field manager `module-manager` (the name its writes to a
+/// Manifest show under in `managedFields`, as its applies do).
+pub(super) fn merge_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(crate::apply::FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
 }
 
 /// The API of the Manifest's own namespace.

@@ -276,16 +276,35 @@ where
     }
 }
 
-/// A client for `config` whose requests are counted into `metrics` as `target`'s.
+/// The `User-Agent` of every request module-manager sends (Kubernetes API and chart
+/// repositories). The API server names the field manager of a write without one after it
+/// (`module-manager` in `managedFields`), and audit logs tell module-manager's requests from
+/// other clients' by it.
+pub const USER_AGENT: &str = concat!("module-manager/", env!("CARGO_PKG_VERSION"));
+
+/// A client for `config` whose requests are counted into `metrics` as `target`'s and carry
+/// [`USER_AGENT`].
 pub fn client(
-    config: kube::Config,
+    mut config: kube::Config,
     metrics: &ApiRequestMetrics,
     target: RequestTarget,
 ) -> kube::Result<kube::Client> {
+    with_user_agent(&mut config, USER_AGENT);
     let layer = CountRequests::new(metrics.clone(), target);
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&layer)
         .build())
+}
+
+/// Sets `config`'s `User-Agent` to `agent` (replacing one already set).
+pub fn with_user_agent(config: &mut kube::Config, agent: &'static str) {
+    config
+        .headers
+        .retain(|(name, _)| name != http::header::USER_AGENT);
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(agent),
+    ));
 }
 
 #[cfg(test)]

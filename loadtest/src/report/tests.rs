@@ -248,7 +248,13 @@ fn mttp_run() -> RunResult {
             manifests: 100,
             objects_per_manifest: 4,
             bare_apply: path(4.0),
+            bare_with_manifest_writes: path(8.0),
+            bare_with_minimum_writes: path(5.0),
             helm: path(25.0),
+            control_plane_cpu_seconds_per_manifest: BTreeMap::from([
+                (PATH_BARE_APPLY.into(), 0.04),
+                (PATH_MANIFEST_WRITES.into(), 0.063),
+            ]),
             error: None,
         }],
         idle: Some(IdleFigures {
@@ -295,13 +301,26 @@ fn markdown_has_the_mttp_bursts_baselines_ratios_idle_and_restart() {
         &md,
         "by verb get 13.25, patch 9.00; by resource manifests/status 3.00",
     );
+    assert_contains(&md, "| 100 | bare apply | 4.0 | 25.0 | 12 | 0.040 |");
     assert_contains(
         &md,
-        "| 100 | 4.0 s (25.0/s, 12 at once) | 25.0 s (4.0/s, 12 at once) |",
+        "| 100 | bare apply with the Manifest's writes | 8.0 | 12.5 | 12 | 0.063 |",
     );
-    // 100 on 3 replicas: 6.25/s; bare 25/s, one replica 2.5/s, helm 4/s.
-    assert_contains(&md, "| 100 | 3 | **0.25×** | **2.50×** | **1.56×** |");
-    assert_contains(&md, "| 500 | 3 | – | **2.30×** | – |");
+    assert_contains(
+        &md,
+        "| 100 | bare apply with the minimum writes | 5.0 | 20.0 | 12 | – |",
+    );
+    assert_contains(
+        &md,
+        "| 100 | `helm upgrade --install` | 25.0 | 4.0 | 12 | – |",
+    );
+    // 100 on 3 replicas: 6.25/s; bare 25/s, with the writes 12.5/s, the minimum 20/s, one
+    // replica 2.5/s, helm 4/s.
+    assert_contains(
+        &md,
+        "| 100 | 3 | **0.25×** | **0.50×** | **0.31×** | **2.50×** | **1.56×** |",
+    );
+    assert_contains(&md, "| 500 | 3 | – | – | – | **2.30×** | – |");
     assert_contains(
         &md,
         "### Idle: 600 Manifests on 3 replicas for 60 s (drift interval 10m)",

@@ -52,7 +52,7 @@ pub(super) fn client(config: &RemoteConfig, reach: &Reach) -> Result<reqwest::Cl
         .dns_resolver(reach.resolver())
         .no_proxy()
         .connect_timeout(config.timeout.min(Duration::from_secs(10)))
-        .user_agent(concat!("module-manager/", env!("CARGO_PKG_VERSION")))
+        .user_agent(crate::telemetry::requests::USER_AGENT)
         .build()
         .map_err(|e| FetchError::Reference(format!("HTTP client: {}", chain(&e))))
 }

@@ -4,7 +4,10 @@
 use std::collections::BTreeMap;
 
 use super::{Align, MISSING, descending, rate, ratio, seconds, table};
-use crate::results::{ColdRestart, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio};
+use crate::results::{
+    ColdRestart, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio, PATH_BARE_APPLY, PATH_HELM,
+    PATH_MANIFEST_WRITES, PATH_MINIMUM_WRITES,
+};
 
 /// Resources listed per burst in the fleet's requests; the rest are summed up.
 const TOP: usize = 6;
@@ -121,40 +124,61 @@ fn fleet_requests(bursts: &[MttpBurst]) -> Option<String> {
 }
 
 fn baselines(baselines: &[MttpBaseline]) -> String {
-    let path = |b: Option<&crate::results::Burst>| {
-        b.map_or_else(
-            || MISSING.to_owned(),
-            |b| {
-                format!(
-                    "{:.1} s ({}/s, {} at once)",
-                    b.seconds,
-                    rate(b.per_second),
-                    b.parallelism
-                )
-            },
-        )
-    };
-    let rows = baselines
-        .iter()
-        .map(|b| {
-            vec![
+    let mut rows = Vec::new();
+    for b in baselines {
+        let paths = [
+            (PATH_BARE_APPLY, b.bare_apply.as_ref()),
+            (PATH_MANIFEST_WRITES, b.bare_with_manifest_writes.as_ref()),
+            (PATH_MINIMUM_WRITES, b.bare_with_minimum_writes.as_ref()),
+            (PATH_HELM, b.helm.as_ref()),
+        ];
+        for (name, burst) in paths {
+            let Some(burst) = burst else { continue };
+            let cpu = b.control_plane_cpu_seconds_per_manifest.get(name);
+            rows.push(vec![
                 b.manifests.to_string(),
-                path(b.bare_apply.as_ref()),
-                path(b.helm.as_ref()),
-                b.error.clone().unwrap_or_default(),
-            ]
-        })
-        .collect();
+                name.replace("helm", "`helm upgrade --install`"),
+                format!("{:.1}", burst.seconds),
+                rate(burst.per_second),
+                burst.parallelism.to_string(),
+                cpu.map_or_else(|| MISSING.to_owned(), |cpu| format!("{cpu:.3}")),
+            ]);
+        }
+        if let Some(error) = &b.error {
+            rows.push(vec![
+                b.manifests.to_string(),
+                format!("error: {error}"),
+                MISSING.to_owned(),
+                MISSING.to_owned(),
+                MISSING.to_owned(),
+                MISSING.to_owned(),
+            ]);
+        }
+    }
     format!(
-        "### Baselines (same run, no fleet)\n\n{}",
+        "### Baselines (same run, no fleet)\n\n\
+         With the Manifest's writes: a bare client sends, per release, the requests the fleet \
+         sends per install (create, claim, inventory, the applies, two statuses, one read, one \
+         Event) and nothing else — no render, queue or watch, no wait for the rollout; with the \
+         minimum writes, only the create, the claim, the inventory, the applies and the `Ready` \
+         status. Control plane CPU: from quiet to quiet again after the path.\n\n{}",
         table(
             &[
                 "Manifests",
-                "bare server-side apply",
-                "`helm upgrade --install`",
-                "error"
+                "path",
+                "took (s)",
+                "Manifests/s",
+                "at once",
+                "control plane CPU-s / Manifest"
             ],
-            &[Align::Right, Align::Right, Align::Right, Align::Left],
+            &[
+                Align::Right,
+                Align::Left,
+                Align::Right,
+                Align::Right,
+                Align::Right,
+                Align::Right
+            ],
             rows
         )
     )
@@ -170,6 +194,8 @@ fn ratios(ratios: &[MttpRatio]) -> String {
                 r.manifests.to_string(),
                 r.replicas.to_string(),
                 show(r.fleet_over_bare_apply),
+                show(r.fleet_over_manifest_writes),
+                show(r.fleet_over_minimum_writes),
                 show(r.fleet_over_single_replica),
                 show(r.fleet_over_helm),
             ]
@@ -182,10 +208,12 @@ fn ratios(ratios: &[MttpRatio]) -> String {
                 "Manifests",
                 "replicas",
                 "fleet ÷ bare apply",
+                "fleet ÷ bare apply with the Manifest's writes",
+                "fleet ÷ bare apply with the minimum writes",
                 "fleet ÷ one replica",
                 "fleet ÷ helm"
             ],
-            &[Align::Right; 5],
+            &[Align::Right; 7],
             rows
         )
     )
