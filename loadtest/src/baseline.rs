@@ -186,18 +186,10 @@ pub(crate) async fn prepare(
 pub async fn bare_apply(
     client: &kube::Client,
     namespace: &str,
-    objects_template: &[Value],
-    template_release: &str,
-    releases: &[String],
-    parallelism: usize,
+    releases: &Releases<'_>,
 ) -> anyhow::Result<Burst> {
-    let these = Releases {
-        objects_template,
-        template_release,
-        names: releases,
-        parallelism,
-    };
-    let work = prepare(client, namespace, &these).await?;
+    let parallelism = releases.parallelism;
+    let work = prepare(client, namespace, releases).await?;
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let started = Instant::now();
     let mut applies = stream::iter(work)
@@ -217,7 +209,7 @@ pub async fn bare_apply(
     while let Some(done) = applies.next().await {
         done?;
     }
-    Ok(burst(parallelism, releases.len(), started.elapsed()))
+    Ok(burst(parallelism, releases.names.len(), started.elapsed()))
 }
 
 impl Prepared {

@@ -535,12 +535,12 @@ async fn baselines(
 ) -> anyhow::Result<()> {
     let paths =
         run::BaselinePaths::new(setting.cluster, setting.options, count, replicas as usize).await?;
-    measured.objects_per_manifest = paths.objects_per_manifest;
     let pids = &setting.control_plane;
     let n = count.max(1) as f64;
     quiet(pids).await;
     let before = control_plane_cpu(pids);
-    let bare = paths.bare_apply(progress).await?;
+    let (bare, objects) = paths.bare_apply(progress).await?;
+    measured.objects_per_manifest = objects;
     measured.bare_apply = Some(bare);
     let mut spent = async |path: &str, before: f64| {
         quiet(pids).await;

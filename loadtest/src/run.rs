@@ -905,10 +905,10 @@ pub async fn bare_and_helm(
     progress: &Progress,
 ) -> anyhow::Result<PathsWithoutFleet> {
     let paths = BaselinePaths::new(cluster, options, count, replicas).await?;
-    let bare_apply = paths.bare_apply(progress).await?;
+    let (bare_apply, objects_per_manifest) = paths.bare_apply(progress).await?;
     let helm = paths.helm(progress).await?;
     Ok(PathsWithoutFleet {
-        objects_per_manifest: paths.objects_per_manifest,
+        objects_per_manifest,
         bare_apply,
         helm,
     })
@@ -916,7 +916,7 @@ pub async fn bare_and_helm(
 
 /// The paths without a fleet for one burst size: `count` releases (`r00000`…), each path
 /// `replicas` × `--concurrency` releases at once (as many as the fleet's workers), each in a
-/// new namespace, the chart rendered once for it.
+/// new namespace, the chart rendered for it (in its namespace).
 pub struct BaselinePaths<'a> {
     cluster: &'a Cluster<'a>,
     options: &'a Options,
@@ -925,8 +925,6 @@ pub struct BaselinePaths<'a> {
     chart: PathBuf,
     names: Vec<String>,
     parallelism: usize,
-    /// Objects in one release of the chart.
-    pub objects_per_manifest: u64,
 }
 
 impl<'a> BaselinePaths<'a> {
@@ -939,7 +937,7 @@ impl<'a> BaselinePaths<'a> {
         let client = cluster.client().await?;
         let helm = testenv::Tools::locate()?.helm;
         let chart = repo(options).join(&options.chart);
-        let mut paths = Self {
+        Ok(Self {
             cluster,
             options,
             client,
@@ -947,10 +945,17 @@ impl<'a> BaselinePaths<'a> {
             chart,
             names: (0..count).map(|i| format!("r{i:05}")).collect(),
             parallelism: replicas * options.concurrency,
-            objects_per_manifest: 0,
-        };
-        paths.objects_per_manifest = paths.objects("default").await?.len() as u64;
-        Ok(paths)
+        })
+    }
+
+    /// The releases of a path: `objects` (the chart as the template release) for each name.
+    fn releases<'r>(&'r self, objects: &'r [Value]) -> baseline::Releases<'r> {
+        baseline::Releases {
+            objects_template: objects,
+            template_release: baseline::TEMPLATE_RELEASE,
+            names: &self.names,
+            parallelism: self.parallelism,
+        }
     }
 
     /// The chart's objects as the template release in `namespace` (see
@@ -966,23 +971,19 @@ impl<'a> BaselinePaths<'a> {
         .await
     }
 
-    /// A bare client server-side applying the releases' objects.
-    pub async fn bare_apply(&self, progress: &Progress) -> anyhow::Result<Burst> {
+    /// A bare client server-side applying the releases' objects; and how many objects one
+    /// release has.
+    pub async fn bare_apply(&self, progress: &Progress) -> anyhow::Result<(Burst, u64)> {
         progress.say(format!(
             "baseline: a bare client server-side applying {} releases' objects, {} at once",
             self.names.len(),
             self.parallelism
         ));
         let namespace = new_namespace(self.cluster, &self.client, "burst-apply").await?;
-        baseline::bare_apply(
-            &self.client,
-            &namespace,
-            &self.objects(&namespace).await?,
-            baseline::TEMPLATE_RELEASE,
-            &self.names,
-            self.parallelism,
-        )
-        .await
+        let objects = self.objects(&namespace).await?;
+        let releases = self.releases(&objects);
+        let burst = baseline::bare_apply(&self.client, &namespace, &releases).await?;
+        Ok((burst, objects.len() as u64))
     }
 
     /// A bare client sending `writes` of an install per release ([`crate::manifest_writes`]).
@@ -1009,16 +1010,10 @@ impl<'a> BaselinePaths<'a> {
             labels: &labels,
         };
         let objects = self.objects(&namespace).await?;
-        let releases = baseline::Releases {
-            objects_template: &objects,
-            template_release: baseline::TEMPLATE_RELEASE,
-            names: &self.names,
-            parallelism: self.parallelism,
-        };
         crate::manifest_writes::bare_with_manifest_writes(
             &self.client,
             &namespace,
-            &releases,
+            &self.releases(&objects),
             &shape,
             writes,
         )

@@ -164,16 +164,13 @@ async fn bare_apply_and_helm_install_create_every_release() {
         BTreeSet::from(["ConfigMap", "Deployment", "Service", "ServiceAccount"])
     );
     let bare = releases("bare", 10);
-    let first = baseline::bare_apply(
-        &client,
-        &ns,
-        &template,
-        baseline::TEMPLATE_RELEASE,
-        &bare,
-        4,
-    )
-    .await
-    .unwrap();
+    let these = baseline::Releases {
+        objects_template: &template,
+        template_release: baseline::TEMPLATE_RELEASE,
+        names: &bare,
+        parallelism: 4,
+    };
+    let first = baseline::bare_apply(&client, &ns, &these).await.unwrap();
     assert_objects(&client, &ns, "bare-", &bare).await;
     let deployment = Api::<Deployment>::namespaced(client.clone(), &ns)
         .get("bare-3")
@@ -182,16 +179,7 @@ async fn bare_apply_and_helm_install_create_every_release() {
     let pod_spec = deployment.spec.unwrap().template.spec.unwrap();
     assert_eq!(pod_spec.service_account_name.as_deref(), Some("bare-3"));
     let before = versions(&client, &ns).await;
-    let again = baseline::bare_apply(
-        &client,
-        &ns,
-        &template,
-        baseline::TEMPLATE_RELEASE,
-        &bare,
-        4,
-    )
-    .await
-    .unwrap();
+    let again = baseline::bare_apply(&client, &ns, &these).await.unwrap();
     assert_objects(&client, &ns, "bare-", &bare).await;
     assert_eq!(
         versions(&client, &ns).await,

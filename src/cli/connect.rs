@@ -38,7 +38,7 @@ pub async fn connect(args: &KubeArgs) -> anyhow::Result<Connection> {
         context: args.context.clone(),
         ..Default::default()
     };
-    let config = match (&args.kubeconfig, &args.context) {
+    let mut config = match (&args.kubeconfig, &args.context) {
         (Some(path), _) => {
             let kubeconfig = Kubeconfig::read_from(path)
                 .map_err(|e| anyhow::anyhow!("read the kubeconfig {}: {e}", path.display()))?;
@@ -59,7 +59,6 @@ pub async fn connect(args: &KubeArgs) -> anyhow::Result<Connection> {
         .namespace
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
-    let mut config = config;
     crate::telemetry::requests::with_user_agent(&mut config, CLI_USER_AGENT);
     let client = Client::try_from(config).map_err(|e| anyhow::anyhow!("connect: {e}"))?;
     Ok(Connection { client, namespace })
