@@ -234,13 +234,17 @@ async fn an_install_and_a_drift_pass_stay_within_the_request_budget() {
     let per = |n: u64, of: u64| n as f64 / of.max(1) as f64;
     let events = install.of(|_, r| r == "events.k8s.io/events");
     let identity = install.of(identity_read);
-    let watches = install.of(watching);
-    let counted = install.total() - events - identity - watches;
+    // The controller's own watch of Manifests may open inside the window when it starts (its
+    // list came first): that is the replica's start, not an install's request.
+    let manifest_watch = install.of(|v, r| watching(v, r) && r == "modulemanager.io/manifests");
+    let watches = install.of(watching) - manifest_watch;
+    let counted = install.total() - events - identity - watches - manifest_watch;
     eprintln!(
         "BUDGET install: {MANIFESTS} Manifests of {OBJECTS} objects: {:.1} requests per install in \
          all; {:.1} without the Events ({:.1}), the replica's one read of the cluster's \
-         identity ({identity} in all) and the start of the watches of the objects' kinds \
-         ({watches} in all), budget {}; {:.2} passes per Manifest, budget 1.2",
+         identity ({identity} in all), the start of the watches of the objects' kinds \
+         ({watches} in all) and of the Manifests' ({manifest_watch}), budget {}; {:.2} passes \
+         per Manifest, budget 1.2",
         per(install.total(), MANIFESTS),
         per(counted, MANIFESTS),
         per(events, MANIFESTS),
@@ -263,6 +267,7 @@ async fn an_install_and_a_drift_pass_stay_within_the_request_budget() {
         "the cluster's identity is read once per replica"
     );
     assert!(watches <= 2 * OBJECTS, "a list and a watch per kind, once");
+    assert!(manifest_watch <= 1, "the Manifests' watch opens once");
     assert!(install.passes * 10 <= MANIFESTS * 12, "passes per Manifest");
     assert_eq!(drift.passes, MANIFESTS, "one pass per request");
     let drift_budget = MANIFESTS * (OBJECTS + 1);
