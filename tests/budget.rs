@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use module_manager::api::{Manifest, RECONCILE_REQUESTED_AT, State};
+use module_manager::api::{HookOperation, Manifest, RECONCILE_REQUESTED_AT, State};
 use module_manager::apply::MANIFEST_UID_LABEL;
 use module_manager::apply::watched::{MANIFEST_SHARD_LABEL, Selection};
 use module_manager::reconcile::Context;
@@ -37,6 +37,60 @@ struct Counted {
     ns: String,
     _stop: tokio::sync::oneshot::Sender<()>,
     _helm_home: tempfile::TempDir,
+}
+
+/// An operator's context whose client counts its requests, in a namespace of its own, and
+/// the test's own (uncounted) client.
+struct Parts {
+    admin: kube::Client,
+    ns: String,
+    api: ApiRequestMetrics,
+    ctx: Arc<Context>,
+    helm_home: tempfile::TempDir,
+}
+
+impl Parts {
+    /// With `selection` for the object watches (a replica's owned shards).
+    async fn new(selection: Option<Selection>) -> Self {
+        let control_plane = common::control_plane().await;
+        let admin = control_plane.client().await.unwrap();
+        let ns = control_plane.namespace(&admin, "budget").await.unwrap();
+        let api = ApiRequestMetrics::default();
+        let kubeconfig = Kubeconfig::read_from(control_plane.kubeconfig()).unwrap();
+        let options = KubeConfigOptions::default();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options);
+        let client = requests::client(config.await.unwrap(), &api, RequestTarget::Local).unwrap();
+        let helm_home = tempfile::tempdir().unwrap();
+        let mut context = test_support::context(client, helm_home.path());
+        if let Some(selection) = selection {
+            context = context.object_selection(selection);
+        }
+        let ctx = Arc::new(context.build().await.unwrap());
+        Self {
+            admin,
+            ns,
+            api,
+            ctx,
+            helm_home,
+        }
+    }
+
+    /// Requests and passes so far (passes are not counted here: the test runs them).
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            requests: counted(&self.api),
+            passes: 0,
+        }
+    }
+}
+
+/// Requests by series (`verb resource`) so far.
+fn counted(api: &ApiRequestMetrics) -> BTreeMap<(String, String), u64> {
+    let requests = api.seen().into_iter().map(|l: RequestLabels| {
+        let n = api.requests.get_or_create(&l).get();
+        ((l.verb.to_owned(), l.resource), n)
+    });
+    requests.collect()
 }
 
 /// Requests by series (`verb resource`), and passes, at one moment.
@@ -77,20 +131,13 @@ impl Counted {
 
     /// With `selection` for the object watches (a replica's owned shards).
     async fn start_with(selection: Option<Selection>) -> Self {
-        let control_plane = common::control_plane().await;
-        let admin = control_plane.client().await.unwrap();
-        let ns = control_plane.namespace(&admin, "budget").await.unwrap();
-        let api = ApiRequestMetrics::default();
-        let kubeconfig = Kubeconfig::read_from(control_plane.kubeconfig()).unwrap();
-        let options = KubeConfigOptions::default();
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options);
-        let client = requests::client(config.await.unwrap(), &api, RequestTarget::Local).unwrap();
-        let helm_home = tempfile::tempdir().unwrap();
-        let mut context = test_support::context(client, helm_home.path());
-        if let Some(selection) = selection {
-            context = context.object_selection(selection);
-        }
-        let ctx = Arc::new(context.build().await.unwrap());
+        let Parts {
+            admin,
+            ns,
+            api,
+            ctx,
+            helm_home,
+        } = Parts::new(selection).await;
         let config = ControllerConfig {
             concurrency: 2,
             namespace: Some(ns.clone()),
@@ -116,16 +163,12 @@ impl Counted {
     }
 
     fn snapshot(&self) -> Snapshot {
-        let requests = self.api.seen().into_iter().map(|l: RequestLabels| {
-            let n = self.api.requests.get_or_create(&l).get();
-            ((l.verb.to_owned(), l.resource), n)
-        });
         let passes = ["ready", "processing", "warning", "error", "done", "fenced"]
             .into_iter()
             .map(|result| self.passes(result))
             .sum();
         Snapshot {
-            requests: requests.collect(),
+            requests: counted(&self.api),
             passes,
         }
     }
@@ -326,6 +369,91 @@ async fn a_rollout_is_looked_at_by_reading_the_workload_not_by_applying_again() 
     let events = common::events_once(&admin, &op.ns, "roll", ready_published).await;
     let reasons: Vec<&str> = events.iter().map(|(_, r, _)| r.as_str()).collect();
     assert_eq!(reasons, ["Ready"], "{events:?}");
+}
+
+/// A pass that only entered the rollout wait leaves its status to the look that follows
+/// (`plan::status::may_defer`): an install whose workload has rolled out by then writes the
+/// Manifest's status twice — the inventory before the applies, then `Ready` — not three times.
+/// When that hand-over is lost (here someone writes the Manifest in between; a replica that
+/// stops or a shard that moves lose it too), the next pass applies again and records all the
+/// first one learned: the same Ready status, every object's UID.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rollout_status_is_left_to_the_look_that_follows() {
+    let parts = Parts::new(None).await;
+    let manifests: Api<Manifest> = Api::namespaced(parts.admin.clone(), &parts.ns);
+    // Outside a fleet: this process owns every shard; the test runs the passes itself.
+    let fence = module_manager::shard::fence::Ownership::everything()
+        .dispatch(0)
+        .expect("owns every shard");
+    let pass = async |name: &str| {
+        let manifest = Arc::new(manifests.get(name).await.unwrap());
+        module_manager::reconcile::reconcile(manifest, &parts.ctx, &fence).await;
+        manifests
+            .get(name)
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default()
+    };
+    for (name, lost) in [("kept", false), ("lost", true)] {
+        let manifest: Manifest = serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": name, "namespace": parts.ns},
+            "spec": {"module": name, "interval": "1h", "values": {"replicas": 1},
+                     "chart": {"path": "tests/fixtures/charts/scaled"}},
+        }))
+        .unwrap();
+        manifests
+            .create(&PostParams::default(), &manifest)
+            .await
+            .unwrap();
+        let before = parts.snapshot();
+        let first = pass(name).await;
+        assert_eq!(
+            first.inventory.len(),
+            2,
+            "the inventory is recorded: {first:?}"
+        );
+        // The inventory and its hook run (an install) are all there is: the rollout's status
+        // is left to the next look.
+        let run = first.hook_run.as_ref().map(|run| run.operation);
+        assert_eq!(run, Some(HookOperation::Install), "{first:?}");
+        assert_eq!(first.state, None, "{first:?}");
+        if lost {
+            common::annotate(&manifests, name, "example.com/touched", "yes").await;
+        }
+        // No Deployment controller runs: the test plays the rollout.
+        common::deployment_rolled_out(&parts.admin, &parts.ns, name, 1).await;
+        let second = pass(name).await;
+        let spent = between(&before, &parts.snapshot());
+        eprintln!("BUDGET rollout status ({name}): {}", spent.line());
+        assert_eq!(second.state, Some(State::Ready), "{name}: {second:?}");
+        assert_eq!(
+            second.inventory_uids.len(),
+            2,
+            "{name}: every UID: {second:?}"
+        );
+        let operation = second.last_operation.as_ref().map(|o| o.operation.as_str());
+        assert_eq!(operation, Some("Install"), "{name}: {second:?}");
+        let status_writes =
+            spent.of(|v, r| (v, r) == ("patch", "modulemanager.io/manifests/status"));
+        let applies = spent.of(|verb, _| verb == "apply");
+        if lost {
+            // Applied again: no UID recorded, so each object's create-only apply is refused,
+            // the object read and, labelled with the Manifest's UID, taken over (2 × 2).
+            assert_eq!((status_writes, applies), (2, 6), "{name}: {}", spent.line());
+        } else {
+            // The look read the Deployment, applied nothing, and wrote Ready.
+            assert_eq!((status_writes, applies), (2, 2), "{name}: {}", spent.line());
+        }
+        let ready_published = |events: &[(String, String, String)]| {
+            events.iter().any(|(_, reason, _)| reason == "Ready")
+        };
+        let events = common::events_once(&parts.admin, &parts.ns, name, ready_published).await;
+        let reasons: Vec<&str> = events.iter().map(|(_, r, _)| r.as_str()).collect();
+        assert_eq!(reasons, ["Ready"], "{name}: {events:?}");
+    }
 }
 
 /// The watches' own requests: a list and a watch per kind when a replica first applies it,

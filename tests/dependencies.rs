@@ -114,7 +114,14 @@ async fn a_dependent_waits_and_is_woken_when_its_dependency_becomes_ready() {
     );
 
     // The Deployment rolls out: web becomes Ready, and app is woken (its interval is an hour).
-    wait_reason(&operator, "web", State::Processing, "Progressing").await;
+    common::wait_for(
+        &operator.manifests,
+        "web",
+        "rolling out",
+        LIMIT,
+        common::rolling_out,
+    )
+    .await;
     common::deployment_rolled_out(&operator.client, &ns, "web-web", 1).await;
     common::wait_state(&operator.manifests, "web", State::Ready, LIMIT).await;
     let app = common::wait_state(&operator.manifests, "app", State::Ready, LIMIT).await;

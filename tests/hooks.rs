@@ -617,7 +617,7 @@ async fn the_ledger_example_migrates_its_data_before_the_upgrade() {
     let h = start("hook-ledger").await;
     h.create_from("ledger", "examples/charts/ledger-v1", json!({}))
         .await;
-    h.wait_state("ledger", State::Processing, "Progressing")
+    h.wait_for("ledger", "rolling out", common::rolling_out)
         .await;
     h.deployment_ready("ledger").await;
     h.wait_state("ledger", State::Ready, "Ready").await;

@@ -264,7 +264,7 @@ async fn a_web_app_is_ready_once_its_deployment_has_rolled_out() {
     let h = start("web", RenderLimits::default()).await;
     h.create(&h.manifest("web", "examples/charts/web", json!({"replicaCount": 2})))
         .await;
-    let processing = h.wait_state("web", State::Processing).await;
+    let processing = h.wait_for("web", "rolling out", common::rolling_out).await;
     let status = processing.status.clone().unwrap();
     let message = &status
         .conditions

@@ -4,14 +4,15 @@
 //! It shows what the Manifest's own writes add to the objects' applies; a fleet that overlaps
 //! its passes can be faster than it (docs/benchmarks.md), so it is no lower limit.
 //!
-//! Per release, as the audit log counts the fleet's install (docs/benchmarks.md): the user's
-//! create of the Manifest; the claim (one metadata patch: shard label and finalizer); the
-//! inventory (a status patch); each object server-side applied with the labels the fleet adds;
-//! the status of the rollout wait (UIDs learned, `Progressing`); one read of the Deployment;
-//! the `Ready` status; one Event. The statuses are built by module-manager's own
-//! `plan::status` functions, so they are the size the fleet writes. [`Writes::Minimum`] keeps
-//! only the finalizer and the inventory before the applies and a `Ready` status: no rollout
-//! status, no Event (both part of today's contract, docs/api.md and docs/reconcile.md).
+//! Per release, as the fleet sends an install whose Deployment has rolled out by the first look
+//! at it (docs/reconcile.md, "The rollout status, written by the look that follows"): the
+//! user's create of the Manifest; the claim (one metadata patch: shard label and finalizer);
+//! the inventory with its hook run (a status patch); each object server-side applied with
+//! the labels the fleet adds; one read of the Deployment (the look); the `Ready` status; one
+//! Event. The statuses are built by module-manager's own `plan::status` functions, so they are
+//! the size the fleet writes. [`Writes::Minimum`] keeps only the finalizer and the inventory
+//! before the applies and a `Ready` status: no read, no Event (the Event is part of today's
+//! contract, docs/api.md and docs/reconcile.md).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -95,12 +96,12 @@ pub async fn bare_with_manifest_writes(
 /// Which requests a release sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Writes {
-    /// The fleet's requests of an install (11, [module docs](self)).
+    /// The fleet's requests of an install (10, [module docs](self)).
     Fleet,
     /// The finalizer and the inventory before the applies and a `Ready` status (8): the create;
-    /// the claim; the inventory; the applies; one status, `Ready`. No status for the rollout
-    /// wait, no read of the Deployment, no Event (today's contract has both): a design that
-    /// waited for the rollout inside its first pass and published nothing would send this.
+    /// the claim; the inventory; the applies; one status, `Ready`. No read of the Deployment,
+    /// no Event (today's contract has one): a design that waited for the rollout inside its
+    /// first pass and published nothing would send this.
     Minimum,
 }
 
@@ -123,32 +124,37 @@ impl Install<'_> {
         let shard = ShardCount::DEFAULT.shard_of(&uid);
         self.claim(&created, shard).await?;
         let inventory: Vec<InventoryEntry> = objects.iter().map(entry).collect();
+        let facts = facts(self.release, inventory.clone(), BTreeMap::new());
         let recorded = ManifestStatus {
             inventory: inventory.clone(),
+            hook_run: facts
+                .hook_run
+                .clone()
+                .filter(|_| self.writes == Writes::Fleet),
             ..Default::default()
         };
-        self.patch_status(json!({ "inventory": inventory }))
+        // As `reconcile::records::record_inventory` writes it (the hook run: the fleet's).
+        let record = match self.writes {
+            Writes::Fleet => json!({ "inventory": inventory, "hookRun": recorded.hook_run }),
+            Writes::Minimum => json!({ "inventory": inventory }),
+        };
+        self.patch_status(record)
             .await
             .context("record the inventory")?;
         let learned = apply_labelled(objects, &uid, shard).await?;
-        let facts = facts(self.release, inventory, learned);
-        let before = match self.writes {
-            Writes::Fleet => Some(
-                self.rollout(&recorded, &created, objects, &facts, shard)
-                    .await?,
-            ),
-            Writes::Minimum => None,
-        };
+        if self.writes == Writes::Fleet {
+            look(objects).await?;
+        }
         let ready = Facts {
+            learned_uids: learned,
             readiness_started: Some(None),
             ..facts
         };
-        let previous = before.as_ref().unwrap_or(&recorded);
         let outcome = ready_outcome(objects.len());
-        let done = status(previous, &created, &outcome, &ready, shard);
-        // The fleet's re-check patches against the rollout's status (the one it started from);
-        // a single pass against none.
-        self.patch_status(status_patch(before.as_ref(), &done))
+        let done = status(&recorded, &created, &outcome, &ready, shard);
+        // The look patches against the status stored (the first one); `Minimum` against the
+        // inventory alone.
+        self.patch_status(status_patch(Some(&recorded), &done))
             .await
             .context("write the Ready status")?;
         if self.writes == Writes::Fleet {
@@ -165,31 +171,6 @@ impl Install<'_> {
                 .context("publish the Event")?;
         }
         Ok(())
-    }
-
-    /// The fleet's first pass's end and its re-check's read: the rollout's status (patched
-    /// against no status, as the pass started from none), then one read of the Deployment.
-    async fn rollout(
-        &self,
-        recorded: &ManifestStatus,
-        created: &Manifest,
-        objects: &[Prepared],
-        facts: &Facts,
-        shard: u32,
-    ) -> anyhow::Result<ManifestStatus> {
-        let outcome = rolling_out(objects.len());
-        let waiting = status(recorded, created, &outcome, facts, shard);
-        self.patch_status(status_patch(None, &waiting))
-            .await
-            .context("write the rollout's status")?;
-        if let Some(deployment) = objects.iter().find(|o| o.kind == "Deployment") {
-            deployment
-                .api
-                .get(&deployment.name)
-                .await
-                .context("read the Deployment")?;
-        }
-        Ok(waiting)
     }
 
     /// The claim: shard label and finalizer in one metadata patch, guarded by the
@@ -217,6 +198,18 @@ impl Install<'_> {
             .await?;
         Ok(())
     }
+}
+
+/// The look at the rollout: one read of the Deployment.
+async fn look(objects: &[Prepared]) -> anyhow::Result<()> {
+    if let Some(deployment) = objects.iter().find(|o| o.kind == "Deployment") {
+        deployment
+            .api
+            .get(&deployment.name)
+            .await
+            .context("read the Deployment")?;
+    }
+    Ok(())
 }
 
 /// The Manifest the fleet's bursts create for `release`.
@@ -319,21 +312,7 @@ fn facts(
     }
 }
 
-/// The first pass's outcome: it installed (`lastOperation`), the Deployment rolls out.
-fn rolling_out(objects: usize) -> Outcome {
-    Outcome {
-        rendered: Some(true),
-        applied: Some(true),
-        operation: Some(Operation::Install),
-        ..Outcome::waiting(
-            State::Processing,
-            Reason::Progressing,
-            format!("{objects} objects applied; waiting for Deployment to roll out"),
-        )
-    }
-}
-
-/// The re-check's outcome: everything ready.
+/// The look's outcome: everything ready.
 fn ready_outcome(objects: usize) -> Outcome {
     Outcome {
         rendered: Some(true),

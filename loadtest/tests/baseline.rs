@@ -332,11 +332,12 @@ const STATUS: &str = "modulemanager.io/manifests/status";
 #[tokio::test]
 async fn the_manifest_writes_baseline_sends_an_install_s_requests() {
     let (sent, client, ns, names) = send(Writes::Fleet, "writes").await;
-    // The create, the claim, 3 statuses, 4 applies, the Deployment's read, the Event.
+    // The create, the claim, 2 statuses (the inventory with the first status, Ready), 4
+    // applies, the Deployment's read, the Event.
     let expected = [
         ("create", MANIFESTS, 1.0),
         ("patch", MANIFESTS, 1.0),
-        ("patch", STATUS, 3.0),
+        ("patch", STATUS, 2.0),
         ("apply", "", 4.0),
         ("get", "apps/deployments", 1.0),
         ("create", "events.k8s.io/events", 1.0),
@@ -346,7 +347,7 @@ async fn the_manifest_writes_baseline_sends_an_install_s_requests() {
 }
 
 /// With the minimum writes: the create, the claim, the inventory, 4 applies, the `Ready`
-/// status; no rollout status, read or Event — and the same Manifests as the fleet's.
+/// status; no read or Event — and the same Manifests as the fleet's.
 #[tokio::test]
 async fn the_minimum_writes_baseline_sends_what_the_contract_needs() {
     let (sent, client, ns, names) = send(Writes::Minimum, "minimum").await;

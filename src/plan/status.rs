@@ -302,6 +302,61 @@ pub fn publishes_event(
     state_changed || (problem && previous.and_then(ready_message) != ready_message(next))
 }
 
+/// Whether `status` shows objects rolling out: `Processing`, `Ready` reason `Progressing`.
+pub fn rolling_out(status: Option<&ManifestStatus>) -> bool {
+    status.is_some_and(|status| {
+        status.state == Some(State::Processing)
+            && status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == Reason::Progressing.as_str())
+    })
+}
+
+/// Whether a pass may leave `next` unwritten and hand it to the Manifest's next pass
+/// (docs/reconcile.md, "The rollout status, written by the look that follows"): the pass
+/// entered the rollout wait (`previous`, the status it decided from, was not in it; `next` is;
+/// nothing stalled), no Event is due, the module has no hooks, and everything `next` changes
+/// over `stored` (the status as stored now, the pass's own inventory record included) is
+/// something a full pass finds again if the hand-over is lost (the replica stops, the shard
+/// moves, someone writes the Manifest): the state and its conditions, the digests and
+/// generations, the wait's start, the owner, the learned UIDs (a guarded apply takes an object
+/// labelled as the Manifest's over again) and the identity of the local cluster (the one the
+/// operator runs in: it cannot become another under a Manifest). Never the inventory, the hook
+/// run (recorded with the inventory: an install stays an install), a remote target's identity
+/// or the echo of a request.
+pub fn may_defer(
+    previous: Option<&ManifestStatus>,
+    stored: &ManifestStatus,
+    next: &ManifestStatus,
+    outcome: &Outcome,
+    remote_target: bool,
+) -> bool {
+    let entering_wait = outcome.state == State::Processing
+        && outcome.reason == Reason::Progressing
+        && !outcome.stalled
+        && !rolling_out(previous)
+        && rolling_out(Some(next));
+    let no_hooks = stored.hook_objects.is_empty() && next.hook_objects.is_empty();
+    entering_wait
+        && no_hooks
+        && !publishes_event(previous, next, outcome)
+        && lasting(stored, remote_target) == lasting(next, remote_target)
+}
+
+/// What of a status a lost hand-over would lose for good ([`may_defer`]): all but what a full
+/// pass finds again.
+fn lasting(status: &ManifestStatus, remote_target: bool) -> ManifestStatus {
+    ManifestStatus {
+        inventory: status.inventory.clone(),
+        hook_run: status.hook_run.clone(),
+        target_identity: status.target_identity.clone().filter(|_| remote_target),
+        last_handled_reconcile_at: status.last_handled_reconcile_at.clone(),
+        last_handled_reset_at: status.last_handled_reset_at.clone(),
+        ..Default::default()
+    }
+}
+
 /// The `Ready` condition's message, if the status has that condition.
 pub fn ready_message(status: &ManifestStatus) -> Option<String> {
     status
@@ -449,6 +504,151 @@ mod tests {
             stalled: false,
             operation: Some(Operation::Install),
         }
+    }
+
+    /// A pass that installed a Deployment which rolls out, as [`may_defer`] sees it.
+    struct Install {
+        rolling: Outcome,
+        /// After the claim and the inventory record of a new Manifest (with its hook run).
+        recorded: ManifestStatus,
+        facts: Facts,
+    }
+
+    fn deployment(name: &str) -> InventoryEntry {
+        InventoryEntry {
+            name: name.into(),
+            ..crate::plan::test_object("apps", "Deployment")
+        }
+    }
+
+    impl Install {
+        fn new() -> Self {
+            let run = HookRun {
+                operation: crate::api::HookOperation::Install,
+                inputs_digest: "sha256:i".into(),
+                generation: Some(1),
+                id: "run-1".into(),
+                phase: crate::api::HookRunPhase::Objects,
+                completed: Vec::new(),
+                running: None,
+                message: None,
+            };
+            let rolling = Outcome {
+                rendered: Some(true),
+                applied: Some(true),
+                operation: Some(Operation::Install),
+                ..Outcome::waiting(
+                    State::Processing,
+                    Reason::Progressing,
+                    "waiting for 1 object: Deployment ns/web".into(),
+                )
+            };
+            let facts = Facts {
+                inventory: Some(vec![deployment("web")]),
+                learned_uids: [("apps/Deployment/ns/web".to_owned(), "u1".to_owned())].into(),
+                applied_generation: Some(1),
+                rendered_digest: Some("sha256:r".into()),
+                target_identity: Some("local".into()),
+                hook_run: Some(run.clone()),
+                readiness_started: Some(Some(at(10))),
+                ..Default::default()
+            };
+            let recorded = ManifestStatus {
+                inventory: vec![deployment("web")],
+                hook_run: Some(run),
+                ..Default::default()
+            };
+            Self {
+                rolling,
+                recorded,
+                facts,
+            }
+        }
+
+        /// The status after `previous` with `outcome` and `facts`.
+        fn next(previous: &ManifestStatus, outcome: &Outcome, facts: Facts) -> ManifestStatus {
+            next_status(
+                Some(previous),
+                Some(1),
+                outcome,
+                facts,
+                Some(3),
+                "r0",
+                &at(10),
+            )
+        }
+
+        /// Whether a pass that decided from `previous` may leave `next` for the look.
+        fn defers(
+            &self,
+            previous: Option<&ManifestStatus>,
+            next: &ManifestStatus,
+            outcome: &Outcome,
+        ) -> bool {
+            may_defer(previous, &self.recorded, next, outcome, false)
+        }
+    }
+
+    #[test]
+    fn a_pass_entering_the_rollout_wait_leaves_its_status_to_the_next_look() {
+        let install = Install::new();
+        let (recorded, rolling) = (&install.recorded, &install.rolling);
+        let next = Install::next(recorded, rolling, install.facts.clone());
+        // The pass began before the inventory was recorded (a new Manifest), or after.
+        assert!(install.defers(None, &next, rolling));
+        assert!(install.defers(Some(recorded), &next, rolling));
+        // A remote target's identity recorded at first contact is written at once.
+        assert!(!may_defer(Some(recorded), recorded, &next, rolling, true));
+        // Already rolling out (the look that follows): written.
+        let looked = Install::next(&next, rolling, install.facts.clone());
+        assert!(!install.defers(Some(&next), &looked, rolling));
+        // Ready at once, or stalled: written.
+        let done = Install::next(recorded, &ready(), install.facts.clone());
+        assert!(!install.defers(Some(recorded), &done, &ready()));
+        let stalled = Outcome {
+            stalled: true,
+            ..rolling.clone()
+        };
+        let next_stalled = Install::next(recorded, &stalled, install.facts.clone());
+        assert!(!install.defers(Some(recorded), &next_stalled, &stalled));
+    }
+
+    #[test]
+    fn what_a_full_pass_cannot_find_again_is_written_at_once() {
+        let install = Install::new();
+        let (recorded, rolling) = (&install.recorded, &install.rolling);
+        // A grown inventory (not recorded before the applies).
+        let grown = Facts {
+            inventory: Some(vec![deployment("web"), deployment("api")]),
+            ..install.facts.clone()
+        };
+        let next_grown = Install::next(recorded, rolling, grown);
+        assert!(!install.defers(Some(recorded), &next_grown, rolling));
+        // A module with hooks.
+        let hooked = ManifestStatus {
+            hook_objects: vec![deployment("migrate")],
+            ..recorded.clone()
+        };
+        let next_hooked = Install::next(&hooked, rolling, install.facts.clone());
+        assert!(!may_defer(
+            Some(&hooked),
+            &hooked,
+            &next_hooked,
+            rolling,
+            false
+        ));
+        // A run not recorded with the inventory (a pass that recorded nothing new: an upgrade
+        // of the same objects).
+        let next = Install::next(recorded, rolling, install.facts.clone());
+        let unrecorded = ManifestStatus {
+            hook_run: None,
+            ..recorded.clone()
+        };
+        assert!(!may_defer(None, &unrecorded, &next, rolling, false));
+        // The echo of a requested pass.
+        let mut echoed = next.clone();
+        echoed.last_handled_reconcile_at = Some("2026-12-03T06:00:00Z".into());
+        assert!(!install.defers(Some(recorded), &echoed, rolling));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::hook_runner::{HookScope, PhaseOutcome, prepare_hooks};
 use super::inputs::{install_run, render_request, vetted_render};
-use super::objects::{DriftPass, apply_all, delete_object};
+use super::objects::{DriftPass, Records, apply_all, delete_object};
 use super::{
     CRD_ESTABLISH_TIMEOUT, Context, HOOK_REQUEUE, Pass, Progress, ReconcileError, STALLED_RECHECK,
     dependencies, finalizer, progress_requeue, rolling_out_for, target,
@@ -95,13 +95,6 @@ struct Install<'a> {
     interval: Duration,
 }
 
-/// What a pass records while it applies: the inventory (before each apply) and the UIDs the
-/// applies answered with.
-type Records<'r> = (
-    &'r mut Option<Vec<InventoryEntry>>,
-    &'r mut std::collections::BTreeMap<String, String>,
-);
-
 /// What the prune step left: the inventory to record and a refusal to show.
 struct Pruned {
     inventory: Vec<InventoryEntry>,
@@ -133,22 +126,21 @@ impl Install<'_> {
         {
             return Ok(Some(self.waiting(hook_running(message), progress)));
         }
-        let (inventory, learned) = (&mut progress.inventory, &mut progress.learned_uids);
-        self.crds(
-            &previous,
-            (inventory, learned),
-            &mut plan,
-            namespace,
-            &drift,
-        )
-        .await?;
+        let mut records = Records {
+            inventory: &mut progress.inventory,
+            learned: &mut progress.learned_uids,
+            run: &*run,
+            recorded_run: &mut progress.recorded_run,
+        };
+        self.crds(&previous, &mut records, &mut plan, namespace, &drift)
+            .await?;
         self.resolve_scopes(&mut plan, namespace).await?;
         // Apply, recording the inventory first so that nothing applied can be forgotten; or,
         // while the objects applied last roll out, read them.
         let applied = match self.recheck(&previous, &plan.objects, &drift).await? {
             Some(read) => read,
             None => {
-                self.apply(&previous, (inventory, learned), &plan.objects, &drift)
+                self.apply(&previous, &mut records, &plan.objects, &drift)
                     .await?
             }
         };
@@ -297,7 +289,7 @@ impl Install<'_> {
     async fn crds(
         &self,
         previous: &ManifestStatus,
-        records: Records<'_>,
+        records: &mut Records<'_>,
         plan: &mut Plan,
         namespace: &str,
         drift: &DriftPass<'_>,
@@ -357,13 +349,13 @@ impl Install<'_> {
     async fn apply(
         &self,
         previous: &ManifestStatus,
-        (recorded, learned): Records<'_>,
+        records: &mut Records<'_>,
         objects: &[RenderedObject],
         drift: &DriftPass<'_>,
     ) -> Result<Vec<(InventoryEntry, DynamicObject)>, ReconcileError> {
         let (manifest, ctx, cluster, fence) = (self.manifest, self.ctx, self.cluster, self.fence);
         let applied = apply_all(
-            manifest, ctx, cluster, fence, previous, recorded, learned, objects, drift,
+            manifest, ctx, cluster, fence, previous, records, objects, drift,
         )
         .await?;
         tracing::debug!(objects = applied.len(), "applied");
@@ -384,11 +376,7 @@ impl Install<'_> {
         objects: &[RenderedObject],
         drift: &DriftPass<'_>,
     ) -> Result<Option<Vec<(InventoryEntry, DynamicObject)>>, ReconcileError> {
-        let rolling_out = previous.state == Some(State::Processing)
-            && previous
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.reason == Reason::Progressing.as_str());
+        let rolling_out = plan::status::rolling_out(Some(previous));
         let requests = crate::plan::trigger::Requests::of(self.manifest);
         let within_interval = previous.readiness_started.as_ref().is_some_and(|started| {
             let waited = Timestamp::now().duration_since(started.0);

@@ -54,6 +54,7 @@ use crate::telemetry::metrics::{ReconcileMetrics, ResultLabels};
 pub use dependencies::{Awaited, DependencyRules};
 pub use error::ReconcileError;
 pub use finalizer::FINALIZER;
+use records::Stored;
 pub use relabel::relabel;
 pub use written::LastWrites;
 
@@ -249,6 +250,8 @@ struct Progress {
     target_identity: Option<String>,
     hook_objects: Option<Vec<InventoryEntry>>,
     hook_run: Option<HookRun>,
+    /// The hook run as written with the inventory ([`records::record_inventory`]).
+    recorded_run: Option<HookRun>,
 }
 
 impl Progress {
@@ -282,8 +285,12 @@ pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) ->
 /// One pass, with its result for the metrics: reads the Manifest, runs the phase it is in,
 /// then records the outcome.
 async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, PassResult) {
-    let manifest = match current(&manifest, ctx, fence).await {
-        Ok(Some(fresh)) => Arc::new(starting_point(fresh)),
+    let (manifest, stored) = match current(&manifest, ctx, fence).await {
+        Ok(Some(fresh)) => {
+            let stored = Stored::before(&fresh, ctx);
+            let fresh = with_deferred(fresh, ctx, fence);
+            (Arc::new(starting_point(fresh)), stored)
+        }
         // Deleted meanwhile, or re-created under a new UID (queued under its own key).
         Ok(None) => {
             ctx.written.forget(&manifest);
@@ -315,19 +322,35 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
     // The shard was lost during the pass (or is being lost now): the new owner writes the
     // status; this replica writes nothing more and does not requeue.
     let result = result.and_then(|pass| fence.check().map(|()| pass).map_err(Into::into));
+    let stored = stored.with_recorded(&progress);
     match result {
         Err(ReconcileError::Fenced(lost)) => fenced(&lost),
         Ok(None) => (Next::Idle, PassResult::Done),
         Ok(Some(pass)) => {
             let result = PassResult::of(&pass.outcome);
-            let written = records::write_status(&manifest, ctx, fence, &pass.outcome, pass.facts);
+            let written =
+                records::write_status(&manifest, &stored, ctx, fence, &pass.outcome, pass.facts);
             match written.await {
                 Ok(()) => (Next::After(pass.requeue), result),
                 Err(e) => retry(e),
             }
         }
-        Err(error) => failed(&manifest, ctx, fence, interval, &progress, error).await,
+        Err(error) => {
+            let (manifest, stored) = (&manifest, &stored);
+            failed(manifest, stored, ctx, fence, (interval, &progress), error).await
+        }
     }
+}
+
+/// The Manifest with the status a pass of this replica left for this one
+/// ([`LastWrites::defer`]), when it is still as that pass left it: the pass decides as if that
+/// status had been written ([`records::write_status`] writes it along).
+fn with_deferred(mut manifest: Manifest, ctx: &Context, fence: &Fence) -> Manifest {
+    if let Some(deferred) = ctx.written.take_deferred(&manifest, fence.epoch()) {
+        tracing::debug!("starting from the status the last pass left unwritten");
+        manifest.status = Some(deferred);
+    }
+    manifest
 }
 
 /// The pass stops: the shard was lost (or is being lost now). The controller drops the key if
@@ -404,10 +427,10 @@ fn error_outcome(error: &ReconcileError, operation: Operation) -> Outcome {
 /// was lost; a permanent error waits for the interval, a transient one backs off.
 async fn failed(
     manifest: &Manifest,
+    stored: &Stored,
     ctx: &Context,
     fence: &Fence,
-    interval: Duration,
-    progress: &Progress,
+    (interval, progress): (Duration, &Progress),
     error: ReconcileError,
 ) -> (Next, PassResult) {
     let outcome = error_outcome(&error, records::operation(manifest));
@@ -421,7 +444,9 @@ async fn failed(
     // A pass that lost its shard meanwhile must not write over the new owner's status.
     if let Err(lost) = fence.check() {
         tracing::warn!("not writing the error status: {lost}");
-    } else if let Err(e) = records::write_status(manifest, ctx, fence, &outcome, facts).await {
+    } else if let Err(e) =
+        records::write_status(manifest, stored, ctx, fence, &outcome, facts).await
+    {
         tracing::warn!("the error status is not written: {e}");
     }
     let result = PassResult::Error(error.category());

@@ -8,7 +8,7 @@ use kube::api::DynamicObject;
 
 use super::records::record_inventory;
 use super::{Context, ReconcileError};
-use crate::api::{InventoryEntry, Manifest, ManifestStatus};
+use crate::api::{HookRun, InventoryEntry, Manifest, ManifestStatus};
 use crate::apply::ownership::apply_owned;
 use crate::apply::{Cluster, Deletion, FIELD_MANAGER};
 use crate::plan::drift::{self, IgnoreRules};
@@ -30,6 +30,20 @@ pub(super) struct DriftPass<'a> {
     pub skip_unchanged: bool,
 }
 
+/// What a pass records while it applies: the inventory (before each apply, with the hook run
+/// it belongs to) and the UIDs the applies answered with.
+pub(super) struct Records<'r> {
+    /// The inventory as this pass recorded it (`None`: not recorded, the status holds the
+    /// previous one).
+    pub inventory: &'r mut Option<Vec<InventoryEntry>>,
+    /// The UIDs the applies answered with.
+    pub learned: &'r mut BTreeMap<String, String>,
+    /// The pass's hook run (its operation: an install or an upgrade).
+    pub run: &'r HookRun,
+    /// The hook run as the inventory record wrote it.
+    pub recorded_run: &'r mut Option<HookRun>,
+}
+
 /// Applies `objects` in order, after recording them all in the inventory (nothing applied can be
 /// forgotten); the fence is checked before each write. Each apply is conditional on the object
 /// being this Manifest's ([`apply_owned`]: its recorded UID, or — new — that it does not exist
@@ -44,14 +58,14 @@ pub(super) async fn apply_all(
     cluster: &Cluster,
     fence: &Fence,
     previous: &ManifestStatus,
-    recorded: &mut Option<Vec<InventoryEntry>>,
-    learned: &mut BTreeMap<String, String>,
+    records: &mut Records<'_>,
     objects: &[RenderedObject],
     pass: &DriftPass<'_>,
 ) -> Result<Vec<(InventoryEntry, DynamicObject)>, ReconcileError> {
     let uid = manifest.uid().unwrap_or_default();
     let previous_inventory = &previous.inventory;
-    record_inventory(manifest, ctx, fence, previous_inventory, recorded, objects).await?;
+    record_inventory(manifest, ctx, fence, previous, records, objects).await?;
+    let learned = &mut *records.learned;
     let mut applied = Vec::with_capacity(objects.len());
     for object in objects {
         // Applied before, also under another version (a chart moving to `autoscaling/v2`).

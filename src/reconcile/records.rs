@@ -7,11 +7,13 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
+use super::objects::Records;
+use super::written::Mark;
 use super::{Context, ReconcileError};
-use crate::api::{InventoryEntry, Manifest, State};
+use crate::api::{InventoryEntry, Manifest, ManifestStatus, State};
 use crate::plan::RenderedObject;
 use crate::plan::status::{
-    Facts, Operation, Outcome, next_status, publishes_event, ready_message, status_patch,
+    Facts, Operation, Outcome, may_defer, next_status, publishes_event, ready_message, status_patch,
 };
 use crate::plan::trigger;
 use crate::shard::fence::Fence;
@@ -49,12 +51,53 @@ pub(super) fn operation(manifest: &Manifest) -> Operation {
     }
 }
 
-/// Writes the status when it differs from the current one; publishes an Event when
+/// The Manifest's status as stored when a pass began, and this replica's last write of it then
+/// ([`Mark`]).
+pub(super) struct Stored {
+    status: Option<ManifestStatus>,
+    mark: Mark,
+}
+
+impl Stored {
+    /// Before `manifest` (as read or cached) is given a status left by the last pass.
+    pub(super) fn before(manifest: &Manifest, ctx: &Context) -> Self {
+        Self {
+            status: manifest.status.clone(),
+            mark: ctx.written.mark(manifest),
+        }
+    }
+
+    /// With what the pass recorded itself before its applies (the inventory with its hook
+    /// run, the hook objects).
+    pub(super) fn with_recorded(mut self, progress: &super::Progress) -> Self {
+        let recorded = [
+            progress.inventory.is_some(),
+            progress.hook_objects.is_some(),
+        ];
+        if recorded.contains(&true) {
+            let status = self.status.get_or_insert_default();
+            if let Some(inventory) = &progress.inventory {
+                status.inventory.clone_from(inventory);
+                status.hook_run.clone_from(&progress.recorded_run);
+            }
+            if let Some(hook_objects) = &progress.hook_objects {
+                status.hook_objects.clone_from(hook_objects);
+            }
+        }
+        self
+    }
+}
+
+/// Writes the status when it differs from the stored one; publishes an Event when
 /// [`publishes_event`] says so (the state changed, but not into the rollout wait, or an error's
 /// message did). The status echoes the requests the pass read
-/// (`lastHandledReconcileAt`, `lastHandledResetAt`): no write of their own.
+/// (`lastHandledReconcileAt`, `lastHandledResetAt`): no write of their own. A pass that only
+/// entered the rollout wait leaves the status to the look that follows ([`may_defer`]).
+/// `manifest.status` is the status the pass decided from (a status left by the last pass
+/// included), `stored` what the API server holds (the patch is made against it).
 pub(super) async fn write_status(
     manifest: &Manifest,
+    stored: &Stored,
     ctx: &Context,
     fence: &Fence,
     outcome: &Outcome,
@@ -72,14 +115,25 @@ pub(super) async fn write_status(
         &Time(Timestamp::now()),
     );
     trigger::echo(&mut next, manifest);
-    if previous == Some(&next) {
+    if stored.status.as_ref() == Some(&next) {
+        return Ok(());
+    }
+    let remote = manifest.spec.target.is_some();
+    let as_stored = stored.status.clone().unwrap_or_default();
+    if may_defer(previous, &as_stored, &next, outcome, remote)
+        && ctx
+            .written
+            .defer(manifest, &stored.mark, fence.epoch(), next.clone())
+    {
+        tracing::debug!("rolling out: the status is left to the next look");
         return Ok(());
     }
     // The messages as written (shortened), so a long one that did not change is not news.
     let message = ready_message(&next).unwrap_or_default();
     let problem = matches!(outcome.state, State::Error | State::Warning);
     let notable = publishes_event(previous, &next, outcome);
-    patch_status(manifest, ctx, fence, status_patch(previous, &next)).await?;
+    let patch = status_patch(stored.status.as_ref(), &next);
+    patch_status(manifest, ctx, fence, patch).await?;
     if notable {
         let reason = outcome.reason.as_str();
         // A render error's text is helm's (a chart's `fail` may quote values): status and
@@ -136,17 +190,21 @@ pub(super) async fn patch_metadata(
 }
 
 /// Before applying `objects`, makes sure the status inventory lists them: an object that is
-/// applied but not recorded would never be pruned. `recorded` is what this pass has written so
-/// far (`None`: the status still holds `previous`).
+/// applied but not recorded would never be pruned. The hook run goes with it, so that a pass
+/// after a crash (or after a status handed to the next pass was lost) continues the same run —
+/// an install as an install — instead of taking the recorded objects for an upgrade's.
 pub(super) async fn record_inventory(
     manifest: &Manifest,
     ctx: &Context,
     fence: &Fence,
-    previous: &[InventoryEntry],
-    recorded: &mut Option<Vec<InventoryEntry>>,
+    previous: &ManifestStatus,
+    records: &mut Records<'_>,
     objects: &[RenderedObject],
 ) -> Result<(), ReconcileError> {
-    let mut list = recorded.clone().unwrap_or_else(|| previous.to_vec());
+    let recorded = &mut *records.inventory;
+    let mut list = recorded
+        .clone()
+        .unwrap_or_else(|| previous.inventory.clone());
     let before = list.len();
     // A set, not `list.contains` per object: quadratic at the objects cap (5,000).
     let mut known: std::collections::HashSet<InventoryEntry> = list.iter().cloned().collect();
@@ -157,8 +215,11 @@ pub(super) async fn record_inventory(
     }
     if list.len() > before {
         fence.check()?;
-        patch_status(manifest, ctx, fence, json!({ "inventory": list })).await?;
+        let run = records.run;
+        let patch = json!({ "inventory": list, "hookRun": run });
+        patch_status(manifest, ctx, fence, patch).await?;
         *recorded = Some(list);
+        *records.recorded_run = Some(run.clone());
     }
     Ok(())
 }

@@ -9,6 +9,11 @@
 //! which is what queued the pass: the cache holds that event). Only the shard's owner writes the
 //! status, so an equal status is that write; a write at another epoch of the shard (the shard
 //! was lost and taken back meanwhile: another replica may have written since) is not trusted.
+//!
+//! It also holds the status a pass left for the Manifest's next pass to write
+//! ([`LastWrites::defer`]; docs/reconcile.md, "The rollout status, written by the look that
+//! follows"): that pass starts from it only if the Manifest is still exactly as this replica
+//! last knew it (same resourceVersion, same epoch of the shard).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
@@ -16,7 +21,7 @@ use std::sync::Mutex;
 
 use kube::ResourceExt;
 
-use crate::api::Manifest;
+use crate::api::{Manifest, ManifestStatus};
 
 /// This replica's last write to one Manifest.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,11 +31,32 @@ struct Write {
     epoch: i32,
 }
 
-/// The last write of each Manifest this replica wrote, by UID.
+/// A status a pass left unwritten for the Manifest's next pass, valid only at this
+/// resourceVersion and epoch.
+#[derive(Clone, Debug)]
+struct Deferred {
+    resource_version: String,
+    epoch: i32,
+    status: ManifestStatus,
+}
+
+/// What is remembered, by UID.
+#[derive(Debug, Default)]
+struct Remembered {
+    writes: HashMap<String, Write>,
+    deferred: HashMap<String, Deferred>,
+}
+
+/// The last write of each Manifest this replica wrote, by UID, and the statuses passes left
+/// for the next pass.
 #[derive(Debug, Default)]
 pub struct LastWrites {
-    writes: Mutex<HashMap<String, Write>>,
+    remembered: Mutex<Remembered>,
 }
+
+/// Which write of a Manifest was this replica's last when a pass began ([`LastWrites::mark`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mark(Option<String>);
 
 /// A digest of a Manifest's status as stored (the same for equal statuses).
 fn status_digest(manifest: &Manifest) -> u64 {
@@ -39,8 +65,8 @@ fn status_digest(manifest: &Manifest) -> u64 {
 }
 
 impl LastWrites {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Write>> {
-        self.writes.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Remembered> {
+        self.remembered.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records `answer`, the Manifest as the API server returned it after a write of this
@@ -54,14 +80,76 @@ impl LastWrites {
             status: status_digest(answer),
             epoch,
         };
-        self.lock().insert(uid, write);
+        let mut remembered = self.lock();
+        remembered.deferred.remove(&uid);
+        remembered.writes.insert(uid, write);
     }
 
     /// Forgets a Manifest (deleted, released).
     pub fn forget(&self, manifest: &Manifest) {
         if let Some(uid) = manifest.uid() {
-            self.lock().remove(&uid);
+            let mut remembered = self.lock();
+            remembered.writes.remove(&uid);
+            remembered.deferred.remove(&uid);
         }
+    }
+
+    /// This replica's last write of `manifest` now: taken when a pass begins, to tell at its
+    /// end whether it wrote the Manifest itself ([`LastWrites::defer`]).
+    pub fn mark(&self, manifest: &Manifest) -> Mark {
+        let uid = manifest.uid().unwrap_or_default();
+        Mark(
+            self.lock()
+                .writes
+                .get(&uid)
+                .map(|w| w.resource_version.clone()),
+        )
+    }
+
+    /// Leaves `status` for the Manifest's next pass instead of writing it: valid while the
+    /// Manifest stays as this pass left it — at this replica's write made during the pass
+    /// (`mark`, taken at its start, tells), or else at `started` (the Manifest as the pass
+    /// began) — and the shard at `epoch`. `false` (nothing kept) when the pass wrote at
+    /// another epoch.
+    pub fn defer(
+        &self,
+        started: &Manifest,
+        mark: &Mark,
+        epoch: i32,
+        status: ManifestStatus,
+    ) -> bool {
+        let Some(uid) = started.uid() else {
+            return false;
+        };
+        let mut remembered = self.lock();
+        let last = remembered.writes.get(&uid);
+        let wrote_since = last.map(|w| w.resource_version.clone()) != mark.0;
+        let resource_version = if wrote_since {
+            last.filter(|w| w.epoch == epoch)
+                .map(|w| w.resource_version.clone())
+        } else {
+            started.resource_version()
+        };
+        let Some(resource_version) = resource_version else {
+            return false;
+        };
+        let deferred = Deferred {
+            resource_version,
+            epoch,
+            status,
+        };
+        remembered.deferred.insert(uid, deferred);
+        true
+    }
+
+    /// The status a pass left for this one, if `current` (the Manifest this pass starts from)
+    /// is still exactly as that pass left it, at the same epoch; taken either way.
+    pub fn take_deferred(&self, current: &Manifest, epoch: i32) -> Option<ManifestStatus> {
+        let uid = current.uid()?;
+        let deferred = self.lock().deferred.remove(&uid)?;
+        let same = deferred.epoch == epoch
+            && current.resource_version().as_deref() == Some(deferred.resource_version.as_str());
+        same.then_some(deferred.status)
     }
 
     /// Whether `cached` (the watch cache's copy) holds this replica's last write of it, made
@@ -70,13 +158,13 @@ impl LastWrites {
         let Some(uid) = cached.uid() else {
             return false;
         };
-        let last = self.lock().get(&uid).cloned();
+        let last = self.lock().writes.get(&uid).cloned();
         last.is_some_and(|last| current(&last, cached, epoch))
     }
 
     /// Manifests remembered now.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().writes.len()
     }
 
     /// Whether none is remembered.
@@ -133,5 +221,53 @@ mod tests {
         writes.forget(&written);
         assert!(!writes.holds_last_write(&written, 1));
         assert!(writes.is_empty());
+    }
+
+    #[test]
+    fn a_status_left_for_the_next_pass_holds_only_while_the_manifest_is_as_left() {
+        let writes = LastWrites::default();
+        let rolling = ManifestStatus {
+            state: Some(State::Processing),
+            ..Default::default()
+        };
+        // A pass that wrote (the inventory): the status holds at that write.
+        let started = manifest("10", None);
+        let mark = writes.mark(&started);
+        writes.wrote(&manifest("11", None), 1);
+        assert!(writes.defer(&started, &mark, 1, rolling.clone()));
+        assert_eq!(
+            writes.take_deferred(&manifest("11", None), 1),
+            Some(rolling.clone())
+        );
+        assert_eq!(
+            writes.take_deferred(&manifest("11", None), 1),
+            None,
+            "taken once"
+        );
+        // Someone wrote the Manifest since (a new resourceVersion): not used, and gone.
+        let mark = writes.mark(&manifest("11", None));
+        assert!(writes.defer(&manifest("11", None), &mark, 1, rolling.clone()));
+        assert_eq!(writes.take_deferred(&manifest("12", None), 1), None);
+        assert_eq!(writes.take_deferred(&manifest("11", None), 1), None);
+        // A pass that wrote nothing: the status holds at the version it started from.
+        assert!(writes.defer(&manifest("11", None), &mark, 1, rolling.clone()));
+        // The shard lost and taken back (another epoch): not used.
+        assert_eq!(writes.take_deferred(&manifest("11", None), 2), None);
+        // A write of this replica supersedes it.
+        assert!(writes.defer(&manifest("11", None), &mark, 1, rolling.clone()));
+        writes.wrote(&manifest("13", Some(State::Ready)), 1);
+        assert_eq!(
+            writes.take_deferred(&manifest("13", Some(State::Ready)), 1),
+            None
+        );
+        // A pass whose write was made at another epoch leaves nothing.
+        let mark = writes.mark(&manifest("13", None));
+        writes.wrote(&manifest("14", None), 2);
+        assert!(!writes.defer(&manifest("13", None), &mark, 1, rolling.clone()));
+        // Forgetting the Manifest forgets it.
+        let mark = writes.mark(&manifest("14", None));
+        assert!(writes.defer(&manifest("14", None), &mark, 2, rolling));
+        writes.forget(&manifest("14", None));
+        assert_eq!(writes.take_deferred(&manifest("14", None), 2), None);
     }
 }

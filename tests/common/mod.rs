@@ -59,6 +59,17 @@ pub async fn wait_state(
     .await
 }
 
+/// Whether the Manifest's current generation waits for objects it applied to roll out: its
+/// `Ready` condition names them ("waiting for …"), as the first look at the rollout writes it
+/// (the pass that applied leaves that status to the look).
+pub fn rolling_out(manifest: &Manifest) -> bool {
+    let status = manifest.status.clone().unwrap_or_default();
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+    status.state == Some(module_manager::api::State::Processing)
+        && status.observed_generation == manifest.metadata.generation
+        && ready.is_some_and(|c| c.reason == "Progressing" && c.message.starts_with("waiting for"))
+}
+
 /// Waits (60 s) until the Manifest `name` is gone (its finalizer released).
 pub async fn wait_for_gone(manifests: &Api<Manifest>, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
