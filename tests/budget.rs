@@ -377,37 +377,57 @@ async fn a_rollout_is_looked_at_by_reading_the_workload_not_by_applying_again() 
 /// When that hand-over is lost (here someone writes the Manifest in between; a replica that
 /// stops or a shard that moves lose it too), the next pass applies again and records all the
 /// first one learned: the same Ready status, every object's UID.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_rollout_status_is_left_to_the_look_that_follows() {
-    let parts = Parts::new(None).await;
-    let manifests: Api<Manifest> = Api::namespaced(parts.admin.clone(), &parts.ns);
-    // Outside a fleet: this process owns every shard; the test runs the passes itself.
-    let fence = module_manager::shard::fence::Ownership::everything()
-        .dispatch(0)
-        .expect("owns every shard");
-    let pass = async |name: &str| {
-        let manifest = Arc::new(manifests.get(name).await.unwrap());
-        module_manager::reconcile::reconcile(manifest, &parts.ctx, &fence).await;
-        manifests
-            .get(name)
-            .await
-            .unwrap()
-            .status
-            .unwrap_or_default()
-    };
-    for (name, lost) in [("kept", false), ("lost", true)] {
+/// Passes the test runs itself, outside a fleet (this process owns every shard), over
+/// Manifests of `tests/fixtures/charts/scaled` (a Deployment of 1 replica and a ConfigMap).
+struct Passes {
+    parts: Parts,
+    manifests: Api<Manifest>,
+    fence: module_manager::shard::fence::Fence,
+}
+
+impl Passes {
+    async fn new() -> Self {
+        let parts = Parts::new(None).await;
+        let manifests = Api::namespaced(parts.admin.clone(), &parts.ns);
+        let fence = module_manager::shard::fence::Ownership::everything()
+            .dispatch(0)
+            .expect("owns every shard");
+        Self {
+            parts,
+            manifests,
+            fence,
+        }
+    }
+
+    async fn create(&self, name: &str) {
         let manifest: Manifest = serde_json::from_value(json!({
             "apiVersion": "modulemanager.io/v1alpha1",
             "kind": "Manifest",
-            "metadata": {"name": name, "namespace": parts.ns},
+            "metadata": {"name": name, "namespace": self.parts.ns},
             "spec": {"module": name, "interval": "1h", "values": {"replicas": 1},
                      "chart": {"path": "tests/fixtures/charts/scaled"}},
         }))
         .unwrap();
-        manifests
-            .create(&PostParams::default(), &manifest)
-            .await
-            .unwrap();
+        let post = PostParams::default();
+        self.manifests.create(&post, &manifest).await.unwrap();
+    }
+
+    /// One pass over the Manifest as stored; its status after.
+    async fn pass(&self, name: &str) -> module_manager::api::ManifestStatus {
+        let manifest = Arc::new(self.manifests.get(name).await.unwrap());
+        module_manager::reconcile::reconcile(manifest, &self.parts.ctx, &self.fence).await;
+        let after = self.manifests.get(name).await.unwrap();
+        after.status.unwrap_or_default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rollout_status_is_left_to_the_look_that_follows() {
+    let passes = Passes::new().await;
+    let (parts, manifests) = (&passes.parts, &passes.manifests);
+    let pass = async |name: &str| passes.pass(name).await;
+    for (name, lost) in [("kept", false), ("lost", true)] {
+        passes.create(name).await;
         let before = parts.snapshot();
         let first = pass(name).await;
         assert_eq!(
@@ -421,7 +441,7 @@ async fn the_rollout_status_is_left_to_the_look_that_follows() {
         assert_eq!(run, Some(HookOperation::Install), "{first:?}");
         assert_eq!(first.state, None, "{first:?}");
         if lost {
-            common::annotate(&manifests, name, "example.com/touched", "yes").await;
+            common::annotate(manifests, name, "example.com/touched", "yes").await;
         }
         // No Deployment controller runs: the test plays the rollout.
         common::deployment_rolled_out(&parts.admin, &parts.ns, name, 1).await;
@@ -454,6 +474,31 @@ async fn the_rollout_status_is_left_to_the_look_that_follows() {
         let reasons: Vec<&str> = events.iter().map(|(_, r, _)| r.as_str()).collect();
         assert_eq!(reasons, ["Ready"], "{name}: {events:?}");
     }
+}
+
+/// A hand-over lost while the workload still rolls out: the next pass writes the `Progressing`
+/// status at once (it does not leave it to a look again, which someone writing the Manifest
+/// every time could repeat for good), with the wait's start of that pass.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_hand_over_is_not_left_again() {
+    let passes = Passes::new().await;
+    passes.create("again").await;
+    let first = passes.pass("again").await;
+    assert_eq!(first.state, None, "left to the look: {first:?}");
+    common::annotate(&passes.manifests, "again", "example.com/touched", "yes").await;
+    let second = passes.pass("again").await;
+    assert_eq!(second.state, Some(State::Processing), "written: {second:?}");
+    let started = second.readiness_started.clone();
+    assert!(
+        started.is_some(),
+        "the wait's start is recorded: {second:?}"
+    );
+    common::annotate(&passes.manifests, "again", "example.com/touched", "again").await;
+    let third = passes.pass("again").await;
+    assert_eq!(third.readiness_started, started, "kept: {third:?}");
+    common::deployment_rolled_out(&passes.parts.admin, &passes.parts.ns, "again", 1).await;
+    let done = passes.pass("again").await;
+    assert_eq!(done.state, Some(State::Ready), "{done:?}");
 }
 
 /// The watches' own requests: a list and a watch per kind when a replica first applies it,

@@ -316,7 +316,9 @@ pub fn rolling_out(status: Option<&ManifestStatus>) -> bool {
 /// Whether a pass may leave `next` unwritten and hand it to the Manifest's next pass
 /// (docs/reconcile.md, "The rollout status, written by the look that follows"): the pass
 /// entered the rollout wait (`previous`, the status it decided from, was not in it; `next` is;
-/// nothing stalled), no Event is due, the module has no hooks, and everything `next` changes
+/// nothing stalled), `previous` shows no problem (an `Error` or a `Warning` is replaced at
+/// once), no Event is due, no hook objects are recorded (the caller also leaves out renders
+/// with hooks), and everything `next` changes
 /// over `stored` (the status as stored now, the pass's own inventory record included) is
 /// something a full pass finds again if the hand-over is lost (the replica stops, the shard
 /// moves, someone writes the Manifest): the state and its conditions, the digests and
@@ -337,8 +339,12 @@ pub fn may_defer(
         && !outcome.stalled
         && !rolling_out(previous)
         && rolling_out(Some(next));
+    let problem_shown = previous
+        .and_then(|p| p.state)
+        .is_some_and(|state| matches!(state, State::Error | State::Warning));
     let no_hooks = stored.hook_objects.is_empty() && next.hook_objects.is_empty();
     entering_wait
+        && !problem_shown
         && no_hooks
         && !publishes_event(previous, next, outcome)
         && lasting(stored, remote_target) == lasting(next, remote_target)
@@ -611,6 +617,13 @@ mod tests {
         };
         let next_stalled = Install::next(recorded, &stalled, install.facts.clone());
         assert!(!install.defers(Some(recorded), &next_stalled, &stalled));
+        // A problem shown (a fixed values source, no new generation) is replaced at once.
+        let failed = ManifestStatus {
+            state: Some(State::Error),
+            ..recorded.clone()
+        };
+        let after_failed = Install::next(&failed, rolling, install.facts.clone());
+        assert!(!install.defers(Some(&failed), &after_failed, rolling));
     }
 
     #[test]

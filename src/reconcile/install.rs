@@ -113,6 +113,7 @@ impl Install<'_> {
         // (also on drift passes after an install, which re-apply what the install applied).
         request.is_upgrade = run.operation == HookOperation::Upgrade;
         let (rendered, mut plan) = self.render(&request).await?;
+        progress.renders_hooks = !plan.hooks.is_empty();
         let rules = IgnoreRules::parse(&self.manifest.spec.drift_ignore)?;
         let drift = self.drift_pass(&previous, &rendered, &rules);
         // Recorded from here on: a render that fails does not replace the previous run.

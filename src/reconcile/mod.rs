@@ -57,6 +57,7 @@ pub use finalizer::FINALIZER;
 use records::Stored;
 pub use relabel::relabel;
 pub use written::LastWrites;
+use written::Left;
 
 /// How long to wait for CRDs of a chart to become Established within one pass.
 const CRD_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -252,6 +253,8 @@ struct Progress {
     hook_run: Option<HookRun>,
     /// The hook run as written with the inventory ([`records::record_inventory`]).
     recorded_run: Option<HookRun>,
+    /// The render has hooks: the pass writes its status, never leaves it to the look.
+    renders_hooks: bool,
 }
 
 impl Progress {
@@ -288,8 +291,8 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
     let (manifest, stored) = match current(&manifest, ctx, fence).await {
         Ok(Some(fresh)) => {
             let stored = Stored::before(&fresh, ctx);
-            let fresh = with_deferred(fresh, ctx, fence);
-            (Arc::new(starting_point(fresh)), stored)
+            let (fresh, dropped) = with_deferred(fresh, ctx, fence);
+            (Arc::new(starting_point(fresh)), stored.behind(dropped))
         }
         // Deleted meanwhile, or re-created under a new UID (queued under its own key).
         Ok(None) => {
@@ -344,13 +347,19 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
 
 /// The Manifest with the status a pass of this replica left for this one
 /// ([`LastWrites::defer`]), when it is still as that pass left it: the pass decides as if that
-/// status had been written ([`records::write_status`] writes it along).
-fn with_deferred(mut manifest: Manifest, ctx: &Context, fence: &Fence) -> Manifest {
-    if let Some(deferred) = ctx.written.take_deferred(&manifest, fence.epoch()) {
-        tracing::debug!("starting from the status the last pass left unwritten");
-        manifest.status = Some(deferred);
+/// status had been written ([`records::write_status`] writes it along). `true` when one was
+/// left but the Manifest or the shard changed since: the stored status is behind, and this
+/// pass writes its own.
+fn with_deferred(mut manifest: Manifest, ctx: &Context, fence: &Fence) -> (Manifest, bool) {
+    match ctx.written.take_deferred(&manifest, fence.epoch()) {
+        Left::Kept(deferred) => {
+            tracing::debug!("starting from the status the last pass left unwritten");
+            manifest.status = Some(*deferred);
+            (manifest, false)
+        }
+        Left::Dropped => (manifest, true),
+        Left::Nothing => (manifest, false),
     }
-    manifest
 }
 
 /// The pass stops: the shard was lost (or is being lost now). The controller drops the key if

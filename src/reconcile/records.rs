@@ -51,11 +51,14 @@ pub(super) fn operation(manifest: &Manifest) -> Operation {
     }
 }
 
-/// The Manifest's status as stored when a pass began, and this replica's last write of it then
-/// ([`Mark`]).
+/// The Manifest's status as stored when a pass began, this replica's last write of it then
+/// ([`Mark`]), and whether the pass may leave its status to the look at all.
 pub(super) struct Stored {
     status: Option<ManifestStatus>,
     mark: Mark,
+    /// `false`: the stored status is behind one this replica left for a look and dropped (the
+    /// Manifest or the shard changed), or the render has hooks — the pass writes.
+    deferrable: bool,
 }
 
 impl Stored {
@@ -64,26 +67,27 @@ impl Stored {
         Self {
             status: manifest.status.clone(),
             mark: ctx.written.mark(manifest),
+            deferrable: true,
         }
     }
 
-    /// With what the pass recorded itself before its applies (the inventory with its hook
-    /// run, the hook objects).
+    /// Behind a status this replica left for a look and dropped (`dropped`): the pass writes
+    /// its own, so that the status (and the wait's start) is not lost again.
+    pub(super) fn behind(mut self, dropped: bool) -> Self {
+        self.deferrable &= !dropped;
+        self
+    }
+
+    /// With what the pass recorded itself: the inventory, written with its hook run before
+    /// the applies (the hook objects are not taken: the hook runner writes a grown list at once
+    /// but a shrunk one only with the pass's status). A render with hooks makes it write.
     pub(super) fn with_recorded(mut self, progress: &super::Progress) -> Self {
-        let recorded = [
-            progress.inventory.is_some(),
-            progress.hook_objects.is_some(),
-        ];
-        if recorded.contains(&true) {
+        if let Some(inventory) = &progress.inventory {
             let status = self.status.get_or_insert_default();
-            if let Some(inventory) = &progress.inventory {
-                status.inventory.clone_from(inventory);
-                status.hook_run.clone_from(&progress.recorded_run);
-            }
-            if let Some(hook_objects) = &progress.hook_objects {
-                status.hook_objects.clone_from(hook_objects);
-            }
+            status.inventory.clone_from(inventory);
+            status.hook_run.clone_from(&progress.recorded_run);
         }
+        self.deferrable &= !progress.renders_hooks;
         self
     }
 }
@@ -120,7 +124,8 @@ pub(super) async fn write_status(
     }
     let remote = manifest.spec.target.is_some();
     let as_stored = stored.status.clone().unwrap_or_default();
-    if may_defer(previous, &as_stored, &next, outcome, remote)
+    if stored.deferrable
+        && may_defer(previous, &as_stored, &next, outcome, remote)
         && ctx
             .written
             .defer(manifest, &stored.mark, fence.epoch(), next.clone())

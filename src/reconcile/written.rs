@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 
@@ -31,6 +32,11 @@ struct Write {
     epoch: i32,
 }
 
+/// How long a status left for the next pass is kept: a look comes within seconds, or after
+/// the queue's wait in a burst; one that never comes (the shard moved, the Manifest was deleted
+/// by another replica) must not keep its status in memory for good.
+const KEPT_FOR: Duration = Duration::from_secs(600);
+
 /// A status a pass left unwritten for the Manifest's next pass, valid only at this
 /// resourceVersion and epoch.
 #[derive(Clone, Debug)]
@@ -38,6 +44,22 @@ struct Deferred {
     resource_version: String,
     epoch: i32,
     status: ManifestStatus,
+    at: Instant,
+}
+
+impl Deferred {
+    /// Kept longer than [`KEPT_FOR`] at `now`.
+    fn stale(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.at) >= KEPT_FOR
+    }
+}
+
+impl Remembered {
+    /// Forgets the statuses kept past [`KEPT_FOR`].
+    fn sweep(&mut self, now: Instant) {
+        self.deferred.retain(|_, kept| !kept.stale(now));
+        self.swept_at = self.deferred.len();
+    }
 }
 
 /// What is remembered, by UID.
@@ -45,6 +67,19 @@ struct Deferred {
 struct Remembered {
     writes: HashMap<String, Write>,
     deferred: HashMap<String, Deferred>,
+    /// Kept statuses after the last sweep of those past [`KEPT_FOR`].
+    swept_at: usize,
+}
+
+/// What a pass finds of the status the last pass left for it ([`LastWrites::take_deferred`]).
+#[derive(Debug, PartialEq)]
+pub enum Left {
+    /// None was left.
+    Nothing,
+    /// Left, and the Manifest is as that pass left it: start from it.
+    Kept(Box<ManifestStatus>),
+    /// Left, but the Manifest or the shard changed since: the stored status is behind.
+    Dropped,
 }
 
 /// The last write of each Manifest this replica wrote, by UID, and the statuses passes left
@@ -137,19 +172,37 @@ impl LastWrites {
             resource_version,
             epoch,
             status,
+            at: Instant::now(),
         };
         remembered.deferred.insert(uid, deferred);
+        if remembered.deferred.len() > 2 * remembered.swept_at + 64 {
+            remembered.sweep(Instant::now());
+        }
         true
     }
 
-    /// The status a pass left for this one, if `current` (the Manifest this pass starts from)
-    /// is still exactly as that pass left it, at the same epoch; taken either way.
-    pub fn take_deferred(&self, current: &Manifest, epoch: i32) -> Option<ManifestStatus> {
-        let uid = current.uid()?;
-        let deferred = self.lock().deferred.remove(&uid)?;
+    /// The status a pass left for this one: [`Left::Kept`] if `current` (the Manifest this
+    /// pass starts from) is still exactly as that pass left it, at the same epoch, and it was
+    /// left less than [`KEPT_FOR`] ago; taken either way.
+    pub fn take_deferred(&self, current: &Manifest, epoch: i32) -> Left {
+        self.take_deferred_at(current, epoch, Instant::now())
+    }
+
+    fn take_deferred_at(&self, current: &Manifest, epoch: i32, now: Instant) -> Left {
+        let Some(uid) = current.uid() else {
+            return Left::Nothing;
+        };
+        let Some(deferred) = self.lock().deferred.remove(&uid) else {
+            return Left::Nothing;
+        };
         let same = deferred.epoch == epoch
+            && !deferred.stale(now)
             && current.resource_version().as_deref() == Some(deferred.resource_version.as_str());
-        same.then_some(deferred.status)
+        if same {
+            Left::Kept(Box::new(deferred.status))
+        } else {
+            Left::Dropped
+        }
     }
 
     /// Whether `cached` (the watch cache's copy) holds this replica's last write of it, made
@@ -162,9 +215,15 @@ impl LastWrites {
         last.is_some_and(|last| current(&last, cached, epoch))
     }
 
-    /// Manifests remembered now.
+    /// Manifests remembered now (their last writes; the statuses kept for a look are among
+    /// them or were forgotten with them).
     pub fn len(&self) -> usize {
         self.lock().writes.len()
+    }
+
+    /// Statuses kept for a look now.
+    pub fn kept(&self) -> usize {
+        self.lock().deferred.len()
     }
 
     /// Whether none is remembered.
@@ -235,31 +294,33 @@ mod tests {
         let mark = writes.mark(&started);
         writes.wrote(&manifest("11", None), 1);
         assert!(writes.defer(&started, &mark, 1, rolling.clone()));
-        assert_eq!(
-            writes.take_deferred(&manifest("11", None), 1),
-            Some(rolling.clone())
-        );
-        assert_eq!(
-            writes.take_deferred(&manifest("11", None), 1),
-            None,
-            "taken once"
-        );
+        let kept = Left::Kept(Box::new(rolling.clone()));
+        assert_eq!(writes.take_deferred(&manifest("11", None), 1), kept);
+        let again = writes.take_deferred(&manifest("11", None), 1);
+        assert_eq!(again, Left::Nothing, "taken once");
         // Someone wrote the Manifest since (a new resourceVersion): not used, and gone.
         let mark = writes.mark(&manifest("11", None));
         assert!(writes.defer(&manifest("11", None), &mark, 1, rolling.clone()));
-        assert_eq!(writes.take_deferred(&manifest("12", None), 1), None);
-        assert_eq!(writes.take_deferred(&manifest("11", None), 1), None);
+        assert_eq!(
+            writes.take_deferred(&manifest("12", None), 1),
+            Left::Dropped
+        );
+        assert_eq!(
+            writes.take_deferred(&manifest("11", None), 1),
+            Left::Nothing
+        );
         // A pass that wrote nothing: the status holds at the version it started from.
         assert!(writes.defer(&manifest("11", None), &mark, 1, rolling.clone()));
         // The shard lost and taken back (another epoch): not used.
-        assert_eq!(writes.take_deferred(&manifest("11", None), 2), None);
+        assert_eq!(
+            writes.take_deferred(&manifest("11", None), 2),
+            Left::Dropped
+        );
         // A write of this replica supersedes it.
         assert!(writes.defer(&manifest("11", None), &mark, 1, rolling.clone()));
         writes.wrote(&manifest("13", Some(State::Ready)), 1);
-        assert_eq!(
-            writes.take_deferred(&manifest("13", Some(State::Ready)), 1),
-            None
-        );
+        let superseded = writes.take_deferred(&manifest("13", Some(State::Ready)), 1);
+        assert_eq!(superseded, Left::Nothing);
         // A pass whose write was made at another epoch leaves nothing.
         let mark = writes.mark(&manifest("13", None));
         writes.wrote(&manifest("14", None), 2);
@@ -268,6 +329,39 @@ mod tests {
         let mark = writes.mark(&manifest("14", None));
         assert!(writes.defer(&manifest("14", None), &mark, 2, rolling));
         writes.forget(&manifest("14", None));
-        assert_eq!(writes.take_deferred(&manifest("14", None), 2), None);
+        assert_eq!(
+            writes.take_deferred(&manifest("14", None), 2),
+            Left::Nothing
+        );
+        assert_eq!(writes.kept(), 0);
+    }
+
+    #[test]
+    fn statuses_kept_for_a_look_that_never_comes_are_swept() {
+        let writes = LastWrites::default();
+        let kept_for = |i: usize| {
+            let mut m = manifest("10", None);
+            m.metadata.uid = Some(format!("m-{i}"));
+            let mark = writes.mark(&m);
+            assert!(writes.defer(&m, &mark, 1, ManifestStatus::default()));
+            m
+        };
+        let first = kept_for(0);
+        let later = Instant::now() + KEPT_FOR + Duration::from_secs(1);
+        // Past its time: not used.
+        assert_eq!(writes.take_deferred_at(&first, 1, later), Left::Dropped);
+        for i in 0..50 {
+            kept_for(i);
+        }
+        writes.lock().sweep(Instant::now());
+        assert_eq!(writes.kept(), 50, "none is past its time yet");
+        writes.lock().sweep(later);
+        assert_eq!(writes.kept(), 0);
+        // The sweep runs by itself as kept statuses pile up (here: none past its time).
+        for i in 0..200 {
+            kept_for(i + 100);
+        }
+        assert_eq!(writes.kept(), 200);
+        assert!(writes.lock().swept_at > 0, "swept on the way");
     }
 }
