@@ -123,9 +123,10 @@ pub(super) async fn write_status(
         return Ok(());
     }
     let remote = manifest.spec.target.is_some();
-    let as_stored = stored.status.clone().unwrap_or_default();
+    let none = ManifestStatus::default();
+    let as_stored = stored.status.as_ref().unwrap_or(&none);
     if stored.deferrable
-        && may_defer(previous, &as_stored, &next, outcome, remote)
+        && may_defer(previous, as_stored, &next, outcome, remote)
         && ctx
             .written
             .defer(manifest, &stored.mark, fence.epoch(), next.clone())

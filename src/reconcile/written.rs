@@ -54,14 +54,6 @@ impl Deferred {
     }
 }
 
-impl Remembered {
-    /// Forgets the statuses kept past [`KEPT_FOR`].
-    fn sweep(&mut self, now: Instant) {
-        self.deferred.retain(|_, kept| !kept.stale(now));
-        self.swept_at = self.deferred.len();
-    }
-}
-
 /// What is remembered, by UID.
 #[derive(Debug, Default)]
 struct Remembered {
@@ -69,6 +61,14 @@ struct Remembered {
     deferred: HashMap<String, Deferred>,
     /// Kept statuses after the last sweep of those past [`KEPT_FOR`].
     swept_at: usize,
+}
+
+impl Remembered {
+    /// Forgets the statuses kept past [`KEPT_FOR`].
+    fn sweep(&mut self, now: Instant) {
+        self.deferred.retain(|_, kept| !kept.stale(now));
+        self.swept_at = self.deferred.len();
+    }
 }
 
 /// What a pass finds of the status the last pass left for it ([`LastWrites::take_deferred`]).
@@ -222,7 +222,8 @@ impl LastWrites {
     }
 
     /// Statuses kept for a look now.
-    pub fn kept(&self) -> usize {
+    #[cfg(test)]
+    fn kept(&self) -> usize {
         self.lock().deferred.len()
     }
 
