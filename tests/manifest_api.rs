@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use module_manager::api::{ChartSource, Manifest, ManifestSpec, ManifestStatus, State};
+use module_manager::api::{
+    ChartSource, InventoryEntry, Manifest, ManifestSpec, ManifestStatus, NOT_OBSERVED, State,
+};
+use module_manager::plan::readiness::{Readiness, readiness};
 use serde_json::json;
 
 fn crd_file() -> PathBuf {
@@ -334,6 +337,79 @@ async fn status_subresource_round_trips() {
         .unwrap();
     assert!(replaced.spec.suspend);
     assert_eq!(replaced.status, Some(status));
+}
+
+/// kstatus' reading of a Manifest as the server serves it, through the operator's port.
+fn kstatus_ready(manifest: &Manifest) -> bool {
+    let id = InventoryEntry {
+        group: "modulemanager.io".into(),
+        version: "v1alpha1".into(),
+        kind: "Manifest".into(),
+        namespace: manifest.namespace().unwrap_or_default(),
+        name: manifest.name_any(),
+    };
+    let object = serde_json::to_value(manifest).unwrap();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    match readiness(&id, &object, now) {
+        Readiness::Ready => true,
+        Readiness::Waiting(_) => false,
+        Readiness::Failed(why) => panic!("a new Manifest read as failed: {why}"),
+    }
+}
+
+#[tokio::test]
+async fn a_new_manifest_reads_in_progress_until_a_pass_writes_its_status() {
+    let (_, api) = setup("unobserved").await;
+    let created = api
+        .create(&PostParams::default(), &manifest("web", path_chart()))
+        .await
+        .unwrap();
+    // The server fills in the CRD's default status: no generation observed yet. Without it
+    // kstatus (Flux's health checks, `kpt live status`) reads an object without conditions as
+    // Current, before anything was installed.
+    for seen in [
+        created,
+        api.get("web").await.unwrap(),
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .remove(0),
+    ] {
+        let status = seen.status.clone().expect("the default status");
+        assert_eq!(status.observed_generation, Some(NOT_OBSERVED));
+        assert_eq!(status.state, None);
+        assert!(!kstatus_ready(&seen), "a new Manifest reads InProgress");
+    }
+
+    // The inventory record before the applies writes only its own fields: still in progress.
+    let inventory = json!({"status": {"inventory": [{"group": "", "version": "v1",
+        "kind": "ConfigMap", "namespace": "apps", "name": "web"}]}});
+    let recorded = api
+        .patch_status("web", &PatchParams::default(), &Patch::Merge(&inventory))
+        .await
+        .unwrap();
+    let status = recorded.status.clone().unwrap();
+    assert_eq!(status.observed_generation, Some(NOT_OBSERVED));
+    assert_eq!(status.inventory.len(), 1);
+    assert!(!kstatus_ready(&recorded));
+
+    // The first status of a pass names the generation it describes: Current when Ready.
+    let ready = json!({"status": {"state": "Ready", "observedGeneration": 1, "conditions": [
+        {"type": "Ready", "status": "True", "reason": "Ready", "message": "all objects ready",
+         "observedGeneration": 1, "lastTransitionTime": "2026-12-03T09:00:00Z"}]}});
+    let written = api
+        .patch_status("web", &PatchParams::default(), &Patch::Merge(&ready))
+        .await
+        .unwrap();
+    assert_eq!(
+        written.status.as_ref().unwrap().observed_generation,
+        Some(1)
+    );
+    assert!(
+        kstatus_ready(&written),
+        "a Ready status of generation 1 reads Current"
+    );
 }
 
 #[tokio::test]

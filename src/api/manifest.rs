@@ -395,7 +395,8 @@ pub struct ManifestStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<State>,
 
-    /// The `metadata.generation` this status describes.
+    /// The `metadata.generation` this status describes; -1 until the first pass writes a status
+    /// (the CRD's default, so that kstatus reads a new Manifest as in progress).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 

@@ -4,12 +4,34 @@ mod manifest;
 
 pub use manifest::*;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSON,
+};
 use kube::CustomResourceExt;
+
+/// `status.observedGeneration` of a Manifest no pass has written a status for yet: the CRD's
+/// default for `status` (as Flux's CRDs have it), so that kstatus — Flux's health checks, `kpt
+/// live status` — reads a new Manifest as in progress ("generation is 1, but latest observed
+/// generation is -1") instead of Current, as it reads any object without conditions.
+pub const NOT_OBSERVED: i64 = -1;
 
 /// The `Manifest` CustomResourceDefinition as it is installed on a cluster.
 pub fn manifest_crd() -> CustomResourceDefinition {
-    Manifest::crd()
+    let mut crd = Manifest::crd();
+    for version in &mut crd.spec.versions {
+        let status = version
+            .schema
+            .as_mut()
+            .and_then(|schema| schema.open_api_v3_schema.as_mut())
+            .and_then(|root| root.properties.as_mut())
+            .and_then(|properties| properties.get_mut("status"));
+        if let Some(status) = status {
+            status.default = Some(JSON(
+                serde_json::json!({ "observedGeneration": NOT_OBSERVED }),
+            ));
+        }
+    }
+    crd
 }
 
 /// Annotation asking for a pass now, whatever `spec.interval` says: set it to any new value
@@ -179,5 +201,24 @@ mod tests {
         let verify = &chart["properties"]["verify"]["x-kubernetes-validations"][0]["rule"];
         assert_eq!(verify, "has(self.secretRef) != has(self.configMapRef)");
         assert_eq!(crd["spec"]["names"]["shortNames"][0], "mfst");
+    }
+
+    #[test]
+    fn a_status_not_written_yet_defaults_to_no_generation_observed() {
+        let crd = serde_json::to_value(manifest_crd()).unwrap();
+        let status =
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+        assert_eq!(
+            status["default"],
+            serde_json::json!({"observedGeneration": -1})
+        );
+        let default: ManifestStatus = serde_json::from_value(status["default"].clone()).unwrap();
+        assert_eq!(
+            default,
+            ManifestStatus {
+                observed_generation: Some(NOT_OBSERVED),
+                ..ManifestStatus::default()
+            }
+        );
     }
 }

@@ -131,6 +131,23 @@ impl From<HookOperation> for Operation {
     }
 }
 
+/// The operation of a pass that failed before it knew its hook run, from the status it started
+/// from: `Delete` while deleting; the recorded hook run's while no pass has finished yet (an
+/// install whose inventory was recorded, then the replica stopped or its status was left to a
+/// look that never came, is still an install); else `Install` when nothing was applied yet,
+/// `Upgrade` after.
+pub fn operation_of(status: Option<&ManifestStatus>, deleting: bool) -> Operation {
+    let unfinished_run = status
+        .filter(|s| s.state.is_none())
+        .and_then(|s| s.hook_run.as_ref());
+    match (deleting, unfinished_run) {
+        (true, _) => Operation::Delete,
+        (false, Some(run)) if run.operation != HookOperation::Delete => run.operation.into(),
+        _ if status.is_none_or(|s| s.inventory.is_empty()) => Operation::Install,
+        _ => Operation::Upgrade,
+    }
+}
+
 /// Facts a successful render/apply contributes to the status; `None` keeps the previous value.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Facts {
@@ -342,9 +359,19 @@ pub fn may_defer(
     let problem_shown = previous
         .and_then(|p| p.state)
         .is_some_and(|state| matches!(state, State::Error | State::Warning));
+    // A drift pass over a Ready module whose apply started a rollout again: a full pass after a
+    // lost hand-over would start from the stored `Ready` of the same render and skip the
+    // objects it finds unchanged (docs/reconcile.md, "Cheap drift passes"), reading the
+    // rollout as done; its status is written at once.
+    let drift = previous.is_some_and(|p| {
+        p.state == Some(State::Ready)
+            && p.rendered_digest == next.rendered_digest
+            && p.applied_generation == next.applied_generation
+    });
     let no_hooks = stored.hook_objects.is_empty() && next.hook_objects.is_empty();
     entering_wait
         && !problem_shown
+        && !drift
         && no_hooks
         && !publishes_event(previous, next, outcome)
         && lasting(stored, remote_target) == lasting(next, remote_target)
@@ -624,6 +651,61 @@ mod tests {
         };
         let after_failed = Install::next(&failed, rolling, install.facts.clone());
         assert!(!install.defers(Some(&failed), &after_failed, rolling));
+    }
+
+    #[test]
+    fn a_drift_pass_that_starts_a_rollout_again_writes_at_once() {
+        let install = Install::new();
+        let (recorded, rolling) = (&install.recorded, &install.rolling);
+        let ready_status = Install::next(recorded, &ready(), install.facts.clone());
+        // The same render and generation as the Ready status: a drift pass re-applied an
+        // edited Deployment. A full pass after a lost hand-over would skip the unchanged
+        // objects from that stored Ready; written at once.
+        let drifted = Install::next(&ready_status, rolling, install.facts.clone());
+        assert!(!may_defer(
+            Some(&ready_status),
+            &ready_status,
+            &drifted,
+            rolling,
+            false
+        ));
+        // An upgrade from Ready (another render) still leaves it: the full pass after a lost
+        // hand-over applies every object of the new render.
+        let upgrade = Facts {
+            rendered_digest: Some("sha256:r2".into()),
+            ..install.facts.clone()
+        };
+        let upgraded = Install::next(&ready_status, rolling, upgrade);
+        assert!(may_defer(
+            Some(&ready_status),
+            &ready_status,
+            &upgraded,
+            rolling,
+            false
+        ));
+    }
+
+    #[test]
+    fn a_failed_pass_reports_the_recorded_run_until_a_pass_finishes() {
+        let install = Install::new();
+        let recorded = &install.recorded;
+        assert_eq!(operation_of(None, false), Operation::Install);
+        assert_eq!(operation_of(None, true), Operation::Delete);
+        // The inventory and the install run recorded, no pass finished (a crash, a lost
+        // hand-over): still the install.
+        assert_eq!(operation_of(Some(recorded), false), Operation::Install);
+        assert_eq!(operation_of(Some(recorded), true), Operation::Delete);
+        // After a finished pass the recorded objects make it an upgrade.
+        let finished = ManifestStatus {
+            state: Some(State::Ready),
+            ..recorded.clone()
+        };
+        assert_eq!(operation_of(Some(&finished), false), Operation::Upgrade);
+        let without_run = ManifestStatus {
+            hook_run: None,
+            ..recorded.clone()
+        };
+        assert_eq!(operation_of(Some(&without_run), false), Operation::Upgrade);
     }
 
     #[test]

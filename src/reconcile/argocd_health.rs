@@ -107,6 +107,18 @@ fn suspended_unreconciled_and_outdated_manifests() {
             "Waiting for the operator to reconcile".into()
         )
     );
+    // As the API server serves a new Manifest: the CRD's default status.
+    let unobserved = ManifestStatus {
+        observed_generation: Some(crate::api::NOT_OBSERVED),
+        ..ManifestStatus::default()
+    };
+    assert_eq!(
+        health(&manifest(1, Some(&unobserved))),
+        (
+            "Progressing".into(),
+            "Waiting for the operator to reconcile".into()
+        )
+    );
     // A spec change the operator has not reconciled yet: its Ready=True is about generation 3.
     assert_eq!(
         health(&manifest(4, Some(&status))),

@@ -983,6 +983,26 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn a_manifest_no_pass_wrote_yet_is_in_progress() {
+        // The CRD's default status, as the API server serves a new Manifest.
+        let created = json!({"metadata": {"generation": 1},
+            "status": {"observedGeneration": crate::api::NOT_OBSERVED}});
+        assert_eq!(kstatus(&created), Kstatus::InProgress);
+        // Without it kstatus would read it Current: no conditions, nothing to compare.
+        assert_eq!(
+            kstatus(&json!({"metadata": {"generation": 1}})),
+            Kstatus::Current
+        );
+        // The inventory record (before the applies) keeps the default; the first status
+        // written replaces it.
+        let recorded = json!({"metadata": {"generation": 1}, "status": {
+            "observedGeneration": crate::api::NOT_OBSERVED,
+            "inventory": [{"group": "", "version": "v1", "kind": "ConfigMap",
+                "namespace": "ns", "name": "c"}]}});
+        assert_eq!(kstatus(&recorded), Kstatus::InProgress);
+    }
+
+    #[test]
     fn a_retried_error_is_in_progress_until_it_succeeds() {
         let transient = error_outcome(
             &ReconcileError::ValuesSourceMissing("ConfigMap v does not exist".into()),

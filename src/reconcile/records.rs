@@ -13,7 +13,8 @@ use super::{Context, ReconcileError};
 use crate::api::{InventoryEntry, Manifest, ManifestStatus, State};
 use crate::plan::RenderedObject;
 use crate::plan::status::{
-    Facts, Operation, Outcome, may_defer, next_status, publishes_event, ready_message, status_patch,
+    Facts, Operation, Outcome, may_defer, next_status, operation_of, publishes_event,
+    ready_message, status_patch,
 };
 use crate::plan::trigger;
 use crate::shard::fence::Fence;
@@ -36,19 +37,10 @@ pub(super) async fn read_fresh(
     Ok(fresh.filter(|fresh| fresh.uid() == manifest.uid()))
 }
 
-/// `Install` when nothing was applied yet, else `Upgrade`; `Delete` while deleting.
+/// The operation a failed pass of `manifest` reports ([`operation_of`]).
 pub(super) fn operation(manifest: &Manifest) -> Operation {
-    if manifest.meta().deletion_timestamp.is_some() {
-        Operation::Delete
-    } else if manifest
-        .status
-        .as_ref()
-        .is_none_or(|s| s.inventory.is_empty())
-    {
-        Operation::Install
-    } else {
-        Operation::Upgrade
-    }
+    let deleting = manifest.meta().deletion_timestamp.is_some();
+    operation_of(manifest.status.as_ref(), deleting)
 }
 
 /// The Manifest's status as stored when a pass began, this replica's last write of it then
@@ -120,6 +112,7 @@ pub(super) async fn write_status(
     );
     trigger::echo(&mut next, manifest);
     if stored.status.as_ref() == Some(&next) {
+        ctx.written.caught_up(manifest);
         return Ok(());
     }
     let remote = manifest.spec.target.is_some();
@@ -140,6 +133,7 @@ pub(super) async fn write_status(
     let notable = publishes_event(previous, &next, outcome);
     let patch = status_patch(stored.status.as_ref(), &next);
     patch_status(manifest, ctx, fence, patch).await?;
+    ctx.written.caught_up(manifest);
     if notable {
         let reason = outcome.reason.as_str();
         // A render error's text is helm's (a chart's `fail` may quote values): status and

@@ -15,7 +15,7 @@
 //! follows"): that pass starts from it only if the Manifest is still exactly as this replica
 //! last knew it (same resourceVersion, same epoch of the shard).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -37,6 +37,10 @@ struct Write {
 /// by another replica) must not keep its status in memory for good.
 const KEPT_FOR: Duration = Duration::from_secs(600);
 
+/// How often the statuses kept past [`KEPT_FOR`] are swept, at most (on the next hand-over or
+/// pass start after it: every owned Manifest has a pass at least every `spec.interval`).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
 /// A status a pass left unwritten for the Manifest's next pass, valid only at this
 /// resourceVersion and epoch.
 #[derive(Clone, Debug)]
@@ -54,20 +58,32 @@ impl Deferred {
     }
 }
 
-/// What is remembered, by UID.
+/// What is remembered, by UID (at most one entry of each kind per Manifest).
 #[derive(Debug, Default)]
 struct Remembered {
     writes: HashMap<String, Write>,
     deferred: HashMap<String, Deferred>,
-    /// Kept statuses after the last sweep of those past [`KEPT_FOR`].
-    swept_at: usize,
+    /// Manifests whose stored status is behind one a pass left for a look: set when a status
+    /// is left, cleared only when a status write of this replica lands (or the Manifest is
+    /// forgotten). While set, a pass that finds no kept status (taken by a look whose write
+    /// failed, swept, superseded by another write of this replica) finds it [`Left::Dropped`]
+    /// and writes: a status is never left twice without a write between.
+    behind: HashSet<String>,
+    /// When the statuses kept past [`KEPT_FOR`] were last swept.
+    swept: Option<Instant>,
 }
 
 impl Remembered {
-    /// Forgets the statuses kept past [`KEPT_FOR`].
+    /// Forgets the statuses kept past [`KEPT_FOR`], at most every [`SWEEP_EVERY`].
     fn sweep(&mut self, now: Instant) {
+        if self
+            .swept
+            .is_some_and(|at| now.saturating_duration_since(at) < SWEEP_EVERY)
+        {
+            return;
+        }
         self.deferred.retain(|_, kept| !kept.stale(now));
-        self.swept_at = self.deferred.len();
+        self.swept = Some(now);
     }
 }
 
@@ -126,6 +142,15 @@ impl LastWrites {
             let mut remembered = self.lock();
             remembered.writes.remove(&uid);
             remembered.deferred.remove(&uid);
+            remembered.behind.remove(&uid);
+        }
+    }
+
+    /// A status write of this replica landed for `manifest` (or the stored status already is
+    /// what the pass would write): the stored status is no longer behind a kept one.
+    pub fn caught_up(&self, manifest: &Manifest) {
+        if let Some(uid) = manifest.uid() {
+            self.lock().behind.remove(&uid);
         }
     }
 
@@ -168,22 +193,23 @@ impl LastWrites {
         let Some(resource_version) = resource_version else {
             return false;
         };
+        let now = Instant::now();
         let deferred = Deferred {
             resource_version,
             epoch,
             status,
-            at: Instant::now(),
+            at: now,
         };
+        remembered.behind.insert(uid.clone());
         remembered.deferred.insert(uid, deferred);
-        if remembered.deferred.len() > 2 * remembered.swept_at + 64 {
-            remembered.sweep(Instant::now());
-        }
+        remembered.sweep(now);
         true
     }
 
     /// The status a pass left for this one: [`Left::Kept`] if `current` (the Manifest this
     /// pass starts from) is still exactly as that pass left it, at the same epoch, and it was
-    /// left less than [`KEPT_FOR`] ago; taken either way.
+    /// left less than [`KEPT_FOR`] ago; taken either way. [`Left::Dropped`] also when none is
+    /// kept but the stored status is still behind one that was (see `Remembered::behind`).
     pub fn take_deferred(&self, current: &Manifest, epoch: i32) -> Left {
         self.take_deferred_at(current, epoch, Instant::now())
     }
@@ -192,8 +218,14 @@ impl LastWrites {
         let Some(uid) = current.uid() else {
             return Left::Nothing;
         };
-        let Some(deferred) = self.lock().deferred.remove(&uid) else {
-            return Left::Nothing;
+        let mut remembered = self.lock();
+        remembered.sweep(now);
+        let Some(deferred) = remembered.deferred.remove(&uid) else {
+            return if remembered.behind.contains(&uid) {
+                Left::Dropped
+            } else {
+                Left::Nothing
+            };
         };
         let same = deferred.epoch == epoch
             && !deferred.stale(now)
@@ -297,8 +329,15 @@ mod tests {
         assert!(writes.defer(&started, &mark, 1, rolling.clone()));
         let kept = Left::Kept(Box::new(rolling.clone()));
         assert_eq!(writes.take_deferred(&manifest("11", None), 1), kept);
+        // The look's status write failed: the stored status is still behind.
         let again = writes.take_deferred(&manifest("11", None), 1);
-        assert_eq!(again, Left::Nothing, "taken once");
+        assert_eq!(again, Left::Dropped, "taken once, and behind until written");
+        writes.caught_up(&manifest("11", None));
+        assert_eq!(
+            writes.take_deferred(&manifest("11", None), 1),
+            Left::Nothing,
+            "written"
+        );
         // Someone wrote the Manifest since (a new resourceVersion): not used, and gone.
         let mark = writes.mark(&manifest("11", None));
         assert!(writes.defer(&manifest("11", None), &mark, 1, rolling.clone()));
@@ -306,10 +345,7 @@ mod tests {
             writes.take_deferred(&manifest("12", None), 1),
             Left::Dropped
         );
-        assert_eq!(
-            writes.take_deferred(&manifest("11", None), 1),
-            Left::Nothing
-        );
+        writes.caught_up(&manifest("12", None));
         // A pass that wrote nothing: the status holds at the version it started from.
         assert!(writes.defer(&manifest("11", None), &mark, 1, rolling.clone()));
         // The shard lost and taken back (another epoch): not used.
@@ -317,15 +353,21 @@ mod tests {
             writes.take_deferred(&manifest("11", None), 2),
             Left::Dropped
         );
-        // A write of this replica supersedes it.
+        writes.caught_up(&manifest("11", None));
+        // Another write of this replica (a label) supersedes it: gone, the status behind.
         assert!(writes.defer(&manifest("11", None), &mark, 1, rolling.clone()));
-        writes.wrote(&manifest("13", Some(State::Ready)), 1);
-        let superseded = writes.take_deferred(&manifest("13", Some(State::Ready)), 1);
-        assert_eq!(superseded, Left::Nothing);
+        writes.wrote(&manifest("13", None), 1);
+        let superseded = writes.take_deferred(&manifest("13", None), 1);
+        assert_eq!(superseded, Left::Dropped);
+        writes.caught_up(&manifest("13", None));
         // A pass whose write was made at another epoch leaves nothing.
         let mark = writes.mark(&manifest("13", None));
         writes.wrote(&manifest("14", None), 2);
         assert!(!writes.defer(&manifest("13", None), &mark, 1, rolling.clone()));
+        assert_eq!(
+            writes.take_deferred(&manifest("14", None), 2),
+            Left::Nothing
+        );
         // Forgetting the Manifest forgets it.
         let mark = writes.mark(&manifest("14", None));
         assert!(writes.defer(&manifest("14", None), &mark, 2, rolling));
@@ -351,18 +393,20 @@ mod tests {
         let later = Instant::now() + KEPT_FOR + Duration::from_secs(1);
         // Past its time: not used.
         assert_eq!(writes.take_deferred_at(&first, 1, later), Left::Dropped);
-        for i in 0..50 {
-            kept_for(i);
+        let others: Vec<Manifest> = (1..50).map(kept_for).collect();
+        assert_eq!(writes.kept(), 49, "none is past its time yet");
+        // Any pass start after the time sweeps them all, not only its own.
+        let mut unrelated = manifest("10", None);
+        unrelated.metadata.uid = Some("unrelated".into());
+        let sweep_at = later + SWEEP_EVERY;
+        assert_eq!(
+            writes.take_deferred_at(&unrelated, 1, sweep_at),
+            Left::Nothing
+        );
+        assert_eq!(writes.kept(), 0, "swept");
+        // Their Manifests' stored statuses are still behind: their next passes write.
+        for other in &others {
+            assert_eq!(writes.take_deferred_at(other, 1, sweep_at), Left::Dropped);
         }
-        writes.lock().sweep(Instant::now());
-        assert_eq!(writes.kept(), 50, "none is past its time yet");
-        writes.lock().sweep(later);
-        assert_eq!(writes.kept(), 0);
-        // The sweep runs by itself as kept statuses pile up (here: none past its time).
-        for i in 0..200 {
-            kept_for(i + 100);
-        }
-        assert_eq!(writes.kept(), 200);
-        assert!(writes.lock().swept_at > 0, "swept on the way");
     }
 }
