@@ -482,6 +482,21 @@ pub struct ManifestStatus {
     pub last_handled_reset_at: Option<String>,
 }
 
+impl ManifestStatus {
+    /// Whether no pass has written anything into it: absent, or the CRD's default
+    /// (`observedGeneration: -1`, [`super::NOT_OBSERVED`]) as the API server serves a new
+    /// Manifest.
+    pub fn is_unwritten(status: Option<&Self>) -> bool {
+        status.is_none_or(|status| {
+            *status
+                == Self {
+                    observed_generation: Some(super::NOT_OBSERVED),
+                    ..Self::default()
+                }
+        })
+    }
+}
+
 /// What a hook run does.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum HookOperation {

@@ -239,8 +239,10 @@ pub fn describe_manifest(manifest: &Manifest, events: &[Event], now: Timestamp) 
     );
     spec_section(manifest, &mut out);
     match &manifest.status {
-        Some(status) => status_section(status, &mut out),
-        None => out += "Status:           <none yet: no replica has reconciled it>\n",
+        Some(status) if !ManifestStatus::is_unwritten(Some(status)) => {
+            status_section(status, &mut out);
+        }
+        _ => out += "Status:           <none yet: no replica has reconciled it>\n",
     }
     out += "Events:";
     if events.is_empty() {
@@ -463,6 +465,10 @@ mod tests {
         let fresh = describe_manifest(&manifest("new", Value::Null), &[], now());
         assert!(fresh.contains("Status:           <none yet"), "{fresh}");
         assert!(fresh.ends_with("Events: <none>\n"), "{fresh}");
+        // As the API server serves a new Manifest: the CRD's default status.
+        let served = manifest("new", json!({"observedGeneration": -1}));
+        let served = describe_manifest(&served, &[], now());
+        assert!(served.contains("Status:           <none yet"), "{served}");
     }
 
     fn id(kind: &str, name: &str) -> InventoryEntry {

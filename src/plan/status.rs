@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::ownership;
-use crate::api::{HookOperation, HookRun, InventoryEntry, LastOperation, ManifestStatus, State};
+use crate::api::{
+    HookOperation, HookRun, HookRunPhase, InventoryEntry, LastOperation, ManifestStatus, State,
+};
 use crate::telemetry::events::{MESSAGE_LIMIT, shorten};
 
 /// What one reconcile pass found.
@@ -132,14 +134,14 @@ impl From<HookOperation> for Operation {
 }
 
 /// The operation of a pass that failed before it knew its hook run, from the status it started
-/// from: `Delete` while deleting; the recorded hook run's while no pass has finished yet (an
-/// install whose inventory was recorded, then the replica stopped or its status was left to a
-/// look that never came, is still an install); else `Install` when nothing was applied yet,
-/// `Upgrade` after.
+/// from: `Delete` while deleting; the recorded hook run's while it is not done (an install
+/// whose inventory was recorded, then the replica stopped, its status was left to a look, or
+/// its rollout is still awaited, is still an install); else `Install` when nothing was applied
+/// yet, `Upgrade` after.
 pub fn operation_of(status: Option<&ManifestStatus>, deleting: bool) -> Operation {
     let unfinished_run = status
-        .filter(|s| s.state.is_none())
-        .and_then(|s| s.hook_run.as_ref());
+        .and_then(|s| s.hook_run.as_ref())
+        .filter(|run| run.phase != HookRunPhase::Done);
     match (deleting, unfinished_run) {
         (true, _) => Operation::Delete,
         (false, Some(run)) if run.operation != HookOperation::Delete => run.operation.into(),
@@ -359,19 +361,18 @@ pub fn may_defer(
     let problem_shown = previous
         .and_then(|p| p.state)
         .is_some_and(|state| matches!(state, State::Error | State::Warning));
-    // A drift pass over a Ready module whose apply started a rollout again: a full pass after a
-    // lost hand-over would start from the stored `Ready` of the same render and skip the
-    // objects it finds unchanged (docs/reconcile.md, "Cheap drift passes"), reading the
-    // rollout as done; its status is written at once.
-    let drift = previous.is_some_and(|p| {
-        p.state == Some(State::Ready)
-            && p.rendered_digest == next.rendered_digest
-            && p.applied_generation == next.applied_generation
+    // `Ready` stored for this very generation (a drift pass, or a new render of the same
+    // generation: a values source, a chart range) while objects roll out again: readers
+    // (kstatus, `dependsOn`) would take the rollout as done until the look, and a full pass
+    // after a lost hand-over would start from that `Ready` and skip the objects it finds
+    // unchanged (docs/reconcile.md, "Cheap drift passes"); its status is written at once.
+    let ready_for_this_generation = previous.is_some_and(|p| {
+        p.state == Some(State::Ready) && p.observed_generation == next.observed_generation
     });
     let no_hooks = stored.hook_objects.is_empty() && next.hook_objects.is_empty();
     entering_wait
         && !problem_shown
-        && !drift
+        && !ready_for_this_generation
         && no_hooks
         && !publishes_event(previous, next, outcome)
         && lasting(stored, remote_target) == lasting(next, remote_target)
@@ -669,13 +670,27 @@ mod tests {
             rolling,
             false
         ));
-        // An upgrade from Ready (another render) still leaves it: the full pass after a lost
-        // hand-over applies every object of the new render.
+        // A new render of the same generation (a values source changed): the stored Ready
+        // would read as this generation's until the look; written at once.
         let upgrade = Facts {
             rendered_digest: Some("sha256:r2".into()),
             ..install.facts.clone()
         };
-        let upgraded = Install::next(&ready_status, rolling, upgrade);
+        let same_generation = Install::next(&ready_status, rolling, upgrade);
+        assert!(!may_defer(
+            Some(&ready_status),
+            &ready_status,
+            &same_generation,
+            rolling,
+            false
+        ));
+        // An upgrade to a new generation still leaves it: the stored Ready is of the old
+        // generation (kstatus: InProgress), and the full pass after a lost hand-over applies
+        // every object of the new render.
+        let upgraded = ManifestStatus {
+            observed_generation: Some(2),
+            ..same_generation
+        };
         assert!(may_defer(
             Some(&ready_status),
             &ready_status,
@@ -695,11 +710,20 @@ mod tests {
         // hand-over): still the install.
         assert_eq!(operation_of(Some(recorded), false), Operation::Install);
         assert_eq!(operation_of(Some(recorded), true), Operation::Delete);
-        // After a finished pass the recorded objects make it an upgrade.
-        let finished = ManifestStatus {
+        // Rolling out (a look wrote `Processing`): the run is not done, still the install.
+        let rolling = ManifestStatus {
+            state: Some(State::Processing),
+            ..recorded.clone()
+        };
+        assert_eq!(operation_of(Some(&rolling), false), Operation::Install);
+        // After the run is done the recorded objects make it an upgrade.
+        let mut finished = ManifestStatus {
             state: Some(State::Ready),
             ..recorded.clone()
         };
+        if let Some(run) = finished.hook_run.as_mut() {
+            run.phase = HookRunPhase::Done;
+        }
         assert_eq!(operation_of(Some(&finished), false), Operation::Upgrade);
         let without_run = ManifestStatus {
             hook_run: None,
