@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use module_manager::api::{HookOperation, Manifest, RECONCILE_REQUESTED_AT, State};
+use module_manager::api::{Manifest, RECONCILE_REQUESTED_AT, State};
 use module_manager::apply::MANIFEST_UID_LABEL;
 use module_manager::apply::watched::{MANIFEST_SHARD_LABEL, Selection};
 use module_manager::reconcile::Context;
@@ -371,12 +371,6 @@ async fn a_rollout_is_looked_at_by_reading_the_workload_not_by_applying_again() 
     assert_eq!(reasons, ["Ready"], "{events:?}");
 }
 
-/// A pass that only entered the rollout wait leaves its status to the look that follows
-/// (`plan::status::may_defer`): an install whose workload has rolled out by then writes the
-/// Manifest's status twice — the inventory before the applies, then `Ready` — not three times.
-/// When that hand-over is lost (here someone writes the Manifest in between; a replica that
-/// stops or a shard that moves lose it too), the next pass applies again and records all the
-/// first one learned: the same Ready status, every object's UID.
 /// Passes the test runs itself, outside a fleet (this process owns every shard), over
 /// Manifests of `tests/fixtures/charts/scaled` (a Deployment of 1 replica and a ConfigMap).
 struct Passes {
@@ -419,54 +413,81 @@ impl Passes {
         let after = self.manifests.get(name).await.unwrap();
         after.status.unwrap_or_default()
     }
+
+    /// Plays the Deployment `name`'s rollout as soon as it exists (no Deployment controller
+    /// runs in these tests): while the pass that applied it waits.
+    fn roll_out_once_applied(&self, name: &str) -> tokio::task::JoinHandle<()> {
+        let (admin, ns, name) = (
+            self.parts.admin.clone(),
+            self.parts.ns.clone(),
+            name.to_owned(),
+        );
+        tokio::spawn(async move {
+            use k8s_openapi::api::apps::v1::Deployment;
+            let deployments: Api<Deployment> = Api::namespaced(admin.clone(), &ns);
+            while deployments.get_opt(&name).await.unwrap().is_none() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            common::deployment_rolled_out(&admin, &ns, &name, 1).await;
+        })
+    }
 }
 
+/// The rollout wait inside the pass (docs/reconcile.md): a pass that applied a Deployment looks
+/// at it again a few times, for at most `plan::readiness::SETTLE_WAIT`, before it writes its
+/// status. An install whose workload rolls out meanwhile writes the Manifest's status twice —
+/// the inventory before the applies, then `Ready` — not three times, in one pass; one that does
+/// not writes `Processing` after three looks (the wait's bound: three GETs of the Deployment)
+/// and `Ready` from the pass that finds it rolled out. One Event (`Ready`) either way.
 #[tokio::test(flavor = "multi_thread")]
-async fn the_rollout_status_is_left_to_the_look_that_follows() {
+async fn a_workload_ready_within_the_pass_costs_one_status_write() {
     let passes = Passes::new().await;
     let (parts, manifests) = (&passes.parts, &passes.manifests);
-    let pass = async |name: &str| passes.pass(name).await;
-    for (name, lost) in [("kept", false), ("lost", true)] {
+    for (name, quick) in [("quick", true), ("slow", false)] {
         passes.create(name).await;
         let before = parts.snapshot();
-        let first = pass(name).await;
-        assert_eq!(
-            first.inventory.len(),
-            2,
-            "the inventory is recorded: {first:?}"
-        );
-        // The inventory and its hook run (an install) are all there is: the rollout's status
-        // is left to the next look.
-        let run = first.hook_run.as_ref().map(|run| run.operation);
-        assert_eq!(run, Some(HookOperation::Install), "{first:?}");
-        assert_eq!(first.state, None, "{first:?}");
-        if lost {
-            common::annotate(manifests, name, "example.com/touched", "yes").await;
-        }
-        // No Deployment controller runs: the test plays the rollout.
-        common::deployment_rolled_out(&parts.admin, &parts.ns, name, 1).await;
-        let second = pass(name).await;
+        let rollout = quick.then(|| passes.roll_out_once_applied(name));
+        let first = passes.pass(name).await;
         let spent = between(&before, &parts.snapshot());
-        eprintln!("BUDGET rollout status ({name}): {}", spent.line());
-        assert_eq!(second.state, Some(State::Ready), "{name}: {second:?}");
-        assert_eq!(
-            second.inventory_uids.len(),
-            2,
-            "{name}: every UID: {second:?}"
+        eprintln!(
+            "BUDGET rollout status, first pass ({name}): {}",
+            spent.line()
         );
-        let operation = second.last_operation.as_ref().map(|o| o.operation.as_str());
-        assert_eq!(operation, Some("Install"), "{name}: {second:?}");
-        let status_writes =
-            spent.of(|v, r| (v, r) == ("patch", "modulemanager.io/manifests/status"));
-        let applies = spent.of(|verb, _| verb == "apply");
-        if lost {
-            // Applied again: no UID recorded, so each object's create-only apply is refused,
-            // the object read and, labelled with the Manifest's UID, taken over (2 × 2).
-            assert_eq!((status_writes, applies), (2, 6), "{name}: {}", spent.line());
+        let status_writes = |spent: &Spent| {
+            spent.of(|v, r| (v, r) == ("patch", "modulemanager.io/manifests/status"))
+        };
+        let looks = spent.of(|v, r| (v, r) == ("get", "apps/deployments"));
+        assert_eq!(first.inventory.len(), 2, "{name}: {first:?}");
+        assert_eq!(
+            spent.of(|verb, _| verb == "apply"),
+            2,
+            "{name}: {}",
+            spent.line()
+        );
+        if let Some(rollout) = rollout {
+            rollout.await.unwrap();
+            assert_eq!(first.state, Some(State::Ready), "{name}: {first:?}");
+            assert_eq!(status_writes(&spent), 2, "{name}: {}", spent.line());
+            assert!((1..=3).contains(&looks), "{name}: {}", spent.line());
         } else {
-            // The look read the Deployment, applied nothing, and wrote Ready.
-            assert_eq!((status_writes, applies), (2, 2), "{name}: {}", spent.line());
+            assert_eq!(first.state, Some(State::Processing), "{name}: {first:?}");
+            assert!(first.readiness_started.is_some(), "{name}: {first:?}");
+            assert_eq!(looks, 3, "{name}: the wait's bound: {}", spent.line());
+            common::deployment_rolled_out(&parts.admin, &parts.ns, name, 1).await;
+            let second = passes.pass(name).await;
+            assert_eq!(second.state, Some(State::Ready), "{name}: {second:?}");
+            let spent = between(&before, &parts.snapshot());
+            assert_eq!(status_writes(&spent), 3, "{name}: {}", spent.line());
         }
+        let done = manifests
+            .get(name)
+            .await
+            .unwrap()
+            .status
+            .unwrap_or_default();
+        assert_eq!(done.inventory_uids.len(), 2, "{name}: every UID: {done:?}");
+        let operation = done.last_operation.as_ref().map(|o| o.operation.as_str());
+        assert_eq!(operation, Some("Install"), "{name}: {done:?}");
         let ready_published = |events: &[(String, String, String)]| {
             events.iter().any(|(_, reason, _)| reason == "Ready")
         };
@@ -476,26 +497,20 @@ async fn the_rollout_status_is_left_to_the_look_that_follows() {
     }
 }
 
-/// A hand-over lost while the workload still rolls out: the next pass writes the `Progressing`
-/// status at once (it does not leave it to a look again, which someone writing the Manifest
-/// every time could repeat for good), with the wait's start of that pass.
+/// While a workload rolls out, the wait's start is the first pass's, also when someone writes
+/// the Manifest between passes (`spec.timeout` counts from the first apply of the render).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_lost_hand_over_is_not_left_again() {
+async fn the_rollout_waits_start_is_kept_across_passes() {
     let passes = Passes::new().await;
     passes.create("again").await;
     let first = passes.pass("again").await;
-    assert_eq!(first.state, None, "left to the look: {first:?}");
+    assert_eq!(first.state, Some(State::Processing), "{first:?}");
+    let started = first.readiness_started.clone();
+    assert!(started.is_some(), "the wait's start is recorded: {first:?}");
     common::annotate(&passes.manifests, "again", "example.com/touched", "yes").await;
     let second = passes.pass("again").await;
-    assert_eq!(second.state, Some(State::Processing), "written: {second:?}");
-    let started = second.readiness_started.clone();
-    assert!(
-        started.is_some(),
-        "the wait's start is recorded: {second:?}"
-    );
-    common::annotate(&passes.manifests, "again", "example.com/touched", "again").await;
-    let third = passes.pass("again").await;
-    assert_eq!(third.readiness_started, started, "kept: {third:?}");
+    assert_eq!(second.state, Some(State::Processing), "{second:?}");
+    assert_eq!(second.readiness_started, started, "kept: {second:?}");
     common::deployment_rolled_out(&passes.parts.admin, &passes.parts.ns, "again", 1).await;
     let done = passes.pass("again").await;
     assert_eq!(done.state, Some(State::Ready), "{done:?}");

@@ -1,7 +1,8 @@
 //! `spec.dependsOn` on a real kube-apiserver: a dependent waits (`Processing`,
-//! `DependencyNotReady`) and is woken by its dependency's readiness, not by polling (every
-//! Manifest here has `interval: 1h`, so only the wake-up can make it Ready within the test);
-//! a missing dependency, a cycle, and the deletion order.
+//! `DependencyNotReady`) and is woken by its dependency's readiness (the depended-on watch) or,
+//! whatever happens to that label, by its own recheck within 30 s (every Manifest here has
+//! `interval: 1h`, so only these can make it Ready within the test); a missing dependency, a
+//! cycle, the deletion order, and tenants in two namespaces.
 //!
 //! There is no kubelet: the dependency's Deployment is made ready by writing its status, as the
 //! Deployment controller would.
@@ -75,22 +76,35 @@ async fn wait_reason(
     .await
 }
 
-#[tokio::test]
-async fn a_dependent_waits_and_is_woken_when_its_dependency_becomes_ready() {
-    let operator = common::operator("deps-wake", "test-replica").await;
-    let ns = operator.ns.clone();
-    // The dependency: a Deployment that is not ready until the test says so.
+/// `web` (a Deployment that is not ready until the test says so) and `app` (a catalog that
+/// depends on it); returns `app` once it waits.
+async fn app_waiting_for_web(operator: &common::Operator) -> Manifest {
+    let ns = &operator.ns;
     let web = manifest(
-        &ns,
+        ns,
         "web",
         "examples/charts/web",
         json!({"replicaCount": 1}),
         json!([]),
     );
-    create(&operator, &web).await;
-    create(&operator, &catalog(&ns, "app", json!([{"name": "web"}]))).await;
+    create(operator, &web).await;
+    create(operator, &catalog(ns, "app", json!([{"name": "web"}]))).await;
+    wait_reason(operator, "app", State::Processing, "DependencyNotReady").await
+}
 
-    let waiting = wait_reason(&operator, "app", State::Processing, "DependencyNotReady").await;
+/// `web`'s Deployment rolls out (played by the test), and `web` becomes Ready.
+async fn web_rolls_out(operator: &common::Operator) {
+    let manifests = &operator.manifests;
+    common::wait_for(manifests, "web", "rolling out", LIMIT, common::rolling_out).await;
+    common::deployment_rolled_out(&operator.client, &operator.ns, "web-web", 1).await;
+    common::wait_state(manifests, "web", State::Ready, LIMIT).await;
+}
+
+#[tokio::test]
+async fn a_dependent_waits_and_is_woken_when_its_dependency_becomes_ready() {
+    let operator = common::operator("deps-wake", "test-replica").await;
+    let ns = operator.ns.clone();
+    let waiting = app_waiting_for_web(&operator).await;
     let (_, message) = ready_condition(&waiting);
     assert!(
         message.contains(&format!("dependency {ns}/web is not Ready")),
@@ -114,20 +128,78 @@ async fn a_dependent_waits_and_is_woken_when_its_dependency_becomes_ready() {
     );
 
     // The Deployment rolls out: web becomes Ready, and app is woken (its interval is an hour).
-    common::wait_for(
-        &operator.manifests,
-        "web",
-        "rolling out",
-        LIMIT,
-        common::rolling_out,
-    )
-    .await;
-    common::deployment_rolled_out(&operator.client, &ns, "web-web", 1).await;
-    common::wait_state(&operator.manifests, "web", State::Ready, LIMIT).await;
+    web_rolls_out(&operator).await;
     let app = common::wait_state(&operator.manifests, "app", State::Ready, LIMIT).await;
     assert!(!common::inventory_names(&app).is_empty());
 }
 
+/// The label that wakes a dependent at once is an optimisation: with it stripped (by anyone),
+/// the waiting dependent still looks again by itself within 30 s (`DEPENDENCY_RECHECK`), not
+/// after its interval of an hour. (Before, it waited for its interval: review 2026-12-05 F4.)
+#[tokio::test]
+async fn a_waiting_dependent_looks_again_whatever_happens_to_the_labels() {
+    use kube::api::{Patch, PatchParams};
+    let operator = common::operator("deps-recheck", "test-replica").await;
+    app_waiting_for_web(&operator).await;
+    common::wait_for(&operator.manifests, "web", "labelled", LIMIT, |m| {
+        m.labels().contains_key(DEPENDED_ON_LABEL)
+    })
+    .await;
+    let strip = json!({"metadata": {"labels": {DEPENDED_ON_LABEL: null}}});
+    let params = PatchParams::default();
+    operator
+        .manifests
+        .patch("web", &params, &Patch::Merge(&strip))
+        .await
+        .unwrap();
+    web_rolls_out(&operator).await;
+    common::wait_state(&operator.manifests, "app", State::Ready, LIMIT).await;
+}
+
+/// Two tenants, each in its own namespace: a dependent in one never holds the deletion of a
+/// Manifest in the other, and the operator writes nothing on the other's Manifest for it (no
+/// depended-on label). Before, `a/app` kept `b/db` in `Deleting / DependentsExist` (and
+/// namespace b Terminating) until tenant a deleted its own Manifest (review 2026-12-05 F2).
+#[tokio::test]
+async fn a_dependent_in_another_namespace_never_holds_a_deletion() {
+    let tenant_a = common::operator("deps-tenant-a", "test-replica").await;
+    let tenant_b = common::operator("deps-tenant-b", "test-replica").await;
+    create(&tenant_b, &catalog(&tenant_b.ns, "db", json!([]))).await;
+    let elsewhere = json!([{"name": "db", "namespace": tenant_b.ns}]);
+    create(&tenant_a, &catalog(&tenant_a.ns, "app", elsewhere)).await;
+    common::wait_state(&tenant_b.manifests, "db", State::Ready, LIMIT).await;
+    let app = common::wait_state(&tenant_a.manifests, "app", State::Ready, LIMIT).await;
+    assert!(!common::inventory_names(&app).is_empty(), "app installed");
+    let db = tenant_b.manifests.get("db").await.unwrap();
+    assert!(
+        !db.labels().contains_key(DEPENDED_ON_LABEL),
+        "nothing written on another namespace's Manifest: {:?}",
+        db.labels()
+    );
+
+    tenant_b
+        .manifests
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + LIMIT;
+    while let Some(db) = tenant_b.manifests.get_opt("db").await.unwrap() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b/db is held: {:?}",
+            db.status
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let app = tenant_a.manifests.get("app").await.unwrap();
+    assert!(
+        !common::inventory_names(&app).is_empty(),
+        "a/app keeps what it installed"
+    );
+}
+
+/// A dependency created after its dependent began to wait: found by the dependent's recheck
+/// (within 30 s), then Ready.
 #[tokio::test]
 async fn a_missing_dependency_is_waited_for_until_it_is_created_and_ready() {
     let operator = common::operator("deps-missing", "test-replica").await;
@@ -247,8 +319,8 @@ async fn another_namespace_is_refused_when_the_operator_says_so() {
     let (_, message) = ready_condition(&refused);
     assert_eq!(
         message,
-        "dependencies: dependency databases/db is in another namespace, and this operator runs \
-         with --no-cross-namespace-dependencies"
+        "dependencies: dependency databases/db is in another namespace, and this operator \
+         refuses those (--cross-namespace-dependencies=false, the default in impersonation mode)"
     );
     assert!(common::inventory_names(&refused).is_empty());
     // The same namespace is fine.

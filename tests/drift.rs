@@ -66,6 +66,26 @@ impl Harness {
         .await
     }
 
+    /// Turns the chart's HorizontalPodAutoscaler on (the chart stops setting `replicas`) or
+    /// off (back to `replicas: 2`), and waits until the HorizontalPodAutoscaler is in the
+    /// inventory, or out of it.
+    async fn autoscale(&self, name: &str, on: bool) {
+        let values = if on {
+            json!({"autoscale": true, "replicas": null})
+        } else {
+            json!({"autoscale": null, "replicas": 2})
+        };
+        common::patch_spec(&self.manifests, name, json!({ "values": values })).await;
+        let manifest = self.applied(name).await;
+        let hpa = format!("HorizontalPodAutoscaler/{name}");
+        assert_eq!(
+            common::inventory_names(&manifest).contains(&hpa),
+            on,
+            "{:?}",
+            manifest.status
+        );
+    }
+
     fn config_maps(&self) -> Api<ConfigMap> {
         Api::namespaced(self.client.clone(), &self.ns)
     }
@@ -167,18 +187,7 @@ async fn replicas_handed_to_an_autoscaler_never_dip_and_stay_the_autoscalers() {
     }
 
     // The chart hands `replicas` to its HorizontalPodAutoscaler: it stops setting it.
-    common::patch_spec(
-        &h.manifests,
-        "web",
-        json!({"values": {"autoscale": true, "replicas": null}}),
-    )
-    .await;
-    let manifest = h.applied("web").await;
-    assert!(
-        common::inventory_names(&manifest).contains(&"HorizontalPodAutoscaler/web".to_owned()),
-        "{:?}",
-        manifest.status
-    );
+    h.autoscale("web", true).await;
     let deployment = deployments.get("web").await.unwrap();
     assert_eq!(replicas(&deployment), Some(2), "the live value is kept");
     assert_eq!(
@@ -214,6 +223,38 @@ async fn replicas_handed_to_an_autoscaler_never_dip_and_stay_the_autoscalers() {
         seen[first..].iter().all(|r| matches!(r, Some(2 | 3))),
         "replicas went below 2 or were dropped at some point: {seen:?}"
     );
+}
+
+/// Issue 31 item 5: a field handed over to `module-manager-handover` (the chart stopped
+/// setting it) comes back when the chart sets it again — here through values that add a real
+/// HorizontalPodAutoscaler object and then remove it. Only another manager's write (the test
+/// above: an autoscaler through the scale subresource) keeps `spec.replicas` from the chart.
+#[tokio::test]
+async fn replicas_handed_over_come_back_when_the_chart_sets_them_again() {
+    let h = start("drift-back").await;
+    h.create("web", json!({"replicas": 3}), json!([])).await;
+    h.applied("web").await;
+    let deployments = h.deployments();
+    h.autoscale("web", true).await;
+    let deployment = deployments.get("web").await.unwrap();
+    assert_eq!(
+        replicas(&deployment),
+        Some(3),
+        "handed over at its live value"
+    );
+    assert_eq!(replicas_owners(&deployment), ["module-manager-handover"]);
+
+    // Back to the chart's replicas, without the HorizontalPodAutoscaler.
+    h.autoscale("web", false).await;
+    // A drift pass or more later, the chart's value holds.
+    h.drift_repaired("web-settings", json!({})).await;
+    let deployment = deployments.get("web").await.unwrap();
+    assert_eq!(
+        replicas(&deployment),
+        Some(2),
+        "the chart's value is applied"
+    );
+    assert_eq!(replicas_owners(&deployment), ["module-manager"]);
 }
 
 #[tokio::test]

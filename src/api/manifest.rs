@@ -155,7 +155,8 @@ pub struct DependencyReference {
     )]
     pub name: String,
     /// Namespace of the Manifest; omitted means the dependent's own. Another namespace is
-    /// refused when the operator runs with `--no-cross-namespace-dependencies`.
+    /// refused when the operator runs with `--cross-namespace-dependencies=false` (the default
+    /// in impersonation mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 63),

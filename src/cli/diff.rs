@@ -112,6 +112,7 @@ async fn context(args: &DiffArgs, client: kube::Client, home: PathBuf) -> anyhow
         pass_limits: Default::default(),
         written: Default::default(),
         dependencies: Default::default(),
+        queue: Default::default(),
     })
 }
 

@@ -64,7 +64,7 @@ pub enum DependencyError {
     Cycle(String),
     /// the dependency is in another namespace, which the operator's flags refuse.
     #[error(
-        "dependency {0} is in another namespace, and this operator runs with --no-cross-namespace-dependencies"
+        "dependency {0} is in another namespace, and this operator refuses those (--cross-namespace-dependencies=false, the default in impersonation mode)"
     )]
     CrossNamespace(DependencyKey),
 }
@@ -207,8 +207,9 @@ pub fn describe_cycle(cycle: &[DependencyKey]) -> String {
     names.join(" → ")
 }
 
-/// The dependents among `candidates` that keep `dependency` from being deleted: those that name
-/// it in `spec.dependsOn` and have installed something (an inventory or hook objects; one that
+/// The dependents among `candidates` that keep `dependency` from being deleted: those of its
+/// own namespace (a tenant's Manifest never holds another namespace's) that name it in
+/// `spec.dependsOn` and have installed something (an inventory or hook objects; one that
 /// never installed anything needs nothing of it, so two Manifests of a cycle, which never
 /// install, do not keep each other), but not `dependency` itself, nor a dependent that is being
 /// deleted too and that `dependency` itself depends on (a cycle of two that installed before it
@@ -224,6 +225,7 @@ pub fn holding_dependents<'a>(
     let mut holding: Vec<DependencyKey> = candidates
         .into_iter()
         .filter(|m| DependencyKey::of(m) != key)
+        .filter(|m| m.metadata.namespace == dependency.metadata.namespace)
         .filter(|m| {
             m.status
                 .as_ref()
@@ -406,12 +408,13 @@ mod tests {
     }
 
     #[test]
-    fn only_dependents_that_installed_something_hold_a_deletion() {
+    fn only_dependents_of_its_namespace_that_installed_something_hold_a_deletion() {
         let installed = json!({"inventory": [{"group": "", "version": "v1", "kind": "ConfigMap",
             "namespace": "a", "name": "c"}]});
         let db = key("a", "db");
         let candidates = [
             manifest("a", "app", json!([{"name": "db"}]), installed.clone()),
+            manifest("a", "api", json!([{"name": "db"}]), installed.clone()),
             manifest(
                 "b",
                 "other",
@@ -429,23 +432,25 @@ mod tests {
         ];
         let dependency = manifest("a", "db", json!([{"name": "app"}]), installed.clone());
         assert_eq!(DependencyKey::of(&dependency), db);
+        // b/other installed something and depends on a/db, but is another tenant's: it never
+        // holds a/db's deletion.
         assert_eq!(
             holding_dependents(&dependency, &candidates),
-            [key("a", "app"), key("b", "other")]
+            [key("a", "api"), key("a", "app")]
         );
         // A cycle of two that installed before it closed, both being deleted: app (which db
-        // depends on) no longer holds db; other still does.
+        // depends on) no longer holds db; api still does.
         let mut going = candidates.clone();
         going[0].metadata.deletion_timestamp =
             Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ));
-        assert_eq!(holding_dependents(&dependency, &going), [key("b", "other")]);
+        assert_eq!(holding_dependents(&dependency, &going), [key("a", "api")]);
         // A dependent being deleted that db does not depend on still holds it.
         let plain = manifest("a", "db", json!([]), installed);
         assert_eq!(
             holding_dependents(&plain, &going),
-            [key("a", "app"), key("b", "other")]
+            [key("a", "api"), key("a", "app")]
         );
     }
 

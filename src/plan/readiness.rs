@@ -67,6 +67,23 @@ pub fn wait_started(previous: Option<&Time>, same_render: bool, now: Timestamp) 
     }
 }
 
+/// The longest a pass waits, right after applying objects that roll out, before it writes
+/// `Processing` (docs/reconcile.md, "The rollout wait inside the pass"): workloads that become
+/// ready within it cost one status write (`Ready`) instead of two.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(2);
+
+/// The pause before the first look of that wait; each later one is twice the one before.
+pub const SETTLE_FIRST_LOOK: Duration = Duration::from_millis(250);
+
+/// The pause before the next look of a pass's wait for its workloads, or `None` to stop
+/// waiting: after `looks` looks and `waited` in all, the next pause must end within
+/// [`SETTLE_WAIT`], and no other key may be due (a worker that waits while others queue would
+/// slow a burst: there, the pass writes `Processing` at once and the rollout is looked at later).
+pub fn next_look(waited: Duration, looks: u32, others_due: bool) -> Option<Duration> {
+    let pause = SETTLE_FIRST_LOOK.checked_mul(2u32.checked_pow(looks)?)?;
+    (!others_due && waited + pause <= SETTLE_WAIT).then_some(pause)
+}
+
 /// Whether a wait that began at `started` has passed `timeout` at `now` (a start in the
 /// future, from a clock ahead of this one, has not).
 pub fn deadline_passed(started: Timestamp, now: Timestamp, timeout: Duration) -> bool {
@@ -496,6 +513,29 @@ mod tests {
             };
             assert!(ok, "{kind} {object}: want {want:?}, got {got:?}");
         }
+    }
+
+    #[test]
+    fn a_pass_waits_for_its_workloads_a_bounded_time_and_not_while_others_queue() {
+        let ms = Duration::from_millis;
+        // Looks at 0.25, 0.75 and 1.75 s; a fourth would end past the bound.
+        assert_eq!(next_look(Duration::ZERO, 0, false), Some(ms(250)));
+        assert_eq!(next_look(ms(260), 1, false), Some(ms(500)));
+        assert_eq!(next_look(ms(770), 2, false), Some(ms(1000)));
+        assert_eq!(next_look(ms(1780), 3, false), None);
+        // Slow looks (a slow API server) end the wait sooner: never past the bound.
+        assert_eq!(next_look(ms(1100), 2, false), None);
+        let mut waited = Duration::ZERO;
+        let mut looks = 0;
+        while let Some(pause) = next_look(waited, looks, false) {
+            waited += pause;
+            looks += 1;
+        }
+        assert!(waited <= SETTLE_WAIT && looks == 3, "{waited:?} {looks}");
+        // Other keys due: no wait at all, or no further look.
+        assert_eq!(next_look(Duration::ZERO, 0, true), None);
+        assert_eq!(next_look(ms(260), 1, true), None);
+        assert_eq!(next_look(Duration::ZERO, 40, false), None, "no overflow");
     }
 
     #[test]

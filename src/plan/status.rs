@@ -332,65 +332,6 @@ pub fn rolling_out(status: Option<&ManifestStatus>) -> bool {
     })
 }
 
-/// Whether a pass may leave `next` unwritten and hand it to the Manifest's next pass
-/// (docs/reconcile.md, "The rollout status, written by the look that follows"): the pass
-/// entered the rollout wait (`previous`, the status it decided from, was not in it; `next` is;
-/// nothing stalled), `previous` shows no problem (an `Error` or a `Warning` is replaced at
-/// once), no Event is due, no hook objects are recorded (the caller also leaves out renders
-/// with hooks), and everything `next` changes
-/// over `stored` (the status as stored now, the pass's own inventory record included) is
-/// something a full pass finds again if the hand-over is lost (the replica stops, the shard
-/// moves, someone writes the Manifest): the state and its conditions, the digests and
-/// generations, the wait's start, the owner, the learned UIDs (a guarded apply takes an object
-/// labelled as the Manifest's over again) and the identity of the local cluster (the one the
-/// operator runs in: it cannot become another under a Manifest). Never the inventory, the hook
-/// run (recorded with the inventory: an install stays an install), a remote target's identity
-/// or the echo of a request.
-pub fn may_defer(
-    previous: Option<&ManifestStatus>,
-    stored: &ManifestStatus,
-    next: &ManifestStatus,
-    outcome: &Outcome,
-    remote_target: bool,
-) -> bool {
-    let entering_wait = outcome.state == State::Processing
-        && outcome.reason == Reason::Progressing
-        && !outcome.stalled
-        && !rolling_out(previous)
-        && rolling_out(Some(next));
-    let problem_shown = previous
-        .and_then(|p| p.state)
-        .is_some_and(|state| matches!(state, State::Error | State::Warning));
-    // `Ready` stored for this very generation (a drift pass, or a new render of the same
-    // generation: a values source, a chart range) while objects roll out again: readers
-    // (kstatus, `dependsOn`) would take the rollout as done until the look, and a full pass
-    // after a lost hand-over would start from that `Ready` and skip the objects it finds
-    // unchanged (docs/reconcile.md, "Cheap drift passes"); its status is written at once.
-    let ready_for_this_generation = previous.is_some_and(|p| {
-        p.state == Some(State::Ready) && p.observed_generation == next.observed_generation
-    });
-    let no_hooks = stored.hook_objects.is_empty() && next.hook_objects.is_empty();
-    entering_wait
-        && !problem_shown
-        && !ready_for_this_generation
-        && no_hooks
-        && !publishes_event(previous, next, outcome)
-        && lasting(stored, remote_target) == lasting(next, remote_target)
-}
-
-/// What of a status a lost hand-over would lose for good ([`may_defer`]): all but what a full
-/// pass finds again.
-fn lasting(status: &ManifestStatus, remote_target: bool) -> ManifestStatus {
-    ManifestStatus {
-        inventory: status.inventory.clone(),
-        hook_run: status.hook_run.clone(),
-        target_identity: status.target_identity.clone().filter(|_| remote_target),
-        last_handled_reconcile_at: status.last_handled_reconcile_at.clone(),
-        last_handled_reset_at: status.last_handled_reset_at.clone(),
-        ..Default::default()
-    }
-}
-
 /// The `Ready` condition's message, if the status has that condition.
 pub fn ready_message(status: &ManifestStatus) -> Option<String> {
     status
@@ -540,14 +481,6 @@ mod tests {
         }
     }
 
-    /// A pass that installed a Deployment which rolls out, as [`may_defer`] sees it.
-    struct Install {
-        rolling: Outcome,
-        /// After the claim and the inventory record of a new Manifest (with its hook run).
-        recorded: ManifestStatus,
-        facts: Facts,
-    }
-
     fn deployment(name: &str) -> InventoryEntry {
         InventoryEntry {
             name: name.into(),
@@ -555,162 +488,36 @@ mod tests {
         }
     }
 
-    impl Install {
-        fn new() -> Self {
-            let run = HookRun {
-                operation: crate::api::HookOperation::Install,
-                inputs_digest: "sha256:i".into(),
-                generation: Some(1),
-                id: "run-1".into(),
-                phase: crate::api::HookRunPhase::Objects,
-                completed: Vec::new(),
-                running: None,
-                message: None,
-            };
-            let rolling = Outcome {
-                rendered: Some(true),
-                applied: Some(true),
-                operation: Some(Operation::Install),
-                ..Outcome::waiting(
-                    State::Processing,
-                    Reason::Progressing,
-                    "waiting for 1 object: Deployment ns/web".into(),
-                )
-            };
-            let facts = Facts {
-                inventory: Some(vec![deployment("web")]),
-                learned_uids: [("apps/Deployment/ns/web".to_owned(), "u1".to_owned())].into(),
-                applied_generation: Some(1),
-                rendered_digest: Some("sha256:r".into()),
-                target_identity: Some("local".into()),
-                hook_run: Some(run.clone()),
-                readiness_started: Some(Some(at(10))),
-                ..Default::default()
-            };
-            let recorded = ManifestStatus {
-                inventory: vec![deployment("web")],
-                hook_run: Some(run),
-                ..Default::default()
-            };
-            Self {
-                rolling,
-                recorded,
-                facts,
-            }
+    /// The status of a new Manifest after its claim and the inventory record of its install
+    /// (with the hook run): what a pass that crashed after the applies left.
+    fn recorded() -> ManifestStatus {
+        let run = HookRun {
+            operation: crate::api::HookOperation::Install,
+            inputs_digest: "sha256:i".into(),
+            generation: Some(1),
+            id: "run-1".into(),
+            phase: crate::api::HookRunPhase::Objects,
+            completed: Vec::new(),
+            running: None,
+            message: None,
+        };
+        ManifestStatus {
+            inventory: vec![deployment("web")],
+            hook_run: Some(run),
+            ..Default::default()
         }
-
-        /// The status after `previous` with `outcome` and `facts`.
-        fn next(previous: &ManifestStatus, outcome: &Outcome, facts: Facts) -> ManifestStatus {
-            next_status(
-                Some(previous),
-                Some(1),
-                outcome,
-                facts,
-                Some(3),
-                "r0",
-                &at(10),
-            )
-        }
-
-        /// Whether a pass that decided from `previous` may leave `next` for the look.
-        fn defers(
-            &self,
-            previous: Option<&ManifestStatus>,
-            next: &ManifestStatus,
-            outcome: &Outcome,
-        ) -> bool {
-            may_defer(previous, &self.recorded, next, outcome, false)
-        }
-    }
-
-    #[test]
-    fn a_pass_entering_the_rollout_wait_leaves_its_status_to_the_next_look() {
-        let install = Install::new();
-        let (recorded, rolling) = (&install.recorded, &install.rolling);
-        let next = Install::next(recorded, rolling, install.facts.clone());
-        // The pass began before the inventory was recorded (a new Manifest), or after.
-        assert!(install.defers(None, &next, rolling));
-        assert!(install.defers(Some(recorded), &next, rolling));
-        // A remote target's identity recorded at first contact is written at once.
-        assert!(!may_defer(Some(recorded), recorded, &next, rolling, true));
-        // Already rolling out (the look that follows): written.
-        let looked = Install::next(&next, rolling, install.facts.clone());
-        assert!(!install.defers(Some(&next), &looked, rolling));
-        // Ready at once, or stalled: written.
-        let done = Install::next(recorded, &ready(), install.facts.clone());
-        assert!(!install.defers(Some(recorded), &done, &ready()));
-        let stalled = Outcome {
-            stalled: true,
-            ..rolling.clone()
-        };
-        let next_stalled = Install::next(recorded, &stalled, install.facts.clone());
-        assert!(!install.defers(Some(recorded), &next_stalled, &stalled));
-        // A problem shown (a fixed values source, no new generation) is replaced at once.
-        let failed = ManifestStatus {
-            state: Some(State::Error),
-            ..recorded.clone()
-        };
-        let after_failed = Install::next(&failed, rolling, install.facts.clone());
-        assert!(!install.defers(Some(&failed), &after_failed, rolling));
-    }
-
-    #[test]
-    fn a_drift_pass_that_starts_a_rollout_again_writes_at_once() {
-        let install = Install::new();
-        let (recorded, rolling) = (&install.recorded, &install.rolling);
-        let ready_status = Install::next(recorded, &ready(), install.facts.clone());
-        // The same render and generation as the Ready status: a drift pass re-applied an
-        // edited Deployment. A full pass after a lost hand-over would skip the unchanged
-        // objects from that stored Ready; written at once.
-        let drifted = Install::next(&ready_status, rolling, install.facts.clone());
-        assert!(!may_defer(
-            Some(&ready_status),
-            &ready_status,
-            &drifted,
-            rolling,
-            false
-        ));
-        // A new render of the same generation (a values source changed): the stored Ready
-        // would read as this generation's until the look; written at once.
-        let upgrade = Facts {
-            rendered_digest: Some("sha256:r2".into()),
-            ..install.facts.clone()
-        };
-        let same_generation = Install::next(&ready_status, rolling, upgrade);
-        assert!(!may_defer(
-            Some(&ready_status),
-            &ready_status,
-            &same_generation,
-            rolling,
-            false
-        ));
-        // An upgrade to a new generation still leaves it: the stored Ready is of the old
-        // generation (kstatus: InProgress), and the full pass after a lost hand-over applies
-        // every object of the new render.
-        let upgraded = ManifestStatus {
-            observed_generation: Some(2),
-            ..same_generation
-        };
-        assert!(may_defer(
-            Some(&ready_status),
-            &ready_status,
-            &upgraded,
-            rolling,
-            false
-        ));
     }
 
     #[test]
     fn a_failed_pass_reports_the_recorded_run_until_a_pass_finishes() {
-        let install = Install::new();
-        let recorded = &install.recorded;
+        let recorded = &recorded();
         assert_eq!(operation_of(None, false), Operation::Install);
         assert_eq!(operation_of(None, true), Operation::Delete);
-        // The inventory and the install run recorded, no pass finished (a crash, a lost
-        // hand-over): still the install.
+        // The inventory and the install run recorded, no pass finished (a crash): still the
+        // install.
         assert_eq!(operation_of(Some(recorded), false), Operation::Install);
         assert_eq!(operation_of(Some(recorded), true), Operation::Delete);
-        // Rolling out (a look wrote `Processing`): the run is not done, still the install.
+        // Rolling out (`Processing` written): the run is not done, still the install.
         let rolling = ManifestStatus {
             state: Some(State::Processing),
             ..recorded.clone()
@@ -730,44 +537,6 @@ mod tests {
             ..recorded.clone()
         };
         assert_eq!(operation_of(Some(&without_run), false), Operation::Upgrade);
-    }
-
-    #[test]
-    fn what_a_full_pass_cannot_find_again_is_written_at_once() {
-        let install = Install::new();
-        let (recorded, rolling) = (&install.recorded, &install.rolling);
-        // A grown inventory (not recorded before the applies).
-        let grown = Facts {
-            inventory: Some(vec![deployment("web"), deployment("api")]),
-            ..install.facts.clone()
-        };
-        let next_grown = Install::next(recorded, rolling, grown);
-        assert!(!install.defers(Some(recorded), &next_grown, rolling));
-        // A module with hooks.
-        let hooked = ManifestStatus {
-            hook_objects: vec![deployment("migrate")],
-            ..recorded.clone()
-        };
-        let next_hooked = Install::next(&hooked, rolling, install.facts.clone());
-        assert!(!may_defer(
-            Some(&hooked),
-            &hooked,
-            &next_hooked,
-            rolling,
-            false
-        ));
-        // A run not recorded with the inventory (a pass that recorded nothing new: an upgrade
-        // of the same objects).
-        let next = Install::next(recorded, rolling, install.facts.clone());
-        let unrecorded = ManifestStatus {
-            hook_run: None,
-            ..recorded.clone()
-        };
-        assert!(!may_defer(None, &unrecorded, &next, rolling, false));
-        // The echo of a requested pass.
-        let mut echoed = next.clone();
-        echoed.last_handled_reconcile_at = Some("2026-12-03T06:00:00Z".into());
-        assert!(!install.defers(Some(recorded), &echoed, rolling));
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! Dependencies: an install pass waits for the Manifests its `spec.dependsOn` names (read fresh
-//! from the API server, whichever replica owns them), stamps on each the label that puts it in
-//! every replica's depended-on watch (`work/dependencies.rs`), and reports a cycle; a deletion
-//! waits for the dependents that installed something. The decisions are `plan::dependencies`'.
+//! from the API server, whichever replica owns them), looking again every
+//! [`DEPENDENCY_RECHECK`] at most while one is not ready, stamps on each of its own namespace
+//! the label that puts it in every replica's depended-on watch (`work/dependencies.rs`: a
+//! faster wake-up, never needed for correctness), and reports a cycle; a deletion waits for the
+//! dependents of its own namespace that installed something. The decisions are
+//! `plan::dependencies`'.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -26,54 +28,28 @@ const MAX_CHAIN_READS: usize = 32;
 /// How often a deletion held by its dependents looks again (dependents are not watched: their
 /// deletion wakes nothing here).
 pub const DEPENDENTS_RECHECK: Duration = Duration::from_secs(10);
+/// How often, at most, a dependent that waits for a dependency looks again by itself (or its
+/// `spec.interval`, if shorter) — Flux's `--requeue-dependency` default. Whatever happens to the
+/// labels and watches that wake it sooner (a dependency created, of another namespace, or
+/// labelled while a watch was down), a dependent installs within this long of its dependencies
+/// becoming Ready.
+pub const DEPENDENCY_RECHECK: Duration = Duration::from_secs(30);
 /// Most dependents a deletion's message names.
 const NAMED_DEPENDENTS: usize = 10;
-/// Most dependencies [`Awaited`] remembers: one that is never created stays in it (its dependent
-/// may have gone or changed since); past this many, a missing one is found at its dependent's
-/// next interval instead.
-const MAX_AWAITED: usize = 10_000;
 
 /// How dependencies are handled, shared by every pass of a replica.
 #[derive(Clone, Debug)]
 pub struct DependencyRules {
     /// Whether a dependency may be in another namespace than its dependent
-    /// (`--no-cross-namespace-dependencies` turns it off).
+    /// (`--cross-namespace-dependencies`; off by default in impersonation mode).
     pub cross_namespace: bool,
-    /// The dependencies passes found missing.
-    pub awaited: Awaited,
 }
 
 impl Default for DependencyRules {
     fn default() -> Self {
         Self {
             cross_namespace: true,
-            awaited: Awaited::default(),
         }
-    }
-}
-
-/// The dependencies passes of this replica found missing: when one is created, the stray watch
-/// (which sees every new Manifest) queues its dependents at once. Restarts lose nothing: every
-/// Manifest has a pass after a restart, which finds them again.
-#[derive(Clone, Debug, Default)]
-pub struct Awaited(Arc<Mutex<HashSet<DependencyKey>>>);
-
-impl Awaited {
-    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<DependencyKey>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Remembers that `key` may be missing (up to [`MAX_AWAITED`] keys).
-    fn insert(&self, key: DependencyKey) {
-        let mut set = self.set();
-        if set.len() < MAX_AWAITED {
-            set.insert(key);
-        }
-    }
-
-    /// Whether `key` was awaited (it is no longer).
-    pub fn take(&self, key: &DependencyKey) -> bool {
-        self.set().remove(key)
     }
 }
 
@@ -88,15 +64,17 @@ async fn read(ctx: &Context, key: &DependencyKey) -> Result<Option<Manifest>, Re
         })
 }
 
-/// Stamps `modulemanager.io/depended-on=true` on `dependency` unless it has it: a metadata-only
-/// merge patch of that one label (its spec and status are its owner's).
+/// Stamps `modulemanager.io/depended-on=true` on `dependency` unless it has it, when it is of
+/// the dependent's own namespace (`namespace`): a metadata-only merge patch of that one label
+/// (its spec and status are its owner's). Never on another namespace's Manifest: the operator
+/// writes nothing there on a tenant's behalf; that dependent is woken by its own recheck.
 async fn label(
     dependency: &Manifest,
     ctx: &Context,
     fence: &Fence,
-    key: &DependencyKey,
+    (namespace, key): (&str, &DependencyKey),
 ) -> Result<(), ReconcileError> {
-    if dependency.labels().contains_key(DEPENDED_ON_LABEL) {
+    if key.namespace != namespace || dependency.labels().contains_key(DEPENDED_ON_LABEL) {
         return Ok(());
     }
     fence.check()?;
@@ -116,8 +94,9 @@ async fn label(
 }
 
 /// Before anything is installed: `Some(pass)` (`Processing`, reason `DependencyNotReady`,
-/// looked at again after `interval` as a backstop: a dependency's change wakes it earlier) while
-/// a dependency is not Ready; an error when they form a cycle or one is in a refused namespace.
+/// looked at again after [`DEPENDENCY_RECHECK`] or `interval`, whichever is shorter: a
+/// dependency's change may wake it earlier) while a dependency is not Ready; an error when they
+/// form a cycle or one is in a refused namespace.
 pub(super) async fn wait(
     manifest: &Manifest,
     ctx: &Context,
@@ -132,14 +111,11 @@ pub(super) async fn wait(
     let mut graph = BTreeMap::new();
     graph.insert(DependencyKey::of(manifest), wanted.clone());
     let mut standings = Vec::with_capacity(wanted.len());
+    let namespace = manifest.namespace().unwrap_or_default();
     for key in wanted {
-        // Awaited before the read: one created right after it is not missed.
-        let awaited = &ctx.dependencies.awaited;
-        awaited.insert(key.clone());
         let found = read(ctx, &key).await?;
         if let Some(dependency) = &found {
-            awaited.take(&key);
-            label(dependency, ctx, fence, &key).await?;
+            label(dependency, ctx, fence, (&namespace, &key)).await?;
             graph.insert(key.clone(), dependencies(dependency));
         }
         standings.push((key, Standing::of(found.as_ref())));
@@ -153,7 +129,7 @@ pub(super) async fn wait(
     Ok(Some(Pass {
         outcome: Outcome::waiting(State::Processing, Reason::DependencyNotReady, message),
         facts: Facts::default(),
-        requeue: interval,
+        requeue: interval.min(DEPENDENCY_RECHECK),
     }))
 }
 
@@ -188,10 +164,12 @@ async fn cycle_through(
 }
 
 /// Before a Manifest others depend on deletes its objects: `Some(pass)` (`Deleting`, reason
-/// `DependentsExist`, looked at again every [`DEPENDENTS_RECHECK`]) while a dependent that
-/// installed something exists. Only a Manifest labelled depended-on can have one (the label is
-/// stamped before a dependent installs anything); its dependents are found among the Manifests
-/// labelled `modulemanager.io/has-dependencies`, not among all.
+/// `DependentsExist`, looked at again every [`DEPENDENTS_RECHECK`]) while a dependent of its own
+/// namespace that installed something exists. Only a Manifest labelled depended-on can have one
+/// (the label is stamped before a dependent of its namespace installs anything); its dependents
+/// are found among the Manifests of its namespace labelled `modulemanager.io/has-dependencies`.
+/// A dependent in another namespace never holds it: one tenant cannot keep another's Manifest
+/// (and namespace) from being deleted.
 pub(super) async fn held_by_dependents(
     manifest: &Manifest,
     ctx: &Context,
@@ -199,7 +177,8 @@ pub(super) async fn held_by_dependents(
     if !manifest.labels().contains_key(DEPENDED_ON_LABEL) {
         return Ok(None);
     }
-    let listed = Api::<Manifest>::all(ctx.client.clone())
+    let namespace = manifest.namespace().unwrap_or_default();
+    let listed = Api::<Manifest>::namespaced(ctx.client.clone(), &namespace)
         .list(&ListParams::default().labels(HAS_DEPENDENCIES_LABEL))
         .await
         .map_err(|source| ReconcileError::ReadDependency {
@@ -230,29 +209,4 @@ pub(super) async fn held_by_dependents(
         facts: Facts::default(),
         requeue: DEPENDENTS_RECHECK,
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn awaited_dependencies_are_taken_once_and_bounded() {
-        let awaited = Awaited::default();
-        let key = |name: String| DependencyKey {
-            namespace: "a".into(),
-            name,
-        };
-        awaited.insert(key("db".into()));
-        assert!(awaited.take(&key("db".into())));
-        assert!(!awaited.take(&key("db".into())), "once");
-        for i in 0..MAX_AWAITED + 5 {
-            awaited.insert(key(format!("m{i}")));
-        }
-        assert_eq!(awaited.set().len(), MAX_AWAITED);
-        assert!(
-            !awaited.take(&key(format!("m{MAX_AWAITED}"))),
-            "past the bound"
-        );
-    }
 }

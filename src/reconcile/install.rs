@@ -113,7 +113,6 @@ impl Install<'_> {
         // (also on drift passes after an install, which re-apply what the install applied).
         request.is_upgrade = run.operation == HookOperation::Upgrade;
         let (rendered, mut plan) = self.render(&request).await?;
-        progress.renders_hooks = !plan.hooks.is_empty();
         let rules = IgnoreRules::parse(&self.manifest.spec.drift_ignore)?;
         let drift = self.drift_pass(&previous, &rendered, &rules);
         // Recorded from here on: a render that fails does not replace the previous run.
@@ -150,7 +149,8 @@ impl Install<'_> {
             .prune(&previous, plan.inventory(), changed_inputs)
             .await?;
         let now = Timestamp::now();
-        let readiness = readiness_of(&applied, now)?;
+        let applied = self.settle(&previous, applied).await;
+        let readiness = readiness_of(&applied, Timestamp::now())?;
         let (hook_waiting, finished) = self
             .post_hooks(
                 &scope,
@@ -408,6 +408,47 @@ impl Install<'_> {
         Ok(Some(read))
     }
 
+    /// The rollout wait inside the pass (docs/reconcile.md, "The rollout wait inside the
+    /// pass"): a pass that has just applied objects which roll out, and nothing failed, looks at
+    /// those objects again a few times ([`plan::readiness::next_look`]: at most
+    /// [`plan::readiness::SETTLE_WAIT`], none while other keys are due) before it decides, so
+    /// that workloads ready within it cost one status write (`Ready`), not `Processing` and
+    /// then `Ready`. One GET per waiting object per look; a look that fails, or finds an object
+    /// gone or replaced, ends the wait (the pass decides from what it has; the next pass sees
+    /// the rest). Passes that look at a rollout already under way do not wait: they are
+    /// requeued ([`super::progress_requeue`]).
+    async fn settle(
+        &self,
+        previous: &ManifestStatus,
+        mut applied: Vec<(InventoryEntry, DynamicObject)>,
+    ) -> Vec<(InventoryEntry, DynamicObject)> {
+        if plan::status::rolling_out(Some(previous)) {
+            return applied;
+        }
+        let started = std::time::Instant::now();
+        let mut looks = 0;
+        loop {
+            let waiting = still_waiting(&applied, Timestamp::now());
+            let others_due = self.ctx.queue.get().0 > 0;
+            let pause = plan::readiness::next_look(started.elapsed(), looks, others_due);
+            let (false, Some(pause)) = (waiting.is_empty(), pause) else {
+                return applied;
+            };
+            tokio::time::sleep(pause).await;
+            looks += 1;
+            for i in waiting {
+                let (id, object) = &applied[i];
+                match self.cluster.get(id).await {
+                    Ok(Some(live)) if live.metadata.uid == object.metadata.uid => {
+                        applied[i].1 = live;
+                    }
+                    _ => return applied,
+                }
+            }
+            tracing::debug!(looks, "rolling out: looked again within the pass");
+        }
+    }
+
     /// Prunes what the new render lacks, unless the guard refuses: refused objects stay on the
     /// cluster and in the inventory.
     async fn prune(
@@ -641,17 +682,42 @@ impl Ended {
     }
 }
 
-/// Whether the chart, the values or the spec changed since the last apply (a spec change —
-/// release name, target namespace … — counts as a changed input too).
+/// Whether a render input a person controls — the chart, the values, the release name, the
+/// target namespace — changed since the last recorded run ([`hooks::inputs_digest`], kept in
+/// `status.hookRun`): what lets the mass-prune guard let objects go. Any other spec edit (the
+/// interval, `suspend`, `driftIgnore`, a label) does not: a render that lost objects through a
+/// capability flip stays refused whatever else is edited. Without a recorded run (a status
+/// written before runs were recorded) any change of the chart, the values or the spec counts.
 pub(super) fn inputs_changed(
     manifest: &Manifest,
     previous: &ManifestStatus,
     request: &RenderRequest,
     values_digest: &str,
 ) -> bool {
-    previous.chart_digest.as_deref() != Some(request.chart.digest.as_str())
-        || previous.values_digest.as_deref() != Some(values_digest)
-        || previous.applied_generation != manifest.meta().generation
+    let now = hooks::inputs_digest(
+        &request.chart.digest,
+        values_digest,
+        &request.release,
+        &request.namespace,
+    );
+    changed_since_run(previous, &now, || {
+        previous.chart_digest.as_deref() != Some(request.chart.digest.as_str())
+            || previous.values_digest.as_deref() != Some(values_digest)
+            || previous.applied_generation != manifest.meta().generation
+    })
+}
+
+/// [`inputs_changed`]'s rule (pure): the recorded run's inputs digest against `now`, or
+/// `without_run` when no run is recorded.
+fn changed_since_run(
+    previous: &ManifestStatus,
+    now: &str,
+    without_run: impl FnOnce() -> bool,
+) -> bool {
+    match &previous.hook_run {
+        Some(run) => run.inputs_digest != now,
+        None => without_run(),
+    }
 }
 
 /// The applied objects that are not ready, as their readiness says why.
@@ -690,6 +756,21 @@ fn readiness_of(
     Ok(not_ready)
 }
 
+/// The applied objects that still wait (their indices), or none when one failed (the pass
+/// reports it at once).
+fn still_waiting(applied: &[(InventoryEntry, DynamicObject)], now: Timestamp) -> Vec<usize> {
+    let mut waiting = Vec::new();
+    for (i, (id, object)) in applied.iter().enumerate() {
+        let body = serde_json::to_value(object).unwrap_or(Value::Null);
+        match readiness(id, &body, now) {
+            Readiness::Ready => {}
+            Readiness::Waiting(_) => waiting.push(i),
+            Readiness::Failed(_) => return Vec::new(),
+        }
+    }
+    waiting
+}
+
 /// The digests a pass that rendered and applied records.
 fn digests(request: &RenderRequest, rendered: &Rendered, values_digest: String) -> Facts {
     Facts {
@@ -718,6 +799,43 @@ pub(super) mod tests {
     use super::super::error_outcome;
     use super::*;
     use crate::plan::PlanError;
+
+    /// Review 2026-12-01 item 10: an edit of the spec that changes no render input (the
+    /// interval, `suspend`, `driftIgnore`) used to count as a changed input (the generation
+    /// moved), lifting the mass-prune guard for a render that lost objects through a capability
+    /// flip. Only the chart, the values, the release and the namespace count.
+    #[test]
+    fn only_a_changed_render_input_lets_the_mass_prune_guard_go() {
+        let inputs = hooks::inputs_digest("sha256:chart", "sha256:values", "web", "apps");
+        let recorded = ManifestStatus {
+            hook_run: Some(crate::api::HookRun {
+                operation: crate::api::HookOperation::Upgrade,
+                inputs_digest: inputs.clone(),
+                generation: Some(1),
+                id: "run-1".into(),
+                phase: HookRunPhase::Done,
+                completed: Vec::new(),
+                running: None,
+                message: None,
+            }),
+            ..Default::default()
+        };
+        // The spec's generation moved (an interval edit), the inputs did not.
+        let generation_moved = || true;
+        assert!(!changed_since_run(&recorded, &inputs, generation_moved));
+        for other in [
+            hooks::inputs_digest("sha256:chart2", "sha256:values", "web", "apps"),
+            hooks::inputs_digest("sha256:chart", "sha256:values2", "web", "apps"),
+            hooks::inputs_digest("sha256:chart", "sha256:values", "web2", "apps"),
+            hooks::inputs_digest("sha256:chart", "sha256:values", "web", "apps2"),
+        ] {
+            assert!(changed_since_run(&recorded, &other, || false));
+        }
+        // No run recorded: the old rule (chart, values or generation).
+        let unrecorded = ManifestStatus::default();
+        assert!(changed_since_run(&unrecorded, &inputs, generation_moved));
+        assert!(!changed_since_run(&unrecorded, &inputs, || false));
+    }
 
     #[test]
     fn an_inventory_object_of_a_kind_not_served_any_more_is_named_with_its_kind() {

@@ -49,15 +49,14 @@ use crate::render::HelmRenderer;
 use crate::shard::ShardCount;
 use crate::shard::fence::Fence;
 use crate::source::{Limits, RemoteCharts};
-use crate::telemetry::metrics::{ReconcileMetrics, ResultLabels};
+use crate::telemetry::metrics::{QueueCounts, ReconcileMetrics, ResultLabels};
 
-pub use dependencies::{Awaited, DependencyRules};
+pub use dependencies::DependencyRules;
 pub use error::ReconcileError;
 pub use finalizer::FINALIZER;
 use records::Stored;
 pub use relabel::relabel;
 pub use written::LastWrites;
-use written::Left;
 
 /// How long to wait for CRDs of a chart to become Established within one pass.
 const CRD_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -138,8 +137,11 @@ pub struct Context {
     /// This replica's last write of each Manifest: a pass starts from the watch cache when it
     /// holds that write (no read).
     pub written: LastWrites,
-    /// Whether dependencies may cross namespaces, and those found missing.
+    /// Whether dependencies may cross namespaces.
     pub dependencies: DependencyRules,
+    /// The work queue's counts (`(due, scheduled)`, installed by the controller): a pass does
+    /// not wait for its workloads while other keys are due.
+    pub queue: QueueCounts,
 }
 
 /// Bounds on one pass.
@@ -253,8 +255,6 @@ struct Progress {
     hook_run: Option<HookRun>,
     /// The hook run as written with the inventory ([`records::record_inventory`]).
     recorded_run: Option<HookRun>,
-    /// The render has hooks: the pass writes its status, never leaves it to the look.
-    renders_hooks: bool,
 }
 
 impl Progress {
@@ -290,9 +290,8 @@ pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) ->
 async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, PassResult) {
     let (manifest, stored) = match current(&manifest, ctx, fence).await {
         Ok(Some(fresh)) => {
-            let stored = Stored::before(&fresh, ctx);
-            let (fresh, dropped) = with_deferred(fresh, ctx, fence);
-            (Arc::new(starting_point(fresh)), stored.behind(dropped))
+            let stored = Stored::before(&fresh);
+            (Arc::new(starting_point(fresh)), stored)
         }
         // Deleted meanwhile, or re-created under a new UID (queued under its own key).
         Ok(None) => {
@@ -342,23 +341,6 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
             let (manifest, stored) = (&manifest, &stored);
             failed(manifest, stored, ctx, fence, (interval, &progress), error).await
         }
-    }
-}
-
-/// The Manifest with the status a pass of this replica left for this one
-/// ([`LastWrites::defer`]), when it is still as that pass left it: the pass decides as if that
-/// status had been written ([`records::write_status`] writes it along). `true` when one was
-/// left but the Manifest or the shard changed since: the stored status is behind, and this
-/// pass writes its own.
-fn with_deferred(mut manifest: Manifest, ctx: &Context, fence: &Fence) -> (Manifest, bool) {
-    match ctx.written.take_deferred(&manifest, fence.epoch()) {
-        Left::Kept(deferred) => {
-            tracing::debug!("starting from the status the last pass left unwritten");
-            manifest.status = Some(*deferred);
-            (manifest, false)
-        }
-        Left::Dropped => (manifest, true),
-        Left::Nothing => (manifest, false),
     }
 }
 

@@ -8,13 +8,12 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::objects::Records;
-use super::written::Mark;
 use super::{Context, ReconcileError};
 use crate::api::{InventoryEntry, Manifest, ManifestStatus, State};
 use crate::plan::RenderedObject;
 use crate::plan::status::{
-    Facts, Operation, Outcome, may_defer, next_status, operation_of, publishes_event,
-    ready_message, status_patch,
+    Facts, Operation, Outcome, next_status, operation_of, publishes_event, ready_message,
+    status_patch,
 };
 use crate::plan::trigger;
 use crate::shard::fence::Fence;
@@ -43,43 +42,29 @@ pub(super) fn operation(manifest: &Manifest) -> Operation {
     operation_of(manifest.status.as_ref(), deleting)
 }
 
-/// The Manifest's status as stored when a pass began, this replica's last write of it then
-/// ([`Mark`]), and whether the pass may leave its status to the look at all.
+/// The Manifest's status as the API server holds it: as the pass began, with what the pass
+/// recorded itself since (the status patch of a pass is made against it).
 pub(super) struct Stored {
     status: Option<ManifestStatus>,
-    mark: Mark,
-    /// `false`: the stored status is behind one this replica left for a look and dropped (the
-    /// Manifest or the shard changed), or the render has hooks — the pass writes.
-    deferrable: bool,
 }
 
 impl Stored {
-    /// Before `manifest` (as read or cached) is given a status left by the last pass.
-    pub(super) fn before(manifest: &Manifest, ctx: &Context) -> Self {
+    /// As `manifest` (as read or cached) holds it.
+    pub(super) fn before(manifest: &Manifest) -> Self {
         Self {
             status: manifest.status.clone(),
-            mark: ctx.written.mark(manifest),
-            deferrable: true,
         }
-    }
-
-    /// Behind a status this replica left for a look and dropped (`dropped`): the pass writes
-    /// its own, so that the status (and the wait's start) is not lost again.
-    pub(super) fn behind(mut self, dropped: bool) -> Self {
-        self.deferrable &= !dropped;
-        self
     }
 
     /// With what the pass recorded itself: the inventory, written with its hook run before
     /// the applies (the hook objects are not taken: the hook runner writes a grown list at once
-    /// but a shrunk one only with the pass's status). A render with hooks makes it write.
+    /// but a shrunk one only with the pass's status).
     pub(super) fn with_recorded(mut self, progress: &super::Progress) -> Self {
         if let Some(inventory) = &progress.inventory {
             let status = self.status.get_or_insert_default();
             status.inventory.clone_from(inventory);
             status.hook_run.clone_from(&progress.recorded_run);
         }
-        self.deferrable &= !progress.renders_hooks;
         self
     }
 }
@@ -87,10 +72,9 @@ impl Stored {
 /// Writes the status when it differs from the stored one; publishes an Event when
 /// [`publishes_event`] says so (the state changed, but not into the rollout wait, or an error's
 /// message did). The status echoes the requests the pass read
-/// (`lastHandledReconcileAt`, `lastHandledResetAt`): no write of their own. A pass that only
-/// entered the rollout wait leaves the status to the look that follows ([`may_defer`]).
-/// `manifest.status` is the status the pass decided from (a status left by the last pass
-/// included), `stored` what the API server holds (the patch is made against it).
+/// (`lastHandledReconcileAt`, `lastHandledResetAt`): no write of their own.
+/// `manifest.status` is the status the pass decided from, `stored` what the API server holds
+/// (the patch is made against it).
 pub(super) async fn write_status(
     manifest: &Manifest,
     stored: &Stored,
@@ -112,19 +96,6 @@ pub(super) async fn write_status(
     );
     trigger::echo(&mut next, manifest);
     if stored.status.as_ref() == Some(&next) {
-        ctx.written.caught_up(manifest);
-        return Ok(());
-    }
-    let remote = manifest.spec.target.is_some();
-    let none = ManifestStatus::default();
-    let as_stored = stored.status.as_ref().unwrap_or(&none);
-    if stored.deferrable
-        && may_defer(previous, as_stored, &next, outcome, remote)
-        && ctx
-            .written
-            .defer(manifest, &stored.mark, fence.epoch(), next.clone())
-    {
-        tracing::debug!("rolling out: the status is left to the next look");
         return Ok(());
     }
     // The messages as written (shortened), so a long one that did not change is not news.
@@ -133,7 +104,6 @@ pub(super) async fn write_status(
     let notable = publishes_event(previous, &next, outcome);
     let patch = status_patch(stored.status.as_ref(), &next);
     patch_status(manifest, ctx, fence, patch).await?;
-    ctx.written.caught_up(manifest);
     if notable {
         let reason = outcome.reason.as_str();
         // A render error's text is helm's (a chart's `fail` may quote values): status and
@@ -191,8 +161,8 @@ pub(super) async fn patch_metadata(
 
 /// Before applying `objects`, makes sure the status inventory lists them: an object that is
 /// applied but not recorded would never be pruned. The hook run goes with it, so that a pass
-/// after a crash (or after a status handed to the next pass was lost) continues the same run —
-/// an install as an install — instead of taking the recorded objects for an upgrade's.
+/// after a crash continues the same run — an install as an install — instead of taking the
+/// recorded objects for an upgrade's.
 pub(super) async fn record_inventory(
     manifest: &Manifest,
     ctx: &Context,

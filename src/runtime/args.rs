@@ -93,11 +93,15 @@ pub struct RunArgs {
     /// is a permanent error before anything is applied (etcd refuses objects over 1.5 MiB).
     #[arg(long, default_value_t = 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..=1_400_000))]
     pub max_inventory_bytes: u64,
-    /// Refuse a `spec.dependsOn` naming a Manifest of another namespace (the Manifest is
-    /// `Stalled`, reason `DependencyRefused`), as Flux's `--no-cross-namespace-refs`: without
-    /// it, a dependent's status tells whether a Manifest of another namespace exists and is
-    /// Ready, and the operator labels that Manifest.
-    #[arg(long)]
+    /// Whether a `spec.dependsOn` may name a Manifest of another namespace (`false`: such a
+    /// Manifest is `Stalled`, reason `DependencyRefused`, as with Flux's
+    /// `--no-cross-namespace-refs`). Allowed, a dependent's status tells whether a Manifest of
+    /// another namespace exists and is Ready. Default: `true`, but `false` in impersonation mode
+    /// (`--default-service-account` or `--require-service-account`: namespaces are tenants).
+    #[arg(long, value_name = "BOOL")]
+    pub cross_namespace_dependencies: Option<bool>,
+    /// The same as `--cross-namespace-dependencies=false`.
+    #[arg(long, conflicts_with = "cross_namespace_dependencies")]
     pub no_cross_namespace_dependencies: bool,
     /// Most reconciles at once.
     #[arg(long, default_value_t = 4)]
@@ -265,6 +269,13 @@ pub enum RenderBackendArg {
 }
 
 impl RunArgs {
+    /// Whether dependencies may cross namespaces: as set, else not in impersonation mode.
+    fn cross_namespace_dependencies(&self) -> bool {
+        let impersonating = self.default_service_account.is_some() || self.require_service_account;
+        !self.no_cross_namespace_dependencies
+            && self.cross_namespace_dependencies.unwrap_or(!impersonating)
+    }
+
     /// Checks the flags against each other and turns them into the runtime configuration.
     pub fn validate(self) -> Result<RuntimeConfig, ConfigError> {
         check_lease_timing(
@@ -273,6 +284,7 @@ impl RunArgs {
             self.renew_deadline_seconds,
         )?;
         let shards = ShardCount::new(self.shards).ok_or(ConfigError::Shards)?;
+        let cross_namespace_dependencies = self.cross_namespace_dependencies();
         let service_accounts =
             service_accounts(self.default_service_account, self.require_service_account)?;
         let chart_cache = self
@@ -310,7 +322,7 @@ impl RunArgs {
                 },
             },
             concurrency: self.concurrency,
-            cross_namespace_dependencies: !self.no_cross_namespace_dependencies,
+            cross_namespace_dependencies,
             drain_timeout: Duration::from_secs(self.drain_timeout_seconds),
             manifest_selector: self.manifest_selector,
             hook_timeout: Duration::from_secs(self.hook_timeout_seconds),
@@ -593,5 +605,25 @@ mod tests {
             );
         }
         validate(&["--default-service-account", "a.b-1"]).unwrap();
+    }
+
+    #[test]
+    fn cross_namespace_dependencies_are_off_by_default_in_impersonation_mode() {
+        let allowed = |flags: &[&str]| validate(flags).unwrap().cross_namespace_dependencies;
+        assert!(allowed(&[]), "open: allowed, as in Flux");
+        assert!(!allowed(&["--require-service-account"]));
+        assert!(!allowed(&["--default-service-account", "deployer"]));
+        assert!(allowed(&[
+            "--require-service-account",
+            "--cross-namespace-dependencies=true"
+        ]));
+        assert!(!allowed(&["--cross-namespace-dependencies=false"]));
+        assert!(!allowed(&["--no-cross-namespace-dependencies"]));
+        let both = [
+            "--no-cross-namespace-dependencies",
+            "--cross-namespace-dependencies=true",
+        ];
+        let base = ["run", "--replica", "mm-0", "--chart-root", "/charts"];
+        assert!(Flags::try_parse_from(base.iter().chain(&both)).is_err());
     }
 }

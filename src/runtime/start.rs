@@ -182,8 +182,8 @@ async fn context(
         written: Default::default(),
         dependencies: DependencyRules {
             cross_namespace: config.cross_namespace_dependencies,
-            ..Default::default()
         },
+        queue: Default::default(),
     }))
 }
 

@@ -27,7 +27,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{Manifest, State};
 use crate::plan::status::PROGRESSING_WITH_RETRY;
-use crate::reconcile::{Awaited, Context};
+use crate::reconcile::Context;
 use crate::shard::fence::Ownership;
 use crate::shard::fleet::LocalWork;
 use crate::shard::label::{LabelState, Route, label_state, route};
@@ -137,8 +137,6 @@ pub struct Work {
     labelled: Store<Manifest>,
     pub(super) unlabelled: Store<Manifest>,
     shards: ShardCount,
-    /// The dependencies this replica's passes found missing (`work/dependencies.rs`).
-    pub(super) awaited: Awaited,
 }
 
 impl Work {
@@ -389,13 +387,17 @@ impl Controller {
     pub fn new(ctx: Arc<Context>, config: ControllerConfig, ownership: Arc<Ownership>) -> Self {
         let (labelled, labelled_writer) = reflector::store();
         let (unlabelled, unlabelled_writer) = reflector::store();
+        // The queue's counts for the passes too: one waits for its workloads only while no
+        // other key is due (`reconcile::install`, the rollout wait inside the pass).
+        let counts = config.metrics.counts.clone();
+        let queue = Arc::new(WorkQueue::new(config.metrics.clone()));
+        ctx.queue.install(move || counts.get());
         let work = Work {
-            queue: Arc::new(WorkQueue::new(config.metrics.clone())),
+            queue,
             seen: Arc::default(),
             labelled,
             unlabelled,
             shards: ctx.shards,
-            awaited: ctx.dependencies.awaited.clone(),
         };
         Self {
             ctx,

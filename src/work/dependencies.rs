@@ -1,8 +1,8 @@
 //! Dependencies: every replica, whatever shards it owns, watches the Manifests labelled
-//! `modulemanager.io/depended-on=true` (those some Manifest waits for: a small set) and queues
-//! at once the Manifests of its own shards that depend on one whose readiness, generation or
-//! existence changed; and the stray watch, which sees every new Manifest, queues the
-//! dependents of one that a pass of this replica found missing.
+//! `modulemanager.io/depended-on=true` (those some Manifest of their own namespace waits for: a
+//! small set) and queues at once the Manifests of its own shards that depend on one whose
+//! readiness, generation or existence changed. A wake-up only makes a dependent faster: a
+//! waiting dependent looks again every 30 s by itself (`reconcile/dependencies.rs`).
 //!
 //! As for values sources (`sources.rs`), a change is looked up in this replica's own caches
 //! when it arrives ([`dependents`]): one scan per batch of changes, always in step with the
@@ -51,15 +51,6 @@ fn queue_dependents(work: &Work, ownership: &Ownership, changed: &HashSet<Depend
             tracing::debug!(namespace = %key.namespace, name = %key.name, "a dependency changed: queued");
             work.queue.add(key, Duration::ZERO);
         }
-    }
-}
-
-/// A Manifest appeared or changed in one of the Manifest watches: if a pass of this replica
-/// found it missing, its dependents are queued.
-pub(super) fn appeared(work: &Work, ownership: &Ownership, manifest: &Manifest) {
-    let key = DependencyKey::of(manifest);
-    if work.awaited.take(&key) {
-        queue_dependents(work, ownership, &HashSet::from([key]));
     }
 }
 

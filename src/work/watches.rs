@@ -25,7 +25,6 @@ use crate::shard::SHARD_LABEL;
 use crate::shard::fence::{Ownership, Watched};
 use crate::shard::label::{LabelState, owned_selector, stray_selector};
 use crate::work::controller::{Candidates, Work};
-use crate::work::dependencies;
 
 /// The labelled watch's index in [`Feed`]'s per-watch arrays (the unlabelled one is 1).
 const LABELLED: usize = 0;
@@ -237,7 +236,6 @@ impl Feed {
         match &event {
             watcher::Event::Apply(manifest) => {
                 self.applied(manifest);
-                dependencies::appeared(&self.work, &self.ownership, manifest);
             }
             watcher::Event::InitApply(manifest) => {
                 // Decided at InitDone, against ownership and `seen` as they are then.

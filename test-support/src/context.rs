@@ -164,8 +164,8 @@ impl ContextBuilder {
             written: Default::default(),
             dependencies: module_manager::reconcile::DependencyRules {
                 cross_namespace: self.cross_namespace_dependencies,
-                ..Default::default()
             },
+            queue: Default::default(),
         })
     }
 }
