@@ -24,6 +24,8 @@ use serde_json::{Value, json};
 
 const CHART: &str = "tests/fixtures/charts/scaled";
 const WAIT: Duration = Duration::from_secs(120);
+/// The field manager of the HPA controller's writes.
+const AUTOSCALER: &str = module_manager::plan::drift::AUTOSCALER_CONTROLLER;
 
 /// The operator of one test (no workload or HPA controller: the test plays the autoscaler).
 struct Harness(common::Operator);
@@ -66,14 +68,14 @@ impl Harness {
         .await
     }
 
-    /// Turns the chart's HorizontalPodAutoscaler on (the chart stops setting `replicas`) or
-    /// off (back to `replicas: 2`), and waits until the HorizontalPodAutoscaler is in the
-    /// inventory, or out of it.
+    /// Turns the chart's HorizontalPodAutoscaler (2 to 5 replicas) on (the chart stops
+    /// setting `replicas`) or off (back to `replicas: 4`), and waits until the
+    /// HorizontalPodAutoscaler is in the inventory, or out of it.
     async fn autoscale(&self, name: &str, on: bool) {
         let values = if on {
             json!({"autoscale": true, "replicas": null})
         } else {
-            json!({"autoscale": null, "replicas": 2})
+            json!({"autoscale": null, "replicas": 4})
         };
         common::patch_spec(&self.manifests, name, json!({ "values": values })).await;
         let manifest = self.applied(name).await;
@@ -84,6 +86,16 @@ impl Harness {
             "{:?}",
             manifest.status
         );
+    }
+
+    /// A drift pass or more later, the Deployment `name` has the chart's `replicas`, and
+    /// module-manager alone owns the field.
+    async fn chart_holds_replicas(&self, name: &str, chart: i32) {
+        self.drift_repaired(&format!("{name}-settings"), json!({}))
+            .await;
+        let deployment = self.deployments().get(name).await.unwrap();
+        assert_eq!(replicas(&deployment), Some(chart), "the chart's value");
+        assert_eq!(replicas_owners(&deployment), ["module-manager"]);
     }
 
     fn config_maps(&self) -> Api<ConfigMap> {
@@ -246,15 +258,47 @@ async fn replicas_handed_over_come_back_when_the_chart_sets_them_again() {
 
     // Back to the chart's replicas, without the HorizontalPodAutoscaler.
     h.autoscale("web", false).await;
-    // A drift pass or more later, the chart's value holds.
+    h.chart_holds_replicas("web", 4).await;
+}
+
+/// The same with the real HorizontalPodAutoscaler controller acting: the chart's HPA (2 to 5)
+/// scales the Deployment handed over at 1 up to 2 through the scale subresource, so the HPA
+/// controller owns `spec.replicas`. While that HPA exists its value is kept; once the chart
+/// drops it and sets `replicas` again, the chart's value comes back — the HPA controller's
+/// ownership outlives the HPA, but no autoscaler targets the workload any more.
+#[tokio::test]
+async fn replicas_come_back_from_the_hpa_controller_once_the_charts_hpa_is_gone() {
+    let h = start("drift-hpa-gone").await;
+    h.create("web", json!({"replicas": 1}), json!([])).await;
+    h.applied("web").await;
+    let deployments = h.deployments();
+    h.autoscale("web", true).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let deployment = deployments.get("web").await.unwrap();
+        let owners = replicas_owners(&deployment);
+        let ours = owners.iter().any(|o| o.starts_with("module-manager"));
+        if replicas(&deployment) == Some(2) && !ours {
+            eprintln!("scaled by the HPA controller: owners {owners:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the HPA never scaled: {owners:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // While its HPA exists the autoscaler's value is kept, also against a chart that sets
+    // `replicas` beside it (the lookup finds the HPA).
+    common::patch_spec(&h.manifests, "web", json!({"values": {"replicas": 4}})).await;
+    h.applied("web").await;
     h.drift_repaired("web-settings", json!({})).await;
     let deployment = deployments.get("web").await.unwrap();
-    assert_eq!(
-        replicas(&deployment),
-        Some(2),
-        "the chart's value is applied"
-    );
-    assert_eq!(replicas_owners(&deployment), ["module-manager"]);
+    assert_eq!(replicas(&deployment), Some(2));
+    assert_eq!(replicas_owners(&deployment), [AUTOSCALER]);
+
+    h.autoscale("web", false).await;
+    h.chart_holds_replicas("web", 4).await;
 }
 
 #[tokio::test]

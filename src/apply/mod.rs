@@ -16,7 +16,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
-    Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, PropagationPolicy,
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions,
+    PropagationPolicy,
 };
 use kube::discovery::{ApiResource, Discovery, Scope as DiscoveryScope};
 use kube::{Client, Error as KubeError, ResourceExt};
@@ -584,7 +585,7 @@ impl Cluster {
                 if status.code == 409
                     && (guard.is_none() || ownership::field_conflict(&status)) =>
             {
-                for pointer in drift::yielded(&object.id, &status.message) {
+                for pointer in self.yielded(&object.id, &status.message).await {
                     pointer.remove(&mut body);
                 }
                 api.patch(name, &params(true), &Patch::Apply(&body)).await
@@ -615,6 +616,34 @@ impl Cluster {
             }
             answer => answer.map_err(|e| ApplyError::from_kube(&object.id, e)),
         }
+    }
+
+    /// The fields of an apply conflict left to their owner ([`drift::yielded`]); when the HPA
+    /// controller holds `spec.replicas`, whether an HPA still targets the workload decides
+    /// ([`Cluster::autoscaled`]: one list, only then).
+    async fn yielded(&self, id: &InventoryEntry, message: &str) -> Vec<drift::Pointer> {
+        let held_by = drift::replicas_held_by(id, message);
+        let asks = held_by.iter().any(|m| m == drift::AUTOSCALER_CONTROLLER);
+        let autoscaled = asks && self.autoscaled(id).await;
+        drift::yielded(&held_by, autoscaled)
+    }
+
+    /// Whether a HorizontalPodAutoscaler in `id`'s namespace targets it (`autoscaling/v2`,
+    /// `scaleTargetRef` of the same group, kind and name). `true` when they cannot be listed
+    /// (no permission, an error): the autoscaler's value is kept, as before.
+    async fn autoscaled(&self, id: &InventoryEntry) -> bool {
+        use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+        let api = Api::<HorizontalPodAutoscaler>::namespaced(self.client.clone(), &id.namespace);
+        let Ok(list) = api.list(&ListParams::default()).await else {
+            return true;
+        };
+        list.items.iter().any(|hpa| {
+            let target = &hpa.spec.scale_target_ref;
+            let group = target.api_version.as_deref().unwrap_or_default();
+            let group = group.split_once('/').map_or("", |(group, _)| group);
+            (group, target.kind.as_str(), target.name.as_str())
+                == (id.group.as_str(), id.kind.as_str(), id.name.as_str())
+        })
     }
 
     /// Deletes an object managed by the Manifest `owner_uid`, in the background (dependents by

@@ -344,18 +344,36 @@ fn insert(into: &mut Value, path: &[String], value: Value) {
     }
 }
 
-/// The fields of an apply conflict (HTTP 409) that are left to their owner: `spec.replicas`
-/// of a built-in workload, which only autoscalers and `kubectl scale` write (through the scale
-/// subresource) besides the chart — unless its owner is [`HANDOVER_MANAGER`], which only holds a
-/// field until someone changes it (a chart that sets `replicas` again takes it back). `message`
-/// is the API server's: `Apply failed with 1 conflict: conflict with "kube-controller-manager"
-/// using apps/v1: .spec.replicas`, or `conflicts with "<manager>" …:` lines each followed by
-/// one `- <path>` line per field.
-pub fn yielded(id: &InventoryEntry, message: &str) -> Vec<Pointer> {
-    let replicas = conflicts(message)
+/// The field manager of the HorizontalPodAutoscaler controller's writes (through the scale
+/// subresource): it owns `spec.replicas` of a workload an HPA scaled, also after the HPA is gone.
+pub const AUTOSCALER_CONTROLLER: &str = "kube-controller-manager";
+
+/// The managers other than [`HANDOVER_MANAGER`] that an apply conflict (HTTP 409) names for
+/// `spec.replicas` of a built-in workload (which only autoscalers and `kubectl scale` write,
+/// through the scale subresource, besides the chart). `message` is the API server's: `Apply
+/// failed with 1 conflict: conflict with "kube-controller-manager" using apps/v1:
+/// .spec.replicas`, or `conflicts with "<manager>" …:` lines each followed by one `- <path>`
+/// line per field.
+pub fn replicas_held_by(id: &InventoryEntry, message: &str) -> Vec<String> {
+    if !scalable(id) {
+        return Vec::new();
+    }
+    let held = conflicts(message)
+        .into_iter()
+        .filter(|(manager, path)| path == ".spec.replicas" && manager != HANDOVER_MANAGER);
+    held.map(|(manager, _)| manager).collect()
+}
+
+/// The fields of an apply conflict left to their owner: `spec.replicas`, when a manager of
+/// [`replicas_held_by`] holds it — the HPA controller only while an HPA targets the workload
+/// (`autoscaled`): once the chart (or anyone) removed it, its leftover ownership does not keep
+/// the chart's value out. [`HANDOVER_MANAGER`] only holds a field until someone changes it: a
+/// chart that sets `replicas` again takes it back.
+pub fn yielded(held_by: &[String], autoscaled: bool) -> Vec<Pointer> {
+    let kept = held_by
         .iter()
-        .any(|(manager, path)| path == ".spec.replicas" && manager != HANDOVER_MANAGER);
-    if scalable(id) && replicas {
+        .any(|manager| manager != AUTOSCALER_CONTROLLER || autoscaled);
+    if kept {
         vec![Pointer::parse(REPLICAS).expect("a valid pointer")]
     } else {
         Vec::new()
@@ -636,8 +654,11 @@ mod tests {
         let one = "Apply failed with 1 conflict: conflict with \"kube-controller-manager\" \
                    using apps/v1: .spec.replicas";
         let workload = id("apps", "Deployment", "web");
-        assert_eq!(yielded(&workload, one), [Pointer::parse(REPLICAS).unwrap()]);
-        assert!(yielded(&id("", "ConfigMap", "c"), one).is_empty());
+        assert_eq!(
+            yielded(&replicas_held_by(&workload, one), true),
+            [Pointer::parse(REPLICAS).unwrap()]
+        );
+        assert!(yielded(&replicas_held_by(&id("", "ConfigMap", "c"), one), true).is_empty());
         let many = "Apply failed with 2 conflicts: conflicts with \"hpa\" using apps/v1 at \
                     2026-12-02T01:00:00Z:\n- .spec.replicas\nconflicts with \"kubectl-edit\" \
                     using apps/v1:\n- .spec.template.spec.containers[name=\"web\"].image";
@@ -652,10 +673,10 @@ mod tests {
                 )
             ]
         );
-        assert_eq!(yielded(&workload, many).len(), 1);
+        assert_eq!(yielded(&replicas_held_by(&workload, many), true).len(), 1);
         let other = "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using \
                      apps/v1: .spec.template.spec.containers[name=\"web\"].image";
-        assert!(yielded(&workload, other).is_empty());
+        assert!(yielded(&replicas_held_by(&workload, other), true).is_empty());
         // The handover manager only holds the field: a chart that sets it again takes it back.
         let held = "Apply failed with 1 conflict: conflict with \"module-manager-handover\": \
                     .spec.replicas";
@@ -663,6 +684,27 @@ mod tests {
             conflicts(held),
             [pair("module-manager-handover", ".spec.replicas")]
         );
-        assert!(yielded(&workload, held).is_empty());
+        assert!(yielded(&replicas_held_by(&workload, held), true).is_empty());
+    }
+
+    /// Issue 31 item 5: the HPA controller's ownership of `replicas` keeps the chart's value
+    /// out only while an HPA targets the workload; any other manager (`kubectl scale`, a
+    /// custom autoscaler) keeps it out whatever exists.
+    #[test]
+    fn the_hpa_controllers_replicas_are_kept_only_while_an_hpa_targets_the_workload() {
+        let workload = id("apps", "Deployment", "web");
+        let by = |manager: &str| {
+            format!(
+                "Apply failed with 1 conflict: conflict with \"{manager}\" with subresource \
+                 \"scale\" using apps/v1: .spec.replicas"
+            )
+        };
+        let hpa = replicas_held_by(&workload, &by(AUTOSCALER_CONTROLLER));
+        assert_eq!(hpa, [AUTOSCALER_CONTROLLER]);
+        assert_eq!(yielded(&hpa, true).len(), 1, "an HPA targets it");
+        assert!(yielded(&hpa, false).is_empty(), "no HPA any more");
+        let kubectl = replicas_held_by(&workload, &by("kubectl"));
+        assert_eq!(yielded(&kubectl, false).len(), 1, "a person scaled it");
+        assert!(yielded(&[], true).is_empty(), "nobody holds it");
     }
 }

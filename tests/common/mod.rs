@@ -153,8 +153,8 @@ pub async fn deployment_rolled_out(client: &Client, ns: &str, name: &str, replic
 }
 
 /// An operator reconciling one test namespace on the shared control plane (the namespace,
-/// garbage-collector and ServiceAccount controllers, no workload controllers: tests play those),
-/// stopped when dropped.
+/// garbage-collector, ServiceAccount and HPA controllers, no workload controllers: tests play
+/// those), stopped when dropped.
 pub struct Operator {
     pub client: Client,
     pub ns: String,
@@ -174,12 +174,16 @@ impl Drop for Operator {
     }
 }
 
-/// The shared control plane of [`Operator`]s: the namespace, garbage-collector and
-/// ServiceAccount controllers, the Manifest CRD.
+/// The shared control plane of [`Operator`]s: the namespace, garbage-collector,
+/// ServiceAccount and HorizontalPodAutoscaler controllers (the last acts only on the HPA objects
+/// of `tests/drift.rs`; with no metrics it only keeps replicas within min and max), the
+/// Manifest CRD.
 pub async fn control_plane() -> &'static testenv::ControlPlane {
     testenv::shared(testenv::Options {
         controller_manager: true,
-        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
+        controllers: Some(
+            "namespace,garbagecollector,serviceaccount,horizontalpodautoscaling".into(),
+        ),
         crd_files: vec![test_support::repo().join("crds/manifest.yaml")],
         ..Default::default()
     })
