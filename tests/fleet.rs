@@ -650,7 +650,8 @@ impl Fleet {
 
 /// `spec.dependsOn` across replicas: the dependency is held by one replica, its dependent by
 /// the other; the dependent waits, then is woken by the dependency's readiness (its interval is
-/// an hour: only the depended-on watch of its own replica can wake it).
+/// an hour: the depended-on watch of its own replica wakes it, or at the latest its own 30 s
+/// recheck — so this test no longer fails without the watch).
 #[tokio::test]
 async fn a_dependent_is_woken_by_a_dependency_another_replica_owns() {
     let _serial = SERIAL.lock().await;
