@@ -413,10 +413,11 @@ impl Install<'_> {
     /// those objects again a few times ([`plan::readiness::next_look`]: at most
     /// [`plan::readiness::SETTLE_WAIT`], none while other keys are due) before it decides, so
     /// that workloads ready within it cost one status write (`Ready`), not `Processing` and
-    /// then `Ready`. One GET per waiting object per look; a look that fails, or finds an object
-    /// gone or replaced, ends the wait (the pass decides from what it has; the next pass sees
-    /// the rest). Passes that look at a rollout already under way do not wait: they are
-    /// requeued ([`super::progress_requeue`]).
+    /// then `Ready`. One GET per waiting object per look, each cut off at the wait's end (a
+    /// slow remote target holds the worker no longer); a look that fails, takes too long, or
+    /// finds an object gone or replaced, ends the wait (the pass decides from what it has; the
+    /// next pass sees the rest). Passes that look at a rollout already under way do not wait:
+    /// they are requeued ([`super::progress_requeue`]).
     async fn settle(
         &self,
         previous: &ManifestStatus,
@@ -425,7 +426,8 @@ impl Install<'_> {
         if plan::status::rolling_out(Some(previous)) {
             return applied;
         }
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
+        let deadline = started + plan::readiness::SETTLE_WAIT;
         let mut looks = 0;
         loop {
             let waiting = still_waiting(&applied, Timestamp::now());
@@ -438,8 +440,8 @@ impl Install<'_> {
             looks += 1;
             for i in waiting {
                 let (id, object) = &applied[i];
-                match self.cluster.get(id).await {
-                    Ok(Some(live)) if live.metadata.uid == object.metadata.uid => {
+                match tokio::time::timeout_at(deadline, self.cluster.get(id)).await {
+                    Ok(Ok(Some(live))) if live.metadata.uid == object.metadata.uid => {
                         applied[i].1 = live;
                     }
                     _ => return applied,
