@@ -1,7 +1,8 @@
 //! Bounded input on a real kube-apiserver (issue 15 items 5, 7 and 9): a `valuesFrom` alias bomb
 //! and one nested too deep are refused naming their source, a render over the object cap is refused with nothing applied,
 //! a pass past its deadline ends and frees its worker, and the admin API's Manifest details need
-//! a token whose user may `get` that Manifest (TokenReview + SubjectAccessReview).
+//! a token whose user may `get` that Manifest (TokenReview + SubjectAccessReview); junk tokens
+//! cost a bounded number of TokenReviews (issue 31 item 4).
 #![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 mod common;
@@ -356,33 +357,32 @@ async fn token(client: &Client, ns: &str, name: &str, rules: Option<Value>) -> S
         .unwrap()
 }
 
-/// `GET /v1/manifests/{ns}/{name}` on the admin server with a real API server behind it: no
-/// token is refused (401), a token whose user may not `get` the Manifest is refused (403, the
-/// same for a Manifest that does not exist: nothing is revealed), one that may is answered; a
-/// Manifest of another namespace is refused to it.
-#[tokio::test]
-async fn manifest_details_need_a_token_that_may_get_the_manifest() {
-    use axum::http::Method;
-    use module_manager::admin::{AdminState, ManifestAnswer, ServeLimits};
-    use module_manager::cli::fetch;
-    use tokio::sync::watch;
-    let plane = common::control_plane().await;
-    let client = plane.client().await.unwrap();
-    let ns = plane.namespace(&client, "admin-read").await.unwrap();
-    let other = plane.namespace(&client, "admin-read-other").await.unwrap();
-    for namespace in [&ns, &other] {
-        let manifest: Manifest = serde_json::from_value(json!({
-            "apiVersion": "modulemanager.io/v1alpha1",
-            "kind": "Manifest",
-            "metadata": {"name": "web", "namespace": namespace},
-            "spec": {"module": "web", "chart": {"path": "examples/charts/web"}},
-        }))
+/// A token of the account `reader`, which may `get` the Manifests of `ns`.
+async fn reader(client: &Client, ns: &str) -> String {
+    let rules =
+        json!([{"apiGroups": ["modulemanager.io"], "resources": ["manifests"], "verbs": ["get"]}]);
+    token(client, ns, "reader", Some(rules)).await
+}
+
+/// The Manifest `web` in `ns`.
+async fn create_web(client: &Client, ns: &str) {
+    let manifest: Manifest = serde_json::from_value(json!({
+        "apiVersion": "modulemanager.io/v1alpha1",
+        "kind": "Manifest",
+        "metadata": {"name": "web", "namespace": ns},
+        "spec": {"module": "web", "chart": {"path": "examples/charts/web"}},
+    }))
+    .unwrap();
+    Api::<Manifest>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &manifest)
+        .await
         .unwrap();
-        Api::<Manifest>::namespaced(client.clone(), namespace)
-            .create(&PostParams::default(), &manifest)
-            .await
-            .unwrap();
-    }
+}
+
+/// The admin server on a loopback port with `client` behind it and `reviews`: its URL.
+async fn admin_server(client: &Client, reviews: module_manager::admin::Reviews) -> String {
+    use module_manager::admin::{AdminState, ServeLimits};
+    use tokio::sync::watch;
     let state = AdminState {
         registry: Arc::new(module_manager::telemetry::metrics::registry()),
         synced: Arc::default(),
@@ -391,6 +391,7 @@ async fn manifest_details_need_a_token_that_may_get_the_manifest() {
         work: None,
         drain: watch::channel(false).0,
         client: Some(client.clone()),
+        reviews: Arc::new(reviews),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -399,6 +400,26 @@ async fn manifest_details_need_a_token_that_may_get_the_manifest() {
         module_manager::admin::router(state),
         ServeLimits::default(),
     ));
+    url
+}
+
+/// `GET /v1/manifests/{ns}/{name}` on the admin server with a real API server behind it: no
+/// token is refused (401), a token whose user may not `get` the Manifest is refused (403, the
+/// same for a Manifest that does not exist: nothing is revealed), one that may is answered; a
+/// Manifest of another namespace is refused to it.
+#[tokio::test]
+async fn manifest_details_need_a_token_that_may_get_the_manifest() {
+    use axum::http::Method;
+    use module_manager::admin::ManifestAnswer;
+    use module_manager::cli::fetch;
+    let plane = common::control_plane().await;
+    let client = plane.client().await.unwrap();
+    let ns = plane.namespace(&client, "admin-read").await.unwrap();
+    let other = plane.namespace(&client, "admin-read-other").await.unwrap();
+    for namespace in [&ns, &other] {
+        create_web(&client, namespace).await;
+    }
+    let url = admin_server(&client, Default::default()).await;
 
     let path = format!("/v1/manifests/{ns}/web");
     let get = async |path: &str, token: Option<&str>| {
@@ -418,13 +439,7 @@ async fn manifest_details_need_a_token_that_may_get_the_manifest() {
         .await
         .unwrap_err();
     assert!(absent.contains("403"), "not 404: {absent}");
-    let reader = token(
-        &client,
-        &ns,
-        "reader",
-        Some(json!([{"apiGroups": ["modulemanager.io"], "resources": ["manifests"], "verbs": ["get"]}])),
-    )
-    .await;
+    let reader = reader(&client, &ns).await;
     let answer = get(&path, Some(&reader)).await.unwrap();
     assert_eq!(
         (answer.namespace.as_str(), answer.name.as_str()),
@@ -443,4 +458,78 @@ async fn manifest_details_need_a_token_that_may_get_the_manifest() {
     // Something that is no token at all.
     let unknown = get(&path, Some("not-a-token")).await.unwrap_err();
     assert!(unknown.contains("401"), "{unknown}");
+}
+
+/// Junk tokens cannot make the operator send unbounded TokenReviews (issue 31 item 4), on a real
+/// API server, the reviews counted by the operator's own request metrics: twenty requests with
+/// one junk token send one TokenReview; distinct junk tokens from one source send reviews until
+/// its bucket is empty, then get `429` with `Retry-After` and send none; an authenticated
+/// token's review is reused (its SubjectAccessReview is not), and its requests cost the bucket
+/// nothing. Before, every request sent a TokenReview (21 for the first twenty-one requests).
+#[tokio::test]
+async fn junk_tokens_cost_one_token_review_each_and_failures_are_rate_limited() {
+    use module_manager::admin::{ReviewLimits, Reviews};
+    use module_manager::telemetry::requests::{self, ApiRequestMetrics, RequestTarget};
+    let plane = common::control_plane().await;
+    let admin = plane.client().await.unwrap();
+    let ns = plane.namespace(&admin, "admin-reviews").await.unwrap();
+    create_web(&admin, &ns).await;
+    let reader = reader(&admin, &ns).await;
+    let kubeconfig = kube::config::Kubeconfig::read_from(plane.kubeconfig()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let metrics = ApiRequestMetrics::default();
+    let client = requests::client(config, &metrics, RequestTarget::Local).unwrap();
+    let reviews = || metrics.count("create", "authentication.k8s.io/tokenreviews");
+    let access_reviews = || metrics.count("create", "authorization.k8s.io/subjectaccessreviews");
+    // No refill within the test: the counts do not depend on how fast it runs.
+    let limits = ReviewLimits {
+        source_burst: 5.0,
+        source_per_second: 1e-6,
+        ..ReviewLimits::default()
+    };
+    let url = admin_server(&client, Reviews::new(limits)).await;
+    module_manager::source::ensure_crypto_provider();
+    let http = reqwest::Client::new();
+    let get = async |token: &str| {
+        let answer = http
+            .get(format!("{url}/v1/manifests/{ns}/web"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        let retry_after = answer
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned());
+        (answer.status().as_u16(), retry_after)
+    };
+
+    assert_eq!(get(&reader).await, (200, None));
+    assert_eq!((reviews(), access_reviews()), (1, 1));
+    for n in 0..20 {
+        assert_eq!(get("junk-token-1").await, (401, None), "request {n}");
+    }
+    assert_eq!(
+        reviews(),
+        2,
+        "twenty requests with one junk token: one TokenReview"
+    );
+    // Four more junk tokens empty the bucket of five; the next is refused unreviewed.
+    for n in 2..6 {
+        assert_eq!(get(&format!("junk-token-{n}")).await, (401, None));
+    }
+    assert_eq!(reviews(), 6);
+    for n in 6..16 {
+        let (status, retry_after) = get(&format!("junk-token-{n}")).await;
+        assert_eq!(status, 429, "junk token {n}");
+        let seconds: u64 = retry_after.expect("Retry-After").parse().unwrap();
+        assert!(seconds >= 1, "{seconds}");
+    }
+    assert_eq!(reviews(), 6, "refused callers sent no TokenReview");
+    // The junk token already refused is answered from memory, the reader's from its review.
+    assert_eq!(get("junk-token-1").await, (401, None));
+    assert_eq!(get(&reader).await, (200, None));
+    assert_eq!((reviews(), access_reviews()), (6, 2));
 }

@@ -1578,7 +1578,7 @@ async fn the_chart_cache_refuses_what_would_exceed_its_cap() {
     assert!(
         message.contains(&format!(
             "the chart cache cannot take a {}-byte archive: its cap is {cap} bytes (--chart-cache-max-bytes), {} of them held by charts used in the last 10 minutes",
-            v2.len(),
+            v2.len() + FETCHERS_LINE,
             v1.len()
         )),
         "{message}"
@@ -1594,6 +1594,10 @@ async fn the_chart_cache_refuses_what_would_exceed_its_cap() {
         .unwrap();
     assert_eq!(again, one, "what is cached is served");
 }
+
+/// The bytes an archive's list of fetchers takes in the chart cache for one fetcher (a hash and
+/// a newline), counted with the archive.
+const FETCHERS_LINE: usize = 65;
 
 /// Index cache entries are one per repository path whatever queries Manifests add, bounded in
 /// bytes (huge indexes), and dropped once expired.
@@ -1626,6 +1630,10 @@ async fn index_cache_entries_are_bounded_and_expire() {
     }
     for i in 0..20 {
         server.put(&format!("/huge{i}/index.yaml"), huge.clone());
+        server.put(
+            &format!("/huge{i}/catalog-1.0.0.tgz"),
+            packaged().v1.clone(),
+        );
         let source = from_repository(&format!("{}/huge{i}", server.url), "catalog", "1.0.0");
         resolve(&charts, &source, Limits::default()).await.unwrap();
     }
@@ -2217,8 +2225,9 @@ const WRONG: &str = "wrong-pass-77c0aa";
 
 /// A repository behind basic auth: the right credentials fetch the chart; wrong or missing ones
 /// fail with a clear message that quotes no credential — even though the chart is in the disk
-/// cache by then (each Manifest proves its own access: the index is cached per credentials);
-/// after a rotation at the server, the new credentials work; so does a bearer token.
+/// cache by then (each Manifest proves its own access: the index is cached per credentials, and
+/// the archive is served from the cache only to the credentials that downloaded it); after a
+/// rotation at the server, the new credentials work; so does a bearer token.
 #[tokio::test]
 async fn a_repository_with_basic_auth_serves_only_the_right_credentials() {
     let server = GuardedServer::start("127.0.0.1:0", Some(("alice", RIGHT))).await;
@@ -2247,10 +2256,15 @@ async fn a_repository_with_basic_auth_serves_only_the_right_credentials() {
         "nothing was served from the cache"
     );
 
-    // Rotation at the server, then in the Secret: the new credentials fetch the index again.
+    // Rotation at the server, then in the Secret: the new credentials fetch the index again,
+    // and the archive (the cache serves it only to the credentials that downloaded it); then
+    // the cache serves them.
     server.require(Some(("alice", WRONG)));
-    let chart = resolve_as(&charts, &source, Some(&wrong)).await.unwrap();
-    assert_eq!(chart.digest, format!("sha256:{}", sha256(&packaged().v1)));
+    for _ in 0..2 {
+        let chart = resolve_as(&charts, &source, Some(&wrong)).await.unwrap();
+        assert_eq!(chart.digest, format!("sha256:{}", sha256(&packaged().v1)));
+    }
+    assert_eq!(charts.stats().archive_downloads, 2);
     assert_eq!(
         charts.stats().cache_hits,
         1,
@@ -2441,6 +2455,126 @@ async fn the_token_flow_sends_the_credentials_only_to_the_realm_it_trusts() {
         "{message}"
     );
     assert!(elsewhere.seen().is_empty(), "{:?}", elsewhere.seen());
+}
+
+/// Two tenants share the chart cache (issue 31 item 3). Tenant P's private repository (basic
+/// auth) serves chart C to P. Tenant Q, without credentials, points at a public repository whose
+/// `index.yaml` lists C's digest (it is in P's `status.chartDigest` and the operator's log) with
+/// a URL that answers 404: Q fails with that 404, and again when its index names C's URL on P's
+/// host (no credentials: 401). P is served from the cache; the public repository's URL is once
+/// it served the archive itself. Before, the cache was looked up by digest alone and Q got C.
+#[tokio::test]
+async fn a_digest_listed_by_another_repository_is_not_served_from_the_cache() {
+    let private = GuardedServer::start("127.0.0.1:0", Some(("alice", RIGHT))).await;
+    let repository = private.publish_catalog();
+    let public = RepoServer::start().await;
+    let c = sha256(&packaged().v1);
+    public.put(
+        "/lure/index.yaml",
+        index_yaml(&[("catalog", "1.0.0", &c, "catalog-1.0.0.tgz")]),
+    );
+    let direct = format!("{repository}/catalog-1.0.0.tgz");
+    public.put(
+        "/direct/index.yaml",
+        index_yaml(&[("catalog", "1.0.0", &c, &direct)]),
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let charts = remote(cache.path());
+    let tenant_p = credentials("repo-creds", &[("username", "alice"), ("password", RIGHT)]);
+    let private_source = from_repository(&repository, "catalog", "1.0.0");
+    let chart = resolve_as(&charts, &private_source, Some(&tenant_p))
+        .await
+        .unwrap();
+    assert_eq!(chart.digest, format!("sha256:{c}"));
+
+    let lure = from_repository(&format!("{}/lure", public.url), "catalog", "1.0.0");
+    let error = resolve_as(&charts, &lure, None)
+        .await
+        .expect_err("tenant Q was served tenant P's private chart from the cache");
+    let message = fetch_message(&error);
+    assert!(message.contains("answered HTTP 404"), "{message}");
+    assert_eq!(
+        public.hits("/lure/catalog-1.0.0.tgz"),
+        1,
+        "Q asked its own server"
+    );
+    let error = resolve_as(
+        &charts,
+        &from_repository(&format!("{}/direct", public.url), "catalog", "1.0.0"),
+        None,
+    )
+    .await
+    .expect_err("tenant Q was served tenant P's chart by naming its URL");
+    let message = fetch_message(&error);
+    assert!(
+        message.contains("asks for credentials (HTTP 401)"),
+        "{message}"
+    );
+    assert_eq!(charts.stats().cache_hits, 0);
+
+    // P again: from the cache. The public repository serving C itself: downloaded once, then
+    // from the cache too.
+    resolve_as(&charts, &private_source, Some(&tenant_p))
+        .await
+        .unwrap();
+    assert_eq!(charts.stats().cache_hits, 1);
+    public.put("/lure/catalog-1.0.0.tgz", packaged().v1.clone());
+    for _ in 0..2 {
+        let chart = resolve_as(&charts, &lure, None).await.unwrap();
+        assert_eq!(chart.digest, format!("sha256:{c}"));
+    }
+    assert_eq!(public.hits("/lure/catalog-1.0.0.tgz"), 2);
+    assert_eq!(charts.stats().cache_hits, 2);
+}
+
+/// The OCI form of the above: tenant P pulls chart C from a registry with basic auth; tenant Q,
+/// without credentials, names a registry of its own whose manifest's chart layer has C's
+/// digest and whose blob does not exist: Q fails with the registry's 404, by tag and by digest.
+/// Before, the layer's digest was looked up in the cache alone and Q got C.
+#[tokio::test]
+async fn a_layer_digest_named_by_another_registry_is_not_served_from_the_cache() {
+    let registry = Registry::start_with(Some(("alice", RIGHT))).await;
+    registry.push_as(&packaged().v1, "catalog-1.0.0.tgz", Some(("alice", RIGHT)));
+    let host = registry.host.clone();
+    let cache = tempfile::tempdir().unwrap();
+    let charts = remote(cache.path());
+    let config = docker_config(&host, "alice", RIGHT);
+    let tenant_p = credentials("pull", &[(".dockerconfigjson", config.as_str())]);
+    let chart = resolve_as(
+        &charts,
+        &from_oci(&format!("oci://{host}/charts/catalog:1.0.0")),
+        Some(&tenant_p),
+    )
+    .await
+    .unwrap();
+    let c = format!("sha256:{}", sha256(&packaged().v1));
+    assert_eq!(chart.digest, c);
+
+    let lure = RepoServer::start().await;
+    let lure_host = lure.url.trim_start_matches("http://").to_owned();
+    lure.put("/v2/", "{}");
+    let manifest = helm_manifest(&c, packaged().v1.len());
+    let manifest_digest = format!("sha256:{}", sha256(&manifest));
+    lure.put("/v2/charts/catalog/manifests/1.0.0", manifest.clone());
+    lure.put(
+        &format!("/v2/charts/catalog/manifests/{manifest_digest}"),
+        manifest,
+    );
+    for reference in [
+        format!("oci://{lure_host}/charts/catalog:1.0.0"),
+        format!("oci://{lure_host}/charts/catalog@{manifest_digest}"),
+    ] {
+        let error = resolve_as(&charts, &from_oci(&reference), None)
+            .await
+            .expect_err("tenant Q was served tenant P's private chart from the cache");
+        let message = fetch_message(&error);
+        assert!(
+            message.contains("not found in the registry"),
+            "{reference}: {message}"
+        );
+    }
+    assert_eq!(lure.hits(&format!("/v2/charts/catalog/blobs/{c}")), 2);
+    assert_eq!(charts.stats().cache_hits, 0);
 }
 
 /// Installs a Secret `name` of `data` (string values) labelled for the watch, or replaces its

@@ -1,6 +1,9 @@
-//! Who may flip the drain switch or read a Manifest's details: the bearer token (TokenReview)
-//! and the caller's access (SubjectAccessReview) to the non-resource path, or to `get` that
-//! Manifest, as kube-rbac-proxy does.
+//! Who may flip the drain switch or read a Manifest's details: the bearer token (TokenReview,
+//! its answer kept briefly and failed ones limited: `reviews.rs`) and the caller's access
+//! (SubjectAccessReview, asked every time) to the non-resource path, or to `get` that Manifest,
+//! as kube-rbac-proxy does.
+
+use std::net::IpAddr;
 
 use axum::http::{HeaderMap, StatusCode, header};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
@@ -9,8 +12,10 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 
-use super::MAX_TOKEN_LENGTH;
+use super::errors::ApiError;
+use super::reviews::{Reviewed, Reviews, TokenKey};
 use super::upstream::{Pool, api_call, api_permit};
+use super::{AdminState, MAX_TOKEN_LENGTH};
 
 /// The bearer token of a request: exactly one `Authorization: Bearer <token>` header with a
 /// non-empty token of visible ASCII, at most [`MAX_TOKEN_LENGTH`] long; else `401`.
@@ -107,28 +112,72 @@ impl std::fmt::Display for Access<'_> {
 /// (SubjectAccessReview with the reviewed user, groups, uid and extra), with permits from
 /// `pool`. Answers the user, or the status to refuse with: `401` (no, malformed or rejected
 /// token), `403` (not allowed), `503` (no API client), `429` (too many reviews of the pool at
-/// once), `502`/`504` (the API server failed or did not answer within
-/// [`API_TIMEOUT`](super::API_TIMEOUT)). Only tokens issued for the audience [`TOKEN_AUDIENCE`]
-/// are accepted (`kubectl create token NAME --audience module-manager`): a caller never hands a
-/// token the API server itself would accept to this endpoint. The token is never logged.
+/// once, or too many failed authentications from `source` or from everyone: with
+/// `Retry-After`), `502`/`504` (the API server failed or did not answer within
+/// [`API_TIMEOUT`](super::API_TIMEOUT)). A token's review is reused for a while (a refused token
+/// costs no permit then). Only tokens issued for the audience [`TOKEN_AUDIENCE`] are accepted
+/// (`kubectl create token NAME --audience module-manager`): a caller never hands a token the API
+/// server itself would accept to this endpoint. The token is never logged nor kept (only its
+/// hash).
 pub async fn authorize(
-    client: Option<&kube::Client>,
+    state: &AdminState,
+    source: Option<IpAddr>,
     headers: &HeaderMap,
     access: Access<'_>,
     pool: Pool,
-) -> Result<UserInfo, (StatusCode, String)> {
+) -> Result<UserInfo, ApiError> {
     let token = bearer_token(headers)?;
-    let client = client.ok_or_else(|| {
+    let client = state.client.as_ref().ok_or_else(|| {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "this replica has no API client to authenticate callers".to_owned(),
         )
     })?;
+    let key = TokenKey::of(token);
+    let cached = state.reviews.cached(&key);
+    if cached == Some(Reviewed::Refused) {
+        return Err(not_authenticated().into());
+    }
     // One permit for both reviews.
     let _permit = api_permit(pool)?;
-    let user = authenticate(client, token, &access).await?;
+    let user = match cached {
+        Some(Reviewed::Authenticated(user)) => user,
+        _ => review(client, &state.reviews, (key, token), source, &access).await?,
+    };
     check_access(client, &user, &access).await?;
     Ok(user)
+}
+
+/// Sends the TokenReview of `token` if the buckets of failed reviews allow it (`429` else), and
+/// remembers its answer; a failed call is not remembered.
+async fn review(
+    client: &kube::Client,
+    reviews: &Reviews,
+    (key, token): (TokenKey, &str),
+    source: Option<IpAddr>,
+    access: &Access<'_>,
+) -> Result<UserInfo, ApiError> {
+    let charge = reviews.charge(source)?;
+    match authenticate(client, token, access).await {
+        Ok(user) => {
+            reviews.remember(key, charge, Reviewed::Authenticated(user.clone()));
+            Ok(user)
+        }
+        Err((StatusCode::UNAUTHORIZED, message)) => {
+            reviews.remember(key, charge, Reviewed::Refused);
+            Err((StatusCode::UNAUTHORIZED, message).into())
+        }
+        // The API server failed: the review counts against the buckets all the same.
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// What a token that was not authenticated reads as.
+fn not_authenticated() -> (StatusCode, String) {
+    (
+        StatusCode::UNAUTHORIZED,
+        "the token was not authenticated".to_owned(),
+    )
 }
 
 /// The TokenReview: the user the token names, if the API server authenticated it for
@@ -166,10 +215,7 @@ async fn authenticate(
             access = %access,
             "admin API: token not authenticated"
         );
-        return Err((
-            StatusCode::UNAUTHORIZED,
-            "the token was not authenticated".to_owned(),
-        ));
+        return Err(not_authenticated());
     };
     Ok(user)
 }

@@ -6,13 +6,20 @@ use axum::response::{IntoResponse, Response};
 
 use super::answers::ErrorAnswer;
 
-/// An error answer: a status and `{"error": message}` (`401` adds `WWW-Authenticate: Bearer`).
+/// An error answer: a status, `{"error": message}` and the seconds of a `Retry-After` header
+/// (`401` adds `WWW-Authenticate: Bearer`).
 #[derive(Debug)]
-pub struct ApiError(pub StatusCode, pub String);
+pub struct ApiError(pub StatusCode, pub String, pub Option<u64>);
 
 impl From<(StatusCode, String)> for ApiError {
     fn from((status, message): (StatusCode, String)) -> Self {
-        Self(status, message)
+        Self(status, message, None)
+    }
+}
+
+impl From<(StatusCode, String, u64)> for ApiError {
+    fn from((status, message, retry_after): (StatusCode, String, u64)) -> Self {
+        Self(status, message, Some(retry_after))
     }
 }
 
@@ -24,11 +31,16 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if let Some(seconds) = self.2 {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         response
     }
 }
 
 /// An error answer with `status` and `message`.
 pub(super) fn error(status: StatusCode, message: impl Into<String>) -> ApiError {
-    ApiError(status, message.into())
+    ApiError(status, message.into(), None)
 }

@@ -17,6 +17,7 @@ use super::answers::{
 use super::auth::{Access, authorize};
 use super::errors::{ApiError, error};
 use super::names::{is_dns_label, is_dns_subdomain};
+use super::server::Source;
 use super::upstream::{Pool, api_call, api_permit};
 use super::{AdminState, DRAIN_PATH};
 use crate::api::Manifest;
@@ -131,6 +132,7 @@ pub(super) async fn queue(State(state): State<AdminState>) -> Result<Json<QueueA
 /// without the right learns nothing, not even whether the Manifest exists.
 pub(super) async fn manifest(
     State(state): State<AdminState>,
+    Source(source): Source,
     headers: HeaderMap,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Json<ManifestAnswer>, ApiError> {
@@ -152,7 +154,7 @@ pub(super) async fn manifest(
         namespace: &namespace,
         name: &name,
     };
-    authorize(state.client.as_ref(), &headers, access, Pool::Reads).await?;
+    authorize(&state, source, &headers, access, Pool::Reads).await?;
     let cached = state.work.as_ref().and_then(|w| w.get(&namespace, &name));
     let (manifest, source) = match cached {
         Some(manifest) => (manifest, ManifestSource::Cache),
@@ -188,21 +190,24 @@ pub(super) async fn manifest(
 /// `POST /v1/drain`: hand every shard over and take none.
 pub(super) async fn drain(
     State(state): State<AdminState>,
+    source: Source,
     headers: HeaderMap,
 ) -> Result<Json<DrainAnswer>, ApiError> {
-    set_drain(&state, &headers, "post", true).await
+    set_drain(&state, source, &headers, "post", true).await
 }
 
 /// `DELETE /v1/drain`: take shards again.
 pub(super) async fn undrain(
     State(state): State<AdminState>,
+    source: Source,
     headers: HeaderMap,
 ) -> Result<Json<DrainAnswer>, ApiError> {
-    set_drain(&state, &headers, "delete", false).await
+    set_drain(&state, source, &headers, "delete", false).await
 }
 
 async fn set_drain(
     state: &AdminState,
+    Source(source): Source,
     headers: &HeaderMap,
     verb: &str,
     draining: bool,
@@ -211,7 +216,7 @@ async fn set_drain(
         path: DRAIN_PATH,
         verb,
     };
-    let user = authorize(state.client.as_ref(), headers, access, Pool::Drain).await?;
+    let user = authorize(state, source, headers, access, Pool::Drain).await?;
     let before = state.drain.send_replace(draining);
     tracing::info!(
         user = user.username.as_deref().unwrap_or_default(),

@@ -6,14 +6,16 @@
 //! the Leases (through the fleet loop's [`FleetView`] and [`Members`]), so any replica answers
 //! them alike. The drain switch and a Manifest's details authenticate the caller's bearer token
 //! with a TokenReview and authorize it with a SubjectAccessReview (on the non-resource path, or
-//! `get` on that Manifest), as kube-rbac-proxy does. The server (`server.rs`) bounds connections
-//! and the time to read a request's header and to answer it.
+//! `get` on that Manifest), as kube-rbac-proxy does; TokenReview answers are kept briefly and
+//! failed authentications are rate-limited (`reviews.rs`). The server (`server.rs`) bounds
+//! connections and the time to read a request's header and to answer it.
 
 mod answers;
 mod auth;
 mod errors;
 mod handlers;
 mod names;
+mod reviews;
 mod server;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -37,7 +39,8 @@ pub use answers::{
 pub use auth::{Access, TOKEN_AUDIENCE, authorize, bearer_token};
 pub use errors::ApiError;
 pub use names::{is_dns_label, is_dns_subdomain};
-pub use server::{ServeLimits, serve};
+pub use reviews::{ReviewLimits, Reviews};
+pub use server::{ServeLimits, Source, serve};
 pub use upstream::Pool;
 
 use crate::shard::fleet::FleetView;
@@ -63,6 +66,8 @@ pub struct AdminState {
     /// The API server, for TokenReview/SubjectAccessReview and Manifest lookups (`None`:
     /// mutating endpoints refuse every caller).
     pub client: Option<kube::Client>,
+    /// TokenReview answers kept briefly, and the limits on failed authentications.
+    pub reviews: Arc<Reviews>,
 }
 
 /// Largest request body the router accepts (no endpoint reads one).

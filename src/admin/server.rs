@@ -1,6 +1,7 @@
 //! The admin API's HTTP server: a connection limit, and one per source address (so one client
 //! cannot take the slots the kubelet's probes need), a deadline to read a request's header and
-//! one for the whole exchange, one request per connection.
+//! one for the whole exchange, one request per connection; each request carries its
+//! connection's source address ([`Source`], for the limits of `reviews.rs`).
 //!
 //! `axum::serve` has neither bound: a client that opens connections and sends a header one
 //! byte at a time (slowloris) would hold them, and the task and memory of each, for ever.
@@ -11,10 +12,27 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::FromRequestParts;
+use axum::http::Request;
+use axum::http::request::Parts;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tower::Service;
+
+/// The source address of a request's connection (`None`: a request not served by [`serve`],
+/// e.g. a router test's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Source(pub Option<IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Source {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<Self>().copied().unwrap_or_default())
+    }
+}
 
 /// Bounds of the admin server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +89,11 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let service = TowerToHyperService::new(router.clone());
+        let (router, ip) = (router.clone(), peer.ip());
+        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            request.extensions_mut().insert(Source(Some(ip)));
+            router.clone().call(request)
+        });
         tokio::spawn(async move {
             let _source = source;
             let connection = hyper::server::conn::http1::Builder::new()

@@ -19,6 +19,7 @@ pub(crate) fn state(registry: Registry, members: Members) -> AdminState {
         work: None,
         drain: watch::channel(false).0,
         client: None,
+        reviews: Arc::default(),
     }
 }
 

@@ -133,6 +133,7 @@ pub async fn start(
         work: Some(work),
         drain: views.drain_tx,
         client: Some(client),
+        reviews: Arc::default(),
     };
     serve_admin(config.admin_address, admin).await?;
     Ok(Replica {

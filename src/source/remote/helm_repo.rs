@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use reqwest::Url;
 use serde::Deserialize;
 
-use super::cache::sha256_hex;
+use super::cache::{Fetcher, sha256_hex};
 use super::credentials::Auth;
 use super::http::checked_url;
 use super::shown::{listing, shown};
@@ -49,8 +49,8 @@ impl RemoteCharts {
     ) -> Result<ResolvedChart, FetchError> {
         let base = repository_url(repository)?;
         // Every resolve reads the index with its own credentials (or from the index cache
-        // under the same credentials): a chart in the disk cache is served only to a Manifest
-        // that proved access to the repository.
+        // under the same credentials), and an archive comes from the disk cache only when the
+        // same chart URL with the same credentials downloaded it (`cache.rs`).
         let index = self.index(&base, auth).await?;
         let entries = index.entries.get(name).ok_or_else(|| {
             // Names from the server are shown only when they are chart names.
@@ -93,13 +93,11 @@ impl RemoteCharts {
             ))
         })?;
         let hex = sha256_hex(digest)?;
-        let url = || {
-            let url = entry
-                .urls
-                .first()
-                .ok_or_else(|| FetchError::BadIndex(format!("version {chosen} has no urls")))?;
-            chart_url(&base, url)
-        };
+        let url = entry
+            .urls
+            .first()
+            .ok_or_else(|| FetchError::BadIndex(format!("version {chosen} has no urls")))?;
+        let url = chart_url(&base, url)?;
         // The provenance file signs the digest the archive (cached or downloaded) is checked
         // against.
         if let Some(trust) = trust {
@@ -107,20 +105,21 @@ impl RemoteCharts {
                 return Err(VerifyError::Provider("cosign", "oci charts").into());
             };
             let auth = auth.map(|a| (a, &base));
-            self.verify_provenance(&url()?, auth, &hex, keys, &trust.from)
+            self.verify_provenance(&url, auth, &hex, keys, &trust.from)
                 .await?;
         }
-        if let Some(chart) = self.cached(&hex, limits).await? {
+        let fetcher = Fetcher::new(url.as_str(), auth);
+        if let Some(chart) = self.cached(&hex, &fetcher, limits).await? {
             return Ok(chart);
         }
-        let url = url()?;
         let bytes = self
             .get_bounded(&url, auth.map(|a| (a, &base)), limits.max_bytes)
             .await?;
         self.counters
             .archive_downloads
             .fetch_add(1, Ordering::Relaxed);
-        self.verify_and_store(shown(&url), bytes, hex, limits).await
+        self.verify_and_store(shown(&url), bytes, hex, fetcher, limits)
+            .await
     }
 
     /// The repository's index, from memory when fetched less than `index_ttl` ago with the

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use self::cache::{ChartCache, IN_USE};
+use self::cache::{ChartCache, Fetcher, IN_USE};
 use self::helm_repo::Index;
 use self::reach::Reach;
 use self::recent::Recent;
@@ -213,7 +213,7 @@ pub enum FetchError {
          (--chart-cache-max-bytes), {in_use} of them held by charts used in the last 10 minutes"
     )]
     CacheFull {
-        /// Bytes of the archive.
+        /// Bytes of the archive (and of its list of fetchers, 65 a fetcher).
         needed: u64,
         /// Bytes of cached files that may not be evicted yet.
         in_use: u64,
@@ -440,10 +440,16 @@ impl RemoteCharts {
         }
     }
 
-    /// A cached archive with this digest, checked again (limits may have changed).
-    async fn cached(&self, hex: &str, limits: Limits) -> Result<Option<ResolvedChart>, FetchError> {
-        let (cache, hex) = (self.cache.clone(), hex.to_owned());
-        let found = tokio::task::spawn_blocking(move || cache.lookup(&hex, limits))
+    /// A cached archive with this digest that `fetcher` downloaded itself (the cache's access
+    /// rule), checked again (limits may have changed).
+    async fn cached(
+        &self,
+        hex: &str,
+        fetcher: &Fetcher,
+        limits: Limits,
+    ) -> Result<Option<ResolvedChart>, FetchError> {
+        let (cache, hex, fetcher) = (self.cache.clone(), hex.to_owned(), fetcher.clone());
+        let found = tokio::task::spawn_blocking(move || cache.lookup(&hex, &fetcher, limits))
             .await
             .map_err(|e| FetchError::Cache {
                 path: "lookup".into(),
@@ -455,12 +461,14 @@ impl RemoteCharts {
         Ok(found)
     }
 
-    /// Checks the digest, then the archive, then stores it in the cache.
+    /// Checks the digest, then the archive, then stores it in the cache as downloaded by
+    /// `fetcher`.
     async fn verify_and_store(
         &self,
         shown: String,
         bytes: Vec<u8>,
         hex: String,
+        fetcher: Fetcher,
         limits: Limits,
     ) -> Result<ResolvedChart, FetchError> {
         let cache = self.cache.clone();
@@ -473,7 +481,7 @@ impl RemoteCharts {
                 });
             }
             check(&shown, &bytes, limits)?;
-            let path = cache.store(&hex, &bytes)?;
+            let path = cache.store(&hex, &bytes, &fetcher)?;
             tracing::info!(from = %shown, digest = %format!("sha256:{hex}"), bytes = bytes.len(), "fetched a chart archive");
             Ok(ResolvedChart {
                 digest: format!("sha256:{hex}"),

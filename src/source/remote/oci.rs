@@ -12,7 +12,7 @@ use reqwest::Url;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::cache::sha256_hex;
+use super::cache::{Fetcher, sha256_hex};
 use super::credentials::{Auth, Credentials};
 use super::http::{checked_url, request_error};
 use super::reach::authority;
@@ -251,7 +251,8 @@ impl RemoteCharts {
         let plain = self.reach.plain_registry(reference.registry());
         // A reference resolved moments ago (a tag) or ever (a digest) with the same
         // credentials needs no manifest; other credentials (or none) pull the manifest
-        // themselves: a chart in the disk cache is served only to whoever proved access.
+        // themselves. Either way the archive comes from the disk cache only when the same
+        // registry repository with the same credentials pulled it (`cache.rs`).
         let fingerprint = auth
             .as_ref()
             .map_or("anonymous", |a| a.fingerprint.as_str());
@@ -263,7 +264,13 @@ impl RemoteCharts {
         // A verified chart always needs its manifest: the signature is of the manifest's digest.
         if trust.is_none()
             && let Some(hex) = self.layers.get(&key)
-            && let Some(chart) = self.cached(&hex, limits).await?
+            && let Some(chart) = self
+                .cached(
+                    &hex,
+                    &blob_fetcher(&reference, plain, auth.as_ref())?,
+                    limits,
+                )
+                .await?
         {
             return Ok(chart);
         }
@@ -336,7 +343,8 @@ impl RemoteCharts {
             });
         }
         let hex = sha256_hex(&layer.digest)?;
-        if let Some(chart) = self.cached(&hex, limits).await? {
+        let fetcher = blob_fetcher(reference, plain, credentials)?;
+        if let Some(chart) = self.cached(&hex, &fetcher, limits).await? {
             return Ok(chart);
         }
         let bytes = self
@@ -345,7 +353,7 @@ impl RemoteCharts {
         self.counters
             .archive_downloads
             .fetch_add(1, Ordering::Relaxed);
-        self.verify_and_store(shown_reference(text), bytes, hex, limits)
+        self.verify_and_store(shown_reference(text), bytes, hex, fetcher, limits)
             .await
     }
 
@@ -412,6 +420,19 @@ fn oci_reference(text: &str) -> Result<Reference, FetchError> {
     normalized
         .parse::<Reference>()
         .map_err(|e| FetchError::Reference(format!("invalid OCI reference: {e}")))
+}
+
+/// Who pulls the reference's blobs: the registry's repository (a registry serves a blob only
+/// to a repository it is linked in) and the credentials of `spec.chart.secretRef` (not the
+/// pull token, which changes).
+fn blob_fetcher(
+    reference: &Reference,
+    plain: bool,
+    credentials: Option<&Auth>,
+) -> Result<Fetcher, FetchError> {
+    let scheme = if plain { "http" } else { "https" };
+    let blobs = registry_url(scheme, reference, "blobs/")?;
+    Ok(Fetcher::new(blobs.as_str(), credentials))
 }
 
 /// `<scheme>://<registry>/v2/<repository>/<path>` (`/v2/` for an empty path).
