@@ -93,9 +93,17 @@ impl Harness {
     async fn chart_holds_replicas(&self, name: &str, chart: i32) {
         self.drift_repaired(&format!("{name}-settings"), json!({}))
             .await;
-        let deployment = self.deployments().get(name).await.unwrap();
-        assert_eq!(replicas(&deployment), Some(chart), "the chart's value");
-        assert_eq!(replicas_owners(&deployment), ["module-manager"]);
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let deployment = self.deployments().get(name).await.unwrap();
+            if replicas(&deployment) == Some(chart) {
+                assert_eq!(replicas_owners(&deployment), ["module-manager"]);
+                return;
+            }
+            let now = replicas(&deployment);
+            assert!(Instant::now() < deadline, "not the chart's value: {now:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     fn config_maps(&self) -> Api<ConfigMap> {
@@ -265,7 +273,10 @@ async fn replicas_handed_over_come_back_when_the_chart_sets_them_again() {
 /// scales the Deployment handed over at 1 up to 2 through the scale subresource, so the HPA
 /// controller owns `spec.replicas`. While that HPA exists its value is kept; once the chart
 /// drops it and sets `replicas` again, the chart's value comes back — the HPA controller's
-/// ownership outlives the HPA, but no autoscaler targets the workload any more.
+/// ownership outlives the HPA, but no autoscaler targets the workload any more. The module is
+/// Ready when the HPA goes, so drift passes skip unchanged objects: the pass that drops the
+/// HPA applies the Deployment before its prune deletes the HPA (the value is still kept
+/// then), and a later drift pass must apply it again rather than find it unchanged.
 #[tokio::test]
 async fn replicas_come_back_from_the_hpa_controller_once_the_charts_hpa_is_gone() {
     let h = start("drift-hpa-gone").await;
@@ -296,6 +307,9 @@ async fn replicas_come_back_from_the_hpa_controller_once_the_charts_hpa_is_gone(
     let deployment = deployments.get("web").await.unwrap();
     assert_eq!(replicas(&deployment), Some(2));
     assert_eq!(replicas_owners(&deployment), [AUTOSCALER]);
+    // The Deployment rolls out (played: no Deployment controller): the module is Ready.
+    common::deployment_rolled_out(&h.client, &h.ns, "web", 2).await;
+    common::wait_state(&h.manifests, "web", module_manager::api::State::Ready, WAIT).await;
 
     h.autoscale("web", false).await;
     h.chart_holds_replicas("web", 4).await;

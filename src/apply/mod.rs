@@ -580,13 +580,14 @@ impl Cluster {
             let params = if force { params.force() } else { params };
             if dry_run { params.dry_run() } else { params }
         };
+        let mut yielded = false;
         let answer = match api.patch(name, &params(false), &Patch::Apply(&body)).await {
             Err(KubeError::Api(status))
                 if status.code == 409
                     && (guard.is_none() || ownership::field_conflict(&status)) =>
             {
                 for pointer in self.yielded(&object.id, &status.message).await {
-                    pointer.remove(&mut body);
+                    yielded |= pointer.remove(&mut body);
                 }
                 api.patch(name, &params(true), &Patch::Apply(&body)).await
             }
@@ -597,10 +598,13 @@ impl Cluster {
             self.namespaces.forget(&object.id.namespace);
         }
         if let (Some(followed), Some(sent)) = (followed, sent) {
+            // A field left to its owner was not applied: the object is not as the chart has
+            // it, so a drift pass applies it again and asks again (an HPA removed by this very
+            // pass's prune, after this apply, no longer keeps `replicas` then).
             let version = answer
                 .as_ref()
                 .ok()
-                .filter(|o| followed.would_see(o, owner_uid))
+                .filter(|o| !yielded && followed.would_see(o, owner_uid))
                 .and_then(|o| o.metadata.resource_version.as_deref());
             followed.applied(&object.id, version, sent);
         }

@@ -685,11 +685,14 @@ impl Ended {
 }
 
 /// Whether a render input a person controls — the chart, the values, the release name, the
-/// target namespace — changed since the last recorded run ([`hooks::inputs_digest`], kept in
-/// `status.hookRun`): what lets the mass-prune guard let objects go. Any other spec edit (the
-/// interval, `suspend`, `driftIgnore`, a label) does not: a render that lost objects through a
-/// capability flip stays refused whatever else is edited. Without a recorded run (a status
-/// written before runs were recorded) any change of the chart, the values or the spec counts.
+/// target namespace — changed since the last completed apply: what lets the mass-prune guard
+/// let objects go. When the recorded run is done (`status.hookRun`, phase `Done`: its inputs
+/// are those of the last completed apply), its inputs digest ([`hooks::inputs_digest`])
+/// decides, and any other spec edit (the interval, `suspend`, `driftIgnore`, a label) does
+/// not: a render that lost objects through a capability flip stays refused whatever else is
+/// edited. While a run is under way (its digest is recorded with the inventory or a hook's
+/// progress before the apply completes) or none is recorded, the digests written by the last
+/// completed pass and the generation decide, as before.
 pub(super) fn inputs_changed(
     manifest: &Manifest,
     previous: &ManifestStatus,
@@ -709,16 +712,16 @@ pub(super) fn inputs_changed(
     })
 }
 
-/// [`inputs_changed`]'s rule (pure): the recorded run's inputs digest against `now`, or
-/// `without_run` when no run is recorded.
+/// [`inputs_changed`]'s rule (pure): a done run's inputs digest against `now`, or
+/// `otherwise` when no run is done.
 fn changed_since_run(
     previous: &ManifestStatus,
     now: &str,
-    without_run: impl FnOnce() -> bool,
+    otherwise: impl FnOnce() -> bool,
 ) -> bool {
     match &previous.hook_run {
-        Some(run) => run.inputs_digest != now,
-        None => without_run(),
+        Some(run) if run.phase == HookRunPhase::Done => run.inputs_digest != now,
+        _ => otherwise(),
     }
 }
 
@@ -837,6 +840,15 @@ pub(super) mod tests {
         let unrecorded = ManifestStatus::default();
         assert!(changed_since_run(&unrecorded, &inputs, generation_moved));
         assert!(!changed_since_run(&unrecorded, &inputs, || false));
+        // A run under way (recorded before its apply completed: a pre-hook runs, or the pass
+        // failed after the render) says nothing of the last completed apply: the old rule.
+        let mut under_way = recorded.clone();
+        if let Some(run) = under_way.hook_run.as_mut() {
+            run.phase = HookRunPhase::PreHooks;
+        }
+        let values_changed = || true;
+        assert!(changed_since_run(&under_way, &inputs, values_changed));
+        assert!(!changed_since_run(&under_way, &inputs, || false));
     }
 
     #[test]
