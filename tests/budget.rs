@@ -437,8 +437,9 @@ impl Passes {
 /// at it again a few times, for at most `plan::readiness::SETTLE_WAIT`, before it writes its
 /// status. An install whose workload rolls out meanwhile writes the Manifest's status twice —
 /// the inventory before the applies, then `Ready` — not three times, in one pass; one that does
-/// not writes `Processing` after three looks (the wait's bound: three GETs of the Deployment)
-/// and `Ready` from the pass that finds it rolled out. One Event (`Ready`) either way.
+/// not writes `Processing` after at most three looks (the wait's bound: three GETs of the
+/// Deployment) and `Ready` from the pass that finds it rolled out. One Event (`Ready`) either
+/// way.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_workload_ready_within_the_pass_costs_one_status_write() {
     let passes = Passes::new().await;
@@ -472,7 +473,13 @@ async fn a_workload_ready_within_the_pass_costs_one_status_write() {
         } else {
             assert_eq!(first.state, Some(State::Processing), "{name}: {first:?}");
             assert!(first.readiness_started.is_some(), "{name}: {first:?}");
-            assert_eq!(looks, 3, "{name}: the wait's bound: {}", spent.line());
+            // Three looks at most (0.25, 0.75, 1.75 s); fewer when the GETs are slow (a
+            // loaded machine): a look is never started that would end past the 2 s bound.
+            assert!(
+                (1..=3).contains(&looks),
+                "{name}: the wait's bound: {}",
+                spent.line()
+            );
             common::deployment_rolled_out(&parts.admin, &parts.ns, name, 1).await;
             let second = passes.pass(name).await;
             assert_eq!(second.state, Some(State::Ready), "{name}: {second:?}");

@@ -3,9 +3,11 @@
 //! autoscaler's `replicas` is left alone, and `spec.driftIgnore` fields are neither enforced
 //! nor released while other drift is repaired.
 //!
-//! No HPA controller runs (there are no metrics here): an "HPA-like writer" sets `replicas`
-//! through the scale subresource with its own field manager, as the HPA controller does. The
-//! HorizontalPodAutoscaler object itself is real (`autoscaling/v2`, rendered by the chart).
+//! The real HPA controller runs, but there are no metrics here: it only keeps `replicas` within
+//! an HPA's min and max. Where a test needs an autoscaler that scales at will, an "HPA-like
+//! writer" sets `replicas` through the scale subresource with its own field manager, as the
+//! HPA controller does. The HorizontalPodAutoscaler objects are real (`autoscaling/v2`,
+//! rendered by the chart).
 #![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
 mod common;
@@ -27,7 +29,7 @@ const WAIT: Duration = Duration::from_secs(120);
 /// The field manager of the HPA controller's writes.
 const AUTOSCALER: &str = module_manager::plan::drift::AUTOSCALER_CONTROLLER;
 
-/// The operator of one test (no workload or HPA controller: the test plays the autoscaler).
+/// The operator of one test (no workload controller: the test plays the rollouts).
 struct Harness(common::Operator);
 
 impl std::ops::Deref for Harness {
@@ -247,8 +249,9 @@ async fn replicas_handed_to_an_autoscaler_never_dip_and_stay_the_autoscalers() {
 
 /// Issue 31 item 5: a field handed over to `module-manager-handover` (the chart stopped
 /// setting it) comes back when the chart sets it again — here through values that add a real
-/// HorizontalPodAutoscaler object and then remove it. Only another manager's write (the test
-/// above: an autoscaler through the scale subresource) keeps `spec.replicas` from the chart.
+/// HorizontalPodAutoscaler object and then remove it (handed over at 3, within the HPA's 2 to 5:
+/// the HPA controller does not act). Only another manager's write (the test above: an
+/// autoscaler through the scale subresource) keeps `spec.replicas` from the chart.
 #[tokio::test]
 async fn replicas_handed_over_come_back_when_the_chart_sets_them_again() {
     let h = start("drift-back").await;

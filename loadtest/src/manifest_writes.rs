@@ -5,7 +5,7 @@
 //! its passes can be faster than it (docs/benchmarks.md), so it is no lower limit.
 //!
 //! Per release, as the fleet sends an install whose Deployment has rolled out by the first look
-//! at it (docs/reconcile.md, "The rollout status, written by the look that follows"): the
+//! at it (docs/reconcile.md, "The rollout wait inside the pass"): the
 //! user's create of the Manifest; the claim (one metadata patch: shard label and finalizer);
 //! the inventory with its hook run (a status patch); each object server-side applied with
 //! the labels the fleet adds; one read of the Deployment (the look); the `Ready` status; one

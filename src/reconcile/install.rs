@@ -149,7 +149,11 @@ impl Install<'_> {
             .prune(&previous, plan.inventory(), changed_inputs)
             .await?;
         let now = Timestamp::now();
-        let applied = self.settle(&previous, applied).await;
+        // A refused prune outranks readiness (`Ended::state`): nothing to wait for then.
+        let applied = match pruned.refused {
+            None => self.settle(&previous, applied).await,
+            Some(_) => applied,
+        };
         let readiness = readiness_of(&applied, Timestamp::now())?;
         let (hook_waiting, finished) = self
             .post_hooks(

@@ -255,7 +255,8 @@ pub struct RuntimeConfig {
     pub service_accounts: ServiceAccountPolicy,
     /// `--pass-deadline-seconds`, `--max-objects-per-render`, `--max-inventory-bytes`.
     pub pass_limits: PassLimits,
-    /// Whether `spec.dependsOn` may name another namespace (`--no-cross-namespace-dependencies`).
+    /// Whether `spec.dependsOn` may name another namespace (`--cross-namespace-dependencies`,
+    /// off by default in impersonation mode).
     pub cross_namespace_dependencies: bool,
 }
 
