@@ -2,7 +2,10 @@ module module-manager/renderer
 
 go 1.26.0
 
-require helm.sh/helm/v4 v4.3.2
+require (
+	golang.org/x/sys v0.49.0
+	helm.sh/helm/v4 v4.3.2
+)
 
 require (
 	dario.cat/mergo v1.0.1 // indirect
@@ -99,7 +102,6 @@ require (
 	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/oauth2 v0.36.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/term v0.47.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.15.0 // indirect

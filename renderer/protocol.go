@@ -47,9 +47,13 @@ const (
 	kindPanic          = "panic"
 )
 
+// failure is why a render failed. A message longer than maxMessage is sent as its start
+// (Message), the count of the bytes left out (Omitted) and its end (Tail).
 type failure struct {
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
+	Omitted int    `json:"omitted,omitempty"`
+	Tail    string `json:"tail,omitempty"`
 }
 
 // response carries either the manifest or the error.

@@ -449,6 +449,12 @@ async fn bad_input_is_reported_and_deletes_nothing() {
             "exceeds the limit of 524288 bytes",
         ),
         (
+            "millions of tiny keys, scaled down",
+            fixture("tiny-keys"),
+            "PlanError",
+            "more than 32768 YAML nodes",
+        ),
+        (
             "values Secret not UTF-8",
             json!({"chart": {"path": "examples/charts/catalog-v1"}, "valuesFrom": [{"kind": "Secret", "name": "binary"}]}),
             "ValuesError",
@@ -501,6 +507,52 @@ async fn bad_input_is_reported_and_deletes_nothing() {
     h.patch_spec("catalog", json!({"chart": {"path": "examples/charts/catalog-v1"}, "valuesFrom": null, "values": {"greeting": "hi"}}))
         .await;
     h.wait_state("catalog", State::Ready).await;
+}
+
+/// A chart that loops costs its own Manifest: each render timeout stops the renderer's child,
+/// so the timeout is transient and backs off on the Manifest's own schedule (the queue's 1 s
+/// doubling), not every `spec.interval` (1 s here, the shortest allowed); another Manifest
+/// becomes Ready meanwhile. Counts the renderer's starts over 40 s: at the interval a pass
+/// would time out every ~3 s (~13 starts); with the backoff the passes come 1, 2, 4, 8, 16 s
+/// after the failures (at most 5).
+#[tokio::test]
+async fn a_looping_chart_backs_off_and_does_not_restart_the_renderer_every_interval() {
+    let limits = RenderLimits {
+        timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let tools = testenv::Tools::locate().expect("tools built");
+    let h = start_with(
+        "render-timeout",
+        limits,
+        Some(Backend::Renderer(tools.renderer)),
+    )
+    .await;
+    let mut looping = h.manifest("loop", "tests/fixtures/charts/loop", json!({}));
+    looping.spec.interval = "1s".into();
+    h.create(&looping).await;
+    let failed = h
+        .wait_for("loop", "the render timeout", |m| {
+            current_condition(m, "Ready").is_some_and(|(_, reason, message)| {
+                reason == "RenderError" && message.contains("did not finish within 2s")
+            })
+        })
+        .await;
+    assert!(
+        condition_is(&failed, "Stalled", "False"),
+        "a timeout is retried: {:?}",
+        failed.status
+    );
+    let starts = || async { h.ctx.renderer.renderer_state().await.unwrap().starts };
+    let first = starts().await;
+    h.ready_catalog(json!({"greeting": "hi"})).await;
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let restarts = starts().await - first;
+    eprintln!("{restarts} renderer restarts in 40 s");
+    assert!(
+        restarts <= 6,
+        "{restarts} renderer restarts in 40 s: the timeouts do not back off"
+    );
 }
 
 #[tokio::test]

@@ -95,6 +95,15 @@ pub enum PlanError {
         #[source]
         refusal: crate::source::yaml::YamlRefusal,
     },
+    /// the rendered output holds more YAML nodes than a render may (its decoded form would take
+    /// many times the output's bytes in memory).
+    #[error(
+        "the rendered output has more than {max} YAML nodes (maps, lists and values), the most a render may have: one per {BYTES_PER_NODE} bytes of the output cap"
+    )]
+    TooManyNodes {
+        /// The most a render may have.
+        max: usize,
+    },
     /// a document is not a Kubernetes object.
     #[error("rendered document {}is not a Kubernetes object: {reason}", match template {
         Some(template) => format!("from {template} "),
@@ -397,14 +406,40 @@ fn from_template(template: Option<&str>) -> String {
 /// skipping empty documents. A document that is not an object is named by the template it
 /// came from: helm starts each with `# Source: <chart>/templates/<file>`.
 pub fn parse_documents(yaml: &str) -> Result<Vec<RenderedObject>, PlanError> {
+    parse_documents_within(yaml, usize::MAX)
+}
+
+/// Bytes of the output cap per YAML node a render may have. Decoded, a node takes about 100
+/// bytes (a `serde_json::Value`, a map entry, its key) and the decoder's buffered events about
+/// as much again while a document is decoded: 16 MiB of one-line keys (6 bytes a node, 2.75
+/// million nodes) peaked at 537 MB, 32 times its bytes. At one node per 16 bytes of the cap a
+/// render peaks at about 12 times the cap. The repository's charts render 10 to 17 bytes a
+/// node, so a real render meets this cap only past ~10 MiB of output (at the default cap).
+pub const BYTES_PER_NODE: usize = 16;
+
+/// The most YAML nodes a render whose output is capped at `max_output` bytes may have.
+pub fn max_nodes(max_output: usize) -> usize {
+    max_output / BYTES_PER_NODE
+}
+
+/// [`parse_documents`] of a render that may hold at most `max_nodes` YAML nodes, counted
+/// before anything is decoded.
+pub fn parse_documents_within(
+    yaml: &str,
+    max_nodes: usize,
+) -> Result<Vec<RenderedObject>, PlanError> {
     let mut objects = Vec::new();
     let mut index = 0;
+    let mut nodes = 0usize;
     for chunk in split_documents(yaml) {
         if chunk.trim().is_empty() {
             continue;
         }
         let template = source_line(chunk);
-        refuse_aliases(chunk, template)?;
+        nodes = nodes.saturating_add(refuse_aliases(chunk, template)?);
+        if nodes > max_nodes {
+            return Err(PlanError::TooManyNodes { max: max_nodes });
+        }
         let at = |index, reason| PlanError::NotAnObject {
             index,
             template: template.map(str::to_owned),
@@ -457,11 +492,11 @@ fn split_documents(yaml: &str) -> Vec<&str> {
 }
 
 /// Refuses YAML anchors and aliases in one document, before it is decoded (their expansion is
-/// unbounded in bytes); line and column count from the document's start.
-fn refuse_aliases(document: &str, template: Option<&str>) -> Result<(), PlanError> {
+/// unbounded in bytes); line and column count from the document's start. Its nodes (at most).
+fn refuse_aliases(document: &str, template: Option<&str>) -> Result<usize, PlanError> {
     use crate::source::yaml::YamlRefusal;
     let template = template.map(str::to_owned);
-    crate::source::yaml::refuse_aliases(document).map_err(|refusal| match refusal {
+    crate::source::yaml::checked_nodes(document).map_err(|refusal| match refusal {
         YamlRefusal::Alias { .. } | YamlRefusal::TooDeep { .. } => {
             PlanError::Aliases { template, refusal }
         }
@@ -900,6 +935,29 @@ metadata:
             "the inventory has CRDs and objects, not hooks"
         );
         assert_eq!(plan.objects[1].id, id("ConfigMap", "other", "settings"));
+    }
+
+    /// A render at the output cap made of millions of tiny keys is refused before it is
+    /// decoded (decoded, it took 32 times its bytes); a real render is far from the cap.
+    #[test]
+    fn a_render_of_millions_of_tiny_keys_is_refused_before_decoding() {
+        let cap = 16 * 1024 * 1024;
+        let mut render =
+            String::from("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: tiny\ndata:\n");
+        let mut i = 0;
+        while render.len() < cap - 32 {
+            render.push_str(&format!("  k{i:x}: 1\n"));
+            i += 1;
+        }
+        assert!(i > 1_300_000, "{i} keys");
+        let error = parse_documents_within(&render, max_nodes(cap)).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "the rendered output has more than 1048576 YAML nodes (maps, lists and values), the most a render may have: one per 16 bytes of the output cap"
+        );
+        let objects = parse_documents_within(RENDER, max_nodes(RENDER.len() * 2)).unwrap();
+        assert_eq!(objects.len(), parse_documents(RENDER).unwrap().len());
+        assert!(parse_documents_within(RENDER, max_nodes(RENDER.len() / 2)).is_err());
     }
 
     /// Objects are counted over CRDs, objects and hooks; the inventory estimate covers what

@@ -31,7 +31,8 @@ pub(super) async fn vetted_render(
     request: &RenderRequest,
 ) -> Result<(Arc<Rendered>, Plan), ReconcileError> {
     let rendered = ctx.renderer.render(request).await?;
-    let plan = plan::plan(plan::parse_documents(&rendered.manifest)?)?;
+    let max_nodes = plan::max_nodes(ctx.renderer.limits().max_output);
+    let plan = plan::plan(plan::parse_documents_within(&rendered.manifest, max_nodes)?)?;
     // On the local cluster only: a remote target's namespaces are not the operator's.
     if manifest.spec.target.is_none() {
         let manifest_namespace = manifest.namespace().unwrap_or_default();

@@ -118,13 +118,20 @@ pub struct Response {
     pub error: Option<Failure>,
 }
 
-/// A failed render.
+/// A failed render. The renderer caps the text (`maxMessage` in `renderer/main.go`): a longer
+/// one comes as its start (`message`), the count of bytes left out and its end (`tail`).
 #[derive(Debug, Deserialize, PartialEq, Eq)]
 pub struct Failure {
     /// `helm` (the message is what helm prints after `Error: `), `outputTooLarge` or `panic`.
     pub kind: String,
-    /// What went wrong.
+    /// What went wrong (its start, when `omitted` is not 0).
     pub message: String,
+    /// Bytes of the text left out between `message` and `tail`.
+    #[serde(default)]
+    pub omitted: usize,
+    /// The end of a text cut in the middle.
+    #[serde(default)]
+    pub tail: String,
 }
 
 #[cfg(test)]

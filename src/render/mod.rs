@@ -66,7 +66,8 @@ pub enum RenderError {
     /// helm or the renderer (the program named) could not be started.
     #[error("start {0}: {1}")]
     Spawn(&'static str, #[source] std::io::Error),
-    /// helm ran longer than the limit and was killed.
+    /// helm ran longer than the limit and was killed (transient: retried with the queue's
+    /// backoff, per Manifest, not at `spec.interval`; a busy machine may also be the cause).
     #[error("helm template did not finish within {0:?} and was stopped")]
     Timeout(Duration),
     /// the output exceeded the limit.
@@ -78,22 +79,25 @@ pub enum RenderError {
     /// `helm version` (or the renderer's hello) did not answer as expected.
     #[error("helm version: {0}")]
     Version(String),
-    /// the renderer's heap outgrew its limit (twice: once more on a new child, since every render
-    /// in flight on the first one is suspect).
+    /// the render ran out of memory alone on the renderer (the heap limit, or the address-space
+    /// backstop): no other render was in flight on it.
     #[error("render exceeded the renderer's memory limit of {0} bytes")]
     MemoryLimit(u64),
-    /// the renderer child stopped while rendering, also on the retry.
+    /// the renderer child stopped under the render, and could not be blamed on it.
     #[error("renderer stopped: {0}")]
     RendererDied(String),
 }
 
 impl RenderError {
     /// Whether the error comes from the chart or its values (waits for a spec change) rather
-    /// than from the machine (retried with backoff).
+    /// than from the machine (retried with backoff). A timeout is transient: it costs the
+    /// renderer its child, so it must back off on its Manifest's own schedule (the work queue's
+    /// 1 s doubling to 5 min) rather than come back every `spec.interval` (as short as 1 s);
+    /// and a loaded machine can cause it too.
     pub fn is_permanent(&self) -> bool {
         matches!(
             self,
-            Self::Timeout(_) | Self::OutputTooLarge(_) | Self::Helm(_) | Self::MemoryLimit(_)
+            Self::OutputTooLarge(_) | Self::Helm(_) | Self::MemoryLimit(_)
         )
     }
 }
@@ -232,6 +236,11 @@ impl HelmRenderer {
         &self.version
     }
 
+    /// The bounds on its renders.
+    pub fn limits(&self) -> RenderLimits {
+        self.limits
+    }
+
     /// `helm` or `renderer`.
     pub fn backend(&self) -> &'static str {
         match self.engine {
@@ -253,12 +262,21 @@ impl HelmRenderer {
         self.cache.stats()
     }
 
-    /// Renders, from the cache when the same inputs were rendered before.
+    /// Renders, from the cache when the same inputs were rendered before. A render that ran out
+    /// of memory is cached as that failure: sent again, it would stop the renderer again (and
+    /// a permanent error comes back every `spec.interval`, which may be 1 s).
     pub async fn render(&self, request: &RenderRequest) -> Result<Arc<Rendered>, RenderError> {
         let key = request.cache_key(&self.version);
-        if let Some(hit) = self.cache.get(&key) {
-            tracing::debug!(digest = %hit.digest, "render cache hit");
-            return Ok(hit);
+        match self.cache.get(&key) {
+            Some(Cached::Rendered(hit)) => {
+                tracing::debug!(digest = %hit.digest, "render cache hit");
+                return Ok(hit);
+            }
+            Some(Cached::MemoryLimit(limit)) => {
+                tracing::debug!("render cache hit: the render ran out of memory");
+                return Err(RenderError::MemoryLimit(limit));
+            }
+            None => {}
         }
         let started = std::time::Instant::now();
         let rendered = self.run(request).await;
@@ -270,10 +288,17 @@ impl HelmRenderer {
             backend = self.backend(),
             "render"
         );
-        let rendered = Arc::new(rendered.inspect_err(|_| {
-            self.metrics.helm_failures.inc();
-        })?);
-        self.cache.insert(key, rendered.clone());
+        let rendered = match rendered {
+            Ok(rendered) => Arc::new(rendered),
+            Err(error) => {
+                self.metrics.helm_failures.inc();
+                if let RenderError::MemoryLimit(limit) = error {
+                    self.cache.insert(key, Cached::MemoryLimit(limit));
+                }
+                return Err(error);
+            }
+        };
+        self.cache.insert(key, Cached::Rendered(rendered.clone()));
         Ok(rendered)
     }
 
@@ -361,7 +386,9 @@ fn private_home<'c>(command: &'c mut Command, home: &Path) -> &'c mut Command {
 
 /// The useful part of helm's stderr: from its first `Error` line on (warnings before it are
 /// dropped), lines joined with `; `, at most [`MESSAGE_LIMIT`] bytes keeping the beginning and
-/// the end (an include recursion's cause is the last line of ~130 kB).
+/// the end (an include recursion's cause is the last line of ~130 kB). The backends keep a long
+/// text's ends and call [`helm_message_ends`]; this is the whole-text reference.
+#[cfg(test)]
 fn helm_message(stderr: &[u8]) -> String {
     helm_message_ends(stderr, 0, b"")
 }
@@ -442,6 +469,25 @@ pub struct CacheStats {
     pub misses: u64,
 }
 
+/// What the render cache holds for a key.
+#[derive(Clone, Debug)]
+enum Cached {
+    /// The render's output.
+    Rendered(Arc<Rendered>),
+    /// The render ran out of memory (the limit, in bytes): it would again.
+    MemoryLimit(u64),
+}
+
+impl Cached {
+    /// Bytes of output held.
+    fn size(&self) -> usize {
+        match self {
+            Self::Rendered(rendered) => rendered.manifest.len(),
+            Self::MemoryLimit(_) => 0,
+        }
+    }
+}
+
 /// Renders by cache key, evicting the oldest entries beyond the capacity in entries or bytes.
 struct RenderCache {
     capacity: usize,
@@ -454,7 +500,7 @@ struct RenderCache {
 /// Cached renders and their keys in insertion order.
 #[derive(Default)]
 struct CacheEntries {
-    by_key: HashMap<String, Arc<Rendered>>,
+    by_key: HashMap<String, Cached>,
     order: VecDeque<String>,
     /// Bytes of the manifests in `by_key`.
     bytes: usize,
@@ -471,7 +517,7 @@ impl RenderCache {
         }
     }
 
-    fn get(&self, key: &str) -> Option<Arc<Rendered>> {
+    fn get(&self, key: &str) -> Option<Cached> {
         let found = self
             .entries
             .lock()
@@ -488,8 +534,8 @@ impl RenderCache {
         found
     }
 
-    fn insert(&self, key: String, rendered: Arc<Rendered>) {
-        let size = rendered.manifest.len();
+    fn insert(&self, key: String, rendered: Cached) {
+        let size = rendered.size();
         if size > self.max_bytes {
             return;
         }
@@ -497,7 +543,7 @@ impl RenderCache {
         let entries = &mut *guard;
         entries.bytes += size;
         match entries.by_key.insert(key.clone(), rendered) {
-            Some(replaced) => entries.bytes -= replaced.manifest.len(),
+            Some(replaced) => entries.bytes -= replaced.size(),
             None => entries.order.push_back(key),
         }
         while entries.order.len() > self.capacity || entries.bytes > self.max_bytes {
@@ -505,7 +551,7 @@ impl RenderCache {
                 break;
             };
             if let Some(gone) = entries.by_key.remove(&oldest) {
-                entries.bytes -= gone.manifest.len();
+                entries.bytes -= gone.size();
             }
         }
     }
@@ -613,16 +659,16 @@ mod tests {
     fn the_cache_evicts_the_oldest_and_counts() {
         let cache = RenderCache::new(2, 1 << 20, &RenderMetrics::default());
         let rendered = |s: &str| {
-            Arc::new(Rendered {
+            Cached::Rendered(Arc::new(Rendered {
                 manifest: s.into(),
                 digest: sha256(s.as_bytes()),
-            })
+            }))
         };
         cache.insert("a".into(), rendered("a"));
         cache.insert("b".into(), rendered("b"));
         cache.insert("c".into(), rendered("c"));
         assert!(cache.get("a").is_none());
-        assert_eq!(cache.get("c").unwrap().manifest, "c");
+        assert!(matches!(cache.get("c"), Some(Cached::Rendered(r)) if r.manifest == "c"));
         assert_eq!(cache.stats(), CacheStats { hits: 1, misses: 1 });
     }
 
@@ -632,10 +678,10 @@ mod tests {
     fn the_cache_is_bounded_in_bytes() {
         let cache = RenderCache::new(100, 10, &RenderMetrics::default());
         let rendered = |s: &str| {
-            Arc::new(Rendered {
+            Cached::Rendered(Arc::new(Rendered {
                 manifest: s.into(),
                 digest: sha256(s.as_bytes()),
-            })
+            }))
         };
         let bytes = |cache: &RenderCache| cache.entries.lock().unwrap().bytes;
         cache.insert("a".into(), rendered("aaaa"));

@@ -66,8 +66,17 @@ pub const MAX_DEPTH: usize = 128;
 /// the parser stopped); text the parser cannot read is let through only when no run of flow
 /// brackets could nest that deep either.
 pub fn refuse_aliases(text: &str) -> Result<(), YamlRefusal> {
+    checked_nodes(text).map(|_| ())
+}
+
+/// [`refuse_aliases`], and the number of nodes (scalars, sequences, mappings) the text holds,
+/// counted on the way: a decoder's memory grows with them. For text the parser cannot read and
+/// lets through, a bound from the text: twice its indicators (`:` `,` `-` `?` `[` `{`), one of
+/// which every node but the first needs, plus one.
+pub fn checked_nodes(text: &str) -> Result<usize, YamlRefusal> {
     let mut parser = Parser::new_from_str(text);
     let mut depth = 0usize;
+    let mut nodes = 0usize;
     loop {
         let (event, at) = match parser.next_token() {
             Ok(next) => next,
@@ -78,7 +87,7 @@ pub fn refuse_aliases(text: &str) -> Result<(), YamlRefusal> {
                     return Err(YamlRefusal::TooDeep { line, column });
                 }
                 if !may_hold_aliases(text) {
-                    return Ok(());
+                    return Ok(nodes_at_most(text));
                 }
                 return Err(YamlRefusal::Invalid {
                     line,
@@ -89,10 +98,14 @@ pub fn refuse_aliases(text: &str) -> Result<(), YamlRefusal> {
         };
         let (line, column) = (at.line(), at.col() + 1);
         let anchored = match event {
-            Event::StreamEnd => return Ok(()),
+            Event::StreamEnd => return Ok(nodes),
             Event::Alias(_) => true,
-            Event::Scalar(_, _, anchor, _) => anchor != 0,
+            Event::Scalar(_, _, anchor, _) => {
+                nodes += 1;
+                anchor != 0
+            }
             Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
+                nodes += 1;
                 depth += 1;
                 if depth > MAX_DEPTH {
                     return Err(YamlRefusal::TooDeep { line, column });
@@ -109,6 +122,15 @@ pub fn refuse_aliases(text: &str) -> Result<(), YamlRefusal> {
             return Err(YamlRefusal::Alias { line, column });
         }
     }
+}
+
+/// At least the number of nodes in `text`, from its indicators.
+fn nodes_at_most(text: &str) -> usize {
+    let indicators = text
+        .bytes()
+        .filter(|b| matches!(b, b':' | b',' | b'-' | b'?' | b'[' | b'{'))
+        .count();
+    indicators.saturating_mul(2).saturating_add(1)
 }
 
 /// The deepest run of flow brackets (`[`, `{` opened and not yet closed), counting those in
@@ -149,6 +171,25 @@ fn may_hold_aliases(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Nodes are counted as read; text the parser cannot read gets a bound no lower than the
+    /// count.
+    #[test]
+    fn nodes_are_counted_or_bounded() {
+        assert_eq!(checked_nodes("a: 1\nb: [1, 2]\n"), Ok(7));
+        assert_eq!(checked_nodes("---\nk: v\n---\n- x\n"), Ok(5));
+        assert_eq!(checked_nodes(""), Ok(0));
+        // yaml-rust2 #40: a quoted line continued less indented; libyaml reads 2 nodes.
+        let quoted = "a:\n  b: \"one\ntwo\"\n";
+        let bound = checked_nodes(quoted).unwrap();
+        assert!(bound >= 5, "{bound}");
+        for text in ["- - - a\n", "{a: b, c: d}\n", "? a\n: b\n", "[a, [b, c]]\n"] {
+            assert!(
+                nodes_at_most(text) >= checked_nodes(text).unwrap(),
+                "{text}"
+            );
+        }
+    }
 
     /// The review's shape: one 64 KiB anchor used 4000 times (256 MiB decoded) in a 270 KB
     /// document is refused before any of it is expanded.
