@@ -971,19 +971,19 @@ async fn the_operator_runs_with_exactly_the_deployed_rbac() {
         .expect("the module's ConfigMap");
     assert_eq!(configmap.data.as_ref().unwrap()["n"], "7");
     assert_eq!(configmap.labels()["modulemanager.io/manifest-uid"], uid);
-    let events = Api::<Event>::namespaced(client.clone(), &namespace)
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    assert!(
-        events.items.iter().any(|e| e
-            .regarding
+    // The Event follows the status write that made the Manifest Ready: wait for it.
+    let events = Api::<Event>::namespaced(client.clone(), &namespace);
+    let about_it = |e: &Event| {
+        e.regarding
             .as_ref()
             .is_some_and(|r| r.uid.as_deref() == Some(uid.as_str()))
-            && e.reporting_controller.as_deref() == Some("module-manager")),
-        "no Event about the Manifest: {:?}",
-        events.items.iter().map(|e| &e.reason).collect::<Vec<_>>()
-    );
+            && e.reporting_controller.as_deref() == Some("module-manager")
+    };
+    eventually("an Event about the Manifest", tail, || async {
+        let listed = events.list(&ListParams::default()).await.ok()?;
+        listed.items.iter().any(about_it).then_some(())
+    })
+    .await;
 
     // Deleted: the module's objects go, then the finalizer.
     manifests
