@@ -4,9 +4,10 @@
 
 use kube::{Resource, ResourceExt};
 
+use super::context::Context;
+use super::error::ReconcileError;
 use super::inputs::{install_run, render_request, vetted_render};
 use super::install::inputs_changed;
-use super::{Context, ReconcileError};
 use crate::api::{HookOperation, HookRunPhase, InventoryEntry, Manifest};
 use crate::apply::target::{self, ResolveError};
 use crate::apply::watched::MANIFEST_SHARD_LABEL;
