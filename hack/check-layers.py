@@ -58,10 +58,6 @@ CRATES = [("src", True), ("loadtest/src", False)]
 # Folder → the files of a cycle still open there (one strongly connected component each).
 # Each is the parent's main type and the helpers it delegates to, which take that type back:
 ALLOWED_CYCLES = {
-    # `Cluster` (mod.rs) holds `namespace::Known` and `watched::Followed` and calls
-    # `ownership`'s precondition helpers; those files take `Cluster`, `ApplyError` and
-    # `MANIFEST_UID_LABEL` from mod.rs.
-    "src/apply/": [{"mod.rs", "namespace", "ownership", "watched"}],
     # `SourceError` (mod.rs) wraps `remote::FetchError`; `remote` returns `SourceError`, reads
     # local charts through `resolve` and checks archives with `archive`, which takes `Limits`.
     "src/source/": [{"mod.rs", "archive", "local", "remote"}],
