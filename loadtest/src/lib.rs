@@ -2,7 +2,8 @@
 //! real replicas against a real control plane, checkers that fail the run, measurements,
 //! baselines measured in the same run, and the reports. See `docs/loadtest.md`.
 //!
-//! - [`options`]: the command line; [`run`]: one run (setup, finish, baselines);
+//! - [`options`]: the command line; [`run`]: one run (a phase, the scenario, the baselines);
+//!   [`phase`]: a fleet with its load (setup, finish) and the steps scenarios share;
 //!   [`scenario`]: what each scenario does to the fleet;
 //! - [`fleet`]: the fleet under test (local processes or a deployed StatefulSet), [`cgroup`];
 //! - [`load`]: the load generator and its bookkeeping; [`observe`]: Leases and scrapes over time;
@@ -23,6 +24,7 @@ pub mod measure;
 pub mod mttp;
 pub mod observe;
 pub mod options;
+pub mod phase;
 pub mod progress;
 pub mod report;
 pub mod results;

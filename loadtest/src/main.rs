@@ -7,7 +7,8 @@ use std::time::SystemTime;
 use anyhow::Context;
 use clap::Parser;
 use loadtest::options::{Options, Scenario};
-use loadtest::run::{Cluster, execute, harness_client, repo};
+use loadtest::phase::{Cluster, harness_client, repo};
+use loadtest::run::execute;
 
 #[derive(Parser)]
 #[command(

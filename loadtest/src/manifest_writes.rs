@@ -260,7 +260,7 @@ async fn apply_labelled(
         let mut body = object.body.clone();
         let labels = &mut body["metadata"]["labels"];
         labels[module_manager::apply::MANIFEST_UID_LABEL] = json!(uid);
-        labels[module_manager::apply::watched::MANIFEST_SHARD_LABEL] = json!(shard.to_string());
+        labels[module_manager::apply::MANIFEST_SHARD_LABEL] = json!(shard.to_string());
         body["metadata"]["resourceVersion"] =
             json!(module_manager::plan::ownership::ABSENT_RESOURCE_VERSION);
         let labelled = Prepared {

@@ -21,12 +21,12 @@ use crate::fleet::{Fleet, Probe};
 use crate::manifest_writes::Writes;
 use crate::measure;
 use crate::options::Options;
+use crate::phase::{self, Cluster, Phase};
 use crate::progress::Progress;
 use crate::results::{
     ColdRestart, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio, PATH_BARE_APPLY, PATH_HELM,
     PATH_MANIFEST_WRITES, PATH_MINIMUM_WRITES, RunResult,
 };
-use crate::run::{self, Cluster, Phase};
 
 /// The fleet sizes to measure, in order: one replica first when the baselines run and the list
 /// has none (the single-replica baseline), then `--replicas` as given. The last is the fleet
@@ -242,7 +242,7 @@ async fn open_window(setting: &Setting<'_>, phase: &Phase) -> anyhow::Result<Win
     Ok(Window {
         fleet: read_fleet(&phase.probe).await,
         control_plane: control_plane_cpu(&setting.control_plane),
-        apiserver: run::apiserver_metrics(&client).await?,
+        apiserver: phase::apiserver_metrics(&client).await?,
         audit: setting.audit.as_ref().map(AuditLog::mark),
         rss_samples: phase
             .sampler
@@ -266,7 +266,7 @@ async fn close_window(
     let fleet = read_fleet(&phase.probe).await;
     let control_plane = control_plane_cpu(&setting.control_plane);
     let client = setting.cluster.client().await?;
-    let apiserver = run::apiserver_metrics(&client).await?;
+    let apiserver = phase::apiserver_metrics(&client).await?;
     let mut peak_rss_mib = fleet.rss_mib.clone();
     for (member, samples) in &phase.sampler.observed.lock().unwrap().rss_mib {
         let from = window.rss_samples.get(member).copied().unwrap_or(0);
@@ -327,9 +327,9 @@ async fn burst(
     phase.progress.say(format!(
         "mttp: {count} Manifests at once on {replicas} replicas"
     ));
-    run::wait_idle(&phase.probe, &phase.progress).await;
+    phase::wait_idle(&phase.probe, &phase.progress).await;
     let window = open_window(setting, phase).await?;
-    let timed = run::timed_burst(
+    let timed = phase::timed_burst(
         setting.cluster,
         options,
         &phase.fleet,
@@ -341,7 +341,7 @@ async fn burst(
     .with_context(|| format!("the burst of {count} on {replicas} replicas"))?;
     let measured = close_window(setting, phase, window).await?;
     let n = count.max(1) as f64;
-    let api = run::apiserver_figures(&measured.apiserver.0, &measured.apiserver.1, n);
+    let api = phase::apiserver_figures(&measured.apiserver.0, &measured.apiserver.1, n);
     let operator = measured.clients.as_ref().map(|c| c.get(audit::OPERATOR));
     let (per, by_verb, by_resource) = divided(operator.flatten(), n);
     let held_before: u64 = earlier
@@ -380,12 +380,12 @@ async fn idle(setting: &Setting<'_>, phase: &Phase, held: u64) -> anyhow::Result
     phase.progress.say(format!(
         "mttp: the fleet idle with {held} Manifests for {seconds} s"
     ));
-    run::wait_idle(&phase.probe, &phase.progress).await;
+    phase::wait_idle(&phase.probe, &phase.progress).await;
     phase.sampler.event("idle");
     let window = open_window(setting, phase).await?;
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let measured = close_window(setting, phase, window).await?;
-    let api = run::apiserver_figures(
+    let api = phase::apiserver_figures(
         &measured.apiserver.0,
         &measured.apiserver.1,
         measured.seconds,
@@ -534,7 +534,8 @@ async fn baselines(
     measured: &mut MttpBaseline,
 ) -> anyhow::Result<()> {
     let paths =
-        run::BaselinePaths::new(setting.cluster, setting.options, count, replicas as usize).await?;
+        phase::BaselinePaths::new(setting.cluster, setting.options, count, replicas as usize)
+            .await?;
     let pids = &setting.control_plane;
     let n = count.max(1) as f64;
     quiet(pids).await;

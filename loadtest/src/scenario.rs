@@ -1,5 +1,5 @@
 //! The scenarios: what happens to the fleet while the load runs. Each returns the violations
-//! only it can judge (the common checkers run in [`crate::run::Phase::finish`]).
+//! only it can judge (the common checkers run in [`crate::phase::Phase::finish`]).
 
 use std::time::{Duration, Instant};
 
@@ -13,8 +13,8 @@ use crate::load::Rates;
 use crate::measure;
 use crate::observe::{Holders, read_leases};
 use crate::options::{Options, Scenario};
+use crate::phase::{Phase, move_step, wait_assignment};
 use crate::results::{Capacity, CapacityStep, FleetFigures, Violation};
-use crate::run::{Phase, move_step, wait_assignment};
 
 /// Plays `scenario` (all but scale-out) on the phase's fleet.
 pub async fn play(
@@ -206,7 +206,7 @@ async fn chaos(
             takeovers.push(seconds);
             let after = holders(phase).await?;
             figures.moves.push(
-                crate::run::move_step(
+                crate::phase::move_step(
                     phase,
                     label.clone(),
                     &before,

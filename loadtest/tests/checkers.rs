@@ -4,8 +4,9 @@
 //! Needs the `module-manager` binary built next to the test (`cargo test --workspace` builds it).
 
 use loadtest::options::{Options, Scenario};
+use loadtest::phase::{Cluster, repo};
 use loadtest::results::RunResult;
-use loadtest::run::{Cluster, execute, repo};
+use loadtest::run::execute;
 
 /// Every test starts replica processes; on 2 cores they run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

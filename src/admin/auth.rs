@@ -14,8 +14,11 @@ use kube::api::{Api, PostParams};
 
 use super::errors::ApiError;
 use super::reviews::{Reviewed, Reviews, TokenKey};
+use super::state::AdminState;
 use super::upstream::{Pool, api_call, api_permit};
-use super::{AdminState, MAX_TOKEN_LENGTH};
+
+/// Longest bearer token accepted.
+pub const MAX_TOKEN_LENGTH: usize = 8192;
 
 /// The bearer token of a request: exactly one `Authorization: Bearer <token>` header with a
 /// non-empty token of visible ASCII, at most [`MAX_TOKEN_LENGTH`] long; else `401`.

@@ -17,70 +17,32 @@ mod handlers;
 mod names;
 mod reviews;
 mod server;
+mod state;
 #[cfg(test)]
 pub(crate) mod testing;
 mod upstream;
-
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use prometheus_client::registry::Registry;
-use tokio::sync::watch;
 
 pub use answers::{
     DrainAnswer, ErrorAnswer, ManifestAnswer, ManifestSource, MemberQueue, MemberSummary,
     QueueAnswer, ShardsAnswer, manifest_answer, member_summary, queue_answer, shards_answer,
 };
-pub use auth::{Access, TOKEN_AUDIENCE, authorize, bearer_token};
+pub use auth::{Access, MAX_TOKEN_LENGTH, TOKEN_AUDIENCE, authorize, bearer_token};
 pub use errors::ApiError;
 pub use names::{is_dns_label, is_dns_subdomain};
 pub use reviews::{ReviewLimits, Reviews};
 pub use server::{ServeLimits, Source, serve};
-pub use upstream::Pool;
+pub use state::{AdminState, DRAIN_PATH};
+pub use upstream::{API_TIMEOUT, MAX_API_CALLS, Pool};
 
-use crate::shard::fleet::FleetView;
-use crate::shard::membership::Members;
-use crate::work::controller::Work;
 use errors::error;
-
-/// What the admin API reads.
-#[derive(Clone)]
-pub struct AdminState {
-    /// The root metrics registry.
-    pub registry: Arc<Registry>,
-    /// Whether the Manifest watch has seen its first full list.
-    pub synced: Arc<AtomicBool>,
-    /// The fleet as this replica sees it (from the membership Leases).
-    pub members: watch::Receiver<Members>,
-    /// Shards and members as of this replica's last shard round.
-    pub fleet: watch::Receiver<FleetView>,
-    /// This replica's caches and queue (`None` in router tests without a controller).
-    pub work: Option<Work>,
-    /// Set by `POST /v1/drain`: hand every shard over and take none.
-    pub drain: watch::Sender<bool>,
-    /// The API server, for TokenReview/SubjectAccessReview and Manifest lookups (`None`:
-    /// mutating endpoints refuse every caller).
-    pub client: Option<kube::Client>,
-    /// TokenReview answers kept briefly, and the limits on failed authentications.
-    pub reviews: Arc<Reviews>,
-}
 
 /// Largest request body the router accepts (no endpoint reads one).
 pub const MAX_REQUEST_BODY: usize = 4096;
-/// Longest bearer token accepted.
-pub const MAX_TOKEN_LENGTH: usize = 8192;
-/// Limit on each call to the API server (TokenReview, SubjectAccessReview, Manifest lookup).
-pub const API_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most API server calls the admin API makes at once; beyond it callers get `429`.
-pub const MAX_API_CALLS: usize = 16;
-
-/// The path the drain switch is authorized on (`nonResourceURLs` in a ClusterRole).
-pub const DRAIN_PATH: &str = "/v1/drain";
 
 /// The admin router.
 pub fn router(state: AdminState) -> Router {

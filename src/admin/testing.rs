@@ -6,7 +6,7 @@ use std::sync::Arc;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use super::AdminState;
+use super::state::AdminState;
 use crate::shard::fleet::{FleetView, ShardStatus, ShardView};
 use crate::shard::membership::{MemberLoad, MemberState, MemberView, Members};
 

@@ -2,11 +2,15 @@
 //! once per pool: the drain switch's own, and the reads') and a timeout.
 
 use std::future::Future;
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use tokio::sync::Semaphore;
 
-use super::{API_TIMEOUT, MAX_API_CALLS};
+/// Limit on each call to the API server (TokenReview, SubjectAccessReview, Manifest lookup).
+pub const API_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most API server calls the admin API makes at once; beyond it callers get `429`.
+pub const MAX_API_CALLS: usize = 16;
 
 /// The permits of the drain switch's reviews: callers of the other endpoints (anyone who can
 /// reach the port, token or not) never take one, so they cannot keep an operator from draining.

@@ -3,9 +3,12 @@
 
 pub mod catalog;
 pub mod identity;
+mod known_namespaces;
 pub mod kubeconfig;
+mod labels;
 pub mod namespace;
 pub mod ownership;
+mod precondition;
 pub mod target;
 pub mod watched;
 
@@ -27,15 +30,13 @@ use crate::plan::ownership::Guard;
 use crate::plan::{RenderedObject, Scope, describe, drift};
 use serde_json::Value;
 
+pub use labels::{MANIFEST_SHARD_LABEL, MANIFEST_UID_LABEL};
+
 /// The field manager of every write module-manager makes to a module's objects.
 pub const FIELD_MANAGER: &str = "module-manager";
 
 /// How old a discovery snapshot [`Cluster::serves`] decides from may be.
 const SERVES_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// The label on every applied object naming the Manifest (by UID) that manages it. Only objects
-/// carrying it are adopted on upgrade, pruned or deleted.
-pub const MANIFEST_UID_LABEL: &str = "modulemanager.io/manifest-uid";
 
 /// The Namespace whose UID identifies a cluster (every cluster has it; created by the API
 /// server itself).
@@ -283,7 +284,7 @@ pub struct Cluster {
     /// The cluster's identity, read once ([`Cluster::identity`]).
     identity: tokio::sync::OnceCell<Option<String>>,
     /// Namespaces known to exist, since when (`namespace.rs`): not read again for a while.
-    namespaces: namespace::Known,
+    namespaces: known_namespaces::Known,
     /// The objects applied and the watches of their kinds (`None`: every drift pass applies).
     followed: Option<Arc<watched::Followed>>,
 }
@@ -298,7 +299,7 @@ impl Cluster {
             user: None,
             catalog: None,
             identity: tokio::sync::OnceCell::new(),
-            namespaces: namespace::Known::default(),
+            namespaces: known_namespaces::Known::default(),
             followed: None,
         })
     }
@@ -566,7 +567,7 @@ impl Cluster {
         let followed = self.followed.as_ref().filter(|_| !dry_run);
         let sent = followed.map(|_| body_digest(&body));
         if let Some(guard) = guard {
-            ownership::precondition(&mut body, guard);
+            precondition::precondition(&mut body, guard);
         }
         if let Some(followed) = followed {
             let surface = self.surface();
@@ -584,7 +585,7 @@ impl Cluster {
         let answer = match api.patch(name, &params(false), &Patch::Apply(&body)).await {
             Err(KubeError::Api(status))
                 if status.code == 409
-                    && (guard.is_none() || ownership::field_conflict(&status)) =>
+                    && (guard.is_none() || precondition::field_conflict(&status)) =>
             {
                 for pointer in self.yielded(&object.id, &status.message).await {
                     yielded |= pointer.remove(&mut body);
@@ -609,7 +610,7 @@ impl Cluster {
             followed.applied(&object.id, version, sent);
         }
         match answer {
-            Err(KubeError::Api(status)) if guard.is_some() && ownership::refused(&status) => {
+            Err(KubeError::Api(status)) if guard.is_some() && precondition::refused(&status) => {
                 Err(ApplyError::PreconditionFailed(describe(&object.id)))
             }
             Err(e) if not_served(&e) && !self.serves(&object.id).await? => {

@@ -19,7 +19,7 @@ use kube::{Client, ResourceExt};
 
 use tokio::sync::watch;
 
-use super::MANIFEST_UID_LABEL;
+use super::labels::{MANIFEST_SHARD_LABEL, MANIFEST_UID_LABEL};
 use crate::api::InventoryEntry;
 use crate::plan::unchanged::{Body, Kind, Seen, Unchanged};
 
@@ -66,10 +66,6 @@ impl Selected {
         self.selector.is_some() && self.selector == next.selector
     }
 }
-
-/// The label on each object applied on the local cluster naming its Manifest's shard (not
-/// `modulemanager.io/shard`, which routes Manifests: a chart may create Manifests itself).
-pub const MANIFEST_SHARD_LABEL: &str = "modulemanager.io/manifest-shard";
 
 /// The applied objects of the local cluster and the watches of their kinds (one per process,
 /// shared by the operator's client and every impersonating one: the watches run as the operator).

@@ -10,14 +10,14 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
+use super::context::Context;
+use super::error::ReconcileError;
 use super::hook_runner::{HookScope, PhaseOutcome, prepare_hooks};
 use super::inputs::{render_request, vetted_render};
 use super::objects::{delete_object, still_there};
+use super::pass::{HOOK_REQUEUE, Pass, Progress, progress_requeue};
 use super::records::publish;
-use super::{
-    Context, HOOK_REQUEUE, Pass, Progress, ReconcileError, dependencies, finalizer,
-    progress_requeue, target,
-};
+use super::{dependencies, finalizer, target};
 use crate::api::State;
 use crate::api::{DeletionPolicy, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
 use crate::apply::Cluster;

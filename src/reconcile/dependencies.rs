@@ -13,7 +13,9 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch};
 use serde_json::json;
 
-use super::{Context, Pass, ReconcileError};
+use super::context::Context;
+use super::error::ReconcileError;
+use super::pass::Pass;
 use crate::api::{DEPENDED_ON_LABEL, HAS_DEPENDENCIES_LABEL, Manifest, State};
 use crate::plan::dependencies::{
     DependencyError, DependencyKey, Standing, check_namespaces, dependencies, describe_cycle,
@@ -36,22 +38,6 @@ pub const DEPENDENTS_RECHECK: Duration = Duration::from_secs(10);
 pub const DEPENDENCY_RECHECK: Duration = Duration::from_secs(30);
 /// Most dependents a deletion's message names.
 const NAMED_DEPENDENTS: usize = 10;
-
-/// How dependencies are handled, shared by every pass of a replica.
-#[derive(Clone, Debug)]
-pub struct DependencyRules {
-    /// Whether a dependency may be in another namespace than its dependent
-    /// (`--cross-namespace-dependencies`; off by default in impersonation mode).
-    pub cross_namespace: bool,
-}
-
-impl Default for DependencyRules {
-    fn default() -> Self {
-        Self {
-            cross_namespace: true,
-        }
-    }
-}
 
 /// Reads the Manifest `key` (`None`: not found).
 async fn read(ctx: &Context, key: &DependencyKey) -> Result<Option<Manifest>, ReconcileError> {

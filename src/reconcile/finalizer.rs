@@ -4,8 +4,9 @@
 use kube::ResourceExt;
 use serde_json::json;
 
+use super::context::Context;
+use super::error::ReconcileError;
 use super::records::patch_metadata;
-use super::{Context, ReconcileError};
 use crate::api::{HAS_DEPENDENCIES_LABEL, Manifest};
 use crate::shard::SHARD_LABEL;
 use crate::shard::fence::Fence;

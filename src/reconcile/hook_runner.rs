@@ -9,9 +9,10 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
+use super::context::Context;
+use super::error::ReconcileError;
 use super::objects::{delete_object, still_there};
 use super::records::{patch_status, publish};
-use super::{Context, ReconcileError};
 use crate::api::{HookRun, InventoryEntry, Manifest, RunningHook};
 use crate::apply::{ApplyError, Cluster, Deletion, MANIFEST_UID_LABEL};
 use crate::plan::hooks::{self, Existing, HookState, Step};

@@ -9,7 +9,9 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{Context, DISCOVERY_MAX_AGE, ReconcileError};
+use super::context::Context;
+use super::error::ReconcileError;
+use super::pass::DISCOVERY_MAX_AGE;
 use crate::api::{
     ChartVerification, HookRun, Manifest, ManifestStatus, ValuesReference, ValuesSourceKind,
 };

@@ -10,13 +10,17 @@ use kube::api::DynamicObject;
 use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
+use super::context::Context;
+use super::error::ReconcileError;
 use super::hook_runner::{HookScope, PhaseOutcome, prepare_hooks};
 use super::inputs::{install_run, render_request, vetted_render};
-use super::objects::{DriftPass, Records, apply_all, delete_object};
-use super::{
-    CRD_ESTABLISH_TIMEOUT, Context, HOOK_REQUEUE, Pass, Progress, ReconcileError, STALLED_RECHECK,
-    dependencies, finalizer, progress_requeue, rolling_out_for, target,
+use super::objects::{DriftPass, apply_all, delete_object};
+use super::pass::{
+    CRD_ESTABLISH_TIMEOUT, HOOK_REQUEUE, Pass, Progress, STALLED_RECHECK, progress_requeue,
+    rolling_out_for,
 };
+use super::records::Records;
+use super::{dependencies, finalizer, target};
 use crate::api::State;
 use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
 use crate::apply::namespace::ensure_namespace;

@@ -12,10 +12,12 @@
 //! inputs of a render (`inputs.rs`), the objects' applies and deletes (`objects.rs`), the writes
 //! to the Manifest itself (`records.rs`, `finalizer.rs`, `relabel.rs`: a wrong shard label), the target (`target.rs`),
 //! the wait for `spec.dependsOn` and a deletion's wait for dependents (`dependencies.rs`) and the
-//! errors (`error.rs`).
+//! errors (`error.rs`). What every phase shares: the [`Context`] (`context.rs`) and a pass's
+//! requeue timings and records (`pass.rs`). This file only runs one pass over the phases.
 
 #[cfg(test)]
 mod argocd_health;
+mod context;
 mod delete;
 mod dependencies;
 mod error;
@@ -24,157 +26,32 @@ mod hook_runner;
 mod inputs;
 mod install;
 mod objects;
+mod pass;
 pub mod preview;
 mod records;
 mod relabel;
 mod target;
 mod written;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
-use kube::runtime::events::Reporter;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 
-use crate::api::{HookRun, InventoryEntry, Manifest, ManifestStatus, State};
-use crate::apply::Cluster;
-use crate::apply::identity::Tenancy;
-use crate::apply::target::TargetClients;
-use crate::plan::PlanLimits;
-use crate::plan::status::{Facts, Operation, Outcome, Reason};
+use crate::api::{Manifest, State};
+use crate::plan::status::{Operation, Outcome, Reason};
 use crate::plan::trigger::{self, Requests};
-use crate::render::HelmRenderer;
-use crate::shard::ShardCount;
 use crate::shard::fence::Fence;
-use crate::source::{Limits, RemoteCharts};
-use crate::telemetry::metrics::{QueueCounts, ReconcileMetrics, ResultLabels};
+use crate::telemetry::metrics::ResultLabels;
 
-pub use dependencies::DependencyRules;
+pub use context::{Context, DependencyRules, PASS_DEADLINE, PassLimits};
 pub use error::ReconcileError;
 pub use finalizer::FINALIZER;
+use pass::Progress;
+pub use pass::{Next, progress_requeue};
 use records::Stored;
 pub use relabel::relabel;
 pub use written::LastWrites;
-
-/// How long to wait for CRDs of a chart to become Established within one pass.
-const CRD_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
-/// The default pass deadline (`--pass-deadline-seconds`): well above the sum of the steps'
-/// own bounds on a healthy pass (a chart fetch 60 s, a render 30 s, CRDs 30 s).
-pub const PASS_DEADLINE: Duration = Duration::from_secs(300);
-/// How old the target's discovery may be before a pass refreshes it (upgrades, new APIs).
-const DISCOVERY_MAX_AGE: Duration = Duration::from_secs(300);
-/// Longest requeue while workloads roll out or objects are being deleted.
-const PROGRESS_REQUEUE: Duration = Duration::from_secs(5);
-/// Shortest such requeue: right after an apply or a delete.
-const PROGRESS_REQUEUE_MIN: Duration = Duration::from_millis(500);
-/// Requeue while a hook (a Job) runs: a pass looks at it and returns.
-const HOOK_REQUEUE: Duration = Duration::from_secs(2);
-/// Longest requeue of a module stalled by its objects (one failed, or not ready past
-/// `spec.timeout`): most such causes pass by themselves (a crash loop while a database starts,
-/// a Pod unschedulable until a node is added, a rollout past its progress deadline that
-/// recovers), and nothing watches the module's objects, so `spec.interval` (up to a day) would
-/// keep it `Stalled` long after the cause is gone.
-const STALLED_RECHECK: Duration = Duration::from_secs(60);
-
-/// When to look again at objects still rolling out or being deleted, `waited` after the wait
-/// began: half that (the wait so far), between [`PROGRESS_REQUEUE_MIN`] and
-/// [`PROGRESS_REQUEUE`]. A workload controller usually reports the new generation, and the
-/// garbage collector removes dependents, within a second: a fixed 5 s poll made nearly every
-/// upgrade take 5 s (the load test measured update → Ready p50 5.3 s); halving keeps a long
-/// rollout at about the old number of passes plus six.
-pub fn progress_requeue(waited: Duration) -> Duration {
-    (waited / 2).clamp(PROGRESS_REQUEUE_MIN, PROGRESS_REQUEUE)
-}
-
-/// How long `status` has been waiting for its objects to roll out (its `Reconciling` condition
-/// true since), by this replica's clock; zero when it was not waiting.
-fn rolling_out_for(status: &ManifestStatus, now: Timestamp) -> Duration {
-    if status.state != Some(State::Processing) {
-        return Duration::ZERO;
-    }
-    status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Reconciling" && c.status == "True")
-        .and_then(|c| Duration::try_from(now.duration_since(c.last_transition_time.0)).ok())
-        .unwrap_or_default()
-}
-
-/// What a reconcile pass needs.
-pub struct Context {
-    /// The cluster holding the Manifests, their values sources and Events.
-    pub client: Client,
-    /// The local cluster: modules without `spec.target` are applied to it.
-    pub cluster: Cluster,
-    /// Clients of remote targets (`spec.target`), cached per kubeconfig Secret.
-    pub targets: TargetClients,
-    /// The helm renderer (with its cache).
-    pub renderer: HelmRenderer,
-    /// Local chart paths resolve under this directory (absolute, canonical).
-    pub chart_root: PathBuf,
-    /// Chart size limits.
-    pub chart_limits: Limits,
-    /// Fetches charts from Helm repositories and OCI registries (and caches them on disk).
-    pub remote_charts: RemoteCharts,
-    /// This replica's name (written to `status.owner`).
-    pub replica: String,
-    /// The fleet's number of virtual shards (a Manifest's shard is stamped as a label and
-    /// written to `status.shard`).
-    pub shards: ShardCount,
-    /// Who publishes Events (controller and replica).
-    pub reporter: Reporter,
-    /// Pipeline metrics.
-    pub metrics: ReconcileMetrics,
-    /// How long a hook may run when its `modulemanager.io/hook-timeout` annotation does not say.
-    pub hook_timeout: Duration,
-    /// Whose identity each Manifest's objects are written with (impersonated ServiceAccounts,
-    /// their clients), and what no module may write.
-    pub tenancy: Tenancy,
-    /// The pass deadline and the caps on a render.
-    pub pass_limits: PassLimits,
-    /// This replica's last write of each Manifest: a pass starts from the watch cache when it
-    /// holds that write (no read).
-    pub written: LastWrites,
-    /// Whether dependencies may cross namespaces.
-    pub dependencies: DependencyRules,
-    /// The work queue's counts (`(due, scheduled)`, installed by the controller): a pass does
-    /// not wait for its workloads while other keys are due.
-    pub queue: QueueCounts,
-}
-
-/// Bounds on one pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PassLimits {
-    /// Longest a pass may run: past it, it is stopped where it is (as a crash would stop it:
-    /// the inventory is recorded before anything is applied), ends with a transient error and
-    /// frees its worker. Each step has its own, shorter bound (render, chart fetch, CRDs, remote
-    /// requests); this one bounds their sum and anything between them.
-    pub deadline: Duration,
-    /// Caps on one render's objects and on the inventory.
-    pub plan: PlanLimits,
-}
-
-impl Default for PassLimits {
-    fn default() -> Self {
-        Self {
-            deadline: PASS_DEADLINE,
-            plan: PlanLimits::default(),
-        }
-    }
-}
-
-/// The result of a pass for the work queue.
-#[derive(Debug)]
-pub enum Next {
-    /// Reconcile again after this long.
-    After(Duration),
-    /// The pass failed transiently: back off.
-    Retry(ReconcileError),
-    /// Nothing to do until the Manifest changes.
-    Idle,
-}
 
 /// How a pass ended, for the metrics (`result` and `category` labels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,42 +107,6 @@ impl PassResult {
             State::Warning => Self::Warning,
             State::Deleting => Self::Deleting,
             State::Error => Self::Error(outcome.reason.as_str()),
-        }
-    }
-}
-
-/// A successful pass: its outcome and the facts it learned.
-struct Pass {
-    outcome: Outcome,
-    facts: Facts,
-    requeue: Duration,
-}
-
-/// What a pass has recorded so far (or will record), so that an error status written from the
-/// Manifest as read at the start keeps it: the inventory and the hook objects (written before
-/// anything is applied) and the hook run's progress.
-#[derive(Default)]
-struct Progress {
-    inventory: Option<Vec<InventoryEntry>>,
-    /// The UIDs of the objects this pass's applies answered with.
-    learned_uids: std::collections::BTreeMap<String, String>,
-    /// The target cluster's identity, read at first contact.
-    target_identity: Option<String>,
-    hook_objects: Option<Vec<InventoryEntry>>,
-    hook_run: Option<HookRun>,
-    /// The hook run as written with the inventory ([`records::record_inventory`]).
-    recorded_run: Option<HookRun>,
-}
-
-impl Progress {
-    fn facts(&self) -> Facts {
-        Facts {
-            inventory: self.inventory.clone(),
-            learned_uids: self.learned_uids.clone(),
-            target_identity: self.target_identity.clone(),
-            hook_objects: self.hook_objects.clone(),
-            hook_run: self.hook_run.clone(),
-            ..Default::default()
         }
     }
 }
@@ -451,40 +292,6 @@ async fn failed(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
-    #[test]
-    fn progress_is_looked_at_soon_after_the_apply_then_less_often() {
-        assert_eq!(progress_requeue(Duration::ZERO), PROGRESS_REQUEUE_MIN);
-        assert_eq!(
-            progress_requeue(Duration::from_secs(3)),
-            Duration::from_millis(1500)
-        );
-        assert_eq!(progress_requeue(Duration::from_secs(60)), PROGRESS_REQUEUE);
-        let since = |state: State, reconciling: &str, seconds_ago: i64| {
-            let now = Timestamp::now();
-            let status = ManifestStatus {
-                state: Some(state),
-                conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-                    type_: "Reconciling".into(),
-                    status: reconciling.into(),
-                    reason: "Progressing".into(),
-                    message: String::new(),
-                    observed_generation: Some(2),
-                    last_transition_time: Time(
-                        now - k8s_openapi::jiff::SignedDuration::from_secs(seconds_ago),
-                    ),
-                }],
-                ..Default::default()
-            };
-            rolling_out_for(&status, now)
-        };
-        assert_eq!(since(State::Processing, "True", 8), Duration::from_secs(8));
-        // The first pass after a change: the previous state was Ready, nothing waited yet.
-        assert_eq!(since(State::Ready, "False", 8), Duration::ZERO);
-        // A clock behind the writer's: no negative wait.
-        assert_eq!(since(State::Processing, "True", -8), Duration::ZERO);
-    }
 
     #[test]
     fn pass_results_are_the_metric_labels() {

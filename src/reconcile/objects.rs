@@ -1,14 +1,13 @@
 //! Objects: applying the module's objects (after the inventory record, each write conditional on
 //! the object being this Manifest's) and deleting them (guarded, counted).
 
-use std::collections::BTreeMap;
-
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 
-use super::records::record_inventory;
-use super::{Context, ReconcileError};
-use crate::api::{HookRun, InventoryEntry, Manifest, ManifestStatus};
+use super::context::Context;
+use super::error::ReconcileError;
+use super::records::{Records, record_inventory};
+use crate::api::{InventoryEntry, Manifest, ManifestStatus};
 use crate::apply::ownership::apply_owned;
 use crate::apply::{Cluster, Deletion, FIELD_MANAGER};
 use crate::plan::drift::{self, IgnoreRules};
@@ -28,20 +27,6 @@ pub(super) struct DriftPass<'a> {
     /// as the last apply left them ([`Cluster::unchanged`]) are not applied again (and, unchanged
     /// since that Ready pass, are still ready).
     pub skip_unchanged: bool,
-}
-
-/// What a pass records while it applies: the inventory (before each apply, with the hook run
-/// it belongs to) and the UIDs the applies answered with.
-pub(super) struct Records<'r> {
-    /// The inventory as this pass recorded it (`None`: not recorded, the status holds the
-    /// previous one).
-    pub inventory: &'r mut Option<Vec<InventoryEntry>>,
-    /// The UIDs the applies answered with.
-    pub learned: &'r mut BTreeMap<String, String>,
-    /// The pass's hook run (its operation: an install or an upgrade).
-    pub run: &'r HookRun,
-    /// The hook run as the inventory record wrote it.
-    pub recorded_run: &'r mut Option<HookRun>,
 }
 
 /// Applies `objects` in order, after recording them all in the inventory (nothing applied can be

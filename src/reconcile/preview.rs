@@ -4,13 +4,13 @@
 
 use kube::{Resource, ResourceExt};
 
+use super::context::Context;
+use super::error::ReconcileError;
 use super::inputs::{install_run, render_request, vetted_render};
 use super::install::inputs_changed;
-use super::{Context, ReconcileError};
 use crate::api::{HookOperation, HookRunPhase, InventoryEntry, Manifest};
 use crate::apply::target::{self, ResolveError};
-use crate::apply::watched::MANIFEST_SHARD_LABEL;
-use crate::apply::{Cluster, FIELD_MANAGER, MANIFEST_UID_LABEL};
+use crate::apply::{Cluster, FIELD_MANAGER, MANIFEST_SHARD_LABEL, MANIFEST_UID_LABEL};
 use crate::plan::diff::{Diff, ObjectChange, ObjectDiff, hooks_to_run, object_change};
 use crate::plan::drift::{self, IgnoreRules};
 use crate::plan::trigger::{self, Requests};

@@ -1,5 +1,7 @@
 //! Records: the pass's writes to the Manifest itself (status, inventory, metadata) and its Events.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -7,9 +9,9 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use super::objects::Records;
-use super::{Context, ReconcileError};
-use crate::api::{InventoryEntry, Manifest, ManifestStatus, State};
+use super::context::Context;
+use super::error::ReconcileError;
+use crate::api::{HookRun, InventoryEntry, Manifest, ManifestStatus, State};
 use crate::plan::RenderedObject;
 use crate::plan::status::{
     Facts, Operation, Outcome, next_status, operation_of, publishes_event, ready_message,
@@ -59,7 +61,7 @@ impl Stored {
     /// With what the pass recorded itself: the inventory, written with its hook run before
     /// the applies (the hook objects are not taken: the hook runner writes a grown list at once
     /// but a shrunk one only with the pass's status).
-    pub(super) fn with_recorded(mut self, progress: &super::Progress) -> Self {
+    pub(super) fn with_recorded(mut self, progress: &super::pass::Progress) -> Self {
         if let Some(inventory) = &progress.inventory {
             let status = self.status.get_or_insert_default();
             status.inventory.clone_from(inventory);
@@ -157,6 +159,20 @@ pub(super) async fn patch_metadata(
         .patch(&manifest.name_any(), &merge_params(), &Patch::Merge(&patch))
         .await
         .map_err(ReconcileError::WriteMetadata)
+}
+
+/// What a pass records while it applies: the inventory (before each apply, with the hook run
+/// it belongs to) and the UIDs the applies answered with.
+pub(super) struct Records<'r> {
+    /// The inventory as this pass recorded it (`None`: not recorded, the status holds the
+    /// previous one).
+    pub inventory: &'r mut Option<Vec<InventoryEntry>>,
+    /// The UIDs the applies answered with.
+    pub learned: &'r mut BTreeMap<String, String>,
+    /// The pass's hook run (its operation: an install or an upgrade).
+    pub run: &'r HookRun,
+    /// The hook run as the inventory record wrote it.
+    pub recorded_run: &'r mut Option<HookRun>,
 }
 
 /// Before applying `objects`, makes sure the status inventory lists them: an object that is

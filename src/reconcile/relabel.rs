@@ -7,8 +7,9 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
+use super::context::Context;
+use super::pass::Next;
 use super::records::{patch_metadata, publish, read_fresh};
-use super::{Context, Next};
 use crate::api::Manifest;
 use crate::shard::SHARD_LABEL;
 use crate::shard::fence::Fence;

@@ -2,7 +2,8 @@
 
 use kube::ResourceExt;
 
-use super::{Context, ReconcileError};
+use super::context::Context;
+use super::error::ReconcileError;
 use crate::api::Manifest;
 use crate::apply::target::{self, ResolveError, Target, TargetError};
 use crate::plan::ownership::{self, TargetCheck};

@@ -16,7 +16,21 @@ use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock, mpsc, oneshot};
 
 use super::frame::{self, Hello, Request, Response};
-use super::{RenderError, RenderLimits, RenderRequest, RendererState, helm_message_ends};
+use super::process::helm_message_ends;
+use super::request::{RenderError, RenderLimits, RenderRequest};
+
+/// The renderer child as its backend sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RendererState {
+    /// The running child's process id (`None` between a death and the next render).
+    pub pid: Option<u32>,
+    /// Renders sent to it and not answered yet.
+    pub in_flight: usize,
+    /// Children started so far (the first included).
+    pub starts: u64,
+    /// Renders sent again because their child died under them.
+    pub retries: u64,
+}
 
 /// The renderer's exit status when its heap outgrew `--memory-limit` (`renderer/limits.go`).
 const EXIT_MEMORY: i32 = 3;
@@ -472,14 +486,14 @@ async fn spawn(
     deaths: &Arc<AtomicU32>,
 ) -> Result<(Arc<Live>, String), RenderError> {
     let mut command = Command::new(binary);
-    super::private_home(&mut command, home)
+    super::process::private_home(&mut command, home)
         .arg("--memory-limit")
         .arg(limits.memory_limit.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    super::address_space_limit(&mut command, limits.memory_limit);
+    super::process::address_space_limit(&mut command, limits.memory_limit);
     let mut child = command
         .spawn()
         .map_err(|e| RenderError::Spawn("the renderer", e))?;

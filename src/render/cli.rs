@@ -8,7 +8,8 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
-use super::{FIXED_FLAGS, RenderError, RenderLimits, RenderRequest, helm_message_ends};
+use super::process::helm_message_ends;
+use super::request::{FIXED_FLAGS, RenderError, RenderLimits, RenderRequest};
 
 /// Runs the pinned helm binary once per render.
 pub(super) struct Cli {
@@ -43,7 +44,7 @@ impl Cli {
         let mut command = self.template_command(request);
         // The same bounds as the renderer child's: a soft heap goal, a hard address space.
         command.env("GOMEMLIMIT", limits.memory_limit.to_string());
-        super::address_space_limit(&mut command, limits.memory_limit);
+        super::process::address_space_limit(&mut command, limits.memory_limit);
         let child = command.spawn().map_err(|e| RenderError::Spawn("helm", e))?;
         let values = Value::Object(request.values.clone()).to_string();
         let run = exchange(child, values, limits.max_output);
@@ -182,7 +183,7 @@ impl Ends {
 /// A helm command with a private home, no inherited environment, and no way out to the network
 /// (a chart that needs to fetch dependencies fails instead of reaching out).
 fn isolated(mut command: Command, home: &Path) -> Command {
-    super::private_home(&mut command, home)
+    super::process::private_home(&mut command, home)
         .env("HTTP_PROXY", "http://127.0.0.1:9")
         .env("HTTPS_PROXY", "http://127.0.0.1:9")
         .env("NO_PROXY", "");

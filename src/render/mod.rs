@@ -9,148 +9,20 @@
 mod child;
 mod cli;
 pub mod frame;
+mod process;
+mod request;
 pub mod values;
 
 use std::collections::{HashMap, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
-use tokio::process::Command;
-
-use crate::source::ResolvedChart;
-use crate::telemetry::events::{MESSAGE_LIMIT, shorten_ends};
 use crate::telemetry::metrics::RenderMetrics;
 use prometheus_client::metrics::counter::Counter;
 
-/// The flags every render passes besides its inputs; part of the cache key.
-const FIXED_FLAGS: &[&str] = &["--include-crds", "--skip-tests", "--values", "-"];
-
-/// Bounds on one helm run.
-#[derive(Clone, Copy, Debug)]
-pub struct RenderLimits {
-    /// Wall-clock limit; the process is killed after it.
-    pub timeout: Duration,
-    /// Most bytes of rendered output.
-    pub max_output: usize,
-    /// Most renders kept in the cache.
-    pub cache_entries: usize,
-    /// Most bytes of rendered output kept in the cache (all entries together); a render larger
-    /// than this is not cached.
-    pub cache_bytes: usize,
-    /// Most bytes of Go heap the renderer child may use (all its renders together); past it the
-    /// child exits and its renders fail with [`RenderError::MemoryLimit`]. The helm CLI backend
-    /// gives each `helm` process the same as `GOMEMLIMIT` and its address space the same hard
-    /// bound as the child's ([`address_space_limit`]); a helm that runs out of it fails the
-    /// render with [`RenderError::MemoryLimit`].
-    pub memory_limit: u64,
-}
-
-impl Default for RenderLimits {
-    fn default() -> Self {
-        Self {
-            timeout: Duration::from_secs(30),
-            max_output: 16 * 1024 * 1024,
-            cache_entries: 1024,
-            cache_bytes: 256 * 1024 * 1024,
-            memory_limit: 512 * 1024 * 1024,
-        }
-    }
-}
-
-/// Why a render failed.
-#[derive(Debug, thiserror::Error)]
-pub enum RenderError {
-    /// helm or the renderer (the program named) could not be started.
-    #[error("start {0}: {1}")]
-    Spawn(&'static str, #[source] std::io::Error),
-    /// helm ran longer than the limit and was killed (transient: retried with the queue's
-    /// backoff, per Manifest, not at `spec.interval`; a busy machine may also be the cause).
-    #[error("helm template did not finish within {0:?} and was stopped")]
-    Timeout(Duration),
-    /// the output exceeded the limit.
-    #[error("helm template output exceeds the limit of {0} bytes")]
-    OutputTooLarge(usize),
-    /// helm reported an error (a template error, a missing required value, a schema violation).
-    #[error("helm template failed: {0}")]
-    Helm(String),
-    /// `helm version` (or the renderer's hello) did not answer as expected.
-    #[error("helm version: {0}")]
-    Version(String),
-    /// the render ran out of memory alone on the renderer (the heap limit, or the address-space
-    /// backstop): no other render was in flight on it.
-    #[error("render exceeded the renderer's memory limit of {0} bytes")]
-    MemoryLimit(u64),
-    /// the renderer child stopped under the render, and could not be blamed on it.
-    #[error("renderer stopped: {0}")]
-    RendererDied(String),
-}
-
-impl RenderError {
-    /// Whether the error comes from the chart or its values (waits for a spec change) rather
-    /// than from the machine (retried with backoff). A timeout is transient: it costs the
-    /// renderer its child, so it must back off on its Manifest's own schedule (the work queue's
-    /// 1 s doubling to 5 min) rather than come back every `spec.interval` (as short as 1 s);
-    /// and a loaded machine can cause it too.
-    pub fn is_permanent(&self) -> bool {
-        matches!(
-            self,
-            Self::OutputTooLarge(_) | Self::Helm(_) | Self::MemoryLimit(_)
-        )
-    }
-}
-
-/// Everything that determines a render.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RenderRequest {
-    /// The chart.
-    pub chart: ResolvedChart,
-    /// Helm release name.
-    pub release: String,
-    /// Release namespace.
-    pub namespace: String,
-    /// Merged values.
-    pub values: Map<String, Value>,
-    /// The target's version, e.g. `v1.36.3`.
-    pub kube_version: String,
-    /// The target's API versions (`group/version` and `group/version/Kind`), sorted.
-    pub api_versions: Arc<[String]>,
-    /// Whether an inventory exists (`.Release.IsUpgrade`).
-    pub is_upgrade: bool,
-}
-
-impl RenderRequest {
-    /// `sha256:` over the chart digest, canonical values, release, namespace, kube version, sorted
-    /// API versions, upgrade flag, helm version and flags.
-    pub fn cache_key(&self, helm_version: &str) -> String {
-        let canonical = serde_json::json!({
-            "chart": self.chart.digest,
-            // serde_json's maps are ordered by key, so this serialization is canonical.
-            "values": self.values,
-            "release": self.release,
-            "namespace": self.namespace,
-            "kubeVersion": self.kube_version,
-            "apiVersions": &*self.api_versions,
-            "isUpgrade": self.is_upgrade,
-            "helm": helm_version,
-            "flags": FIXED_FLAGS,
-        });
-        sha256(canonical.to_string().as_bytes())
-    }
-
-    /// `sha256:` of the canonical values alone (recorded to tell a changed input from a vanished
-    /// object).
-    pub fn values_digest(&self) -> String {
-        sha256(Value::Object(self.values.clone()).to_string().as_bytes())
-    }
-}
-
-/// `sha256:<hex>` of bytes.
-pub fn sha256(bytes: &[u8]) -> String {
-    format!("sha256:{:x}", Sha256::digest(bytes))
-}
+pub use child::RendererState;
+use process::on_path;
+pub use request::{RenderError, RenderLimits, RenderRequest, sha256};
 
 /// The output of one render.
 #[derive(Debug, PartialEq, Eq)]
@@ -319,147 +191,6 @@ impl HelmRenderer {
     }
 }
 
-/// The renderer child as its backend sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RendererState {
-    /// The running child's process id (`None` between a death and the next render).
-    pub pid: Option<u32>,
-    /// Renders sent to it and not answered yet.
-    pub in_flight: usize,
-    /// Children started so far (the first included).
-    pub starts: u64,
-    /// Renders sent again because their child died under them.
-    pub retries: u64,
-}
-
-/// Bounds a Go program's address space (`RLIMIT_AS`) well above its heap limit `memory_limit`:
-/// a hard backstop for an allocation too fast for a heap check. Go reserves about 1.3 GiB of
-/// address space at start, hence the margin.
-#[cfg(target_os = "linux")]
-fn address_space_limit(command: &mut Command, memory_limit: u64) {
-    let bytes = memory_limit.saturating_mul(2).saturating_add(4 << 30);
-    let limit = libc::rlimit {
-        rlim_cur: bytes,
-        rlim_max: bytes,
-    };
-    // SAFETY: setrlimit is async-signal-safe, and the closure touches nothing but its copy of
-    // `limit`.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn address_space_limit(_: &mut Command, _: u64) {}
-
-/// `program` found in the directories of `path` (this process's `PATH`) when it is a bare name
-/// (`helm`): the child runs with an empty environment, where a bare name would be looked up in
-/// the C library's default path only (`/bin:/usr/bin`). A path with a `/`, or a name found
-/// nowhere (the spawn then says so), is kept as it is.
-fn on_path(program: &Path, path: Option<&std::ffi::OsStr>) -> PathBuf {
-    let bare = program.components().count() == 1 && !program.to_string_lossy().contains('/');
-    let found = bare
-        .then(|| {
-            std::env::split_paths(path?)
-                .map(|dir| dir.join(program))
-                .find(|candidate| candidate.is_file())
-        })
-        .flatten();
-    found.unwrap_or_else(|| program.to_owned())
-}
-
-/// A private helm home in `home` and nothing else of the environment.
-fn private_home<'c>(command: &'c mut Command, home: &Path) -> &'c mut Command {
-    command
-        .env_clear()
-        .env("HOME", home)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-}
-
-/// The useful part of helm's stderr: from its first `Error` line on (warnings before it are
-/// dropped), lines joined with `; `, at most [`MESSAGE_LIMIT`] bytes keeping the beginning and
-/// the end (an include recursion's cause is the last line of ~130 kB). The backends keep a long
-/// text's ends and call [`helm_message_ends`]; this is the whole-text reference.
-#[cfg(test)]
-fn helm_message(stderr: &[u8]) -> String {
-    helm_message_ends(stderr, 0, b"")
-}
-
-/// [`helm_message`] of a stderr of which only the ends were kept: `head`, `omitted` bytes
-/// dropped, `tail`.
-fn helm_message_ends(head: &[u8], omitted: usize, tail: &[u8]) -> String {
-    let (head, omitted, tail) = mend_cut(head, omitted, tail);
-    let lines = |text: &str| -> Vec<String> {
-        text.lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(str::to_owned)
-            .collect()
-    };
-    let head_lines = lines(&head);
-    let first_error = head_lines
-        .iter()
-        .position(|l| l.starts_with("Error"))
-        .unwrap_or(0);
-    let message = head_lines[first_error..].join("; ");
-    let message = message.strip_prefix("Error: ").unwrap_or(&message);
-    let tail = lines(&tail).join("; ");
-    let separator = if message.is_empty() || tail.is_empty() || omitted > 0 {
-        ""
-    } else {
-        "; "
-    };
-    shorten_ends(
-        message,
-        omitted,
-        &format!("{separator}{tail}"),
-        MESSAGE_LIMIT,
-    )
-}
-
-/// The two ends of a cut stream as text, the cut moved past what would read differently from
-/// the whole text: a character split by it and the spaces at it (trimmed as a line's ends,
-/// which they are not) count as omitted. So the message is the one the whole stderr gives.
-fn mend_cut(head: &[u8], omitted: usize, tail: &[u8]) -> (String, usize, String) {
-    if omitted == 0 {
-        let text = |bytes| String::from_utf8_lossy(bytes).into_owned();
-        return (text(head), 0, text(tail));
-    }
-    let whole_head = head.len();
-    let head = match std::str::from_utf8(head) {
-        Err(e) if e.error_len().is_none() => &head[..e.valid_up_to()],
-        _ => head,
-    };
-    let split = tail
-        .iter()
-        .take(3)
-        .take_while(|b| (**b & 0xC0) == 0x80)
-        .count();
-    let (head_text, tail_text) = (
-        String::from_utf8_lossy(head),
-        String::from_utf8_lossy(&tail[split..]),
-    );
-    let kept_head = head_text.trim_end_matches([' ', '\t']);
-    let kept_tail = tail_text.trim_start_matches([' ', '\t']);
-    let cut_off = (whole_head - head.len())
-        + (head_text.len() - kept_head.len())
-        + split
-        + (tail_text.len() - kept_tail.len());
-    (
-        kept_head.to_owned(),
-        omitted + cut_off,
-        kept_tail.to_owned(),
-    )
-}
-
 /// Hit and miss counts of the render cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
@@ -567,30 +298,7 @@ impl RenderCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bare_program_names_are_found_on_this_processs_path() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("helm"), "").unwrap();
-        let path = std::env::join_paths(["/nonexistent".into(), dir.path().to_owned()]).unwrap();
-        assert_eq!(
-            on_path(Path::new("helm"), Some(&path)),
-            dir.path().join("helm")
-        );
-        assert_eq!(
-            on_path(Path::new("nothere"), Some(&path)),
-            PathBuf::from("nothere")
-        );
-        assert_eq!(
-            on_path(Path::new("./helm"), Some(&path)),
-            PathBuf::from("./helm")
-        );
-        assert_eq!(
-            on_path(Path::new("/usr/bin/helm"), None),
-            PathBuf::from("/usr/bin/helm")
-        );
-        assert_eq!(on_path(Path::new("helm"), None), PathBuf::from("helm"));
-    }
+    use crate::source::ResolvedChart;
 
     fn request() -> RenderRequest {
         RenderRequest {
@@ -701,78 +409,5 @@ mod tests {
         cache.insert("d".into(), rendered(&"d".repeat(10)));
         assert_eq!(bytes(&cache), 10);
         assert_eq!(cache.entries.lock().unwrap().order.len(), 1);
-    }
-
-    #[test]
-    fn helm_messages_keep_the_error_lines() {
-        let stderr = b"walk.go:74: found symbolic link\nError: template: web/templates/x.yaml:3:4: executing \"x\": nil pointer\n";
-        assert_eq!(
-            helm_message(stderr),
-            "template: web/templates/x.yaml:3:4: executing \"x\": nil pointer"
-        );
-        let schema = b"Error: values don't meet the specifications of the schema(s):\ntyped:\n- at '/replicaCount': got string\n";
-        assert_eq!(
-            helm_message(schema),
-            "values don't meet the specifications of the schema(s):; typed:; - at '/replicaCount': got string"
-        );
-        assert_eq!(helm_message(b"  something odd \n"), "something odd");
-        let long = helm_message(&[b'x'; 5000]);
-        assert_eq!(long.len(), MESSAGE_LIMIT);
-        assert!(long.contains(" … [2982 bytes omitted] … "), "{long}");
-    }
-
-    #[test]
-    fn a_long_helm_error_keeps_its_cause_at_the_end() {
-        let nested = "error calling include: template: c/templates/_h.tpl:2:3: executing \"loop\" at <include \"loop\" .>: ".repeat(1000);
-        let stderr = format!(
-            "walk.go:74: a warning\nError: template: c/templates/cm.yaml:6:12: {nested}error calling include: rendering template has a nested reference name: loop: unable to execute template\n\nUse --debug flag to render out invalid YAML\n"
-        );
-        let message = helm_message(stderr.as_bytes());
-        assert!(message.len() <= MESSAGE_LIMIT);
-        assert!(
-            message.starts_with("template: c/templates/cm.yaml:6:12: error calling include"),
-            "{message}"
-        );
-        assert!(message.ends_with("nested reference name: loop: unable to execute template; Use --debug flag to render out invalid YAML"), "{message}");
-        assert!(message.contains("bytes omitted"));
-    }
-
-    #[test]
-    fn a_stderr_kept_by_its_ends_keeps_both_and_counts_the_gap() {
-        let message = helm_message_ends(
-            b"noise\nError: the start\nmore",
-            70_000,
-            b"tail of a line\nthe cause\n",
-        );
-        assert_eq!(
-            message,
-            "the start; more … [70000 bytes omitted] … tail of a line; the cause"
-        );
-        assert_eq!(helm_message_ends(b"Error: a\n", 0, b"b\n"), "a; b");
-    }
-
-    #[test]
-    fn a_cut_inside_a_character_or_at_spaces_reads_as_the_whole_text() {
-        // The same stderr whole and as two ends cut inside "é" (2 bytes), followed by spaces:
-        // the same message, marker count included.
-        let whole = format!(
-            "Error: {}é  {}the cause\n",
-            "a".repeat(3000),
-            "b".repeat(3000)
-        );
-        let bytes = whole.as_bytes();
-        let cut = 7 + 3000 + 1;
-        let (head, omitted, tail) = mend_cut(&bytes[..cut], 1, &bytes[cut + 1..]);
-        assert_eq!((head.len(), omitted), (7 + 3000, 1 + 1 + 2));
-        assert!(tail.starts_with('b'));
-        assert_eq!(
-            helm_message_ends(&bytes[..cut], 1, &bytes[cut + 1..]),
-            helm_message(bytes)
-        );
-        // Cut inside the character on the tail's side.
-        assert_eq!(
-            helm_message_ends(&bytes[..cut - 1], 1, &bytes[cut..]),
-            helm_message(bytes)
-        );
     }
 }

@@ -107,7 +107,7 @@ pub async fn start(
     let census_ownership = controller_ownership.clone();
     let controller = Controller::new(ctx, controller_config, controller_ownership);
     let work = controller.work();
-    let census = tokio::spawn(crate::work::controller::publish_census(
+    let census = tokio::spawn(crate::work::census::publish_census(
         work.clone(),
         census_ownership,
         metrics.manifests,

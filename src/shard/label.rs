@@ -11,7 +11,8 @@
 use std::collections::BTreeSet;
 
 use super::{SHARD_LABEL, ShardCount};
-use crate::apply::watched::{MANIFEST_SHARD_LABEL, Selected};
+use crate::apply::MANIFEST_SHARD_LABEL;
+use crate::apply::watched::Selected;
 
 /// Above this many shards the stray watch cannot list every valid value (the selector would be
 /// too long for a request): it selects unlabelled Manifests only (docs/sharding.md, limits).

@@ -21,7 +21,7 @@ use crate::api::{DEPENDED_ON_LABEL, Manifest};
 use crate::apply::watched::map_event;
 use crate::plan::dependencies::{DependencyKey, Signal, dependencies};
 use crate::shard::fence::Ownership;
-use crate::work::controller::{Key, Work};
+use crate::work::caches::{Key, Work};
 use crate::work::sources::Versions;
 
 /// Most events handled together (one scan of the caches for all of them).

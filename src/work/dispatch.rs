@@ -21,7 +21,7 @@ use crate::api::Manifest;
 use crate::reconcile::{Context, Next, reconcile, relabel};
 use crate::shard::fence::{Fence, Ownership};
 use crate::shard::label::Route;
-use crate::work::controller::{Key, Work};
+use crate::work::caches::{Key, Work};
 use crate::work::queue::{WorkQueue, backoff};
 
 /// Numbers reconcile passes within this process (`reconcile_id` on every log line of a pass).

@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use crate::api::{Manifest, ValuesSourceKind, WATCH_LABEL, WATCH_LABEL_VALUE};
 use crate::apply::watched::map_event;
 use crate::shard::fence::Ownership;
-use crate::work::controller::{Key, Work};
+use crate::work::caches::{Key, Work};
 
 /// Most events handled together (one scan of the caches for all of them).
 const BATCH: usize = 256;

@@ -161,7 +161,7 @@ pub struct Operator {
     pub manifests: Api<Manifest>,
     pub ctx: std::sync::Arc<module_manager::reconcile::Context>,
     /// The controller's caches and queue.
-    pub work: module_manager::work::controller::Work,
+    pub work: module_manager::work::caches::Work,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     _helm_home: tempfile::TempDir,
 }

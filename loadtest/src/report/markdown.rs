@@ -3,15 +3,19 @@
 
 use crate::results::{
     ApiServerFigures, Baselines, Burst, Capacity, Environment, FleetFigures, Latencies, MoveStep,
-    Quantiles, ReplicaFigures, RunResult, Throughput, Violation,
+    ReplicaFigures, RunResult, Throughput, Violation,
 };
 
 use super::charts;
 
+mod format;
 mod mttp;
 
-/// Shown for a figure that was not measured.
-const MISSING: &str = "–";
+use format::{
+    Align, MISSING, descending, divide, is_empty, number, plural, quantile_table, rate, ratio,
+    seconds, table, text_or_missing,
+};
+
 /// Resources listed in the API server section; the rest are summed up in one line.
 const TOP_RESOURCES: usize = 8;
 
@@ -503,116 +507,4 @@ fn chart_links(result: &RunResult) -> Option<String> {
         return None;
     }
     Some(format!("## Charts\n\n{}", links.join("\n\n")))
-}
-
-// --- formatting -------------------------------------------------------------------------------
-
-#[derive(Clone, Copy)]
-enum Align {
-    Left,
-    Right,
-}
-
-/// A GitHub-flavoured Markdown table; `|` in cells is escaped.
-fn table(header: &[&str], align: &[Align], rows: Vec<Vec<String>>) -> String {
-    let escape = |cell: &str| cell.replace('|', "\\|");
-    let line = |cells: Vec<String>| format!("| {} |", cells.join(" | "));
-    let mut lines = vec![line(header.iter().map(|h| escape(h)).collect())];
-    lines.push(line(
-        align
-            .iter()
-            .map(|a| match a {
-                Align::Left => "---".to_owned(),
-                Align::Right => "---:".to_owned(),
-            })
-            .collect(),
-    ));
-    lines.extend(
-        rows.into_iter()
-            .map(|row| line(row.iter().map(|c| escape(c)).collect())),
-    );
-    lines.join("\n")
-}
-
-fn quantile_table(first_column: &str, kinds: &[(&str, &Quantiles)]) -> String {
-    let rows = kinds
-        .iter()
-        .map(|(name, q)| {
-            vec![
-                name.to_string(),
-                q.count.to_string(),
-                seconds(q.p50),
-                seconds(q.p90),
-                seconds(q.p99),
-                seconds(q.max),
-            ]
-        })
-        .collect();
-    let header = [
-        first_column,
-        "count",
-        "p50 (s)",
-        "p90 (s)",
-        "p99 (s)",
-        "max (s)",
-    ];
-    let mut align = vec![Align::Right; header.len()];
-    align[0] = Align::Left;
-    table(&header, &align, rows)
-}
-
-fn is_empty(q: &Quantiles) -> bool {
-    q.count == 0 && q.p50.is_none() && q.p90.is_none() && q.p99.is_none() && q.max.is_none()
-}
-
-/// Entries by value, highest first (ties by name).
-fn descending<'a>(entries: impl Iterator<Item = (&'a String, &'a f64)>) -> Vec<(&'a str, f64)> {
-    let mut sorted: Vec<(&str, f64)> = entries.map(|(k, v)| (k.as_str(), *v)).collect();
-    sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-    sorted
-}
-
-/// `a / b`, `None` when `b` is zero or either is not finite.
-fn divide(a: f64, b: f64) -> Option<f64> {
-    let r = a / b;
-    (b != 0.0 && r.is_finite()).then_some(r)
-}
-
-/// A duration in seconds, to the millisecond; [`MISSING`] when not measured.
-fn seconds(v: Option<f64>) -> String {
-    match v {
-        Some(v) if v.is_finite() => format!("{v:.3}"),
-        _ => MISSING.to_owned(),
-    }
-}
-
-/// A rate per second.
-fn rate(v: f64) -> String {
-    format!("{v:.1}")
-}
-
-/// A ratio, as `2.50×`.
-fn ratio(v: f64) -> String {
-    format!("{v:.2}×")
-}
-
-/// A plain figure: integers without decimals, others to two.
-fn number(v: f64) -> String {
-    if v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-fn text_or_missing(s: &str) -> String {
-    if s.is_empty() {
-        MISSING.to_owned()
-    } else {
-        s.to_owned()
-    }
-}
-
-fn plural(n: u32) -> &'static str {
-    if n == 1 { "" } else { "s" }
 }

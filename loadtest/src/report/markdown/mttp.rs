@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Align, MISSING, descending, rate, ratio, seconds, table};
+use super::format::{Align, MISSING, descending, rate, ratio, seconds, table};
 use crate::results::{
     ColdRestart, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio, PATH_BARE_APPLY, PATH_HELM,
     PATH_MANIFEST_WRITES, PATH_MINIMUM_WRITES,
