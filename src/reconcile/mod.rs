@@ -282,7 +282,12 @@ async fn failed(
         tracing::warn!("the error status is not written: {e}");
     }
     let result = PassResult::Error(error.category());
-    if error.is_permanent() {
+    if let ReconcileError::Dependency(_) = error {
+        // A cycle (or a refused namespace) is looked at again like a dependency wait: its
+        // other members' changes wake it only through labels and watches, an optimisation.
+        let recheck = interval.min(dependencies::DEPENDENCY_RECHECK);
+        (Next::After(recheck), result)
+    } else if error.is_permanent() {
         (Next::After(interval), result)
     } else {
         (Next::Retry(error), result)
