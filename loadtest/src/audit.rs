@@ -62,6 +62,14 @@ struct Event {
     user_agent: String,
     #[serde(default, rename = "objectRef")]
     object: Option<ObjectRef>,
+    #[serde(default)]
+    user: User,
+}
+
+#[derive(Default, Deserialize)]
+struct User {
+    #[serde(default)]
+    username: String,
 }
 
 #[derive(Deserialize)]
@@ -75,6 +83,21 @@ struct ObjectRef {
 /// Requests per client in audit log lines (JSON, one event per line). Only finished requests
 /// count (`ResponseComplete`, `Panic`); other lines are ignored.
 pub fn count(text: &str) -> BTreeMap<String, ClientRequests> {
+    count_by(text, |event| Some(client_of(&event.user_agent).to_owned()))
+}
+
+/// module-manager's requests per user (the credential they were sent with: a remote target's
+/// ServiceAccount), from audit log lines as [`count`] reads them.
+pub fn operator_requests_by_user(text: &str) -> BTreeMap<String, ClientRequests> {
+    count_by(text, |event| {
+        (client_of(&event.user_agent) == OPERATOR).then(|| event.user.username.clone())
+    })
+}
+
+fn count_by(
+    text: &str,
+    key: impl Fn(&Event) -> Option<String>,
+) -> BTreeMap<String, ClientRequests> {
     let mut clients: BTreeMap<String, ClientRequests> = BTreeMap::new();
     for line in text.lines() {
         let Ok(event) = serde_json::from_str::<Event>(line) else {
@@ -90,9 +113,10 @@ pub fn count(text: &str) -> BTreeMap<String, ClientRequests> {
             Some(o) if !o.resource.is_empty() => o.resource.clone(),
             _ => "non-resource".to_owned(),
         };
-        let client = clients
-            .entry(client_of(&event.user_agent).to_owned())
-            .or_default();
+        let Some(key) = key(&event) else {
+            continue;
+        };
+        let client = clients.entry(key).or_default();
         client.total += 1;
         *client.by_verb.entry(event.verb).or_default() += 1;
         *client.by_resource.entry(resource).or_default() += 1;
@@ -121,12 +145,17 @@ impl AuditLog {
     /// Requests per client logged since `mark`. The API server writes in batches within a
     /// second: wait that long after a window before reading it.
     pub fn since(&self, mark: u64) -> anyhow::Result<BTreeMap<String, ClientRequests>> {
+        Ok(count(&self.text_since(mark)?))
+    }
+
+    /// The log's lines since `mark`.
+    pub fn text_since(&self, mark: u64) -> anyhow::Result<String> {
         let mut file = std::fs::File::open(&self.path)
             .with_context(|| format!("open the audit log {}", self.path.display()))?;
         file.seek(SeekFrom::Start(mark))?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).context("read the audit log")?;
-        Ok(count(&String::from_utf8_lossy(&bytes)))
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 }
 
@@ -161,6 +190,25 @@ not json
             1
         );
         assert_eq!(counted["helm"].by_resource["non-resource"], 1);
+    }
+
+    #[test]
+    fn the_operators_requests_are_counted_per_user() {
+        let text = r#"{"stage":"ResponseComplete","verb":"patch","userAgent":"module-manager/0.1.0","user":{"username":"system:serviceaccount:t-00001:module-manager"}}
+{"stage":"ResponseComplete","verb":"get","userAgent":"module-manager/0.1.0","user":{"username":"system:serviceaccount:t-00001:module-manager"}}
+{"stage":"ResponseComplete","verb":"get","userAgent":"module-manager/0.1.0","user":{"username":"system:serviceaccount:t-00002:module-manager"}}
+{"stage":"ResponseComplete","verb":"patch","userAgent":"loadtest","user":{"username":"system:serviceaccount:t-00002:module-manager"}}
+"#;
+        let counted = operator_requests_by_user(text);
+        assert_eq!(counted.len(), 2);
+        assert_eq!(
+            counted["system:serviceaccount:t-00001:module-manager"].total,
+            2
+        );
+        assert_eq!(
+            counted["system:serviceaccount:t-00002:module-manager"].total, 1,
+            "the harness's request with the same credential is not the operator's"
+        );
     }
 
     #[test]

@@ -539,6 +539,14 @@ impl Probe {
         }
     }
 
+    /// The process of local replica `ordinal` (none for deployed fleets).
+    pub fn pid(&self, ordinal: u32) -> Option<u32> {
+        match &self.reach {
+            Reach::Local(endpoints) => endpoints.lock().unwrap().get(&ordinal).map(|e| e.1),
+            Reach::Cluster(_) => None,
+        }
+    }
+
     /// CPU seconds and resident bytes of replica `ordinal`: local fleets from `/proc`, the
     /// process and its descendants (the renderer child, helm runs; [`crate::usage`]), deployed
     /// ones from the process metrics in `samples` (the replica's scrape the caller already has;

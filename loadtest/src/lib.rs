@@ -11,7 +11,9 @@
 //!   [`report`]: JSON, Markdown and PNG; [`baseline`]: bare apply and helm;
 //!   [`manifest_writes`]: bare apply with the fleet's own requests of an install;
 //! - [`mttp`]: the burst scenario (time to all Ready, cost per Manifest, idle, cold restart);
-//!   [`usage`]: a replica's process tree; [`audit`]: requests per client from the audit log.
+//!   [`usage`]: a replica's process tree; [`audit`]: requests per client from the audit log;
+//! - [`remote`]: many remote clusters on a few API servers (the test bed, its proxy, the bare
+//!   client per target).
 
 pub mod audit;
 pub mod baseline;
@@ -26,6 +28,7 @@ pub mod observe;
 pub mod options;
 pub mod phase;
 pub mod progress;
+pub mod remote;
 pub mod report;
 pub mod results;
 pub mod run;

@@ -206,6 +206,32 @@ pub struct ManifestShape {
     pub interval: String,
     /// Labels every Manifest carries (the fleet's selector, the run).
     pub labels: BTreeMap<String, String>,
+    /// Remote targets (the `remote` scenario): none installs on the fleet's own cluster.
+    pub remote: Option<RemoteShape>,
+}
+
+/// The name of remote target `index` (`t-00042`): its namespace on its API server, its Secret's
+/// name, and the namespace its modules are installed into.
+pub fn target_name(index: usize) -> String {
+    format!("t-{index:05}")
+}
+
+/// Where the Manifests of the `remote` scenario go: the n-th Manifest created (from 1) to
+/// target `(n - 1) / modules_per_target`, through its kubeconfig Secret, into the namespace of
+/// the same name ([`target_name`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RemoteShape {
+    pub modules_per_target: usize,
+}
+
+impl RemoteShape {
+    /// The target of the Manifest named `name` (a prefix and its number).
+    pub fn target_of(self, name: &str) -> Option<String> {
+        let digits = name.trim_start_matches(|c: char| !c.is_ascii_digit());
+        let n: usize = digits.parse().ok()?;
+        let index = n.checked_sub(1)? / self.modules_per_target.max(1);
+        Some(target_name(index))
+    }
 }
 
 /// Sends operations and watches their effects in one namespace.
@@ -298,7 +324,7 @@ impl Load {
     }
 
     fn manifest(&self, name: &str, revision: u64) -> Manifest {
-        let value = json!({
+        let mut value = json!({
             "apiVersion": "modulemanager.io/v1alpha1",
             "kind": "Manifest",
             "metadata": {"name": name, "labels": self.shape.labels},
@@ -309,6 +335,10 @@ impl Load {
                 "interval": self.shape.interval,
             }
         });
+        if let Some(target) = self.shape.remote.and_then(|r| r.target_of(name)) {
+            value["spec"]["target"] = json!({"kubeconfigSecretRef": {"name": target}});
+            value["spec"]["targetNamespace"] = json!(target);
+        }
         serde_json::from_value(value).expect("a valid Manifest")
     }
 

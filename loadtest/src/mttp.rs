@@ -68,11 +68,11 @@ pub fn interval_seconds(interval: &str) -> Option<u64> {
 }
 
 /// What the run needs besides the options: the audit log and the control plane's processes.
-struct Setting<'a> {
-    cluster: &'a Cluster<'a>,
-    options: &'a Options,
-    audit: Option<AuditLog>,
-    control_plane: Vec<u32>,
+pub(crate) struct Setting<'a> {
+    pub(crate) cluster: &'a Cluster<'a>,
+    pub(crate) options: &'a Options,
+    pub(crate) audit: Option<AuditLog>,
+    pub(crate) control_plane: Vec<u32>,
 }
 
 /// Plays `mttp`; fills `result.mttp` and the phases' common figures (those of the last fleet).
@@ -216,7 +216,7 @@ fn control_plane_cpu(pids: &[u32]) -> f64 {
 }
 
 /// Where a measurement window starts.
-struct Window {
+pub(crate) struct Window {
     started: Instant,
     fleet: Reading,
     control_plane: f64,
@@ -227,17 +227,17 @@ struct Window {
 }
 
 /// What happened in a window.
-struct Measured {
-    seconds: f64,
-    fleet_cpu: f64,
-    control_plane_cpu: f64,
-    passes: f64,
-    apiserver: (Vec<measure::PromSample>, Vec<measure::PromSample>),
-    clients: Option<BTreeMap<String, ClientRequests>>,
-    peak_rss_mib: BTreeMap<String, f64>,
+pub(crate) struct Measured {
+    pub(crate) seconds: f64,
+    pub(crate) fleet_cpu: f64,
+    pub(crate) control_plane_cpu: f64,
+    pub(crate) passes: f64,
+    pub(crate) apiserver: (Vec<measure::PromSample>, Vec<measure::PromSample>),
+    pub(crate) clients: Option<BTreeMap<String, ClientRequests>>,
+    pub(crate) peak_rss_mib: BTreeMap<String, f64>,
 }
 
-async fn open_window(setting: &Setting<'_>, phase: &Phase) -> anyhow::Result<Window> {
+pub(crate) async fn open_window(setting: &Setting<'_>, phase: &Phase) -> anyhow::Result<Window> {
     let client = setting.cluster.client().await?;
     Ok(Window {
         fleet: read_fleet(&phase.probe).await,
@@ -257,7 +257,7 @@ async fn open_window(setting: &Setting<'_>, phase: &Phase) -> anyhow::Result<Win
     })
 }
 
-async fn close_window(
+pub(crate) async fn close_window(
     setting: &Setting<'_>,
     phase: &Phase,
     window: Window,

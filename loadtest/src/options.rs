@@ -27,6 +27,11 @@ pub enum Scenario {
     /// Ready, CPU, API requests and memory per Manifest, with the baselines in the same run;
     /// optionally the idle fleet (`--idle-seconds`) and a cold restart (`--cold-restart`).
     Mttp,
+    /// Kyma's shape: `--modules-per-target` Manifests on each of `--targets` remote clusters
+    /// (simulated on `--target-apiservers` real API servers, each target with its own endpoint
+    /// and credential) created at once, time to all Ready, cost per target; optionally the idle
+    /// fleet; a bare client per target as the baseline.
+    Remote,
 }
 
 impl Scenario {
@@ -39,6 +44,7 @@ impl Scenario {
             Scenario::Rebalance => "rebalance",
             Scenario::Smoke => "smoke",
             Scenario::Mttp => "mttp",
+            Scenario::Remote => "remote",
         }
     }
 }
@@ -177,14 +183,34 @@ pub struct Options {
         help_heading = "mttp"
     )]
     pub manifests: Vec<usize>,
-    /// After the last burst, measure the idle fleet (API requests, passes, CPU, memory) for
-    /// this many seconds (0: not at all). A whole `--drift-interval` sees every drift check.
+    /// After the last burst (`mttp`, `remote`), measure the idle fleet (API requests, passes,
+    /// CPU, memory) for this many seconds (0: not at all). A whole `--drift-interval` sees
+    /// every drift check.
     #[arg(long, default_value_t = 0, help_heading = "mttp")]
     pub idle_seconds: u64,
     /// Then stop every replica and start them again: time until every Manifest has been
     /// reconciled again.
     #[arg(long, help_heading = "mttp")]
     pub cold_restart: bool,
+
+    // ---- remote ----
+    /// Remote clusters (each a namespace on one of the target API servers, with its own
+    /// endpoint and credential).
+    #[arg(long, default_value_t = 20, help_heading = "remote")]
+    pub targets: usize,
+    /// Manifests per target.
+    #[arg(long, default_value_t = 5, help_heading = "remote")]
+    pub modules_per_target: usize,
+    /// Real API servers (each with etcd and kube-controller-manager) the targets are spread
+    /// over.
+    #[arg(long, default_value_t = 2, help_heading = "remote")]
+    pub target_apiservers: usize,
+    /// Round trip added to every connection to a target (half each way), milliseconds.
+    #[arg(long, default_value_t = 0, help_heading = "remote")]
+    pub target_latency_ms: u64,
+    /// Lifetime of each target's ServiceAccount token, seconds.
+    #[arg(long, default_value_t = 86_400, help_heading = "remote")]
+    pub target_token_seconds: i64,
 
     // ---- baselines ----
     /// Skip the baselines (on by default for basic, scale-out, smoke and mttp).

@@ -209,6 +209,7 @@ impl Phase {
                 chart,
                 interval: options.drift_interval.clone(),
                 labels,
+                remote: None,
             },
         );
         let watch = load.spawn_watch();
@@ -637,19 +638,42 @@ pub async fn timed_burst(
 ) -> anyhow::Result<TimedBurst> {
     let client = cluster.client().await?;
     let namespace = new_namespace(cluster, &client, prefix).await?;
+    let load = burst_load(fleet, options, client, &namespace, None)?;
+    timed_load_burst(&load, fleet, count, limit, namespace).await
+}
+
+/// A load for a burst in `namespace`, its Manifests selected by `fleet`.
+pub fn burst_load(
+    fleet: &Fleet,
+    options: &Options,
+    client: Client,
+    namespace: &str,
+    remote: Option<crate::load::RemoteShape>,
+) -> anyhow::Result<Load> {
     let mut labels = fleet.manifest_labels.clone();
-    labels.insert("loadtest-run".into(), namespace.clone());
-    let chart = chart_spec(options)?;
-    let load = Load::new(
+    labels.insert("loadtest-run".into(), namespace.to_owned());
+    Ok(Load::new(
         client,
-        &namespace,
+        namespace,
         "b",
         ManifestShape {
-            chart,
+            chart: chart_spec(options)?,
             interval: options.drift_interval.clone(),
             labels,
+            remote,
         },
-    );
+    ))
+}
+
+/// `count` Manifests of `load` created at once, waited for up to `limit`: the time from the
+/// first create to the last Ready, and each Manifest's create → Ready.
+pub async fn timed_load_burst(
+    load: &Load,
+    fleet: &Fleet,
+    count: usize,
+    limit: Duration,
+    namespace: String,
+) -> anyhow::Result<TimedBurst> {
     let watch = load.spawn_watch();
     tokio::time::sleep(Duration::from_millis(500)).await; // the watch's initial list
     let start = Instant::now();
@@ -657,12 +681,20 @@ pub async fn timed_burst(
     let outstanding = load.settle(limit).await;
     let seconds = start.elapsed().as_secs_f64();
     watch.abort();
-    anyhow::ensure!(
-        outstanding.is_empty(),
-        "{} of the burst's Manifests not Ready within {} s",
-        outstanding.len(),
-        limit.as_secs()
-    );
+    if !outstanding.is_empty() {
+        let examples = load.not_ready().await.unwrap_or_default();
+        anyhow::bail!(
+            "{} of the burst's Manifests not Ready within {} s; for example: {}",
+            outstanding.len(),
+            limit.as_secs(),
+            examples
+                .iter()
+                .take(3)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
     let (last, latencies) = {
         let tracker = load.tracker.lock().unwrap();
         let last = tracker

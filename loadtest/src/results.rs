@@ -31,6 +31,9 @@ pub struct RunResult {
     /// `mttp` only: the bursts, their baselines, the idle fleet and the cold restart.
     #[serde(default)]
     pub mttp: Option<Mttp>,
+    /// `remote` only: many targets on a few API servers.
+    #[serde(default)]
+    pub remote: Option<Remote>,
     /// Present when baselines ran.
     pub baselines: Option<Baselines>,
     /// Why the baselines could not be measured, when they failed.
@@ -405,4 +408,76 @@ pub struct ColdRestart {
     pub checked: u64,
     /// Reconcile passes the new processes completed until then.
     pub passes: u64,
+}
+
+/// `remote`: Manifests on many remote targets (simulated clusters, each with its own endpoint
+/// and credential) created at once, the idle fleet, and a bare client doing the same applies.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Remote {
+    pub targets: u64,
+    pub modules_per_target: u64,
+    /// Real API servers the targets are spread over.
+    pub apiservers: u64,
+    /// Round trip the proxy adds to every connection.
+    pub latency_ms: u64,
+    pub replicas: u32,
+    pub manifests: u64,
+    /// Setting up the targets (namespaces, ServiceAccounts, tokens) before the fleet starts.
+    pub setup_seconds: f64,
+    pub burst: RemoteBurst,
+    pub idle: Option<RemoteIdle>,
+    /// The same-run baseline: a bare client per target, through the same proxy.
+    pub bare: Option<Burst>,
+    pub bare_error: Option<String>,
+    /// The fleet's Manifests per second ÷ the bare client's.
+    pub fleet_over_bare: Option<f64>,
+}
+
+/// Every target's share of something (targets with none count as 0).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Spread {
+    pub mean: f64,
+    pub min: Option<f64>,
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+    pub max: Option<f64>,
+}
+
+/// The burst of the `remote` scenario.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RemoteBurst {
+    pub all_ready_seconds: f64,
+    pub per_second: f64,
+    pub create_to_ready_seconds: Quantiles,
+    /// CPU of the replicas' process trees.
+    pub fleet_cpu_seconds: f64,
+    pub peak_rss_mib: BTreeMap<String, f64>,
+    /// Open sockets per replica at the end (its remote connections, its local API server's, its
+    /// admin listener).
+    pub sockets: BTreeMap<String, u64>,
+    /// The fleet's requests on each target (audit logs of the targets' API servers, by the
+    /// target's credential).
+    pub requests_per_target: Spread,
+    pub writes_per_target: Spread,
+    /// The fleet's requests on all targets by verb.
+    pub requests_by_verb: BTreeMap<String, u64>,
+    /// TCP connections opened to each target during the burst (each a TLS handshake).
+    pub connections_opened_per_target: Spread,
+    /// TCP connections open to each target at the end.
+    pub connections_open_per_target: Spread,
+}
+
+/// The fleet idle on the `remote` targets.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RemoteIdle {
+    pub seconds: f64,
+    pub drift_interval: String,
+    pub requests_per_target_per_minute: Spread,
+    /// Writes on all targets together (should be none).
+    pub writes: u64,
+    pub requests_by_verb: BTreeMap<String, u64>,
+    pub connections_opened_per_target: Spread,
+    /// Cores the fleet used on average.
+    pub fleet_cores: f64,
+    pub peak_rss_mib: BTreeMap<String, f64>,
 }

@@ -17,7 +17,7 @@ use crate::phase::{
 };
 use crate::progress::Progress;
 use crate::results::{Baselines, Burst, Environment, RunResult};
-use crate::{mttp, scenario};
+use crate::{mttp, remote, scenario};
 
 /// Runs `scenario` on `cluster` and returns its result (not yet written anywhere).
 pub async fn execute(
@@ -96,6 +96,8 @@ pub async fn execute(
         last.context("no fleet size given")?
     } else if scenario == Scenario::Mttp {
         mttp::run(&cluster, options, &mut result, &progress).await?
+    } else if scenario == Scenario::Remote {
+        remote::run(&cluster, options, &mut result, &progress).await?
     } else {
         let mut phase = Phase::start(&cluster, options, "mm", first, progress.clone()).await?;
         let extra = scenario::play(scenario, &mut phase, options, &mut result.fleet).await?;

@@ -40,6 +40,7 @@ pub async fn play(
         Scenario::Rebalance => rebalance(phase, options, figures).await,
         Scenario::ScaleOut => anyhow::bail!("scale-out is played by scale_out"),
         Scenario::Mttp => anyhow::bail!("mttp is played by mttp::run"),
+        Scenario::Remote => anyhow::bail!("remote is played by remote::run"),
     }
 }
 

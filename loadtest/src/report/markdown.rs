@@ -10,6 +10,7 @@ use super::charts;
 
 mod format;
 mod mttp;
+mod remote;
 
 use format::{
     Align, MISSING, descending, divide, is_empty, number, plural, quantile_table, rate, ratio,
@@ -25,8 +26,8 @@ pub fn markdown(result: &RunResult) -> String {
         Some(title(result)),
         Some(environment(&result.environment, &result.parameters)),
         Some(violations(&result.violations)),
-        // `mttp` sends no steady load: its bursts are in its own section.
-        (result.mttp.is_none() || result.throughput.operations > 0)
+        // `mttp` and `remote` send no steady load: their bursts are in their own sections.
+        ((result.mttp.is_none() && result.remote.is_none()) || result.throughput.operations > 0)
             .then(|| throughput(&result.throughput)),
         latency(&result.latency),
         replicas(&result.replicas),
@@ -34,6 +35,7 @@ pub fn markdown(result: &RunResult) -> String {
         fleet(&result.fleet, result.environment.lease_duration_seconds),
         capacity(&result.capacity),
         result.mttp.as_ref().map(mttp::section),
+        result.remote.as_ref().map(remote::section),
         result.baselines.as_ref().map(baselines),
         result
             .baselines_error

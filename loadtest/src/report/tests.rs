@@ -210,6 +210,7 @@ fn full() -> RunResult {
         }),
         timeline: (0..24).map(sample).collect(),
         mttp: None,
+        remote: None,
     }
 }
 

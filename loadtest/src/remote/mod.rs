@@ -1,0 +1,358 @@
+//! `remote`: the workload the product exists for — many Manifests on many remote clusters
+//! (Kyma: 25,000 Manifests on 5,000 clusters). [`testbed`] makes `--targets` clusters out of a
+//! few real API servers ([`proxy`] gives each its own endpoint, each has its own credential);
+//! the fleet gets `--modules-per-target` Manifests per target at once and is timed until all
+//! are Ready, with its cost per target (requests from the targets' audit logs, connections
+//! from the proxy, sockets, CPU and memory per replica); optionally it then idles for
+//! `--idle-seconds`; last a bare client does the same applies ([`bare`]), with the fleet
+//! stopped. See `docs/loadtest.md`.
+
+pub mod bare;
+pub mod proxy;
+pub mod testbed;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::json;
+
+use crate::audit::{self, AuditLog, ClientRequests};
+use crate::fleet::{Fleet, Probe};
+use crate::load::RemoteShape;
+use crate::mttp::{self, Setting};
+use crate::options::Options;
+use crate::phase::{self, Cluster, Phase};
+use crate::progress::Progress;
+use crate::results::{Remote, RemoteBurst, RemoteIdle, RunResult, Spread};
+use testbed::{Shape, TestBed};
+
+/// Plays `remote`; fills `result.remote` and the phase's common figures. Returns the fleet,
+/// already stopped.
+pub async fn run(
+    cluster: &Cluster<'_>,
+    options: &Options,
+    result: &mut RunResult,
+    progress: &Progress,
+) -> anyhow::Result<Fleet> {
+    let Cluster::Local(host) = cluster else {
+        anyhow::bail!(
+            "`remote` needs a local control plane: its targets are API servers the harness starts on this machine"
+        );
+    };
+    let shape = Shape {
+        targets: options.targets,
+        apiservers: options.target_apiservers,
+        latency: Duration::from_millis(options.target_latency_ms),
+        token_seconds: options.target_token_seconds,
+    };
+    progress.say(format!(
+        "remote: setting up {} targets on {} API servers",
+        shape.targets, shape.apiservers
+    ));
+    let started = Instant::now();
+    let bed = TestBed::start(&shape).await?;
+    let setting = Setting {
+        cluster,
+        options,
+        audit: None,
+        control_plane: ["etcd", "kube-apiserver", "kube-controller-manager"]
+            .iter()
+            .filter_map(|p| host.pid(p))
+            .collect(),
+    };
+    let mut remote = Remote {
+        targets: options.targets as u64,
+        modules_per_target: options.modules_per_target as u64,
+        apiservers: options.target_apiservers as u64,
+        latency_ms: options.target_latency_ms,
+        manifests: (options.targets * options.modules_per_target) as u64,
+        setup_seconds: started.elapsed().as_secs_f64(),
+        ..Default::default()
+    };
+    match play(&setting, &bed, result, &mut remote, progress).await {
+        Ok(mut fleet) => {
+            fleet.shutdown().await;
+            if !options.no_baselines {
+                baseline(&bed, options, &mut remote, progress).await;
+            }
+            result.remote = Some(remote);
+            bed.stop();
+            Ok(fleet)
+        }
+        Err(e) => {
+            bed.stop();
+            Err(e)
+        }
+    }
+}
+
+/// The fleet's part: the burst and the idle window.
+async fn play(
+    setting: &Setting<'_>,
+    bed: &TestBed,
+    result: &mut RunResult,
+    remote: &mut Remote,
+    progress: &Progress,
+) -> anyhow::Result<Fleet> {
+    let options = setting.options;
+    let replicas = *options.replicas.last().context("--replicas is empty")?;
+    let phase = Phase::start(setting.cluster, options, "mm", replicas, progress.clone()).await?;
+    result.environment.replicas = replicas;
+    remote.replicas = replicas;
+    remote.burst = burst(setting, bed, &phase, remote.manifests as usize).await?;
+    progress.say(format!(
+        "remote: {} Manifests on {} targets all Ready in {:.1} s ({:.1}/s), {:.1} requests and {:.1} connections per target",
+        remote.manifests,
+        remote.targets,
+        remote.burst.all_ready_seconds,
+        remote.burst.per_second,
+        remote.burst.requests_per_target.mean,
+        remote.burst.connections_opened_per_target.mean,
+    ));
+    if options.idle_seconds > 0 {
+        remote.idle = Some(idle(setting, bed, &phase).await?);
+    }
+    phase.finish(options, result, Vec::new()).await
+}
+
+/// Every target's Manifests created at once, timed until all are Ready.
+async fn burst(
+    setting: &Setting<'_>,
+    bed: &TestBed,
+    phase: &Phase,
+    count: usize,
+) -> anyhow::Result<RemoteBurst> {
+    let options = setting.options;
+    let client = setting.cluster.client().await?;
+    let namespace = phase::new_namespace(setting.cluster, &client, "remote").await?;
+    bed.put_secrets(&client, &namespace).await?;
+    let load = phase::burst_load(
+        &phase.fleet,
+        options,
+        client,
+        &namespace,
+        Some(RemoteShape {
+            modules_per_target: options.modules_per_target,
+        }),
+    )?;
+    phase::wait_idle(&phase.probe, &phase.progress).await;
+    let window = mttp::open_window(setting, phase).await?;
+    let marks = TargetRequests::mark(bed);
+    let opened = bed.proxy.opened();
+    let limit = mttp::burst_limit(options.settle_seconds, count);
+    let timed = phase::timed_load_burst(&load, &phase.fleet, count, limit, namespace)
+        .await
+        .context("the remote burst")?;
+    let measured = mttp::close_window(setting, phase, window).await?;
+    let requests = marks.read(bed).await?;
+    Ok(RemoteBurst {
+        all_ready_seconds: timed.burst.seconds,
+        per_second: timed.burst.per_second,
+        create_to_ready_seconds: crate::measure::quantiles(&timed.latencies),
+        fleet_cpu_seconds: measured.fleet_cpu,
+        peak_rss_mib: measured.peak_rss_mib,
+        sockets: sockets(&phase.probe).await,
+        requests_per_target: spread(requests.iter().map(|r| r.total as f64)),
+        writes_per_target: spread(requests.iter().map(writes)),
+        requests_by_verb: by_verb(&requests),
+        connections_opened_per_target: spread(increase(&opened, &bed.proxy.opened())),
+        connections_open_per_target: spread(bed.proxy.open().into_iter().map(|n| n as f64)),
+    })
+}
+
+/// The fleet idle for `--idle-seconds` with every Manifest Ready.
+async fn idle(setting: &Setting<'_>, bed: &TestBed, phase: &Phase) -> anyhow::Result<RemoteIdle> {
+    let seconds = setting.options.idle_seconds;
+    phase
+        .progress
+        .say(format!("remote: the fleet idle for {seconds} s"));
+    phase::wait_idle(&phase.probe, &phase.progress).await;
+    phase.sampler.event("idle");
+    let window = mttp::open_window(setting, phase).await?;
+    let marks = TargetRequests::mark(bed);
+    let opened = bed.proxy.opened();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let measured = mttp::close_window(setting, phase, window).await?;
+    let requests = marks.read(bed).await?;
+    let minutes = measured.seconds / 60.0;
+    Ok(RemoteIdle {
+        seconds: measured.seconds,
+        drift_interval: setting.options.drift_interval.clone(),
+        requests_per_target_per_minute: spread(requests.iter().map(|r| r.total as f64 / minutes)),
+        writes: requests.iter().map(writes).sum::<f64>() as u64,
+        requests_by_verb: by_verb(&requests),
+        connections_opened_per_target: spread(increase(&opened, &bed.proxy.opened())),
+        fleet_cores: measured.fleet_cpu / measured.seconds,
+        peak_rss_mib: measured.peak_rss_mib,
+    })
+}
+
+/// The bare client on the same targets, with the fleet stopped.
+async fn baseline(bed: &TestBed, options: &Options, remote: &mut Remote, progress: &Progress) {
+    let parallelism = remote.replicas as usize * options.concurrency;
+    progress.say(format!(
+        "baseline: a bare client per target applying {} releases each, {parallelism} targets at once",
+        options.modules_per_target
+    ));
+    let outcome = async {
+        let chart = phase::repo(options).join(&options.chart);
+        let helm = testenv::Tools::locate()?.helm;
+        let template = crate::baseline::render_chart(
+            &helm,
+            &chart,
+            crate::baseline::TEMPLATE_RELEASE,
+            "template",
+            &json!({"revision": 0}),
+        )
+        .await?;
+        bare::apply(
+            &bed.targets,
+            &template,
+            options.modules_per_target,
+            parallelism,
+        )
+        .await
+    }
+    .await;
+    match outcome {
+        Ok(burst) => {
+            remote.fleet_over_bare =
+                (burst.per_second > 0.0).then(|| remote.burst.per_second / burst.per_second);
+            remote.bare = Some(burst);
+        }
+        Err(e) => {
+            progress.say(format!("baseline failed: {e:#}"));
+            remote.bare_error = Some(format!("{e:#}"));
+        }
+    }
+}
+
+/// Where the targets' API servers' audit logs end.
+struct TargetRequests {
+    marks: Vec<u64>,
+}
+
+impl TargetRequests {
+    fn mark(bed: &TestBed) -> Self {
+        Self {
+            marks: audit_logs(bed).iter().map(AuditLog::mark).collect(),
+        }
+    }
+
+    /// The fleet's requests on each target (in the order of `bed.targets`) since the marks.
+    async fn read(self, bed: &TestBed) -> anyhow::Result<Vec<ClientRequests>> {
+        // The API servers write their audit events in batches within a second.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut by_user = BTreeMap::new();
+        for (log, mark) in audit_logs(bed).iter().zip(self.marks) {
+            by_user.append(&mut audit::operator_requests_by_user(
+                &log.text_since(mark)?,
+            ));
+        }
+        Ok(bed
+            .targets
+            .iter()
+            .map(|t| by_user.get(&t.user).cloned().unwrap_or_default())
+            .collect())
+    }
+}
+
+fn audit_logs(bed: &TestBed) -> Vec<AuditLog> {
+    bed.apiservers
+        .iter()
+        .filter_map(|cp| cp.audit_log())
+        .map(|path| AuditLog::new(&path))
+        .collect()
+}
+
+fn writes(requests: &ClientRequests) -> f64 {
+    ["create", "update", "patch", "delete", "deletecollection"]
+        .iter()
+        .filter_map(|verb| requests.by_verb.get(*verb))
+        .sum::<u64>() as f64
+}
+
+fn by_verb(requests: &[ClientRequests]) -> BTreeMap<String, u64> {
+    let mut total = BTreeMap::new();
+    for r in requests {
+        for (verb, n) in &r.by_verb {
+            *total.entry(verb.clone()).or_default() += n;
+        }
+    }
+    total
+}
+
+fn increase(before: &[u64], after: &[u64]) -> impl Iterator<Item = f64> {
+    after
+        .iter()
+        .enumerate()
+        .map(|(i, a)| a.saturating_sub(before.get(i).copied().unwrap_or(0)) as f64)
+        .collect::<Vec<_>>()
+        .into_iter()
+}
+
+/// Mean, least, median, p99 and most of per-target values.
+pub fn spread(values: impl IntoIterator<Item = f64>) -> Spread {
+    let values: Vec<f64> = values.into_iter().collect();
+    let q = crate::measure::quantiles(&values);
+    Spread {
+        mean: values.iter().sum::<f64>() / values.len().max(1) as f64,
+        min: values.iter().copied().reduce(f64::min),
+        p50: q.p50,
+        p99: q.p99,
+        max: q.max,
+    }
+}
+
+/// Open sockets of each local replica (`/proc/<pid>/fd`): its connections to the targets, to
+/// its own API server, its listeners.
+async fn sockets(probe: &Probe) -> BTreeMap<String, u64> {
+    let mut sockets = BTreeMap::new();
+    for ordinal in probe.ordinals().await.unwrap_or_default() {
+        let Some(pid) = probe.pid(ordinal) else {
+            continue;
+        };
+        let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        let count = entries
+            .flatten()
+            .filter(|e| {
+                std::fs::read_link(e.path())
+                    .is_ok_and(|link| link.to_string_lossy().starts_with("socket:"))
+            })
+            .count();
+        sockets.insert(probe.member(ordinal), count as u64);
+    }
+    sockets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spread_counts_every_target() {
+        let s = spread([0.0, 0.0, 3.0, 1.0]);
+        assert_eq!(s.mean, 1.0);
+        assert_eq!(s.max, Some(3.0));
+        assert_eq!(s.min, Some(0.0));
+        assert_eq!(s.p50, Some(0.0));
+        let none = spread([]);
+        assert_eq!(none.mean, 0.0);
+        assert_eq!(none.max, None);
+    }
+
+    #[test]
+    fn writes_are_the_mutating_verbs() {
+        let requests = ClientRequests {
+            total: 6,
+            by_verb: [("get", 2), ("list", 1), ("patch", 2), ("delete", 1)]
+                .map(|(v, n)| (v.to_owned(), n))
+                .into(),
+            by_resource: BTreeMap::new(),
+        };
+        assert_eq!(writes(&requests), 3.0);
+    }
+}

@@ -1,0 +1,268 @@
+//! The TCP proxy that turns a few API servers into many clusters: every simulated target gets an
+//! endpoint of its own — a loopback address of 127.1.0.0/16 ([`target_address`]) with a port the
+//! kernel picked — forwarded to the API server that holds the target's namespace. The proxy
+//! works on TCP, below TLS: every connection to a target is its own TLS session with the API
+//! server, as it would be with a real cluster. Per target it can add latency (half of the
+//! round trip to each direction) and blackhole it (connections are accepted, and everything
+//! sent either way is swallowed: no answer, no reset, like a cluster behind a dropped route).
+//! It counts connections per target (opened ever, open now).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// The loopback address of target `index` (up to 65,536 targets): 127.1.x.y.
+pub fn target_address(index: usize) -> anyhow::Result<Ipv4Addr> {
+    anyhow::ensure!(index < 1 << 16, "at most 65,536 targets (127.1.0.0/16)");
+    Ok(Ipv4Addr::new(127, 1, (index >> 8) as u8, index as u8))
+}
+
+/// One target's endpoint and its counters.
+struct Endpoint {
+    upstream: SocketAddr,
+    blackholed: AtomicBool,
+    opened: AtomicU64,
+    open: AtomicU64,
+}
+
+/// The running proxy; dropping it stops accepting (connections already open end with their
+/// peers).
+pub struct Proxy {
+    endpoints: Arc<Vec<Endpoint>>,
+    listeners: Vec<tokio::task::JoinHandle<()>>,
+    /// Where each target listens.
+    pub addresses: Vec<SocketAddr>,
+}
+
+/// Bytes read at a time from either side.
+const CHUNK: usize = 64 * 1024;
+/// Chunks in flight per direction while latency delays them (back-pressure beyond).
+const IN_FLIGHT_CHUNKS: usize = 256;
+
+impl Proxy {
+    /// Listens for every target (`upstreams[i]`: the API server of target `i`), each direction
+    /// of every connection delayed by `round_trip / 2`.
+    pub async fn start(upstreams: &[SocketAddr], round_trip: Duration) -> anyhow::Result<Self> {
+        let endpoints: Arc<Vec<Endpoint>> = Arc::new(
+            upstreams
+                .iter()
+                .map(|&upstream| Endpoint {
+                    upstream,
+                    blackholed: AtomicBool::new(false),
+                    opened: AtomicU64::new(0),
+                    open: AtomicU64::new(0),
+                })
+                .collect(),
+        );
+        let mut addresses = Vec::with_capacity(upstreams.len());
+        let mut listeners = Vec::with_capacity(upstreams.len());
+        for index in 0..upstreams.len() {
+            let address = SocketAddr::from((target_address(index)?, 0));
+            let listener = TcpListener::bind(address)
+                .await
+                .with_context(|| format!("listen on {address} for target {index}"))?;
+            addresses.push(listener.local_addr()?);
+            let endpoints = endpoints.clone();
+            listeners.push(tokio::spawn(async move {
+                accept(listener, endpoints, index, round_trip / 2).await;
+            }));
+        }
+        Ok(Self {
+            endpoints,
+            listeners,
+            addresses,
+        })
+    }
+
+    /// Blackholes target `index` (or ends that): its open connections and new ones swallow
+    /// everything from then on.
+    pub fn blackhole(&self, index: usize, on: bool) {
+        if let Some(endpoint) = self.endpoints.get(index) {
+            endpoint.blackholed.store(on, Ordering::SeqCst);
+        }
+    }
+
+    /// Connections opened to each target so far.
+    pub fn opened(&self) -> Vec<u64> {
+        self.endpoints
+            .iter()
+            .map(|e| e.opened.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Connections open to each target now.
+    pub fn open(&self) -> Vec<u64> {
+        self.endpoints
+            .iter()
+            .map(|e| e.open.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        for listener in &self.listeners {
+            listener.abort();
+        }
+    }
+}
+
+async fn accept(
+    listener: TcpListener,
+    endpoints: Arc<Vec<Endpoint>>,
+    index: usize,
+    one_way: Duration,
+) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            // Out of file descriptors or the like: try again shortly rather than spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let endpoints = endpoints.clone();
+        tokio::spawn(async move {
+            let endpoint = &endpoints[index];
+            endpoint.opened.fetch_add(1, Ordering::Relaxed);
+            endpoint.open.fetch_add(1, Ordering::Relaxed);
+            forward(client, endpoint, one_way).await;
+            endpoint.open.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
+
+/// Forwards one connection until both directions ended.
+async fn forward(client: TcpStream, endpoint: &Endpoint, one_way: Duration) {
+    let _ = client.set_nodelay(true);
+    let upstream = if endpoint.blackholed.load(Ordering::SeqCst) {
+        None
+    } else {
+        TcpStream::connect(endpoint.upstream).await.ok()
+    };
+    let Some(upstream) = upstream else {
+        // Blackholed from the start (or the API server is gone): swallow until the peer leaves.
+        swallow(client).await;
+        return;
+    };
+    let _ = upstream.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (upstream_read, upstream_write) = upstream.into_split();
+    let blackholed = &endpoint.blackholed;
+    tokio::join!(
+        pipe(client_read, upstream_write, one_way, blackholed),
+        pipe(upstream_read, client_write, one_way, blackholed),
+    );
+}
+
+async fn swallow(mut stream: TcpStream) {
+    let mut buffer = vec![0; CHUNK];
+    while matches!(stream.read(&mut buffer).await, Ok(n) if n > 0) {}
+}
+
+/// One direction: what is read is written `delay` later, in order; while `blackholed` it is
+/// dropped instead. At the reader's end the writer is shut down (a half close).
+async fn pipe(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    delay: Duration,
+    blackholed: &AtomicBool,
+) {
+    let (send, mut receive) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT_CHUNKS);
+    let read = async move {
+        let mut buffer = vec![0; CHUNK];
+        loop {
+            let n = match from.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if blackholed.load(Ordering::SeqCst) {
+                continue;
+            }
+            let due = Instant::now() + delay;
+            if send.send((due, buffer[..n].to_vec())).await.is_err() {
+                break;
+            }
+        }
+    };
+    let write = async move {
+        while let Some((due, bytes)) = receive.recv().await {
+            tokio::time::sleep_until(due).await;
+            if blackholed.load(Ordering::SeqCst) {
+                continue;
+            }
+            if to.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(read, write);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_get_addresses_of_their_own_in_127_1() {
+        assert_eq!(target_address(0).unwrap(), Ipv4Addr::new(127, 1, 0, 0));
+        assert_eq!(target_address(257).unwrap(), Ipv4Addr::new(127, 1, 1, 1));
+        assert_eq!(
+            target_address(65_535).unwrap(),
+            Ipv4Addr::new(127, 1, 255, 255)
+        );
+        assert!(target_address(65_536).is_err());
+    }
+
+    /// An echo server behind the proxy: bytes come back through it, a blackholed target
+    /// answers nothing, and connections are counted per target.
+    #[tokio::test]
+    async fn forwards_counts_and_blackholes() {
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = echo.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = echo.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let (mut r, mut w) = stream.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        let proxy = Proxy::start(&[upstream, upstream], Duration::ZERO)
+            .await
+            .unwrap();
+        assert_ne!(proxy.addresses[0].ip(), proxy.addresses[1].ip());
+
+        let mut first = TcpStream::connect(proxy.addresses[0]).await.unwrap();
+        first.write_all(b"ping").await.unwrap();
+        let mut answer = [0; 4];
+        first.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"ping");
+        assert_eq!(proxy.opened(), vec![1, 0]);
+        assert_eq!(proxy.open(), vec![1, 0]);
+
+        proxy.blackhole(1, true);
+        let mut second = TcpStream::connect(proxy.addresses[1]).await.unwrap();
+        second.write_all(b"ping").await.unwrap();
+        let silent = tokio::time::timeout(Duration::from_millis(300), second.read(&mut answer));
+        assert!(silent.await.is_err(), "a blackholed target answered");
+        assert_eq!(proxy.opened(), vec![1, 1]);
+
+        // Blackholing an open connection silences it too.
+        proxy.blackhole(0, true);
+        first.write_all(b"pong").await.unwrap();
+        let silent = tokio::time::timeout(Duration::from_millis(300), first.read(&mut answer));
+        assert!(
+            silent.await.is_err(),
+            "a connection blackholed while open answered"
+        );
+    }
+}

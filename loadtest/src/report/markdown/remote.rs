@@ -1,0 +1,146 @@
+//! The `remote` section of the summary: the targets, the burst and its cost per target, the
+//! idle fleet, the bare client.
+
+use std::collections::BTreeMap;
+
+use super::format::{Align, MISSING, rate, ratio, seconds, table};
+use crate::results::{Remote, RemoteBurst, RemoteIdle, Spread};
+
+pub(super) fn section(r: &Remote) -> String {
+    let mut parts = vec![
+        format!(
+            "## Remote: {} Manifests on {} targets\n\n{} targets × {} Manifests on {} replicas; \
+             the targets are namespaces on {} real API servers, each with its own endpoint (a \
+             proxy address), ServiceAccount token and TLS sessions; {} ms round trip added. \
+             Setting them up took {:.1} s. Per target: the fleet's requests from the API \
+             servers' audit logs (by the target's credential), connections from the proxy.",
+            r.manifests,
+            r.targets,
+            r.targets,
+            r.modules_per_target,
+            r.replicas,
+            r.apiservers,
+            r.latency_ms,
+            r.setup_seconds
+        ),
+        burst(&r.burst),
+        per_target(&[
+            ("requests", &r.burst.requests_per_target),
+            ("writes", &r.burst.writes_per_target),
+            ("connections opened", &r.burst.connections_opened_per_target),
+            (
+                "connections open at the end",
+                &r.burst.connections_open_per_target,
+            ),
+        ]),
+        format!("By verb, all targets: {}", verbs(&r.burst.requests_by_verb)),
+    ];
+    parts.push(bare(r));
+    parts.extend(r.idle.as_ref().map(idle));
+    parts.join("\n\n")
+}
+
+fn burst(b: &RemoteBurst) -> String {
+    let peak = b.peak_rss_mib.values().copied().reduce(f64::max);
+    let sockets = b.sockets.values().copied().max();
+    table(
+        &[
+            "all Ready (s)",
+            "Manifests/s",
+            "Ready p50 (s)",
+            "Ready p99 (s)",
+            "fleet CPU-s",
+            "peak RSS per replica (MiB)",
+            "sockets per replica (most)",
+        ],
+        &[Align::Right; 7],
+        vec![vec![
+            format!("{:.1}", b.all_ready_seconds),
+            rate(b.per_second),
+            seconds(b.create_to_ready_seconds.p50),
+            seconds(b.create_to_ready_seconds.p99),
+            format!("{:.1}", b.fleet_cpu_seconds),
+            peak.map_or_else(|| MISSING.to_owned(), |p| format!("{p:.1}")),
+            sockets.map_or_else(|| MISSING.to_owned(), |s| s.to_string()),
+        ]],
+    )
+}
+
+fn optional(v: Option<f64>) -> String {
+    v.map_or_else(|| MISSING.to_owned(), |v| format!("{v:.2}"))
+}
+
+fn per_target(rows: &[(&str, &Spread)]) -> String {
+    table(
+        &["per target", "mean", "min", "p50", "p99", "max"],
+        &[
+            Align::Left,
+            Align::Right,
+            Align::Right,
+            Align::Right,
+            Align::Right,
+            Align::Right,
+        ],
+        rows.iter()
+            .map(|(what, s)| {
+                vec![
+                    (*what).to_owned(),
+                    format!("{:.2}", s.mean),
+                    optional(s.min),
+                    optional(s.p50),
+                    optional(s.p99),
+                    optional(s.max),
+                ]
+            })
+            .collect(),
+    )
+}
+
+fn verbs(by_verb: &BTreeMap<String, u64>) -> String {
+    if by_verb.is_empty() {
+        return MISSING.to_owned();
+    }
+    by_verb
+        .iter()
+        .map(|(verb, n)| format!("{verb} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn bare(r: &Remote) -> String {
+    let body = match (&r.bare, &r.bare_error) {
+        (Some(b), _) => format!(
+            "{:.1} s, {} Manifests/s with {} targets at once; the fleet ÷ the bare client: **{}**",
+            b.seconds,
+            rate(b.per_second),
+            b.parallelism,
+            r.fleet_over_bare.map_or_else(|| MISSING.to_owned(), ratio)
+        ),
+        (None, Some(e)) => format!("not measured: {e}"),
+        (None, None) => "not run (`--no-baselines`)".to_owned(),
+    };
+    format!(
+        "### Baseline: a bare client per target (same run, the fleet stopped)\n\n\
+         A client built from each target's kubeconfig (its own connection and credential through \
+         the same proxy) discovers the chart's kinds and server-side applies the releases' \
+         objects, and nothing else (no Manifest, status or rollout wait): {body}"
+    )
+}
+
+fn idle(i: &RemoteIdle) -> String {
+    let peak = i.peak_rss_mib.values().copied().reduce(f64::max);
+    format!(
+        "### The fleet idle\n\n{:.0} s at `spec.interval` {}: {:.3} cores, peak RSS {} MiB; \
+         writes on all targets: {}; by verb: {}.\n\n{}",
+        i.seconds,
+        i.drift_interval,
+        i.fleet_cores,
+        peak.map_or_else(|| MISSING.to_owned(), |p| format!("{p:.1}")),
+        i.writes,
+        verbs(&i.requests_by_verb),
+        per_target(&[
+            ("requests per minute", &i.requests_per_target_per_minute),
+            ("connections opened", &i.connections_opened_per_target),
+        ])
+    )
+}

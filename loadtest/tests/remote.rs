@@ -1,0 +1,78 @@
+//! The `remote` scenario through the `loadtest` binary at a small size: 20 targets (simulated
+//! clusters) on two real API servers, 5 Manifests each, two replicas of the real
+//! `module-manager`, a short idle window and the bare client per target. The report must show
+//! that every target was reached through its own endpoint with its own credential: a run in
+//! which the targets shared a client, an address or a token would leave some target with no
+//! connection or no request of its own.
+
+mod common;
+
+use serde_json::Value;
+
+fn number(v: &Value, what: &str) -> f64 {
+    v.as_f64()
+        .unwrap_or_else(|| panic!("{what}: not a number: {v}"))
+}
+
+#[test]
+fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = common::run_loadtest(
+        &[
+            &["remote"],
+            common::SHORT_FLEET,
+            &[
+                "--targets",
+                "20",
+                "--modules-per-target",
+                "5",
+                "--target-apiservers",
+                "2",
+                "--target-latency-ms",
+                "10",
+                "--settle-seconds",
+                "120",
+                "--idle-seconds",
+                "5",
+            ],
+        ]
+        .concat(),
+        out.path(),
+    );
+    let result: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    assert_eq!(result["passed"], true, "{}", result["violations"]);
+    let remote = &result["remote"];
+    assert_eq!(remote["manifests"], 100);
+    let burst = &remote["burst"];
+    assert!(number(&burst["all_ready_seconds"], "all Ready") > 0.0);
+    assert_eq!(burst["create_to_ready_seconds"]["count"], 100);
+    // Every target: requests by its own ServiceAccount, connections to its own endpoint, and
+    // at least the applies of its 5 modules' 4 objects each.
+    assert!(number(&burst["requests_per_target"]["min"], "requests") > 0.0);
+    assert!(
+        number(
+            &burst["connections_opened_per_target"]["min"],
+            "connections"
+        ) >= 1.0
+    );
+    assert!(number(&burst["writes_per_target"]["min"], "writes") >= 20.0);
+    assert_eq!(burst["peak_rss_mib"].as_object().unwrap().len(), 2);
+    assert_eq!(burst["sockets"].as_object().unwrap().len(), 2);
+    let idle = &remote["idle"];
+    assert!(number(&idle["seconds"], "idle") >= 5.0);
+    assert!(
+        number(
+            &idle["requests_per_target_per_minute"]["mean"],
+            "idle requests"
+        ) >= 0.0
+    );
+    assert!(remote["bare_error"].is_null(), "{}", remote["bare_error"]);
+    assert!(number(&remote["bare"]["per_second"], "bare") > 0.0);
+    assert!(number(&remote["fleet_over_bare"], "ratio") > 0.0);
+    let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert!(
+        summary.contains("## Remote: 100 Manifests on 20 targets"),
+        "{summary}"
+    );
+}
