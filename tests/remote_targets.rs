@@ -12,7 +12,7 @@ mod common;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
@@ -26,6 +26,7 @@ use module_manager::api::{Manifest, State};
 use module_manager::apply::target::{TargetClients, TargetSettings};
 use module_manager::reconcile::Context;
 use module_manager::telemetry::metrics::{TargetErrorLabels, TargetMetrics};
+use module_manager::telemetry::requests::{self, ApiRequestMetrics, RequestTarget};
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use test_support::repo;
@@ -68,6 +69,8 @@ struct Harness {
     ns: String,
     manifests: Api<Manifest>,
     ctx: Arc<Context>,
+    /// The operator's requests to the local cluster (its client counts them).
+    local_requests: ApiRequestMetrics,
     stop: Option<oneshot::Sender<()>>,
     _helm_home: tempfile::TempDir,
 }
@@ -92,8 +95,16 @@ async fn start(prefix: &str) -> Harness {
     let remote = remote_plane.client().await.unwrap();
     let ns = local_plane.namespace(&local, prefix).await.unwrap();
     let helm_home = tempfile::tempdir().unwrap();
+    let local_requests = ApiRequestMetrics::default();
+    let config = kube::Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(local_plane.kubeconfig()).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let counted = requests::client(config, &local_requests, RequestTarget::Local).unwrap();
     let ctx = Arc::new(
-        test_support::context(local.clone(), helm_home.path())
+        test_support::context(counted, helm_home.path())
             .replica(REPLICA)
             // Short timeouts: a silent target fails within seconds.
             .targets(TargetClients::new(
@@ -125,6 +136,7 @@ async fn start(prefix: &str) -> Harness {
         remote_plane,
         ns,
         ctx,
+        local_requests,
         stop: Some(stop),
         _helm_home: helm_home,
     }
@@ -357,6 +369,21 @@ impl Harness {
         common::events(&self.local, &self.ns, manifest).await
     }
 
+    /// Waits until the watch of the Secrets' versions shows Secret `name` as it is now.
+    async fn wait_until_watched(&self, name: &str) {
+        let secret = Api::<Secret>::namespaced(self.local.clone(), &self.ns)
+            .get(name)
+            .await
+            .unwrap();
+        let watched = self.ctx.targets.watched_secrets();
+        self.wait_until("the watch shows the Secret's version", async || {
+            watched
+                .known(&self.ns, name)
+                .is_some_and(|f| Some(f.resource_version) == secret.resource_version())
+        })
+        .await;
+    }
+
     fn target_errors(&self, reason: &'static str) -> u64 {
         self.ctx
             .targets
@@ -565,6 +592,62 @@ async fn a_rotated_secret_gets_a_new_client_and_the_old_credential_is_not_used()
     assert_eq!(h.ctx.targets.len(), 1, "the old client was replaced");
 }
 
+/// Passes on a remote target reuse its client without reading the kubeconfig Secret while the
+/// watch of the Secrets' versions shows it unchanged; a changed Secret is read again at the
+/// next pass. (Before the watch, every pass read it: the count below grew by one per pass.)
+#[tokio::test]
+async fn an_unchanged_kubeconfig_secret_is_not_read_again() {
+    let h = start("remote-secret-reads").await;
+    let first = h
+        .service_account_kubeconfig(&format!("{}-first", h.ns))
+        .await;
+    h.put_secret("remote", &first).await;
+    h.create(&h.manifest(
+        "tiny",
+        "tests/fixtures/charts/tiny",
+        Some("remote"),
+        json!({"n": 1}),
+    ))
+    .await;
+    h.wait_state("tiny", State::Ready).await;
+    let secret_reads = || h.local_requests.count("get", "secrets");
+    assert!(secret_reads() >= 1, "the first pass reads the Secret");
+    h.wait_until_watched("remote").await;
+    // An upgrade: every pass that began before the watch had listed has ended after it.
+    h.patch_spec("tiny", json!({"values": {"n": 2}})).await;
+    h.wait_state("tiny", State::Ready).await;
+    let reads = secret_reads();
+    // Two more upgrades, and the drift passes of a 2 s interval meanwhile: none reads it.
+    for n in 3..=4 {
+        h.patch_spec("tiny", json!({"values": {"n": n}})).await;
+        h.wait_state("tiny", State::Ready).await;
+    }
+    assert_eq!(
+        data(&h.remote_config_map("tiny").await.unwrap(), "n").as_deref(),
+        Some("4")
+    );
+    assert_eq!(
+        secret_reads(),
+        reads,
+        "passes with an unchanged kubeconfig Secret read it"
+    );
+
+    // A rotated Secret: the next pass reads it and uses the new credential.
+    let second = h
+        .service_account_kubeconfig(&format!("{}-second", h.ns))
+        .await;
+    h.put_secret("remote", &second).await;
+    h.wait_until_watched("remote").await;
+    h.patch_spec("tiny", json!({"values": {"n": 5}})).await;
+    h.wait_state("tiny", State::Ready).await;
+    assert!(secret_reads() > reads, "the changed Secret was not read");
+    assert_eq!(
+        data(&h.remote_config_map("tiny").await.unwrap(), "n").as_deref(),
+        Some("5")
+    );
+    assert_eq!(h.target_errors("auth"), 0);
+}
+
 #[tokio::test]
 async fn unreachable_or_refusing_targets_back_off_without_affecting_other_manifests() {
     let h = start("remote-unreachable").await;
@@ -713,6 +796,79 @@ async fn unreachable_or_refusing_targets_back_off_without_affecting_other_manife
 /// `127.0.0.1:<port>` of an `https://127.0.0.1:<port>` server.
 fn server_address(server: &str) -> SocketAddr {
     server.trim_start_matches("https://").parse().unwrap()
+}
+
+/// A TCP proxy to `upstream` that counts its connections: (address, open now, opened ever).
+async fn counting_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (open, opened) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (open_, opened_) = (open.clone(), opened.clone());
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let open = open_.clone();
+            opened_.fetch_add(1, Ordering::SeqCst);
+            open.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(outbound) = tokio::net::TcpStream::connect(upstream).await {
+                    let (from_client, to_client) = inbound.into_split();
+                    let (from_server, to_server) = outbound.into_split();
+                    let never = Arc::new(AtomicBool::new(false));
+                    tokio::join!(
+                        pipe(from_client, to_server, never.clone()),
+                        pipe(from_server, to_client, never)
+                    );
+                }
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (address, open, opened)
+}
+
+/// A remote target's idle connection is closed once it has been idle for the request timeout,
+/// and the next request opens a new one: kube's pool keeps reading an idle connection (to see
+/// the server close it) through the connector's read timeout, which fires. What
+/// docs/reconcile.md § Remote targets says about connections rests on this.
+#[tokio::test]
+async fn idle_connections_to_a_target_close_after_the_request_timeout() {
+    let plane = remote_plane().await;
+    let (address, open, opened) = counting_proxy(server_address(&plane.endpoints().server)).await;
+    let mut config = kube::Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(plane.kubeconfig()).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    config.cluster_url = format!("https://{address}").parse().unwrap();
+    // As `TargetClients` builds a target's client, with a short request timeout.
+    config.read_timeout = Some(Duration::from_secs(2));
+    config.write_timeout = Some(Duration::from_secs(2));
+    config.reset_reader_on_write = true;
+    let metrics = ApiRequestMetrics::default();
+    let client = requests::client(config, &metrics, RequestTarget::Remote).unwrap();
+    let namespaces = Api::<Namespace>::all(client);
+    namespaces.get("default").await.unwrap();
+    assert_eq!(opened.load(Ordering::SeqCst), 1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while open.load(Ordering::SeqCst) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the idle connection is still open"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    namespaces.get("default").await.unwrap();
+    assert_eq!(
+        opened.load(Ordering::SeqCst),
+        2,
+        "a new connection for the next request"
+    );
+    assert_eq!(
+        metrics.count("get", "namespaces"),
+        2,
+        "counted as the target's requests"
+    );
 }
 
 /// A TCP proxy to `upstream` that stops passing bytes (both ways, connections held open) while

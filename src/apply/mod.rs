@@ -11,6 +11,7 @@ pub mod ownership;
 mod precondition;
 pub mod target;
 pub mod watched;
+pub mod watched_secrets;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

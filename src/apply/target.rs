@@ -28,9 +28,14 @@ use kube::{Client, Config, ResourceExt};
 
 use crate::api::Manifest;
 use crate::apply::kubeconfig::{ValidKubeconfig, parse, validate};
+pub use crate::apply::watched_secrets::Fingerprint;
+use crate::apply::watched_secrets::WatchedSecrets;
 use crate::apply::{ApplyError, Cluster};
 use crate::telemetry::metrics::{TargetErrorLabels, TargetMetrics};
 use crate::telemetry::requests::{self, RequestTarget};
+
+/// How often a lookup drops idle clients (an insert always drops the excess).
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// Limits and timeouts of remote target clients.
 #[derive(Clone, Copy, Debug)]
@@ -48,7 +53,7 @@ pub struct TargetSettings {
 impl Default for TargetSettings {
     fn default() -> Self {
         Self {
-            max_clients: 256,
+            max_clients: 8192,
             idle: Duration::from_secs(30 * 60),
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
@@ -278,15 +283,6 @@ pub struct SecretKey {
     pub key: String,
 }
 
-/// The version of a Secret a client was built from: a client is reused only while both match.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Fingerprint {
-    /// `metadata.uid` (a deleted and re-created Secret differs).
-    pub uid: String,
-    /// `metadata.resourceVersion` (any change to the Secret differs).
-    pub resource_version: String,
-}
-
 /// Which cache entries to drop at `now`: those unused for longer than `idle`, then the least
 /// recently used until at most `max` remain.
 pub fn to_evict<K: Clone>(
@@ -324,6 +320,11 @@ pub struct TargetClients {
     settings: TargetSettings,
     metrics: TargetMetrics,
     entries: Mutex<HashMap<SecretKey, Entry>>,
+    /// When idle clients were last looked for by a lookup (at most once a minute: a prune
+    /// copies and sorts every key, thousands at a replica's share of the targets).
+    pruned_at: Mutex<Instant>,
+    /// The Secrets' versions from a metadata-only watch (fed by `work/secret_versions.rs`).
+    watched: Arc<WatchedSecrets>,
 }
 
 impl Default for TargetClients {
@@ -339,7 +340,14 @@ impl TargetClients {
             settings,
             metrics,
             entries: Mutex::new(HashMap::new()),
+            pruned_at: Mutex::new(Instant::now()),
+            watched: Arc::default(),
         }
+    }
+
+    /// The Secrets' versions the watch feeds.
+    pub fn watched_secrets(&self) -> Arc<WatchedSecrets> {
+        self.watched.clone()
     }
 
     /// Clients cached now.
@@ -376,7 +384,12 @@ impl TargetClients {
     /// The cached client for this Secret version, if any (and marks it used).
     fn cached(&self, key: &SecretKey, fingerprint: &Fingerprint) -> Option<(Arc<Cluster>, String)> {
         let mut entries = self.lock();
-        self.prune(&mut entries, Instant::now());
+        let now = Instant::now();
+        let mut pruned_at = self.pruned_at.lock().unwrap_or_else(|e| e.into_inner());
+        if now.saturating_duration_since(*pruned_at) >= PRUNE_EVERY {
+            *pruned_at = now;
+            self.prune(&mut entries, now);
+        }
         let entry = entries
             .get_mut(key)
             .filter(|e| &e.fingerprint == fingerprint)?;
@@ -443,6 +456,13 @@ impl TargetClients {
         local: &Client,
         key: SecretKey,
     ) -> Result<(Arc<Cluster>, Fingerprint, String), ResolveError> {
+        self.watched.want();
+        // The watch shows the Secret unchanged since the client was built: no read.
+        if let Some(fingerprint) = self.watched.known(&key.namespace, &key.name)
+            && let Some((cluster, server)) = self.cached(&key, &fingerprint)
+        {
+            return Ok((cluster, fingerprint, server));
+        }
         // Not counted as a target error: the local API server failed, not the target.
         let secret = Api::<Secret>::namespaced(local.clone(), &key.namespace)
             .get_opt(&key.name)
@@ -454,15 +474,21 @@ impl TargetClients {
             self.count(&error);
             Err(ResolveError::Target(error))
         };
+        let fingerprint_of = |s: &Secret| Fingerprint {
+            uid: s.uid().unwrap_or_default(),
+            resource_version: s.resource_version().unwrap_or_default(),
+        };
+        self.watched.read(
+            &key.namespace,
+            &key.name,
+            secret.as_ref().map(fingerprint_of),
+        );
         let Some(secret) = secret else {
             return fail(TargetError::SecretMissing {
                 name: key.name.clone(),
             });
         };
-        let fingerprint = Fingerprint {
-            uid: secret.uid().unwrap_or_default(),
-            resource_version: secret.resource_version().unwrap_or_default(),
-        };
+        let fingerprint = fingerprint_of(&secret);
         if let Some((cluster, server)) = self.cached(&key, &fingerprint) {
             return Ok((cluster, fingerprint, server));
         }

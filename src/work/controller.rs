@@ -10,7 +10,9 @@
 //! every write. A third watch, of the ConfigMaps and Secrets labelled `modulemanager.io/watch=true`
 //! (`sources.rs`), queues the Manifests that read one that changed; a fourth, of the Manifests
 //! labelled `modulemanager.io/depended-on=true` (`dependencies.rs`), those that depend on one
-//! whose readiness changed.
+//! whose readiness changed. A fifth, metadata only, of the Secrets' versions
+//! (`secret_versions.rs`, from this replica's first remote target on) lets remote passes skip
+//! reading an unchanged kubeconfig Secret.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use crate::work::caches::Work;
 use crate::work::dependencies::feed_dependents;
 use crate::work::dispatch::Passes;
 use crate::work::queue::WorkQueue;
+use crate::work::secret_versions::feed_secret_versions;
 use crate::work::sources::feed_sources;
 use crate::work::watches::feed_queue;
 
@@ -130,10 +133,16 @@ impl Controller {
             config.namespace.clone(),
             ownership.clone(),
             work.clone(),
+            ctx.targets.watched_secrets(),
+        );
+        let secret_versions = feed_secret_versions(
+            ctx.client.clone(),
+            config.namespace.clone(),
+            ctx.targets.watched_secrets(),
         );
         // One task: shutdown stops the watches together.
         let watch = tokio::spawn(async move {
-            tokio::join!(manifests, sources, dependents);
+            tokio::join!(manifests, sources, dependents, secret_versions);
         });
 
         let passes = Passes::new(work, ctx, ownership);

@@ -8,6 +8,7 @@ pub mod controller;
 mod dependencies;
 mod dispatch;
 pub mod queue;
+mod secret_versions;
 mod seen;
 mod sources;
 mod watches;

@@ -28,6 +28,7 @@ use serde::de::DeserializeOwned;
 
 use crate::api::{Manifest, ValuesSourceKind, WATCH_LABEL, WATCH_LABEL_VALUE};
 use crate::apply::watched::map_event;
+use crate::apply::watched_secrets::WatchedSecrets;
 use crate::shard::fence::Ownership;
 use crate::work::caches::{Key, Work};
 
@@ -193,6 +194,7 @@ pub(super) async fn feed_sources(
     namespace: Option<String>,
     ownership: Arc<Ownership>,
     work: Work,
+    secret_versions: Arc<WatchedSecrets>,
 ) {
     let namespace = namespace.as_deref();
     let configmaps = watch::<ConfigMap>(&client, namespace, "ConfigMap", 0);
@@ -209,6 +211,11 @@ pub(super) async fn feed_sources(
         }
         if changed.is_empty() {
             continue;
+        }
+        // The passes queued below must read a changed kubeconfig Secret, whatever the (separate)
+        // watch of the Secrets' versions has delivered so far.
+        for source in changed.iter().filter(|s| s.kind == "Secret") {
+            secret_versions.forget(&source.namespace, &source.name);
         }
         let cached = work.cached();
         let keyed = cached
