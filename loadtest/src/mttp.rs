@@ -87,10 +87,7 @@ pub async fn run(
     let (audit, control_plane): (Option<AuditLog>, Vec<u32>) = match cluster {
         Cluster::Local(cp) => (
             cp.audit_log().map(|p| AuditLog::new(&p)),
-            ["etcd", "kube-apiserver", "kube-controller-manager"]
-                .iter()
-                .filter_map(|p| cp.pid(p))
-                .collect(),
+            phase::control_plane_pids(cp),
         ),
         Cluster::Deployed { .. } => (None, Vec::new()),
     };

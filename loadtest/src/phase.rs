@@ -110,6 +110,15 @@ pub fn now_ts() -> Timestamp {
     Timestamp::try_from(SystemTime::now()).unwrap_or_default()
 }
 
+/// The processes of a local control plane (etcd, kube-apiserver, kube-controller-manager), for
+/// their CPU.
+pub fn control_plane_pids(control_plane: &testenv::ControlPlane) -> Vec<u32> {
+    ["etcd", "kube-apiserver", "kube-controller-manager"]
+        .iter()
+        .filter_map(|p| control_plane.pid(p))
+        .collect()
+}
+
 /// A fleet, the load on it, and the observers, in one namespace.
 pub struct Phase {
     pub fleet: Fleet,

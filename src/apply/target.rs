@@ -474,21 +474,17 @@ impl TargetClients {
             self.count(&error);
             Err(ResolveError::Target(error))
         };
-        let fingerprint_of = |s: &Secret| Fingerprint {
-            uid: s.uid().unwrap_or_default(),
-            resource_version: s.resource_version().unwrap_or_default(),
-        };
         self.watched.read(
             &key.namespace,
             &key.name,
-            secret.as_ref().map(fingerprint_of),
+            secret.as_ref().map(|s| Fingerprint::of(&s.metadata)),
         );
         let Some(secret) = secret else {
             return fail(TargetError::SecretMissing {
                 name: key.name.clone(),
             });
         };
-        let fingerprint = fingerprint_of(&secret);
+        let fingerprint = Fingerprint::of(&secret.metadata);
         if let Some((cluster, server)) = self.cached(&key, &fingerprint) {
             return Ok((cluster, fingerprint, server));
         }

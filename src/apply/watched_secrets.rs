@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::Notify;
 
 /// The version of a Secret a client was built from: a client is reused only while both match.
@@ -20,6 +21,16 @@ pub struct Fingerprint {
     pub uid: String,
     /// `metadata.resourceVersion` (any change to the Secret differs).
     pub resource_version: String,
+}
+
+impl Fingerprint {
+    /// The version of the Secret whose metadata is `meta`.
+    pub fn of(meta: &ObjectMeta) -> Self {
+        Self {
+            uid: meta.uid.clone().unwrap_or_default(),
+            resource_version: meta.resource_version.clone().unwrap_or_default(),
+        }
+    }
 }
 
 /// A Secret by namespace and name.
@@ -51,7 +62,7 @@ impl WatchedSecrets {
 
     /// A pass uses a remote target: start the watch if it has not started.
     pub fn want(&self) {
-        if !self.wanted.swap(true, Ordering::SeqCst) {
+        if !self.wanted.load(Ordering::Relaxed) && !self.wanted.swap(true, Ordering::SeqCst) {
             self.wanted_now.notify_one();
         }
     }

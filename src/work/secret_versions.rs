@@ -28,11 +28,7 @@ const MAX_RESTART_DELAY: Duration = Duration::from_secs(60);
 
 fn version(secret: &PartialObjectMeta<Secret>) -> (SecretName, Fingerprint) {
     let name = (secret.namespace().unwrap_or_default(), secret.name_any());
-    let fingerprint = Fingerprint {
-        uid: secret.uid().unwrap_or_default(),
-        resource_version: secret.resource_version().unwrap_or_default(),
-    };
-    (name, fingerprint)
+    (name, Fingerprint::of(&secret.metadata))
 }
 
 /// Watches the Secrets' versions into `watched` once a remote target is used; runs until the

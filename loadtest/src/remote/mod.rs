@@ -56,10 +56,7 @@ pub async fn run(
         cluster,
         options,
         audit: None,
-        control_plane: ["etcd", "kube-apiserver", "kube-controller-manager"]
-            .iter()
-            .filter_map(|p| host.pid(p))
-            .collect(),
+        control_plane: phase::control_plane_pids(host),
     };
     let mut remote = Remote {
         targets: options.targets as u64,
@@ -283,13 +280,12 @@ fn by_verb(requests: &[ClientRequests]) -> BTreeMap<String, u64> {
     total
 }
 
-fn increase(before: &[u64], after: &[u64]) -> impl Iterator<Item = f64> {
+fn increase(before: &[u64], after: &[u64]) -> Vec<f64> {
     after
         .iter()
         .enumerate()
         .map(|(i, a)| a.saturating_sub(before.get(i).copied().unwrap_or(0)) as f64)
-        .collect::<Vec<_>>()
-        .into_iter()
+        .collect()
 }
 
 /// Mean, least, median, p99 and most of per-target values.
