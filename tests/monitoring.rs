@@ -23,7 +23,7 @@ const PREFIX: &str = "module_manager_";
 const PROCESS_PREFIX: &str = "process_";
 
 /// The troubleshooting headings of `docs/operations.md` that runbook links may point at.
-const RUNBOOK_HEADINGS: [&str; 12] = [
+const RUNBOOK_HEADINGS: [&str; 13] = [
     "Stuck in Deleting",
     "Unowned shards",
     "Lease flapping",
@@ -36,6 +36,7 @@ const RUNBOOK_HEADINGS: [&str; 12] = [
     "Fence lapses",
     "Stalled Manifests",
     "Retrying Manifests",
+    "Expiring target credentials",
 ];
 
 fn repo() -> PathBuf {

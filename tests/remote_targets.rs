@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
@@ -194,6 +194,13 @@ impl Harness {
     /// Creates a ServiceAccount `name` on the remote cluster, bound to `cluster-admin`, and
     /// returns a token for it.
     async fn service_account_token(&self, name: &str) -> String {
+        self.service_account_token_bound(name, "cluster-admin")
+            .await
+    }
+
+    /// Creates a ServiceAccount `name` on the remote cluster, bound to ClusterRole `role`, and
+    /// returns a token for it (valid for an hour).
+    async fn service_account_token_bound(&self, name: &str, role: &str) -> String {
         let accounts = Api::<ServiceAccount>::namespaced(self.remote.clone(), "default");
         let account: ServiceAccount =
             serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
@@ -203,7 +210,7 @@ impl Harness {
             .unwrap();
         let binding: ClusterRoleBinding = serde_json::from_value(json!({
             "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}],
         }))
         .unwrap();
@@ -646,6 +653,197 @@ async fn an_unchanged_kubeconfig_secret_is_not_read_again() {
         Some("5")
     );
     assert_eq!(h.target_errors("auth"), 0);
+}
+
+/// A drift pass over an unchanged module on a remote target writes nothing: one metadata-only
+/// LIST per kind, by the Manifest's UID label, shows every object at the version the last apply
+/// answered with. An object edited or deleted on the target shows in that LIST and is repaired
+/// by the pass. (Before the listing, every drift pass applied every object: the writes below
+/// grew by three per pass.)
+#[tokio::test]
+async fn idle_drift_passes_on_a_remote_target_write_nothing_and_repair_what_changed() {
+    use k8s_openapi::api::core::v1::Service;
+    let h = start("remote-idle-drift").await;
+    let kubeconfig = h
+        .service_account_kubeconfig(&format!("{}-idle", h.ns))
+        .await;
+    h.put_secret("remote", &kubeconfig).await;
+    let chart = "tests/fixtures/charts/budget";
+    h.create(&h.manifest("idle", chart, Some("remote"), json!({"n": 1})))
+        .await;
+    h.wait_state("idle", State::Ready).await;
+    let requests = h.ctx.targets.metrics().requests.clone();
+    let remote = |pick: &dyn Fn(&str, &str) -> bool| {
+        requests.sum(|l| l.target == "remote" && pick(l.verb, &l.resource))
+    };
+    let writes = || remote(&|verb, _| !matches!(verb, "get" | "list" | "watch"));
+    let lists = || remote(&|verb, _| verb == "list");
+    let all = || remote(&|_, _| true);
+    let unchanged = || h.ctx.metrics.unchanged.get();
+    // The chart's three objects (ConfigMap, ServiceAccount, Service), once found unchanged.
+    let skipped = unchanged();
+    h.wait_until("a drift pass found every object unchanged", async || {
+        unchanged() >= skipped + 3
+    })
+    .await;
+
+    let (writes_before, lists_before, all_before) = (writes(), lists(), all());
+    let skipped = unchanged();
+    h.wait_until("two more drift passes", async || unchanged() >= skipped + 6)
+        .await;
+    let passes_skipping = (unchanged() - skipped) / 3;
+    let (listed, sent) = (lists() - lists_before, all() - all_before);
+    eprintln!("idle: {passes_skipping} passes, {listed} lists, {sent} requests on the target");
+    assert_eq!(writes(), writes_before, "an idle drift pass writes nothing");
+    assert_eq!(sent, listed, "and sends nothing but its listings");
+    assert!(
+        listed <= 3 * (passes_skipping + 1),
+        "one LIST per kind per pass: {listed} for {passes_skipping} passes"
+    );
+
+    // A renewed credential (a token of another ServiceAccount, the same server): the new
+    // client takes over the records, so the passes after it write nothing either.
+    let secret_reads = || h.local_requests.count("get", "secrets");
+    let reads = secret_reads();
+    let renewed = h
+        .service_account_kubeconfig(&format!("{}-renewed", h.ns))
+        .await;
+    h.put_secret("remote", &renewed).await;
+    h.wait_until("the renewed Secret is read", async || {
+        secret_reads() > reads
+    })
+    .await;
+    let skipped = unchanged();
+    h.wait_until("two drift passes with the new client", async || {
+        unchanged() >= skipped + 6
+    })
+    .await;
+    assert_eq!(writes(), writes_before, "no write after the renewal");
+
+    // Someone edits the ConfigMap and deletes the Service on the target.
+    let configmaps = Api::<ConfigMap>::namespaced(h.remote.clone(), &h.ns);
+    let services = Api::<Service>::namespaced(h.remote.clone(), &h.ns);
+    let applies = |resource: &'static str| remote(&|verb, r| verb == "apply" && r == resource);
+    let (configmaps_before, accounts_before) = (applies("configmaps"), applies("serviceaccounts"));
+    configmaps
+        .patch(
+            "idle",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"n": "edited"}})),
+        )
+        .await
+        .unwrap();
+    services
+        .delete("idle", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_until("the drift on the target is repaired", async || {
+        let restored = h
+            .remote_config_map("idle")
+            .await
+            .and_then(|c| data(&c, "n"));
+        restored.as_deref() == Some("1") && services.get_opt("idle").await.unwrap().is_some()
+    })
+    .await;
+    assert!(applies("configmaps") > configmaps_before);
+    assert_eq!(
+        applies("serviceaccounts"),
+        accounts_before,
+        "nobody touched the ServiceAccount"
+    );
+}
+
+/// A credential that may not `list` a kind on the target: the refused listing is not asked for
+/// again on every pass (one warning, asked again after 15 minutes), the kind's objects are
+/// applied on every drift pass as before the listings, and drift is still repaired.
+#[tokio::test]
+async fn a_target_that_refuses_listings_gets_applies_as_before_and_one_refused_list() {
+    let h = start("remote-no-list").await;
+    let name = format!("{}-no-list", h.ns);
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch", "delete"]},
+            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "create"]},
+        ],
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(h.remote.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let token = h.service_account_token_bound(&name, &name).await;
+    h.put_secret("remote", &h.remote_kubeconfig(json!({ "token": token })))
+        .await;
+    let chart = "tests/fixtures/charts/tiny";
+    h.create(&h.manifest("tiny", chart, Some("remote"), json!({"n": 1})))
+        .await;
+    h.wait_state("tiny", State::Ready).await;
+    let requests = h.ctx.targets.metrics().requests.clone();
+    let applies = || requests.count("apply", "configmaps");
+    let lists = || requests.count("list", "configmaps");
+    // Drift passes every 2 s: each applies the ConfigMap, as without the listings.
+    let applied = applies();
+    h.wait_until("three drift passes", async || applies() >= applied + 3)
+        .await;
+    assert_eq!(
+        lists(),
+        1,
+        "the refused listing is remembered, not asked per pass"
+    );
+    // Drift is repaired.
+    let edit = json!({"data": {"n": "edited"}});
+    Api::<ConfigMap>::namespaced(h.remote.clone(), &h.ns)
+        .patch("tiny", &PatchParams::default(), &Patch::Merge(edit))
+        .await
+        .unwrap();
+    h.wait_until("the ConfigMap is repaired", async || {
+        let config_map = h.remote_config_map("tiny").await;
+        config_map.and_then(|c| data(&c, "n")).as_deref() == Some("1")
+    })
+    .await;
+    assert_eq!(
+        h.ctx.metrics.unchanged.get(),
+        0,
+        "nothing was skipped unlisted"
+    );
+}
+
+/// A cached client whose credential is due counts in `module_manager_target_credentials_expiring`
+/// — here a client certificate in the last fifth of its life (issued 9 hours ago, valid for 30
+/// more minutes), which the target accepts; once the Secret holds a fresh credential (a token
+/// valid for an hour, not due), the next pass's client replaces it and the count falls to 0.
+#[tokio::test]
+async fn a_credential_near_its_expiry_is_counted_until_the_secret_is_renewed() {
+    use base64::Engine;
+    let h = start("remote-expiring").await;
+    let now = std::time::SystemTime::now();
+    let hours = |n: u64| Duration::from_secs(n * 3600);
+    let user = format!("{}-expiring", h.ns);
+    let valid = now - hours(9)..now + Duration::from_secs(30 * 60);
+    let (certificate, key) = h
+        .remote_plane
+        .client_certificate(&user, Some("system:masters"), valid)
+        .unwrap();
+    let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+    let user = json!({"client-certificate-data": b64(&certificate), "client-key-data": b64(&key)});
+    h.put_secret("remote", &h.remote_kubeconfig(user)).await;
+    let chart = "tests/fixtures/charts/tiny";
+    h.create(&h.manifest("tiny", chart, Some("remote"), json!({"n": 1})))
+        .await;
+    h.wait_state("tiny", State::Ready).await;
+    let expiring = || h.ctx.targets.metrics().expiring.get();
+    assert_eq!(expiring(), 1, "the certificate is in its last fifth");
+
+    let fresh = h
+        .service_account_kubeconfig(&format!("{}-fresh", h.ns))
+        .await;
+    h.put_secret("remote", &fresh).await;
+    h.wait_until_watched("remote").await;
+    h.patch_spec("tiny", json!({"values": {"n": 2}})).await;
+    h.wait_state("tiny", State::Ready).await;
+    assert_eq!(expiring(), 0, "the renewed credential is not due");
+    assert_eq!(h.ctx.targets.len(), 1);
 }
 
 #[tokio::test]

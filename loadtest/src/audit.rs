@@ -31,6 +31,9 @@ pub struct ClientRequests {
     /// By resource (`manifests`, `manifests/status`, `leases`, `events`…; `non-resource` for
     /// discovery and other paths).
     pub by_resource: BTreeMap<String, u64>,
+    /// By verb and resource (`patch deployments`, `get non-resource`).
+    #[serde(default)]
+    pub by_request: BTreeMap<String, u64>,
 }
 
 /// The client a user agent belongs to.
@@ -118,6 +121,10 @@ fn count_by(
         };
         let client = clients.entry(key).or_default();
         client.total += 1;
+        *client
+            .by_request
+            .entry(format!("{} {resource}", event.verb))
+            .or_default() += 1;
         *client.by_verb.entry(event.verb).or_default() += 1;
         *client.by_resource.entry(resource).or_default() += 1;
     }

@@ -431,6 +431,17 @@ pub struct Remote {
     pub bare_error: Option<String>,
     /// The fleet's Manifests per second ÷ the bare client's.
     pub fleet_over_bare: Option<f64>,
+    /// Lifetime of each target's token; the harness renews them at half their life.
+    #[serde(default)]
+    pub token_seconds: i64,
+    #[serde(default)]
+    pub token_renewals: u64,
+    #[serde(default)]
+    pub token_renewal_failures: u64,
+    /// Manifests not Ready at their generation when the fleet's part ended (a run with any
+    /// fails).
+    #[serde(default)]
+    pub not_ready_at_end: Option<u64>,
 }
 
 /// Every target's share of something (targets with none count as 0).
@@ -461,6 +472,9 @@ pub struct RemoteBurst {
     pub writes_per_target: Spread,
     /// The fleet's requests on all targets by verb.
     pub requests_by_verb: BTreeMap<String, u64>,
+    /// The same by verb and resource (`patch deployments`).
+    #[serde(default)]
+    pub requests_by_request: BTreeMap<String, u64>,
     /// TCP connections opened to each target during the burst (each a TLS handshake).
     pub connections_opened_per_target: Spread,
     /// TCP connections open to each target at the end.
@@ -476,6 +490,9 @@ pub struct RemoteIdle {
     /// Writes on all targets together (should be none).
     pub writes: u64,
     pub requests_by_verb: BTreeMap<String, u64>,
+    /// The same by verb and resource (`list deployments`).
+    #[serde(default)]
+    pub requests_by_request: BTreeMap<String, u64>,
     pub connections_opened_per_target: Spread,
     /// Cores the fleet used on average.
     pub fleet_cores: f64,

@@ -65,6 +65,29 @@ pub struct ValidKubeconfig {
 }
 
 impl ValidKubeconfig {
+    /// When its credential expires, if the token (a JWT's `exp`) or the client certificate
+    /// (`notAfter`) says ([`super::credential`]).
+    pub fn credential_validity(&self) -> Option<super::credential::Validity> {
+        let user = self.kubeconfig.auth_infos.first()?.auth_info.as_ref()?;
+        super::credential::validity(user)
+    }
+
+    /// A digest of the cluster it names (server, CA, TLS server name, proxy): two kubeconfigs
+    /// with the same digest reach the same API server the same way. No credential goes in.
+    pub fn cluster_digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let cluster = self
+            .kubeconfig
+            .clusters
+            .first()
+            .and_then(|c| c.cluster.as_ref());
+        let bytes = serde_json::to_vec(&cluster).unwrap_or_default();
+        Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     /// The kubeconfig to build a client from (credentials included).
     pub fn into_kubeconfig(self) -> Kubeconfig {
         self.kubeconfig

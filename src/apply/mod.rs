@@ -2,10 +2,12 @@
 //! establishment, and deletion.
 
 pub mod catalog;
+pub mod credential;
 pub mod identity;
 mod known_namespaces;
 pub mod kubeconfig;
 mod labels;
+pub mod listed;
 pub mod namespace;
 pub mod ownership;
 mod precondition;
@@ -29,6 +31,7 @@ use kube::{Client, Error as KubeError, ResourceExt};
 use crate::api::InventoryEntry;
 use crate::plan::ownership::Guard;
 use crate::plan::{RenderedObject, Scope, describe, drift};
+use listed::Listing;
 use serde_json::Value;
 
 pub use labels::{MANIFEST_SHARD_LABEL, MANIFEST_UID_LABEL};
@@ -288,6 +291,9 @@ pub struct Cluster {
     namespaces: known_namespaces::Known,
     /// The objects applied and the watches of their kinds (`None`: every drift pass applies).
     followed: Option<Arc<watched::Followed>>,
+    /// A remote target's applies, which a drift pass compares with a listing
+    /// ([`Cluster::list_applied`]); `None` on the local cluster (its watches do that).
+    listed: Option<Arc<listed::Applied>>,
 }
 
 impl Cluster {
@@ -302,7 +308,45 @@ impl Cluster {
             identity: tokio::sync::OnceCell::new(),
             namespaces: known_namespaces::Known::default(),
             followed: None,
+            listed: None,
         })
+    }
+
+    /// A remote target: its applies are recorded in `applied` (those of the client it replaces,
+    /// when built for the same server from a renewed Secret, or new ones), and a drift pass
+    /// lists its objects to tell which are unchanged ([`Cluster::list_applied`]); its discovery
+    /// is refreshed less often ([`Cluster::discovery_max_age`]) and its namespaces are trusted
+    /// longer (`known_namespaces.rs`).
+    pub fn remote(self, applied: Arc<listed::Applied>) -> Self {
+        Self {
+            listed: Some(applied),
+            namespaces: known_namespaces::Known::remote(),
+            ..self
+        }
+    }
+
+    /// Whether this is a remote target ([`Cluster::remote`]).
+    pub fn is_remote(&self) -> bool {
+        self.listed.is_some()
+    }
+
+    /// A remote target's recorded applies (`None` on the local cluster).
+    pub fn applied(&self) -> Option<Arc<listed::Applied>> {
+        self.listed.clone()
+    }
+
+    /// How old the discovery a render uses may be before a pass refreshes it: 5 minutes on the
+    /// local cluster, whose CRDs a watch follows besides; 15 on a remote target, where every
+    /// refresh is three requests per client (version, core and aggregated groups) to a cluster
+    /// whose Manifests' drift passes otherwise cost a LIST per kind — at 5 minutes discovery
+    /// was the larger part of an idle target's requests. A kind that is not known refreshes
+    /// it at once either way.
+    pub fn discovery_max_age(&self) -> Duration {
+        if self.is_remote() {
+            Duration::from_secs(15 * 60)
+        } else {
+            Duration::from_secs(5 * 60)
+        }
     }
 
     /// Connects with a client that impersonates `user`, and runs discovery as that user.
@@ -334,11 +378,77 @@ impl Cluster {
     /// Whether `object` is exactly as module-manager's last apply left it, as the watch of its
     /// kind tells, and that apply sent the body an apply of `object` for the Manifest
     /// `owner_uid` would send now (`false` when not followed).
-    pub fn unchanged(&self, object: &RenderedObject, owner_uid: &str) -> bool {
-        self.followed.as_ref().is_some_and(|followed| {
-            let body = body_digest(&self.labelled(object, owner_uid));
-            followed.unchanged(&object.id, owner_uid, &body)
-        })
+    pub fn unchanged(&self, object: &RenderedObject, owner_uid: &str, listing: &Listing) -> bool {
+        let body = || body_digest(&self.labelled(object, owner_uid));
+        if let Some(applied) = &self.listed {
+            let recorded = applied.record(&object.id);
+            let recorded = recorded
+                .as_ref()
+                .map(|(version, sent)| (version.as_str(), sent));
+            return crate::plan::unchanged::listed_unchanged(
+                recorded,
+                listing.version(&object.id),
+                &body(),
+            );
+        }
+        self.followed
+            .as_ref()
+            .is_some_and(|followed| followed.unchanged(&object.id, owner_uid, &body()))
+    }
+
+    /// On a remote target, the versions of the Manifest `owner_uid`'s objects among `ids`, one
+    /// metadata-only LIST by its UID label per kind that has an apply recorded here (none on
+    /// the local cluster, where watches tell). A namespace in which objects were listed is
+    /// known to exist (not read again by the next pass). A kind the target refuses or fails to
+    /// list is left out (its objects are applied); a target that does not answer is an error,
+    /// as an apply's would be (the pass ends there, after one timeout, not one per request).
+    pub async fn list_applied(
+        &self,
+        owner_uid: &str,
+        ids: &[&InventoryEntry],
+    ) -> Result<Listing, ApplyError> {
+        let mut listing = Listing::default();
+        let Some(applied) = &self.listed else {
+            return Ok(listing);
+        };
+        let mut kinds: HashMap<crate::plan::unchanged::Kind, Vec<&InventoryEntry>> = HashMap::new();
+        for id in ids.iter().filter(|id| applied.record(id).is_some()) {
+            kinds
+                .entry(crate::plan::unchanged::Kind::of(id))
+                .or_default()
+                .push(id);
+        }
+        let surface = self.surface();
+        for (kind, of_kind) in kinds {
+            let Some((resource, scope)) = surface.resolve(of_kind[0]) else {
+                continue;
+            };
+            if applied.refused(&kind, std::time::Instant::now()) {
+                continue;
+            }
+            let namespace = listed::scope_of(&of_kind, scope);
+            match listed::list_versions(&self.client, resource, namespace, owner_uid).await {
+                listed::Listed::Found(versions) => {
+                    let now = std::time::Instant::now();
+                    for (namespace, _) in versions.keys().filter(|(ns, _)| !ns.is_empty()) {
+                        self.namespaces.exists(namespace, now);
+                    }
+                    applied.settle(&of_kind, &versions);
+                    listing.insert(kind, versions);
+                }
+                listed::Listed::Refused => {
+                    let scope = namespace
+                        .map_or("cluster-wide".to_owned(), |ns| format!("in namespace {ns}"));
+                    tracing::warn!(kind = %kind.kind, group = %kind.group, "the target refuses to list this kind {scope} (RBAC: `list` is needed for cheap drift passes): its objects are applied on every drift pass; asked again in 15 minutes");
+                    applied.refuse(&kind, std::time::Instant::now());
+                }
+                listed::Listed::Failed => {}
+                listed::Listed::Unanswered(error) => {
+                    return Err(ApplyError::from_kube(of_kind[0], error));
+                }
+            }
+        }
+        Ok(listing)
     }
 
     /// `object` as applied for the Manifest `owner_uid`: labelled with its UID, and, where
@@ -566,7 +676,8 @@ impl Cluster {
         let api = self.api_for(&object.id)?;
         let mut body = self.labelled(object, owner_uid);
         let followed = self.followed.as_ref().filter(|_| !dry_run);
-        let sent = followed.map(|_| body_digest(&body));
+        let listed = self.listed.as_ref().filter(|_| !dry_run);
+        let sent = (followed.is_some() || listed.is_some()).then(|| body_digest(&body));
         if let Some(guard) = guard {
             precondition::precondition(&mut body, guard);
         }
@@ -609,6 +720,18 @@ impl Cluster {
                 .filter(|o| !yielded && followed.would_see(o, owner_uid))
                 .and_then(|o| o.metadata.resource_version.as_deref());
             followed.applied(&object.id, version, sent);
+        }
+        if let (Some(listed), Some(sent)) = (listed, sent) {
+            // As above; a listing finds the object by its UID label only.
+            let version = answer
+                .as_ref()
+                .ok()
+                .filter(|o| {
+                    !yielded
+                        && o.labels().get(MANIFEST_UID_LABEL).map(String::as_str) == Some(owner_uid)
+                })
+                .and_then(|o| o.metadata.resource_version.as_deref());
+            listed.applied(&object.id, version, sent);
         }
         match answer {
             Err(KubeError::Api(status)) if guard.is_some() && precondition::refused(&status) => {
@@ -663,6 +786,10 @@ impl Cluster {
         owner_uid: &str,
         recorded_uid: Option<&str>,
     ) -> Result<Deletion, ApplyError> {
+        if let Some(listed) = &self.listed {
+            // Whatever the outcome: an object being deleted, gone or left is not applied as is.
+            listed.forget(id);
+        }
         let Some(api) = self.served_api(id).await? else {
             return Ok(Deletion::Gone);
         };

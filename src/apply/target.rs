@@ -19,7 +19,7 @@ use std::error::Error as StdError;
 use std::io::ErrorKind;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -27,7 +27,9 @@ use kube::config::KubeConfigOptions;
 use kube::{Client, Config, ResourceExt};
 
 use crate::api::Manifest;
+use crate::apply::credential::Validity;
 use crate::apply::kubeconfig::{ValidKubeconfig, parse, validate};
+use crate::apply::listed;
 pub use crate::apply::watched_secrets::Fingerprint;
 use crate::apply::watched_secrets::WatchedSecrets;
 use crate::apply::{ApplyError, Cluster};
@@ -313,13 +315,35 @@ struct Entry {
     server: String,
     cluster: Arc<Cluster>,
     last_used: Instant,
+    /// When the client's credential expires, if it says (`credential.rs`).
+    expires: Option<Validity>,
+}
+
+/// A client just built, to be cached.
+struct Built {
+    server: String,
+    cluster: Arc<Cluster>,
+    expires: Option<Validity>,
+}
+
+/// How many of `credentials` are due at `now` ([`Validity::due`]: expired, or in the last hour
+/// or fifth of their life): `module_manager_target_credentials_expiring`.
+pub fn expiring(credentials: impl Iterator<Item = Option<Validity>>, now: SystemTime) -> usize {
+    credentials
+        .filter(|c| c.is_some_and(|c| c.due(now)))
+        .count()
 }
 
 /// The cache of remote target clients (one per kubeconfig Secret key).
 pub struct TargetClients {
     settings: TargetSettings,
     metrics: TargetMetrics,
-    entries: Mutex<HashMap<SecretKey, Entry>>,
+    entries: Arc<Mutex<HashMap<SecretKey, Entry>>>,
+    /// What the clients of each Secret key recorded of their applies on the cluster with this
+    /// digest ([`ValidKubeconfig::cluster_digest`]): shared by the clients built from that key
+    /// (two passes that meet an uncached target at once both build one; a renewed Secret gets
+    /// a new one) while they name the same cluster.
+    applied: Mutex<HashMap<SecretKey, (String, Arc<listed::Applied>)>>,
     /// When idle clients were last looked for by a lookup (at most once a minute: a prune
     /// copies and sorts every key, thousands at a replica's share of the targets).
     pruned_at: Mutex<Instant>,
@@ -336,10 +360,17 @@ impl Default for TargetClients {
 impl TargetClients {
     /// An empty cache.
     pub fn new(settings: TargetSettings, metrics: TargetMetrics) -> Self {
+        let entries: Arc<Mutex<HashMap<SecretKey, Entry>>> = Arc::default();
+        let cached = entries.clone();
+        metrics.expiring.install(move || {
+            let entries = cached.lock().unwrap_or_else(|e| e.into_inner());
+            expiring(entries.values().map(|e| e.expires), SystemTime::now()) as u64
+        });
         Self {
             settings,
             metrics,
-            entries: Mutex::new(HashMap::new()),
+            entries,
+            applied: Mutex::default(),
             pruned_at: Mutex::new(Instant::now()),
             watched: Arc::default(),
         }
@@ -378,6 +409,13 @@ impl TargetClients {
         for stale in to_evict(&used, now, self.settings.max_clients, self.settings.idle) {
             entries.remove(&stale);
         }
+        let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        applied.retain(|key, _| entries.contains_key(key));
+        self.publish(entries);
+    }
+
+    /// Sets the gauge of cached clients (the expiring credentials are counted when scraped).
+    fn publish(&self, entries: &HashMap<SecretKey, Entry>) {
         self.metrics.clients.set(entries.len() as i64);
     }
 
@@ -399,25 +437,41 @@ impl TargetClients {
 
     /// Caches a new client (replacing one built from an older version of the Secret), then
     /// drops idle and excess clients.
-    fn insert(
-        &self,
-        key: SecretKey,
-        fingerprint: Fingerprint,
-        server: String,
-        cluster: Arc<Cluster>,
-    ) {
+    fn insert(&self, key: SecretKey, fingerprint: Fingerprint, built: Built) {
         let mut entries = self.lock();
         let now = Instant::now();
         entries.insert(
             key,
             Entry {
                 fingerprint,
-                server,
-                cluster,
+                server: built.server,
+                cluster: built.cluster,
                 last_used: now,
+                expires: built.expires,
             },
         );
         self.prune(&mut entries, now);
+    }
+
+    /// The records of applies for a client of `key` built for the cluster with `digest`: those
+    /// of the clients built before from `key` for that same cluster (the same server, CA and TLS
+    /// server name: a renewed token; besides, a pass verifies the cluster's identity before it
+    /// applies anything, `reconcile/target.rs`), else new ones. So a renewed credential does
+    /// not make the next drift pass apply every object again. Refused listings are forgotten:
+    /// a new credential may list.
+    fn applied_of(&self, key: &SecretKey, digest: &str) -> Arc<listed::Applied> {
+        let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        match applied.get(key) {
+            Some((same, records)) if same == digest => {
+                records.forget_refusals();
+                records.clone()
+            }
+            _ => {
+                let records = Arc::<listed::Applied>::default();
+                applied.insert(key.clone(), (digest.to_owned(), records.clone()));
+                records
+            }
+        }
     }
 
     /// Drops the client of a Secret key whatever version it was built from (the Secret is gone or
@@ -425,7 +479,7 @@ impl TargetClients {
     fn forget(&self, key: &SecretKey) {
         let mut entries = self.lock();
         entries.remove(key);
-        self.metrics.clients.set(entries.len() as i64);
+        self.publish(&entries);
     }
 
     /// Drops the client built from this version of the Secret (a newer one stays).
@@ -437,7 +491,7 @@ impl TargetClients {
         {
             entries.remove(key);
         }
-        self.metrics.clients.set(entries.len() as i64);
+        self.publish(&entries);
     }
 
     /// Counts a target error.
@@ -504,13 +558,15 @@ impl TargetClients {
             Err(problem) => return fail(refused(problem)),
         };
         let server = valid.server.clone();
+        let expires = valid.credential_validity();
+        let applied = self.applied_of(&key, &valid.cluster_digest());
         let client = match self.client(valid).await {
             Ok(client) => client,
             Err(problem) => return fail(refused(problem.to_owned())),
         };
         tracing::info!(secret = %key.name, key = %key.key, %server, "connecting to a target cluster");
         let cluster = match Cluster::connect(client).await {
-            Ok(cluster) => Arc::new(cluster),
+            Ok(cluster) => Arc::new(cluster.remote(applied)),
             Err(error) => {
                 return Err(
                     match self.connection_error(&key, &fingerprint, &server, error) {
@@ -520,7 +576,12 @@ impl TargetClients {
                 );
             }
         };
-        self.insert(key, fingerprint.clone(), server.clone(), cluster.clone());
+        let built = Built {
+            server: server.clone(),
+            cluster: cluster.clone(),
+            expires,
+        };
+        self.insert(key, fingerprint.clone(), built);
         Ok((cluster, fingerprint, server))
     }
 
@@ -749,6 +810,25 @@ mod tests {
         for error in [unreachable, refused, missing] {
             assert!(crate::telemetry::metrics::TARGET_ERROR_REASONS.contains(&error.reason()));
         }
+    }
+
+    #[test]
+    fn credentials_due_count_as_expiring() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let expires = |offset: Duration, later: bool| {
+            let expires = if later { now + offset } else { now - offset };
+            Some(Validity {
+                issued: None,
+                expires,
+            })
+        };
+        let credentials = [
+            None,
+            expires(Duration::from_secs(10), false),
+            expires(Duration::from_secs(59 * 60), true),
+            expires(Duration::from_secs(2 * 3600), true),
+        ];
+        assert_eq!(expiring(credentials.into_iter(), now), 2);
     }
 
     #[test]

@@ -196,6 +196,20 @@ fn seen(objects: &mut HashMap<Name, Entry>, name: Name, version: Option<String>)
     }
 }
 
+/// Whether an object of a remote target is exactly as module-manager's last apply left it, as a
+/// LIST made in this pass tells (there is no watch on a target): the last apply, which sent
+/// `body`, answered with `recorded`, and the listing found the object at that very version.
+/// An object the listing did not find (deleted, its label removed, its kind not listed), any
+/// other version (any write since), or no record means "apply it".
+pub fn listed_unchanged(
+    recorded: Option<(&str, &Body)>,
+    listed: Option<&str>,
+    body: &Body,
+) -> bool {
+    matches!((recorded, listed), (Some((version, sent)), Some(seen))
+        if !version.is_empty() && version == seen && sent == body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,6 +250,32 @@ mod tests {
     fn applied(state: &mut Unchanged, name: &str, version: &str) {
         assert!(!state.begin(&id(name)), "the kind's watch runs already");
         state.applied(&id(name), version, BODY);
+    }
+
+    #[test]
+    fn a_listed_object_is_unchanged_only_at_the_recorded_version_and_body() {
+        let body = [7; 32];
+        assert!(listed_unchanged(Some(("5", &body)), Some("5"), &body));
+        assert!(
+            !listed_unchanged(Some(("5", &body)), Some("6"), &body),
+            "written since"
+        );
+        assert!(
+            !listed_unchanged(Some(("5", &body)), None, &body),
+            "gone, or not listed"
+        );
+        assert!(
+            !listed_unchanged(None, Some("5"), &body),
+            "never applied here"
+        );
+        assert!(
+            !listed_unchanged(Some(("5", &body)), Some("5"), &[8; 32]),
+            "another render"
+        );
+        assert!(
+            !listed_unchanged(Some(("", &body)), Some(""), &body),
+            "no versions"
+        );
     }
 
     #[test]

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use super::context::Context;
 use super::error::ReconcileError;
-use super::pass::DISCOVERY_MAX_AGE;
 use crate::api::{
     ChartVerification, HookRun, Manifest, ManifestStatus, ValuesReference, ValuesSourceKind,
 };
@@ -126,7 +125,7 @@ pub(super) async fn render_request(
         )
         .await?;
     let values = gather_values(manifest, ctx).await?;
-    let surface = cluster.fresh_surface(DISCOVERY_MAX_AGE).await?;
+    let surface = cluster.fresh_surface(cluster.discovery_max_age()).await?;
     Ok(RenderRequest {
         chart,
         release: manifest

@@ -8,6 +8,7 @@ use super::context::Context;
 use super::error::ReconcileError;
 use super::records::{Records, record_inventory};
 use crate::api::{InventoryEntry, Manifest, ManifestStatus};
+use crate::apply::listed::Listing;
 use crate::apply::ownership::apply_owned;
 use crate::apply::{Cluster, Deletion, FIELD_MANAGER};
 use crate::plan::drift::{self, IgnoreRules};
@@ -24,8 +25,9 @@ pub(super) struct DriftPass<'a> {
     /// bodies), so only then is an object read to see what it would release.
     pub changed: bool,
     /// A drift pass over the unchanged render of a Ready module, not asked for: objects exactly
-    /// as the last apply left them ([`Cluster::unchanged`]) are not applied again (and, unchanged
-    /// since that Ready pass, are still ready).
+    /// as the last apply left them ([`Cluster::unchanged`]: by the watches on the local cluster,
+    /// by a listing on a remote target) are not applied again (and, unchanged since that Ready
+    /// pass, are still ready).
     pub skip_unchanged: bool,
 }
 
@@ -51,6 +53,17 @@ pub(super) async fn apply_all(
     let previous_inventory = &previous.inventory;
     record_inventory(manifest, ctx, fence, previous, records, objects).await?;
     let learned = &mut *records.learned;
+    // A remote target has no watch: one metadata-only LIST per kind tells what is unchanged.
+    let listing = if pass.skip_unchanged && cluster.is_remote() {
+        let held: Vec<&InventoryEntry> = objects
+            .iter()
+            .map(|o| &o.id)
+            .filter(|id| crate::plan::holds(previous_inventory, id))
+            .collect();
+        cluster.list_applied(&uid, &held).await?
+    } else {
+        Listing::default()
+    };
     let mut applied = Vec::with_capacity(objects.len());
     for object in objects {
         // Applied before, also under another version (a chart moving to `autoscaling/v2`).
@@ -72,7 +85,7 @@ pub(super) async fn apply_all(
             id: object.id.clone(),
             body: std::mem::take(&mut prepared.body),
         };
-        if pass.skip_unchanged && exists && cluster.unchanged(&body, &uid) {
+        if pass.skip_unchanged && exists && cluster.unchanged(&body, &uid, &listing) {
             ctx.metrics.unchanged.inc();
             continue;
         }

@@ -12,8 +12,6 @@ use crate::plan::status::{Facts, Outcome};
 
 /// How long to wait for CRDs of a chart to become Established within one pass.
 pub(super) const CRD_ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
-/// How old the target's discovery may be before a pass refreshes it (upgrades, new APIs).
-pub(super) const DISCOVERY_MAX_AGE: Duration = Duration::from_secs(300);
 /// Longest requeue while workloads roll out or objects are being deleted.
 pub(super) const PROGRESS_REQUEUE: Duration = Duration::from_secs(5);
 /// Shortest such requeue: right after an apply or a delete.

@@ -161,6 +161,62 @@ impl Default for QueueMetrics {
     }
 }
 
+/// A gauge read when it is scraped (or asked, [`CountedNow::get`]) from a source its owner
+/// installs; 0 until one is. For counts that change with time itself, not only with events.
+#[derive(Clone)]
+pub struct CountedNow {
+    name: &'static str,
+    help: &'static str,
+    source: std::sync::Arc<std::sync::RwLock<Option<std::sync::Arc<CountNow>>>>,
+}
+
+/// What a [`CountedNow`] reads.
+type CountNow = dyn Fn() -> u64 + Send + Sync;
+
+impl std::fmt::Debug for CountedNow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("CountedNow").field(&self.name).finish()
+    }
+}
+
+impl CountedNow {
+    /// A gauge `name` (under its registry's prefix) described by `help`.
+    pub fn new(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            help,
+            source: std::sync::Arc::default(),
+        }
+    }
+
+    /// Reads the count from `source` from now on.
+    pub fn install(&self, source: impl Fn() -> u64 + Send + Sync + 'static) {
+        *self.source.write().unwrap_or_else(|e| e.into_inner()) = Some(std::sync::Arc::new(source));
+    }
+
+    /// The count now.
+    pub fn get(&self) -> u64 {
+        let source = self
+            .source
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        source.map_or(0, |count| count())
+    }
+}
+
+impl prometheus_client::collector::Collector for CountedNow {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let gauge = ConstGauge::new(self.get() as i64);
+        gauge.encode(encoder.encode_descriptor(self.name, self.help, None, gauge.metric_type())?)
+    }
+}
+
 /// What the queue counts at one instant: `(due, scheduled)`.
 type CountQueue = dyn Fn() -> (u64, u64) + Send + Sync;
 
@@ -404,15 +460,32 @@ pub struct TargetErrorLabels {
 pub const TARGET_ERROR_REASONS: [&str; 5] = ["secret", "refused", "unreachable", "auth", "tls"];
 
 /// Metrics of remote targets (`spec.target`).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct TargetMetrics {
     /// Remote target errors by reason.
     pub errors: Family<TargetErrorLabels, Counter>,
     /// Remote target clients cached now.
     pub clients: Gauge,
+    /// Cached remote target clients whose credential is due (expired or about to), counted
+    /// when scraped.
+    pub expiring: CountedNow,
     /// Where the remote clients' API requests are counted (the replica's
     /// `module_manager_api_requests_total`, target `remote`).
     pub requests: crate::telemetry::requests::ApiRequestMetrics,
+}
+
+impl Default for TargetMetrics {
+    fn default() -> Self {
+        Self {
+            errors: Family::default(),
+            clients: Gauge::default(),
+            expiring: CountedNow::new(
+                "credentials_expiring",
+                "Cached remote target clients whose credential (a token's iat/exp, a client certificate's notBefore/notAfter) is expired or in its last hour and last fifth of its lifetime",
+            ),
+            requests: crate::telemetry::requests::ApiRequestMetrics::default(),
+        }
+    }
 }
 
 impl TargetMetrics {
@@ -430,6 +503,7 @@ impl TargetMetrics {
             "Remote target clients cached (one per kubeconfig Secret key in use)",
             metrics.clients.clone(),
         );
+        sub.register_collector(Box::new(metrics.expiring.clone()));
         // Every reason from the start (at 0), so that rates and alerts see the series before the
         // first error.
         for reason in TARGET_ERROR_REASONS {

@@ -92,6 +92,8 @@ pub struct Endpoints {
 /// temporary directory.
 pub struct ControlPlane {
     endpoints: Endpoints,
+    /// Its certificates, to issue client certificates ([`ControlPlane::client_certificate`]).
+    pki: Pki,
     // Behind mutexes so that the shared control plane (a `static`) can be stopped at exit.
     procs: Mutex<Vec<Proc>>,
     tempdir: Mutex<Option<tempfile::TempDir>>,
@@ -301,9 +303,21 @@ impl ControlPlane {
         tracing::info!(server = %endpoints.server, ready_ms = apiserver_ready_after_ms, "control plane ready");
         Ok(Self {
             endpoints,
+            pki,
             procs: Mutex::new(procs),
             tempdir: Mutex::new(tempdir),
         })
+    }
+
+    /// A client certificate (PEM) and its key for `user` (in `group`, if any) that this API
+    /// server accepts while now is within `valid` — a range that may have begun long ago.
+    pub fn client_certificate(
+        &self,
+        user: &str,
+        group: Option<&str>,
+        valid: std::ops::Range<std::time::SystemTime>,
+    ) -> Result<(String, String), Error> {
+        self.pki.client_certificate(user, group, valid)
     }
 
     /// Where it runs.

@@ -1,6 +1,8 @@
 //! Throwaway certificates and the admin kubeconfig of a test control plane.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::ops::Range;
+use std::time::SystemTime;
 
 use base64::{Engine, engine::general_purpose::STANDARD};
 use rcgen::{
@@ -28,6 +30,8 @@ pub struct Pki {
     pub service_account_key_pem: String,
     /// Public half of `service_account_key_pem`.
     pub service_account_pub_pem: String,
+    /// The client CA with its key, to issue more client certificates.
+    client_issuer: CertifiedIssuer<'static, KeyPair>,
 }
 
 fn ca(common_name: &str) -> Result<CertifiedIssuer<'static, KeyPair>, Error> {
@@ -81,7 +85,26 @@ impl Pki {
             admin_key_pem: admin_key.serialize_pem(),
             service_account_pub_pem: service_account_key.public_key_pem(),
             service_account_key_pem: service_account_key.serialize_pem(),
+            client_issuer: client_ca,
         })
+    }
+
+    /// A client certificate (PEM) and its key for `user` (in `group`, if any), signed by the
+    /// client CA, valid over `valid` (which may lie in the past or have begun long ago).
+    pub fn client_certificate(
+        &self,
+        user: &str,
+        group: Option<&str>,
+        valid: Range<SystemTime>,
+    ) -> Result<(String, String), Error> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name = name(user, group);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = time::OffsetDateTime::from(valid.start);
+        params.not_after = time::OffsetDateTime::from(valid.end);
+        let certificate = params.signed_by(&key, &self.client_issuer)?;
+        Ok((certificate.pem(), key.serialize_pem()))
     }
 
     /// An admin kubeconfig for `https://127.0.0.1:<port>` with the credentials embedded.

@@ -55,7 +55,7 @@ async fn apply_to(
     names: &[String],
     params: &PatchParams,
 ) -> anyhow::Result<()> {
-    let client = client(&target.kubeconfig).await?;
+    let client = client(&target.kubeconfig()).await?;
     let releases = Releases {
         objects_template: template,
         template_release: TEMPLATE_RELEASE,

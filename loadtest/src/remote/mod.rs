@@ -12,6 +12,7 @@ pub mod proxy;
 pub mod testbed;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -19,12 +20,12 @@ use serde_json::json;
 
 use crate::audit::{self, AuditLog, ClientRequests};
 use crate::fleet::{Fleet, Probe};
-use crate::load::RemoteShape;
+use crate::load::{Load, RemoteShape};
 use crate::mttp::{self, Setting};
 use crate::options::Options;
 use crate::phase::{self, Cluster, Phase};
 use crate::progress::Progress;
-use crate::results::{Remote, RemoteBurst, RemoteIdle, RunResult, Spread};
+use crate::results::{Remote, RemoteBurst, RemoteIdle, RunResult, Spread, Violation};
 use testbed::{Shape, TestBed};
 
 /// Plays `remote`; fills `result.remote` and the phase's common figures. Returns the fleet,
@@ -65,9 +66,13 @@ pub async fn run(
         latency_ms: options.target_latency_ms,
         manifests: (options.targets * options.modules_per_target) as u64,
         setup_seconds: started.elapsed().as_secs_f64(),
+        token_seconds: options.target_token_seconds,
         ..Default::default()
     };
-    match play(&setting, &bed, result, &mut remote, progress).await {
+    let played = play(&setting, &bed, result, &mut remote, progress).await;
+    remote.token_renewals = bed.renewals.renewed.load(Ordering::Relaxed);
+    remote.token_renewal_failures = bed.renewals.failed.load(Ordering::Relaxed);
+    match played {
         Ok(mut fleet) => {
             fleet.shutdown().await;
             if !options.no_baselines {
@@ -97,7 +102,8 @@ async fn play(
     let phase = Phase::start(setting.cluster, options, "mm", replicas, progress.clone()).await?;
     result.environment.replicas = replicas;
     remote.replicas = replicas;
-    remote.burst = burst(setting, bed, &phase, remote.manifests as usize).await?;
+    let (burst, load) = burst(setting, bed, &phase, remote.manifests as usize).await?;
+    remote.burst = burst;
     progress.say(format!(
         "remote: {} Manifests on {} targets all Ready in {:.1} s ({:.1}/s), {:.1} requests and {:.1} connections per target",
         remote.manifests,
@@ -110,7 +116,30 @@ async fn play(
     if options.idle_seconds > 0 {
         remote.idle = Some(idle(setting, bed, &phase).await?);
     }
-    phase.finish(options, result, Vec::new()).await
+    // Still Ready: with short-lived tokens, only if every renewal reached the fleet in time.
+    let not_ready = still_not_ready(&load).await?;
+    remote.not_ready_at_end = Some(not_ready.len() as u64);
+    let violations = not_ready
+        .into_iter()
+        .map(|detail| Violation {
+            checker: "not-converged".into(),
+            detail: format!("not Ready when the fleet's part ended: {detail}"),
+        })
+        .collect();
+    phase.finish(options, result, violations).await
+}
+
+/// The Manifests not Ready at their generation, looked at for up to a minute (a pass may be
+/// retrying a passing error).
+async fn still_not_ready(load: &Load) -> anyhow::Result<Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let not_ready = load.not_ready().await?;
+        if not_ready.is_empty() || Instant::now() > deadline {
+            return Ok(not_ready);
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 }
 
 /// Every target's Manifests created at once, timed until all are Ready.
@@ -119,11 +148,16 @@ async fn burst(
     bed: &TestBed,
     phase: &Phase,
     count: usize,
-) -> anyhow::Result<RemoteBurst> {
+) -> anyhow::Result<(RemoteBurst, Load)> {
     let options = setting.options;
     let client = setting.cluster.client().await?;
     let namespace = phase::new_namespace(setting.cluster, &client, "remote").await?;
     bed.put_secrets(&client, &namespace).await?;
+    bed.renew_tokens(
+        client.clone(),
+        namespace.clone(),
+        options.target_token_seconds,
+    );
     let load = phase::burst_load(
         &phase.fleet,
         options,
@@ -143,7 +177,7 @@ async fn burst(
         .context("the remote burst")?;
     let measured = mttp::close_window(setting, phase, window).await?;
     let requests = marks.read(bed).await?;
-    Ok(RemoteBurst {
+    let burst = RemoteBurst {
         all_ready_seconds: timed.burst.seconds,
         per_second: timed.burst.per_second,
         create_to_ready_seconds: crate::measure::quantiles(&timed.latencies),
@@ -153,9 +187,11 @@ async fn burst(
         requests_per_target: spread(requests.iter().map(|r| r.total as f64)),
         writes_per_target: spread(requests.iter().map(writes)),
         requests_by_verb: by_verb(&requests),
+        requests_by_request: by_request(&requests),
         connections_opened_per_target: spread(increase(&opened, &bed.proxy.opened())),
         connections_open_per_target: spread(bed.proxy.open().into_iter().map(|n| n as f64)),
-    })
+    };
+    Ok((burst, load))
 }
 
 /// The fleet idle for `--idle-seconds` with every Manifest Ready.
@@ -179,6 +215,7 @@ async fn idle(setting: &Setting<'_>, bed: &TestBed, phase: &Phase) -> anyhow::Re
         requests_per_target_per_minute: spread(requests.iter().map(|r| r.total as f64 / minutes)),
         writes: requests.iter().map(writes).sum::<f64>() as u64,
         requests_by_verb: by_verb(&requests),
+        requests_by_request: by_request(&requests),
         connections_opened_per_target: spread(increase(&opened, &bed.proxy.opened())),
         fleet_cores: measured.fleet_cpu / measured.seconds,
         peak_rss_mib: measured.peak_rss_mib,
@@ -270,6 +307,17 @@ fn writes(requests: &ClientRequests) -> f64 {
         .sum::<u64>() as f64
 }
 
+/// All targets' requests by verb and resource.
+fn by_request(requests: &[ClientRequests]) -> BTreeMap<String, u64> {
+    let mut total = BTreeMap::new();
+    for r in requests {
+        for (request, n) in &r.by_request {
+            *total.entry(request.clone()).or_default() += n;
+        }
+    }
+    total
+}
+
 fn by_verb(requests: &[ClientRequests]) -> BTreeMap<String, u64> {
     let mut total = BTreeMap::new();
     for r in requests {
@@ -348,6 +396,7 @@ mod tests {
                 .map(|(v, n)| (v.to_owned(), n))
                 .into(),
             by_resource: BTreeMap::new(),
+            by_request: BTreeMap::new(),
         };
         assert_eq!(writes(&requests), 3.0);
     }

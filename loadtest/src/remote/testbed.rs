@@ -9,6 +9,8 @@
 //! and verifies the API server's certificate as `localhost` (`tls-server-name`).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -17,7 +19,7 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::proxy::Proxy;
@@ -33,6 +35,15 @@ const TARGET_ROLE: &str = "loadtest-target";
 const NAMESPACE_READER: &str = "loadtest-target-namespace-reader";
 /// Requests at once while the targets are set up.
 const SETUP_PARALLELISM: usize = 32;
+/// Longest one token renewal (a TokenRequest and a Secret write) may take.
+const RENEWAL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Keeps `error` unless an earlier one is kept.
+fn keep_first(kept: &Mutex<Option<String>>, error: String) {
+    kept.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert(error);
+}
 
 /// One simulated cluster.
 #[derive(Clone, Debug)]
@@ -44,8 +55,25 @@ pub struct Target {
     pub apiserver: usize,
     /// The user its requests are made as (`system:serviceaccount:<name>:module-manager`).
     pub user: String,
-    /// Its kubeconfig (its own endpoint and token).
-    pub kubeconfig: String,
+    /// Its kubeconfig (its own endpoint and token), as last renewed ([`TestBed::renew_tokens`]).
+    kubeconfig: Arc<Mutex<String>>,
+}
+
+impl Target {
+    /// Its kubeconfig now.
+    pub fn kubeconfig(&self) -> String {
+        self.kubeconfig
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// Tokens renewed and renewals that failed.
+#[derive(Debug, Default)]
+pub struct Renewals {
+    pub renewed: AtomicU64,
+    pub failed: AtomicU64,
 }
 
 /// The target control planes, the proxy and the targets.
@@ -55,6 +83,11 @@ pub struct TestBed {
     pub admins: Vec<Client>,
     pub proxy: Proxy,
     pub targets: Vec<Target>,
+    /// The renewals of the targets' tokens ([`TestBed::renew_tokens`]).
+    pub renewals: Arc<Renewals>,
+    /// When the targets' first tokens were requested (at most this old).
+    issued: std::time::Instant,
+    renewer: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// What the test bed is made of.
@@ -76,6 +109,7 @@ impl TestBed {
             "--target-apiservers must be at least 1"
         );
         raise_file_limit();
+        let issued = std::time::Instant::now();
         let apiservers =
             futures::future::try_join_all((0..shape.apiservers).map(|_| start_apiserver()))
                 .await
@@ -116,7 +150,65 @@ impl TestBed {
             admins,
             proxy,
             targets,
+            renewals: Arc::default(),
+            issued,
+            renewer: Mutex::default(),
         })
+    }
+
+    /// Renews every target's token at half its life, as a renewer next to a real fleet would
+    /// (docs/operations.md § Expiring target credentials): a new TokenRequest of
+    /// `token_seconds`, written into the target's kubeconfig and its Secret in `namespace` of
+    /// the local cluster; until [`TestBed::stop`].
+    pub fn renew_tokens(&self, local: Client, namespace: String, token_seconds: i64) {
+        let targets = self.targets.clone();
+        let admins = self.admins.clone();
+        let renewals = self.renewals.clone();
+        let every = Duration::from_secs((token_seconds.max(2) / 2).unsigned_abs());
+        // Half a life after the first tokens were requested, then every half life.
+        let mut next = tokio::time::Instant::from_std(self.issued) + every;
+        let task = tokio::spawn(async move {
+            let secrets = Api::<Secret>::namespaced(local, &namespace);
+            loop {
+                tokio::time::sleep_until(next).await;
+                next += every;
+                let first_error = Mutex::new(None);
+                stream::iter(&targets)
+                    .for_each_concurrent(SETUP_PARALLELISM, |target| {
+                        let (admin, secrets) = (&admins[target.apiserver], &secrets);
+                        let (renewals, first_error) = (&renewals, &first_error);
+                        async move {
+                            let renewed = renew(admin, secrets, target, token_seconds);
+                            let counter = match tokio::time::timeout(RENEWAL_TIMEOUT, renewed).await
+                            {
+                                Ok(Ok(())) => &renewals.renewed,
+                                Ok(Err(e)) => {
+                                    keep_first(first_error, format!("{e:#}"));
+                                    &renewals.failed
+                                }
+                                Err(_) => {
+                                    keep_first(
+                                        first_error,
+                                        format!("target {}: timed out", target.name),
+                                    );
+                                    &renewals.failed
+                                }
+                            };
+                            counter.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                    .await;
+                if let Some(error) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                    eprintln!(
+                        "loadtest: renewing the targets' tokens failed (first of this round): {error}"
+                    );
+                }
+            }
+        });
+        let mut renewer = self.renewer.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = renewer.replace(task) {
+            old.abort();
+        }
     }
 
     /// Writes every target's kubeconfig Secret (named as the target) into `namespace` of the
@@ -129,7 +221,7 @@ impl TestBed {
                 async move {
                     let secret: Secret = serde_json::from_value(json!({
                         "metadata": {"name": target.name},
-                        "stringData": {"kubeconfig": target.kubeconfig},
+                        "stringData": {"kubeconfig": target.kubeconfig()},
                     }))?;
                     secrets
                         .create(&PostParams::default(), &secret)
@@ -143,8 +235,16 @@ impl TestBed {
             .await
     }
 
-    /// Stops the API servers.
+    /// Stops the token renewals and the API servers.
     pub fn stop(&self) {
+        if let Some(renewer) = self
+            .renewer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            renewer.abort();
+        }
         for control_plane in &self.apiservers {
             control_plane.stop();
         }
@@ -248,27 +348,58 @@ async fn set_up_target(
         .create(&post, &binding)
         .await
         .with_context(context)?;
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(token_seconds),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let token = accounts
-        .create_token_request(SERVICE_ACCOUNT, &post, &request)
-        .await
-        .with_context(context)?
-        .status
-        .and_then(|s| s.token)
-        .with_context(|| format!("target {name}: the TokenRequest returned no token"))?;
+    let token = request_token(admin, &name, token_seconds).await?;
     let kubeconfig = kubeconfig(&name, endpoint, ca, &token);
     Ok(Target {
         user: format!("system:serviceaccount:{name}:{SERVICE_ACCOUNT}"),
         name,
         apiserver,
-        kubeconfig,
+        kubeconfig: Arc::new(Mutex::new(kubeconfig)),
     })
+}
+
+/// A token of target `name`'s ServiceAccount valid for `seconds` (TokenRequest).
+async fn request_token(admin: &Client, name: &str, seconds: i64) -> anyhow::Result<String> {
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(seconds),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Api::<ServiceAccount>::namespaced(admin.clone(), name)
+        .create_token_request(SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("target {name}: request a token"))?
+        .status
+        .and_then(|s| s.token)
+        .with_context(|| format!("target {name}: the TokenRequest returned no token"))
+}
+
+/// Renews `target`'s token: a new one into its kubeconfig and its Secret (a merge patch of
+/// `stringData`, as `kubectl apply` of a renewer would write it).
+async fn renew(
+    admin: &Client,
+    secrets: &Api<Secret>,
+    target: &Target,
+    token_seconds: i64,
+) -> anyhow::Result<()> {
+    let token = request_token(admin, &target.name, token_seconds).await?;
+    let kubeconfig = with_token(&target.kubeconfig(), &token)?;
+    let patch = json!({"stringData": {"kubeconfig": kubeconfig}});
+    secrets
+        .patch(&target.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("target {}: write the renewed Secret", target.name))?;
+    *target.kubeconfig.lock().unwrap_or_else(|e| e.into_inner()) = kubeconfig;
+    Ok(())
+}
+
+/// `kubeconfig` (as [`kubeconfig`] writes it) with `token` as its user's token.
+fn with_token(kubeconfig: &str, token: &str) -> anyhow::Result<String> {
+    let mut config: serde_json::Value = serde_json::from_str(kubeconfig)?;
+    config["users"][0]["user"]["token"] = json!(token);
+    Ok(serde_json::to_string(&config)?)
 }
 
 /// A kubeconfig for a target at `endpoint`: the API server's certificate is checked against

@@ -23,6 +23,7 @@ pub(super) fn section(r: &Remote) -> String {
             r.latency_ms,
             r.setup_seconds
         ),
+        credentials(r),
         burst(&r.burst),
         per_target(&[
             ("requests", &r.burst.requests_per_target),
@@ -33,11 +34,33 @@ pub(super) fn section(r: &Remote) -> String {
                 &r.burst.connections_open_per_target,
             ),
         ]),
-        format!("By verb, all targets: {}", verbs(&r.burst.requests_by_verb)),
+        format!(
+            "By verb, all targets: {}",
+            verbs(&r.burst.requests_by_verb, &r.burst.requests_by_request)
+        ),
     ];
     parts.push(bare(r));
     parts.extend(r.idle.as_ref().map(idle));
     parts.join("\n\n")
+}
+
+/// The targets' tokens and whether every Manifest stayed Ready with them.
+fn credentials(r: &Remote) -> String {
+    let not_ready = r
+        .not_ready_at_end
+        .map_or_else(|| MISSING.to_owned(), |n| n.to_string());
+    let tokens = if r.token_seconds > 0 {
+        format!(
+            "Tokens valid for {} s, renewed by the harness at half their life (a new \
+             TokenRequest written into the Secret): {} renewals, {} failed. ",
+            r.token_seconds, r.token_renewals, r.token_renewal_failures
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{tokens}Manifests not Ready at their generation when the fleet's part ended: {not_ready}."
+    )
 }
 
 fn burst(b: &RemoteBurst) -> String {
@@ -96,11 +119,17 @@ fn per_target(rows: &[(&str, &Spread)]) -> String {
     )
 }
 
-fn verbs(by_verb: &BTreeMap<String, u64>) -> String {
-    if by_verb.is_empty() {
+/// Requests by verb and resource when the run counted them, else by verb.
+fn verbs(by_verb: &BTreeMap<String, u64>, by_request: &BTreeMap<String, u64>) -> String {
+    let counts = if by_request.is_empty() {
+        by_verb
+    } else {
+        by_request
+    };
+    if counts.is_empty() {
         return MISSING.to_owned();
     }
-    by_verb
+    counts
         .iter()
         .map(|(verb, n)| format!("{verb} {n}"))
         .collect::<Vec<_>>()
@@ -137,7 +166,7 @@ fn idle(i: &RemoteIdle) -> String {
         i.fleet_cores,
         peak.map_or_else(|| MISSING.to_owned(), |p| format!("{p:.1}")),
         i.writes,
-        verbs(&i.requests_by_verb),
+        verbs(&i.requests_by_verb, &i.requests_by_request),
         per_target(&[
             ("requests per minute", &i.requests_per_target_per_minute),
             ("connections opened", &i.connections_opened_per_target),

@@ -1,0 +1,287 @@
+//! Cheap drift passes on remote targets: what module-manager's applies answered there
+//! ([`Applied`]), and, for one pass, the versions a metadata-only LIST of each kind finds now
+//! ([`Listing`]). There is no watch on a target (it would be one long-lived watch per kind per
+//! kubeconfig): a drift pass lists instead, by the Manifest's UID label, and applies only the
+//! objects whose resourceVersion is not the one its last apply answered with
+//! ([`plan::unchanged::listed_unchanged`](crate::plan::unchanged::listed_unchanged) decides).
+//! docs/reconcile.md, "Cheap drift passes".
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, ListParams};
+use kube::discovery::ApiResource;
+
+use super::labels::MANIFEST_UID_LABEL;
+use crate::api::InventoryEntry;
+use crate::plan::Scope;
+use crate::plan::unchanged::{Body, Kind, Name};
+
+/// Objects per page of a listing; a Manifest's objects of one kind rarely fill one.
+const PAGE: u32 = 500;
+/// Most pages read per kind: past that, the kind is not listed (its objects are applied).
+const MAX_PAGES: usize = 4;
+/// How long a kind whose listing the target refused (403: the credential may not `list` it) is
+/// not listed again through this client: its objects are applied meanwhile, as before the
+/// listings, without a refused request per pass.
+const REFUSED_FOR: Duration = Duration::from_secs(15 * 60);
+
+/// What an apply answered: the object's resourceVersion and the digest of the body sent.
+type Record = (String, Body);
+
+/// The applies of one target's client that answered with a version, by kind and name: kept as
+/// long as the client is cached, dropped when an apply fails or the object is deleted.
+#[derive(Debug, Default)]
+pub struct Applied {
+    records: Mutex<HashMap<Kind, HashMap<Name, Record>>>,
+    /// Kinds whose listing the target refused, and when.
+    refused: Mutex<HashMap<Kind, Instant>>,
+}
+
+fn name_of(id: &InventoryEntry) -> Name {
+    (id.namespace.clone(), id.name.clone())
+}
+
+impl Applied {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Kind, HashMap<Name, Record>>> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The apply of `id`, which sent `body`, answered with `version` (`None`: it failed, said
+    /// nothing, or left a field to another manager: applied again next time).
+    pub(super) fn applied(&self, id: &InventoryEntry, version: Option<&str>, body: Body) {
+        let mut records = self.lock();
+        let objects = records.entry(Kind::of(id)).or_default();
+        match version.filter(|v| !v.is_empty()) {
+            Some(version) => {
+                objects.insert(name_of(id), (version.to_owned(), body));
+            }
+            None => {
+                objects.remove(&name_of(id));
+            }
+        }
+    }
+
+    /// `id` was deleted (or its delete answered): nothing of it is kept.
+    pub(super) fn forget(&self, id: &InventoryEntry) {
+        if let Some(objects) = self.lock().get_mut(&Kind::of(id)) {
+            objects.remove(&name_of(id));
+        }
+    }
+
+    /// A listing of `ids`' kind found `versions`: the records of those it did not find go (the
+    /// object was deleted or relabelled by someone; the pass applies it and records it again),
+    /// so that nothing is kept of objects gone for good.
+    pub(super) fn settle(&self, ids: &[&InventoryEntry], versions: &HashMap<Name, String>) {
+        let mut records = self.lock();
+        for id in ids {
+            let name = name_of(id);
+            if !versions.contains_key(&name)
+                && let Some(objects) = records.get_mut(&Kind::of(id))
+            {
+                objects.remove(&name);
+            }
+        }
+    }
+
+    /// Whether `kind`'s listing was refused less than [`REFUSED_FOR`] before `now`.
+    pub(super) fn refused(&self, kind: &Kind, now: Instant) -> bool {
+        let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        refused
+            .get(kind)
+            .is_some_and(|at| now.saturating_duration_since(*at) < REFUSED_FOR)
+    }
+
+    /// A new credential may list what the last one could not: every kind is listed again.
+    pub(super) fn forget_refusals(&self) {
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    /// The target refused `kind`'s listing at `now`.
+    pub(super) fn refuse(&self, kind: &Kind, now: Instant) {
+        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        refused.insert(kind.clone(), now);
+    }
+
+    /// What the last apply of `id` answered, if it is kept.
+    pub(super) fn record(&self, id: &InventoryEntry) -> Option<Record> {
+        self.lock().get(&Kind::of(id))?.get(&name_of(id)).cloned()
+    }
+
+    /// Objects kept (for tests).
+    pub fn len(&self) -> usize {
+        self.lock().values().map(HashMap::len).sum()
+    }
+
+    /// Whether nothing is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One pass's look at its objects on a target: for each kind it could list, the
+/// resourceVersion of every object labelled with the Manifest's UID. A kind that was not listed
+/// (no record to compare with, not served, a failed request) is absent: its objects are applied.
+#[derive(Debug, Default)]
+pub struct Listing {
+    versions: HashMap<Kind, HashMap<Name, String>>,
+}
+
+impl Listing {
+    /// The version the listing found of `id` (`None`: not listed, or its kind was not).
+    pub fn version(&self, id: &InventoryEntry) -> Option<&str> {
+        let found = self.versions.get(&Kind::of(id))?.get(&name_of(id))?;
+        Some(found.as_str())
+    }
+
+    /// Records what one kind's listing found.
+    pub(super) fn insert(&mut self, kind: Kind, versions: HashMap<Name, String>) {
+        self.versions.insert(kind, versions);
+    }
+}
+
+/// Where to list one kind's objects of a Manifest: in their namespace when they share one (a
+/// ServiceAccount token bound to one namespace may list there), else cluster-wide.
+pub(super) fn scope_of<'a>(ids: &[&'a InventoryEntry], scope: &Scope) -> Option<&'a str> {
+    let namespaces: BTreeSet<&str> = ids.iter().map(|id| id.namespace.as_str()).collect();
+    match (scope, namespaces.len()) {
+        (Scope::Namespaced, 1) => namespaces.into_iter().next(),
+        _ => None,
+    }
+}
+
+/// What one kind's listing found.
+pub(super) enum Listed {
+    /// The resourceVersion of each object labelled with the Manifest's UID.
+    Found(HashMap<Name, String>),
+    /// The target refused it (403).
+    Refused,
+    /// The target answered with another error, or there were more pages than [`MAX_PAGES`].
+    Failed,
+    /// No answer (connection refused, a timeout, TLS): the target itself failed, and an apply
+    /// would fail the same way.
+    Unanswered(kube::Error),
+}
+
+/// The resourceVersions of the objects of `resource` labelled with the Manifest `owner_uid`
+/// (in `namespace`, or cluster-wide): one metadata-only LIST, a consistent read (no
+/// `resourceVersion`: the API server answers as of now, never from an older cache), paged.
+pub(super) async fn list_versions(
+    client: &kube::Client,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    owner_uid: &str,
+) -> Listed {
+    let api: Api<kube::api::DynamicObject> = match namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
+        None => Api::all_with(client.clone(), resource),
+    };
+    let selector = format!("{MANIFEST_UID_LABEL}={owner_uid}");
+    let mut params = ListParams::default().labels(&selector).limit(PAGE);
+    let mut versions = HashMap::new();
+    for _ in 0..MAX_PAGES {
+        let page = match api.list_metadata(&params).await {
+            Ok(page) => page,
+            Err(kube::Error::Api(status)) if status.code == 403 => return Listed::Refused,
+            Err(kube::Error::Api(status)) => {
+                tracing::debug!(kind = %resource.kind, "drift listing failed, its objects are applied: {}", status.message);
+                return Listed::Failed;
+            }
+            // The transport failed (connect, TLS, a timeout): the target did not answer.
+            Err(error @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => {
+                return Listed::Unanswered(error);
+            }
+            Err(error) => {
+                tracing::debug!(kind = %resource.kind, "drift listing failed, its objects are applied: {error}");
+                return Listed::Failed;
+            }
+        };
+        for item in page.items {
+            let name = (
+                item.metadata.namespace.unwrap_or_default(),
+                item.metadata.name.unwrap_or_default(),
+            );
+            versions.insert(name, item.metadata.resource_version.unwrap_or_default());
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Listed::Found(versions),
+        }
+    }
+    Listed::Failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(kind: &str, namespace: &str, name: &str) -> InventoryEntry {
+        InventoryEntry {
+            group: String::new(),
+            version: "v1".into(),
+            kind: kind.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn an_apply_is_kept_until_one_fails_or_the_object_is_deleted() {
+        let applied = Applied::default();
+        let cm = entry("ConfigMap", "a", "c");
+        applied.applied(&cm, Some("7"), [1; 32]);
+        assert_eq!(applied.record(&cm), Some(("7".into(), [1; 32])));
+        applied.applied(&cm, Some("9"), [2; 32]);
+        assert_eq!(applied.record(&cm), Some(("9".into(), [2; 32])));
+        applied.applied(&cm, None, [2; 32]);
+        assert_eq!(applied.record(&cm), None, "a failed apply forgets");
+        applied.applied(&cm, Some(""), [2; 32]);
+        assert_eq!(applied.record(&cm), None, "an empty version is no record");
+        applied.applied(&cm, Some("10"), [2; 32]);
+        applied.forget(&cm);
+        assert!(applied.is_empty());
+    }
+
+    #[test]
+    fn a_listing_drops_the_records_of_what_it_did_not_find() {
+        let applied = Applied::default();
+        let (kept, gone) = (
+            entry("ConfigMap", "a", "kept"),
+            entry("ConfigMap", "a", "gone"),
+        );
+        applied.applied(&kept, Some("1"), [1; 32]);
+        applied.applied(&gone, Some("2"), [1; 32]);
+        let versions = HashMap::from([(name_of(&kept), "1".to_owned())]);
+        applied.settle(&[&kept, &gone], &versions);
+        assert!(applied.record(&kept).is_some());
+        assert_eq!(applied.record(&gone), None);
+    }
+
+    #[test]
+    fn a_refused_kind_is_not_listed_again_for_a_while() {
+        let applied = Applied::default();
+        let kind = Kind::of(&entry("ConfigMap", "a", "c"));
+        let now = Instant::now();
+        assert!(!applied.refused(&kind, now));
+        applied.refuse(&kind, now);
+        assert!(applied.refused(&kind, now + Duration::from_secs(60)));
+        assert!(
+            !applied.refused(&kind, now + REFUSED_FOR),
+            "tried again later"
+        );
+    }
+
+    #[test]
+    fn a_kind_is_listed_in_its_one_namespace_or_cluster_wide() {
+        let (a, b) = (entry("ConfigMap", "a", "x"), entry("ConfigMap", "a", "y"));
+        let other = entry("ConfigMap", "b", "z");
+        assert_eq!(scope_of(&[&a, &b], &Scope::Namespaced), Some("a"));
+        assert_eq!(scope_of(&[&a, &other], &Scope::Namespaced), None);
+        let node = entry("ClusterRole", "", "r");
+        assert_eq!(scope_of(&[&node], &Scope::Cluster), None);
+    }
+}
