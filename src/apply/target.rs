@@ -342,8 +342,9 @@ pub struct TargetClients {
     /// What the clients of each Secret key recorded of their applies on the cluster with this
     /// digest ([`ValidKubeconfig::cluster_digest`]): shared by the clients built from that key
     /// (two passes that meet an uncached target at once both build one; a renewed Secret gets
-    /// a new one) while they name the same cluster.
-    applied: Mutex<HashMap<SecretKey, (String, Arc<listed::Applied>)>>,
+    /// a new one) while they name the same cluster. Weak: the records live as long as a client
+    /// holds them — a cached one, or one being built (so a prune meanwhile cannot split them).
+    applied: Mutex<HashMap<SecretKey, (String, std::sync::Weak<listed::Applied>)>>,
     /// When idle clients were last looked for by a lookup (at most once a minute: a prune
     /// copies and sorts every key, thousands at a replica's share of the targets).
     pruned_at: Mutex<Instant>,
@@ -410,7 +411,7 @@ impl TargetClients {
             entries.remove(&stale);
         }
         let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
-        applied.retain(|key, _| entries.contains_key(key));
+        applied.retain(|_, (_, records)| records.strong_count() > 0);
         self.publish(entries);
     }
 
@@ -461,14 +462,18 @@ impl TargetClients {
     /// a new credential may list.
     fn applied_of(&self, key: &SecretKey, digest: &str) -> Arc<listed::Applied> {
         let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
-        match applied.get(key) {
-            Some((same, records)) if same == digest => {
+        let kept = applied
+            .get(key)
+            .filter(|(same, _)| same == digest)
+            .and_then(|(_, records)| records.upgrade());
+        match kept {
+            Some(records) => {
                 records.forget_refusals();
-                records.clone()
+                records
             }
-            _ => {
+            None => {
                 let records = Arc::<listed::Applied>::default();
-                applied.insert(key.clone(), (digest.to_owned(), records.clone()));
+                applied.insert(key.clone(), (digest.to_owned(), Arc::downgrade(&records)));
                 records
             }
         }
@@ -810,6 +815,36 @@ mod tests {
         for error in [unreachable, refused, missing] {
             assert!(crate::telemetry::metrics::TARGET_ERROR_REASONS.contains(&error.reason()));
         }
+    }
+
+    #[test]
+    fn clients_of_one_key_and_cluster_share_their_records_while_one_holds_them() {
+        let clients = TargetClients::default();
+        let key = SecretKey {
+            namespace: "a".into(),
+            name: "remote".into(),
+            key: "kubeconfig".into(),
+        };
+        let first = clients.applied_of(&key, "cluster-1");
+        // A prune while the first client is still being built (none cached) keeps them.
+        clients.prune(&mut clients.lock(), Instant::now());
+        let second = clients.applied_of(&key, "cluster-1");
+        assert!(
+            Arc::ptr_eq(&first, &second),
+            "built at once, or renewed: shared"
+        );
+        let other = clients.applied_of(&key, "cluster-2");
+        assert!(
+            !Arc::ptr_eq(&first, &other),
+            "another cluster: records of its own"
+        );
+        drop((first, second));
+        let again = clients.applied_of(&key, "cluster-2");
+        assert!(Arc::ptr_eq(&other, &again));
+        drop((other, again));
+        clients.prune(&mut clients.lock(), Instant::now());
+        let applied = clients.applied.lock().unwrap();
+        assert!(applied.is_empty(), "nothing kept once no client holds them");
     }
 
     #[test]
