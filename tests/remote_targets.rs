@@ -23,6 +23,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
+use module_manager::apply::budget::BudgetSettings;
 use module_manager::apply::target::{TargetClients, TargetSettings};
 use module_manager::reconcile::Context;
 use module_manager::telemetry::metrics::{TargetErrorLabels, TargetMetrics};
@@ -34,6 +35,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{OnceCell, oneshot};
 
 const REPLICA: &str = "test-replica";
+/// A chart of one ConfigMap.
+const TINY: &str = "tests/fixtures/charts/tiny";
 /// A token that must never appear in a status, an Event or a log line.
 const CANARY_TOKEN: &str = "canary-token-d41d8cd98f00b204";
 
@@ -83,7 +86,30 @@ impl Drop for Harness {
     }
 }
 
+/// How the harness's operator treats remote targets: passes at once per target and each
+/// target's request budget.
+struct Tuning {
+    target_passes: usize,
+    budget: BudgetSettings,
+    connect_timeout: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            target_passes: 1,
+            budget: BudgetSettings::default(),
+            // Short: a silent target fails within seconds.
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
 async fn start(prefix: &str) -> Harness {
+    start_with(prefix, Tuning::default()).await
+}
+
+async fn start_with(prefix: &str, tuning: Tuning) -> Harness {
     let local_plane = testenv::shared(testenv::Options {
         crd_files: vec![repo().join("crds/manifest.yaml")],
         ..Default::default()
@@ -106,11 +132,11 @@ async fn start(prefix: &str) -> Harness {
     let ctx = Arc::new(
         test_support::context(counted, helm_home.path())
             .replica(REPLICA)
-            // Short timeouts: a silent target fails within seconds.
             .targets(TargetClients::new(
                 TargetSettings {
-                    connect_timeout: Duration::from_secs(2),
+                    connect_timeout: tuning.connect_timeout,
                     request_timeout: Duration::from_secs(5),
+                    budget: tuning.budget,
                     ..Default::default()
                 },
                 TargetMetrics::default(),
@@ -122,6 +148,7 @@ async fn start(prefix: &str) -> Harness {
     let (stop, stopped) = oneshot::channel::<()>();
     let config = ControllerConfig {
         concurrency: 4,
+        target_passes: tuning.target_passes,
         namespace: Some(ns.clone()),
         ..Default::default()
     };
@@ -286,6 +313,13 @@ impl Harness {
             "spec": spec,
         }))
         .unwrap()
+    }
+
+    /// Creates a Manifest `name` of the tiny chart (one ConfigMap) on the cluster of Secret
+    /// `secret` (`None`: local).
+    async fn create_tiny(&self, name: &str, secret: Option<&str>) {
+        self.create(&self.manifest(name, TINY, secret, json!({})))
+            .await;
     }
 
     async fn create(&self, manifest: &Manifest) {
@@ -914,25 +948,11 @@ async fn unreachable_or_refusing_targets_back_off_without_affecting_other_manife
         ),
     ];
     for (name, ..) in targets {
-        h.create(&h.manifest(name, "tests/fixtures/charts/tiny", Some(name), json!({})))
-            .await;
+        h.create_tiny(name, Some(name)).await;
     }
-    h.create(&h.manifest(
-        "good",
-        "tests/fixtures/charts/tiny",
-        Some("good"),
-        json!({}),
-    ))
-    .await;
-    h.create(&h.manifest("local", "tests/fixtures/charts/tiny", None, json!({})))
-        .await;
-    h.create(&h.manifest(
-        "frozen",
-        "tests/fixtures/charts/tiny",
-        Some("frozen"),
-        json!({}),
-    ))
-    .await;
+    h.create_tiny("good", Some("good")).await;
+    h.create_tiny("local", None).await;
+    h.create_tiny("frozen", Some("frozen")).await;
 
     // The others are unaffected: Ready on their clusters.
     h.wait_state("good", State::Ready).await;
@@ -989,6 +1009,153 @@ async fn unreachable_or_refusing_targets_back_off_without_affecting_other_manife
     // Only targets whose discovery succeeded are cached.
     assert_eq!(h.ctx.targets.len(), 2);
     drop(held);
+}
+
+/// A target that accepts connections and never answers holds at most one of the operator's
+/// four workers (`--target-passes` 1): its other Manifests go back to the queue without a
+/// worker, and the Manifests of other clusters, created once the silent ones were dispatched,
+/// are reconciled while its first pass still waits for its 20 s connect timeout — before any
+/// silent Manifest has an error. With the limit at 6 (no limit for 6 Manifests, as before it
+/// existed) the four workers all wait on the silent target: "good" and "local" are Ready only
+/// after silent Manifests have their errors, and `passes_held_max` is 4.
+#[tokio::test]
+async fn a_silent_target_holds_at_most_one_worker() {
+    let h = start_with(
+        "remote-one-worker",
+        Tuning {
+            connect_timeout: Duration::from_secs(20),
+            ..Default::default()
+        },
+    )
+    .await;
+    let silent_listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = format!("https://{}", silent_listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = accepted.clone();
+    let held = std::thread::spawn(move || {
+        let mut connections = Vec::new();
+        while let Ok((stream, _)) = silent_listener.accept() {
+            connections.push(stream);
+            counted.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    let token = json!({ "token": CANARY_TOKEN });
+    h.put_secret("silent", &kubeconfig(&silent, &h.remote_ca(), token))
+        .await;
+    let good_token = h.service_account_token(&format!("{}-good", h.ns)).await;
+    h.put_secret("good", &h.remote_kubeconfig(json!({ "token": good_token })))
+        .await;
+    let silent_manifests: Vec<String> = (0..6).map(|i| format!("silent-{i}")).collect();
+    for name in &silent_manifests {
+        h.create_tiny(name, Some("silent")).await;
+    }
+    // The silent Manifests were dispatched: each held by one of the 4 workers (connecting), or
+    // one held and the other 5 sent back.
+    let metrics = h.ctx.targets.metrics();
+    h.wait_until("the silent Manifests were dispatched", async || {
+        let connecting = accepted.load(Ordering::Relaxed);
+        connecting >= 4 || (connecting >= 1 && metrics.parked.get() >= 5)
+    })
+    .await;
+    h.create_tiny("good", Some("good")).await;
+    h.create_tiny("local", None).await;
+
+    h.wait_state("good", State::Ready).await;
+    h.wait_state("local", State::Ready).await;
+    for name in &silent_manifests {
+        let manifest = h.manifests.get(name).await.unwrap();
+        let state = manifest.status.and_then(|s| s.state);
+        assert_ne!(
+            state,
+            Some(State::Error),
+            "{name} failed before the other clusters' Manifests were Ready: their workers waited on it"
+        );
+    }
+    // The silent target's first pass ends with its connect timeout.
+    h.wait_until("a silent Manifest failed", async || {
+        for name in &silent_manifests {
+            let manifest = h.manifests.get(name).await.unwrap();
+            if ready_condition(&manifest).is_some_and(|(reason, _)| reason == "TargetUnreachable") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        metrics.passes_held_max.get(),
+        1,
+        "one target held more than one worker at once"
+    );
+    assert!(
+        metrics.parked.get() > 0,
+        "the silent target's other Manifests went back to the queue"
+    );
+    drop(held);
+}
+
+/// A target's requests wait for its budget: in every window of the run, the requests sent to
+/// it are at most the burst plus the rate times the window's length, plus one per client of the
+/// target (three passes at once may each build one; each may have taken a token just before the
+/// window opened). Without the budget (`BudgetSettings::default()` in the harness) it fails
+/// with "14 requests in 1.105 s, the budget allows 6.2": the discovery, identity and apply
+/// requests of three installs leaving together.
+#[tokio::test]
+async fn a_targets_requests_stay_within_its_budget() {
+    let budget = BudgetSettings { qps: 2.0, burst: 1 };
+    // Three passes at once on the target: they share its budget.
+    let h = start_with(
+        "remote-budget",
+        Tuning {
+            budget,
+            target_passes: 3,
+            ..Default::default()
+        },
+    )
+    .await;
+    let token = h.service_account_token(&format!("{}-budget", h.ns)).await;
+    h.put_secret("budgeted", &h.remote_kubeconfig(json!({ "token": token })))
+        .await;
+    let names = ["b-0", "b-1", "b-2"];
+    for name in names {
+        h.create_tiny(name, Some("budgeted")).await;
+    }
+    let requests = &h.ctx.targets.metrics().requests;
+    let sent = || requests.sum(|labels| labels.target == "remote");
+    // (before the read, the count, after the read): requests counted between two reads were
+    // sent between the first's start and the second's end.
+    let mut samples: Vec<(Instant, u64, Instant)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let before = Instant::now();
+        let count = sent();
+        samples.push((before, count, Instant::now()));
+        let mut ready = 0;
+        for name in names {
+            let manifest = h.manifests.get(name).await.unwrap();
+            let status = manifest.status.unwrap_or_default();
+            ready += usize::from(status.state == Some(State::Ready));
+        }
+        if ready == names.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for Ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let total = samples.last().map_or(0, |(_, n, _)| *n);
+    assert!(total >= 6, "the installs sent {total} requests");
+    for (i, (start, before, _)) in samples.iter().enumerate() {
+        for (_, after, end) in &samples[i + 1..] {
+            let window = end.duration_since(*start).as_secs_f64();
+            let allowed = f64::from(budget.burst) + budget.qps * window + 3.0;
+            assert!(
+                (after - before) as f64 <= allowed,
+                "{} requests in {window:.3} s, the budget allows {allowed:.1}",
+                after - before
+            );
+        }
+    }
+    assert!(h.ctx.targets.metrics().budget_waits.get() > 0);
 }
 
 /// `127.0.0.1:<port>` of an `https://127.0.0.1:<port>` server.

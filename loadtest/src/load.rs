@@ -342,6 +342,15 @@ impl Load {
         serde_json::from_value(value).expect("a valid Manifest")
     }
 
+    /// Creates Manifest `name` now, untracked: nothing waits for it, no latency is counted (a
+    /// Manifest expected never to be Ready, e.g. on a blackholed target).
+    pub async fn create_untracked(&self, name: &str) -> anyhow::Result<()> {
+        self.api
+            .create(&PostParams::default(), &self.manifest(name, 0))
+            .await?;
+        Ok(())
+    }
+
     /// Creates one new Manifest (in the background).
     pub async fn create(&self) {
         let name = {

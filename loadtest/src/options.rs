@@ -211,6 +211,11 @@ pub struct Options {
     /// Lifetime of each target's ServiceAccount token, seconds.
     #[arg(long, default_value_t = 86_400, help_heading = "remote")]
     pub target_token_seconds: i64,
+    /// Blackhole the last N targets from the start (the proxy accepts their connections and
+    /// swallows every byte): their Manifests are created with the burst but not timed, and the
+    /// others' create→Ready is measured beside them.
+    #[arg(long, default_value_t = 0, help_heading = "remote")]
+    pub blackholed_targets: usize,
 
     // ---- baselines ----
     /// Skip the baselines (on by default for basic, scale-out, smoke and mttp).

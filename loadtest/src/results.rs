@@ -479,6 +479,17 @@ pub struct RemoteBurst {
     pub connections_opened_per_target: Spread,
     /// TCP connections open to each target at the end.
     pub connections_open_per_target: Spread,
+    /// Targets blackholed from the start (`--blackholed-targets`; their Manifests are not
+    /// timed).
+    #[serde(default)]
+    pub blackholed_targets: u64,
+    /// Per replica, the most passes one target held at once
+    /// (`module_manager_target_passes_held_max` at the end).
+    #[serde(default)]
+    pub target_passes_held_max: BTreeMap<String, u64>,
+    /// Per replica, passes that found their target busy and went back to the queue.
+    #[serde(default)]
+    pub target_passes_parked: BTreeMap<String, u64>,
 }
 
 /// The fleet idle on the `remote` targets.

@@ -3,7 +3,9 @@
 //! `module-manager`, a short idle window and the bare client per target. The report must show
 //! that every target was reached through its own endpoint with its own credential: a run in
 //! which the targets shared a client, an address or a token would leave some target with no
-//! connection or no request of its own.
+//! connection or no request of its own. One more target is blackholed from the start: its
+//! Manifests hold at most one worker of each replica at any moment, and the others all become
+//! Ready beside it.
 
 mod common;
 
@@ -23,7 +25,9 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
             common::SHORT_FLEET,
             &[
                 "--targets",
-                "20",
+                "21",
+                "--blackholed-targets",
+                "1",
                 "--modules-per-target",
                 "5",
                 "--target-apiservers",
@@ -43,7 +47,7 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
     assert_eq!(result["passed"], true, "{}", result["violations"]);
     let remote = &result["remote"];
-    assert_eq!(remote["manifests"], 100);
+    assert_eq!(remote["manifests"], 105);
     let burst = &remote["burst"];
     assert!(number(&burst["all_ready_seconds"], "all Ready") > 0.0);
     assert_eq!(burst["create_to_ready_seconds"]["count"], 100);
@@ -59,6 +63,13 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
     assert!(number(&burst["writes_per_target"]["min"], "writes") >= 20.0);
     assert_eq!(burst["peak_rss_mib"].as_object().unwrap().len(), 2);
     assert_eq!(burst["sockets"].as_object().unwrap().len(), 2);
+    assert_eq!(burst["blackholed_targets"], 1);
+    let held = burst["target_passes_held_max"].as_object().unwrap();
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(
+        held.values().all(|n| n == 1),
+        "one target held more than one worker of a replica: {held:?}"
+    );
     let idle = &remote["idle"];
     assert!(number(&idle["seconds"], "idle") >= 5.0);
     assert!(
@@ -72,7 +83,7 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
     assert!(number(&remote["fleet_over_bare"], "ratio") > 0.0);
     let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
     assert!(
-        summary.contains("## Remote: 100 Manifests on 20 targets"),
+        summary.contains("## Remote: 105 Manifests on 21 targets"),
         "{summary}"
     );
 }

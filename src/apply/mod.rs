@@ -1,6 +1,7 @@
 //! Apply: a target cluster's discovery, server-side apply with one field manager, CRD
 //! establishment, and deletion.
 
+pub mod budget;
 pub mod catalog;
 pub mod credential;
 pub mod identity;

@@ -27,6 +27,7 @@ use kube::config::KubeConfigOptions;
 use kube::{Client, Config, ResourceExt};
 
 use crate::api::Manifest;
+use crate::apply::budget::{BudgetLayer, BudgetSettings, Share, TargetBudget};
 use crate::apply::credential::Validity;
 use crate::apply::kubeconfig::{ValidKubeconfig, parse, validate};
 use crate::apply::listed;
@@ -34,7 +35,7 @@ pub use crate::apply::watched_secrets::Fingerprint;
 use crate::apply::watched_secrets::WatchedSecrets;
 use crate::apply::{ApplyError, Cluster};
 use crate::telemetry::metrics::{TargetErrorLabels, TargetMetrics};
-use crate::telemetry::requests::{self, RequestTarget};
+use crate::telemetry::requests::{self, CountRequests, RequestTarget};
 
 /// How often a lookup drops idle clients (an insert always drops the excess).
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
@@ -50,6 +51,8 @@ pub struct TargetSettings {
     pub connect_timeout: Duration,
     /// Read and write timeout of a remote request.
     pub request_timeout: Duration,
+    /// Each target's fleet-wide request budget (`--target-qps`, `--target-burst`).
+    pub budget: BudgetSettings,
 }
 
 impl Default for TargetSettings {
@@ -59,6 +62,7 @@ impl Default for TargetSettings {
             idle: Duration::from_secs(30 * 60),
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
+            budget: BudgetSettings::default(),
         }
     }
 }
@@ -345,6 +349,15 @@ pub struct TargetClients {
     /// a new one) while they name the same cluster. Weak: the records live as long as a client
     /// holds them — a cached one, or one being built (so a prune meanwhile cannot split them).
     applied: Mutex<HashMap<SecretKey, (String, std::sync::Weak<listed::Applied>)>>,
+    /// The request budget of each Secret key, shared by the clients built from it, and when it
+    /// was last given to one: kept while a client holds it or for a while after, also when no
+    /// client could be built (a target
+    /// whose discovery fails — a 429 from an overloaded one, a 401 — gets no fresh bucket with
+    /// each new client); dropped after [`TargetSettings::idle`] unused.
+    budgets: Mutex<HashMap<SecretKey, (Arc<TargetBudget>, Instant)>>,
+    /// This replica's share of the fleet, which scales each target's budget (installed by the
+    /// controller from its shard ownership).
+    share: Share,
     /// When idle clients were last looked for by a lookup (at most once a minute: a prune
     /// copies and sorts every key, thousands at a replica's share of the targets).
     pruned_at: Mutex<Instant>,
@@ -372,6 +385,8 @@ impl TargetClients {
             metrics,
             entries,
             applied: Mutex::default(),
+            budgets: Mutex::default(),
+            share: Share::default(),
             pruned_at: Mutex::new(Instant::now()),
             watched: Arc::default(),
         }
@@ -397,6 +412,11 @@ impl TargetClients {
         &self.metrics
     }
 
+    /// This replica's share of the fleet, for the targets' request budgets.
+    pub fn share(&self) -> &Share {
+        &self.share
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SecretKey, Entry>> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -412,6 +432,12 @@ impl TargetClients {
         }
         let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
         applied.retain(|_, (_, records)| records.strong_count() > 0);
+        let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        // Held by a client (besides this map), or given to one recently.
+        budgets.retain(|_, (budget, used)| {
+            Arc::strong_count(budget) > 1
+                || now.saturating_duration_since(*used) < self.settings.idle
+        });
         self.publish(entries);
     }
 
@@ -477,6 +503,21 @@ impl TargetClients {
                 records
             }
         }
+    }
+
+    /// The request budget of `key`'s clients: the one kept for it, else a full one.
+    fn budget_of(&self, key: &SecretKey) -> Arc<TargetBudget> {
+        let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        let (budget, used) = budgets.entry(key.clone()).or_insert_with(|| {
+            let budget = TargetBudget::new(
+                self.settings.budget,
+                self.share.clone(),
+                self.metrics.budget_waits.clone(),
+            );
+            (Arc::new(budget), Instant::now())
+        });
+        *used = Instant::now();
+        budget.clone()
     }
 
     /// Drops the client of a Secret key whatever version it was built from (the Secret is gone or
@@ -565,7 +606,7 @@ impl TargetClients {
         let server = valid.server.clone();
         let expires = valid.credential_validity();
         let applied = self.applied_of(&key, &valid.cluster_digest());
-        let client = match self.client(valid).await {
+        let client = match self.client(valid, self.budget_of(&key)).await {
             Ok(client) => client,
             Err(problem) => return fail(refused(problem.to_owned())),
         };
@@ -590,8 +631,13 @@ impl TargetClients {
         Ok((cluster, fingerprint, server))
     }
 
-    /// A client with timeouts, from a validated kubeconfig. The messages name no content.
-    async fn client(&self, valid: ValidKubeconfig) -> Result<Client, &'static str> {
+    /// A client with timeouts whose requests are counted and wait for `budget`, from a
+    /// validated kubeconfig. The messages name no content.
+    async fn client(
+        &self,
+        valid: ValidKubeconfig,
+        budget: Arc<TargetBudget>,
+    ) -> Result<Client, &'static str> {
         let mut config = Config::from_custom_kubeconfig(valid.into_kubeconfig(), &KubeConfigOptions::default())
             .await
             .map_err(|_| {
@@ -602,9 +648,16 @@ impl TargetClients {
         config.write_timeout = Some(self.settings.request_timeout);
         // The read timeout counts from the request, not from when a pooled connection went idle.
         config.reset_reader_on_write = true;
-        requests::client(config, &self.metrics.requests, RequestTarget::Remote).map_err(|_| {
+        requests::with_user_agent(&mut config, requests::USER_AGENT);
+        let counted = CountRequests::new(self.metrics.requests.clone(), RequestTarget::Remote);
+        let builder = kube::client::ClientBuilder::try_from(config).map_err(|_| {
             "its certificates or key cannot be used for TLS (certificate-authority-data, client-certificate-data, client-key-data)"
-        })
+        })?;
+        // Counted when sent, after waiting for the budget.
+        Ok(builder
+            .with_layer(&counted)
+            .with_layer(&BudgetLayer(budget))
+            .build())
     }
 
     /// Turns an apply-step error on a target into a [`TargetError`] when the target itself
@@ -711,6 +764,17 @@ impl Target<'_> {
     }
 }
 
+/// The kubeconfig Secret key of a Manifest's remote target (`spec.target`), if it has one: what
+/// names a target in this replica (its client, records, budget and passes at once).
+pub fn secret_key(manifest: &Manifest) -> Option<SecretKey> {
+    let target = manifest.spec.target.as_ref()?;
+    Some(SecretKey {
+        namespace: manifest.namespace().unwrap_or_default(),
+        name: target.kubeconfig_secret_ref.name.clone(),
+        key: target.kubeconfig_secret_ref.key.clone(),
+    })
+}
+
 /// The cluster a Manifest's module goes to: the local cluster without `spec.target`, else the
 /// target named by the kubeconfig Secret (its client cached).
 pub async fn resolve<'a>(
@@ -719,16 +783,11 @@ pub async fn resolve<'a>(
     client: &Client,
     targets: &TargetClients,
 ) -> Result<Target<'a>, ResolveError> {
-    let Some(target) = &manifest.spec.target else {
+    let Some(key) = secret_key(manifest) else {
         return Ok(Target {
             cluster: Held::Local(local),
             remote: None,
         });
-    };
-    let key = SecretKey {
-        namespace: manifest.namespace().unwrap_or_default(),
-        name: target.kubeconfig_secret_ref.name.clone(),
-        key: target.kubeconfig_secret_ref.key.clone(),
     };
     let (cluster, fingerprint, server) = targets.connect(client, key.clone()).await?;
     Ok(Target {

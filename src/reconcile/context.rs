@@ -58,8 +58,9 @@ pub struct Context {
     pub written: LastWrites,
     /// Whether dependencies may cross namespaces.
     pub dependencies: DependencyRules,
-    /// The work queue's counts (`(due, scheduled)`, installed by the controller): a pass does
-    /// not wait for its workloads while other keys are due.
+    /// The work queue's counts (`(due, scheduled)`, installed by the controller; due includes
+    /// the keys waiting for their remote target's pass to end): a pass does not wait for its
+    /// workloads while other keys are due.
     pub queue: QueueCounts,
 }
 

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::apply::budget::BudgetSettings;
 use crate::apply::target::TargetSettings;
 use crate::plan::PlanLimits;
 use crate::plan::tenancy::ServiceAccountPolicy;
@@ -167,6 +168,20 @@ pub struct RunArgs {
     /// target hashed by UID, 1 − (1 − 1/N)⁵ of them (87 % at N = 3).
     #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..=65536))]
     pub target_clients: u64,
+    /// Remote targets: most passes at once on the Manifests of one target (kubeconfig Secret
+    /// key), per replica. A key whose target is at the limit goes back to the queue without
+    /// holding a worker, so a slow or unreachable target holds at most this many workers.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub target_passes: u64,
+    /// Remote targets: each target's request budget for the whole fleet, in requests per
+    /// second on average (Kyma's default); each replica allows its share (the fraction of the
+    /// shards it owns).
+    #[arg(long, default_value_t = 50.0, value_parser = parse_qps)]
+    pub target_qps: f64,
+    /// Remote targets: each target's burst of requests for the whole fleet (shared like
+    /// `--target-qps`).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub target_burst: u32,
     /// Address of the admin API (`/livez`, `/readyz`, `/metrics`).
     #[arg(long, default_value = "127.0.0.1:9440")]
     pub admin_address: std::net::SocketAddr,
@@ -189,6 +204,15 @@ fn parse_shards(text: &str) -> Result<u32, String> {
     ShardCount::new(count)
         .map(ShardCount::get)
         .ok_or_else(|| "a power of two from 1 to 65536".to_owned())
+}
+
+fn parse_qps(text: &str) -> Result<f64, String> {
+    let qps: f64 = text.parse().map_err(|e| format!("{e}"))?;
+    if qps.is_finite() && (0.01..=100_000.0).contains(&qps) {
+        Ok(qps)
+    } else {
+        Err("requests per second from 0.01 to 100000".to_owned())
+    }
 }
 
 /// A combination of `run` flags that cannot work.
@@ -248,6 +272,8 @@ pub struct RuntimeConfig {
     pub fleet: FleetConfig,
     /// Limits and timeouts of remote target clients.
     pub targets: TargetSettings,
+    /// Most passes at once per remote target.
+    pub target_passes: usize,
     /// Address of the admin API.
     pub admin_address: SocketAddr,
     /// Fault injection: reconcile every Manifest regardless of shard ownership.
@@ -346,8 +372,13 @@ impl RunArgs {
                 max_clients: self.target_clients as usize,
                 connect_timeout: Duration::from_secs(self.target_connect_timeout_seconds),
                 request_timeout: Duration::from_secs(self.target_request_timeout_seconds),
+                budget: BudgetSettings {
+                    qps: self.target_qps,
+                    burst: self.target_burst,
+                },
                 ..Default::default()
             },
+            target_passes: self.target_passes as usize,
             admin_address: self.admin_address,
             fault_ignore_ownership: self.fault_ignore_ownership,
             replica: self.replica,

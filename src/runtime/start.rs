@@ -87,6 +87,7 @@ pub async fn start(
 ) -> anyhow::Result<Replica> {
     let controller_config = ControllerConfig {
         concurrency: config.concurrency,
+        target_passes: config.target_passes,
         drain_timeout: config.drain_timeout,
         selector: config.manifest_selector.clone(),
         metrics: metrics.queue.clone(),

@@ -210,6 +210,16 @@ impl Ownership {
         self.lock().epochs.clone()
     }
 
+    /// The fraction of the fleet's `shards` this replica owns (draining ones included): 1 when
+    /// it owns everything outside a fleet.
+    pub fn share(&self, shards: u32) -> f64 {
+        let held = self.lock();
+        if held.everything {
+            return 1.0;
+        }
+        held.epochs.len() as f64 / f64::from(shards.max(1))
+    }
+
     /// Owned shards being handed over.
     pub fn draining(&self) -> BTreeSet<u32> {
         self.lock().draining.clone()

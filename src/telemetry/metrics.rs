@@ -472,6 +472,16 @@ pub struct TargetMetrics {
     /// Where the remote clients' API requests are counted (the replica's
     /// `module_manager_api_requests_total`, target `remote`).
     pub requests: crate::telemetry::requests::ApiRequestMetrics,
+    /// Requests to remote targets that waited for their target's request budget.
+    pub budget_waits: Counter,
+    /// Passes that found their target's passes at the limit and went back to the queue
+    /// (`--target-passes`).
+    pub parked: Counter,
+    /// The most passes one target held at once on this replica since it started: at most
+    /// `--target-passes` (a slow or unreachable target holds no more workers than that).
+    pub passes_held_max: Gauge,
+    /// Keys waiting now for a pass of their target to end (counted when scraped).
+    pub waiting: CountedNow,
 }
 
 impl Default for TargetMetrics {
@@ -484,6 +494,13 @@ impl Default for TargetMetrics {
                 "Cached remote target clients whose credential (a token's iat/exp, a client certificate's notBefore/notAfter) is expired or in its last hour and last fifth of its lifetime",
             ),
             requests: crate::telemetry::requests::ApiRequestMetrics::default(),
+            budget_waits: Counter::default(),
+            parked: Counter::default(),
+            passes_held_max: Gauge::default(),
+            waiting: CountedNow::new(
+                "passes_waiting",
+                "Manifests waiting now, without a worker, for a pass of their remote target to end (--target-passes)",
+            ),
         }
     }
 }
@@ -504,6 +521,22 @@ impl TargetMetrics {
             metrics.clients.clone(),
         );
         sub.register_collector(Box::new(metrics.expiring.clone()));
+        sub.register(
+            "budget_waits",
+            "Requests to remote targets that waited for their target's request budget (--target-qps, --target-burst, this replica's share)",
+            metrics.budget_waits.clone(),
+        );
+        sub.register(
+            "passes_parked",
+            "Passes that found their remote target at --target-passes passes already and went back to the queue without holding a worker",
+            metrics.parked.clone(),
+        );
+        sub.register(
+            "passes_held_max",
+            "The most passes (workers) one remote target held at once on this replica since it started (at most --target-passes)",
+            metrics.passes_held_max.clone(),
+        );
+        sub.register_collector(Box::new(metrics.waiting.clone()));
         // Every reason from the start (at 0), so that rates and alerts see the series before the
         // first error.
         for reason in TARGET_ERROR_REASONS {

@@ -32,6 +32,7 @@ use crate::work::dispatch::Passes;
 use crate::work::queue::WorkQueue;
 use crate::work::secret_versions::feed_secret_versions;
 use crate::work::sources::feed_sources;
+use crate::work::target_gate::TargetGate;
 use crate::work::watches::feed_queue;
 
 /// How the controller runs.
@@ -39,6 +40,8 @@ use crate::work::watches::feed_queue;
 pub struct ControllerConfig {
     /// Most reconciles at once.
     pub concurrency: usize,
+    /// Most reconciles at once of the Manifests of one remote target (`--target-passes`).
+    pub target_passes: usize,
     /// How long shutdown waits for in-flight reconciles.
     pub drain_timeout: Duration,
     /// Watch only this namespace (all namespaces when `None`).
@@ -56,6 +59,7 @@ impl Default for ControllerConfig {
     fn default() -> Self {
         Self {
             concurrency: 4,
+            target_passes: 1,
             drain_timeout: Duration::from_secs(10),
             namespace: None,
             selector: None,
@@ -71,6 +75,7 @@ pub struct Controller {
     config: ControllerConfig,
     ownership: Arc<Ownership>,
     work: Work,
+    targets: Arc<TargetGate>,
     writers: (Writer<Manifest>, Writer<Manifest>),
 }
 
@@ -79,11 +84,27 @@ impl Controller {
     pub fn new(ctx: Arc<Context>, config: ControllerConfig, ownership: Arc<Ownership>) -> Self {
         let (labelled, labelled_writer) = reflector::store();
         let (unlabelled, unlabelled_writer) = reflector::store();
-        // The queue's counts for the passes too: one waits for its workloads only while no
-        // other key is due (`reconcile::install`, the rollout wait inside the pass).
-        let counts = config.metrics.counts.clone();
         let queue = Arc::new(WorkQueue::new(config.metrics.clone()));
-        ctx.queue.install(move || counts.get());
+        let targets = TargetGate::new(
+            config.target_passes,
+            queue.clone(),
+            ctx.targets.metrics().clone(),
+        );
+        // The queue's counts for the passes too: one waits for its workloads only while no
+        // other key is due nor waits for a remote target's pass to end (`reconcile::install`,
+        // the rollout wait inside the pass).
+        let counts = config.metrics.counts.clone();
+        let gate = targets.clone();
+        ctx.queue.install(move || {
+            let (due, scheduled) = counts.get();
+            (due + gate.waiting() as u64, scheduled)
+        });
+        // Each remote target's request budget is split between the replicas by their shards.
+        let owner = ownership.clone();
+        let shards = ctx.shards;
+        ctx.targets
+            .share()
+            .install(move || owner.share(shards.get()));
         let work = Work {
             queue,
             seen: Arc::default(),
@@ -96,6 +117,7 @@ impl Controller {
             config,
             ownership,
             work,
+            targets,
             writers: (labelled_writer, unlabelled_writer),
         }
     }
@@ -113,6 +135,7 @@ impl Controller {
             config,
             ownership,
             work,
+            targets,
             writers,
         } = self;
         let api = match &config.namespace {
@@ -145,7 +168,7 @@ impl Controller {
             tokio::join!(manifests, sources, dependents, secret_versions);
         });
 
-        let passes = Passes::new(work, ctx, ownership);
+        let passes = Passes::new(work, ctx, ownership, targets);
         let tasks = passes.dispatch(config.concurrency, shutdown).await?;
         passes.drain(tasks, watch, config.drain_timeout).await;
         Ok(())

@@ -18,32 +18,41 @@ use tokio::task::{JoinHandle, JoinSet};
 use tracing::Instrument;
 
 use crate::api::Manifest;
+use crate::apply::target::secret_key;
 use crate::reconcile::{Context, Next, reconcile, relabel};
 use crate::shard::fence::{Fence, Ownership};
 use crate::shard::label::Route;
 use crate::work::caches::{Key, Work};
 use crate::work::queue::{WorkQueue, backoff};
+use crate::work::target_gate::TargetGate;
 
 /// Numbers reconcile passes within this process (`reconcile_id` on every log line of a pass).
 static RECONCILE_IDS: AtomicU64 = AtomicU64::new(1);
 
-/// What every pass shares: the caches and queue, the context, ownership, and the consecutive
-/// failures of each key (its backoff).
+/// What every pass shares: the caches and queue, the context, ownership, the consecutive
+/// failures of each key (its backoff) and the remote targets' passes at once.
 #[derive(Clone)]
 pub(super) struct Passes {
     work: Work,
     ctx: Arc<Context>,
     ownership: Arc<Ownership>,
     failures: Arc<Mutex<HashMap<Key, u32>>>,
+    targets: Arc<TargetGate>,
 }
 
 impl Passes {
-    pub(super) fn new(work: Work, ctx: Arc<Context>, ownership: Arc<Ownership>) -> Self {
+    pub(super) fn new(
+        work: Work,
+        ctx: Arc<Context>,
+        ownership: Arc<Ownership>,
+        targets: Arc<TargetGate>,
+    ) -> Self {
         Self {
             work,
             ctx,
             ownership,
             failures: Arc::default(),
+            targets,
         }
     }
 
@@ -117,7 +126,19 @@ impl Passes {
             return;
         };
         let next = match route {
-            Route::Reconcile(_) => self.reconcile_logged(manifest, &fence, &key).await,
+            Route::Reconcile(_) => {
+                // A remote target with its passes at the limit: back to the queue, no worker held.
+                let entered = match secret_key(&manifest) {
+                    Some(target) => match self.targets.enter(target, &key) {
+                        Some(entered) => Some(entered),
+                        None => return,
+                    },
+                    None => None,
+                };
+                let next = self.reconcile_logged(manifest, &fence, &key).await;
+                drop(entered);
+                next
+            }
             Route::Relabel(_) => self.relabel_logged(manifest, &fence, &key).await,
         };
         // A shard handed over meanwhile: its new owner has the key. Forgotten here too, in case
@@ -252,6 +273,7 @@ impl Passes {
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);
         self.work.seen().remove(key);
+        self.targets.forget(key);
     }
 }
 

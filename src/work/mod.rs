@@ -11,4 +11,5 @@ pub mod queue;
 mod secret_versions;
 mod seen;
 mod sources;
+mod target_gate;
 mod watches;

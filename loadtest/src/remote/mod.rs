@@ -130,11 +130,12 @@ async fn play(
 }
 
 /// The Manifests not Ready at their generation, looked at for up to a minute (a pass may be
-/// retrying a passing error).
+/// retrying a passing error); those of blackholed targets are not expected to be.
 async fn still_not_ready(load: &Load) -> anyhow::Result<Vec<String>> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let not_ready = load.not_ready().await?;
+        let mut not_ready = load.not_ready().await?;
+        not_ready.retain(|detail| !detail.starts_with(BLACKHOLED_PREFIX));
         if not_ready.is_empty() || Instant::now() > deadline {
             return Ok(not_ready);
         }
@@ -142,7 +143,12 @@ async fn still_not_ready(load: &Load) -> anyhow::Result<Vec<String>> {
     }
 }
 
-/// Every target's Manifests created at once, timed until all are Ready.
+/// The name prefix of the Manifests of blackholed targets (their number still names their
+/// target, `RemoteShape::target_of`).
+const BLACKHOLED_PREFIX: &str = "bh";
+
+/// Every target's Manifests created at once, timed until all are Ready but those of the
+/// blackholed targets (the last `--blackholed-targets`), which are created untracked just before.
 async fn burst(
     setting: &Setting<'_>,
     bed: &TestBed,
@@ -150,6 +156,11 @@ async fn burst(
     count: usize,
 ) -> anyhow::Result<(RemoteBurst, Load)> {
     let options = setting.options;
+    let blackholed = blackholed(options);
+    for index in options.targets - blackholed..options.targets {
+        bed.proxy.blackhole(index, true);
+    }
+    let timed_count = count - blackholed * options.modules_per_target;
     let client = setting.cluster.client().await?;
     let namespace = phase::new_namespace(setting.cluster, &client, "remote").await?;
     bed.put_secrets(&client, &namespace).await?;
@@ -171,12 +182,25 @@ async fn burst(
     let window = mttp::open_window(setting, phase).await?;
     let marks = TargetRequests::mark(bed);
     let opened = bed.proxy.opened();
-    let limit = mttp::burst_limit(options.settle_seconds, count);
-    let timed = phase::timed_load_burst(&load, &phase.fleet, count, limit, namespace)
+    let limit = mttp::burst_limit(options.settle_seconds, timed_count);
+    for n in timed_count + 1..=count {
+        load.create_untracked(&format!("{BLACKHOLED_PREFIX}{n:06}"))
+            .await
+            .context("a Manifest of a blackholed target")?;
+    }
+    let timed = phase::timed_load_burst(&load, &phase.fleet, timed_count, limit, namespace)
         .await
         .context("the remote burst")?;
     let measured = mttp::close_window(setting, phase, window).await?;
-    let requests = marks.read(bed).await?;
+    // Per target: the answering ones (the blackholed are the last).
+    let answering = options.targets - blackholed;
+    let mut requests = marks.read(bed).await?;
+    requests.truncate(answering);
+    let mut opened_now = bed.proxy.opened();
+    opened_now.truncate(answering);
+    let mut open_now = bed.proxy.open();
+    open_now.truncate(answering);
+    let (held_max, parked) = target_passes(&phase.probe).await;
     let burst = RemoteBurst {
         all_ready_seconds: timed.burst.seconds,
         per_second: timed.burst.per_second,
@@ -188,10 +212,39 @@ async fn burst(
         writes_per_target: spread(requests.iter().map(writes)),
         requests_by_verb: by_verb(&requests),
         requests_by_request: by_request(&requests),
-        connections_opened_per_target: spread(increase(&opened, &bed.proxy.opened())),
-        connections_open_per_target: spread(bed.proxy.open().into_iter().map(|n| n as f64)),
+        connections_opened_per_target: spread(increase(&opened, &opened_now)),
+        connections_open_per_target: spread(open_now.into_iter().map(|n| n as f64)),
+        blackholed_targets: blackholed as u64,
+        target_passes_held_max: held_max,
+        target_passes_parked: parked,
     };
     Ok((burst, load))
+}
+
+/// `--blackholed-targets`, leaving at least one target answering.
+fn blackholed(options: &Options) -> usize {
+    options
+        .blackholed_targets
+        .min(options.targets.saturating_sub(1))
+}
+
+/// Per replica: the most passes one target held at once, and the passes parked.
+async fn target_passes(probe: &Probe) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
+    let (mut held, mut parked) = (BTreeMap::new(), BTreeMap::new());
+    for ordinal in probe.ordinals().await.unwrap_or_default() {
+        let Ok(text) = probe.scrape(ordinal).await else {
+            continue;
+        };
+        let samples = crate::measure::parse_prometheus(&text);
+        let member = probe.member(ordinal);
+        let value = |name| crate::measure::sum(&samples, name, &[]) as u64;
+        held.insert(
+            member.clone(),
+            value("module_manager_target_passes_held_max"),
+        );
+        parked.insert(member, value("module_manager_target_passes_parked_total"));
+    }
+    (held, parked)
 }
 
 /// The fleet idle for `--idle-seconds` with every Manifest Ready.
@@ -207,7 +260,12 @@ async fn idle(setting: &Setting<'_>, bed: &TestBed, phase: &Phase) -> anyhow::Re
     let opened = bed.proxy.opened();
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let measured = mttp::close_window(setting, phase, window).await?;
-    let requests = marks.read(bed).await?;
+    // Per target: the answering ones (the blackholed are the last).
+    let answering = setting.options.targets - blackholed(setting.options);
+    let mut requests = marks.read(bed).await?;
+    requests.truncate(answering);
+    let mut opened_now = bed.proxy.opened();
+    opened_now.truncate(answering);
     let minutes = measured.seconds / 60.0;
     Ok(RemoteIdle {
         seconds: measured.seconds,
@@ -216,7 +274,7 @@ async fn idle(setting: &Setting<'_>, bed: &TestBed, phase: &Phase) -> anyhow::Re
         writes: requests.iter().map(writes).sum::<f64>() as u64,
         requests_by_verb: by_verb(&requests),
         requests_by_request: by_request(&requests),
-        connections_opened_per_target: spread(increase(&opened, &bed.proxy.opened())),
+        connections_opened_per_target: spread(increase(&opened, &opened_now)),
         fleet_cores: measured.fleet_cpu / measured.seconds,
         peak_rss_mib: measured.peak_rss_mib,
     })
@@ -241,7 +299,7 @@ async fn baseline(bed: &TestBed, options: &Options, remote: &mut Remote, progres
         )
         .await?;
         bare::apply(
-            &bed.targets,
+            &bed.targets[..bed.targets.len() - blackholed(options)],
             &template,
             options.modules_per_target,
             parallelism,

@@ -25,6 +25,7 @@ pub(super) fn section(r: &Remote) -> String {
         ),
         credentials(r),
         burst(&r.burst),
+        target_passes(&r.burst),
         per_target(&[
             ("requests", &r.burst.requests_per_target),
             ("writes", &r.burst.writes_per_target),
@@ -86,6 +87,28 @@ fn burst(b: &RemoteBurst) -> String {
             peak.map_or_else(|| MISSING.to_owned(), |p| format!("{p:.1}")),
             sockets.map_or_else(|| MISSING.to_owned(), |s| s.to_string()),
         ]],
+    )
+}
+
+/// The blackholed targets and the passes one target held at once, per replica.
+fn target_passes(b: &RemoteBurst) -> String {
+    let per_replica = |values: &BTreeMap<String, u64>| {
+        if values.is_empty() {
+            return MISSING.to_owned();
+        }
+        values
+            .iter()
+            .map(|(replica, n)| format!("{replica} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "Targets blackholed from the start: {} (their Manifests are not timed). Most passes \
+         one target held at once (`--target-passes` bounds it): {}; passes that found their \
+         target busy and went back to the queue: {}.",
+        b.blackholed_targets,
+        per_replica(&b.target_passes_held_max),
+        per_replica(&b.target_passes_parked),
     )
 }
 
