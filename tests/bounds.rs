@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -312,56 +311,11 @@ async fn a_pass_past_its_deadline_ends_and_frees_its_worker() {
     .await;
 }
 
-/// A ServiceAccount token for the admin API's audience, its account granted `rules` in `ns`.
-async fn token(client: &Client, ns: &str, name: &str, rules: Option<Value>) -> String {
-    use k8s_openapi::api::authentication::v1::TokenRequest;
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), ns);
-    let account: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    accounts
-        .create(&PostParams::default(), &account)
-        .await
-        .unwrap();
-    if let Some(rules) = rules {
-        let role: Role =
-            serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules})).unwrap();
-        Api::<Role>::namespaced(client.clone(), ns)
-            .create(&PostParams::default(), &role)
-            .await
-            .unwrap();
-        let binding: RoleBinding = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
-        }))
-        .unwrap();
-        Api::<RoleBinding>::namespaced(client.clone(), ns)
-            .create(&PostParams::default(), &binding)
-            .await
-            .unwrap();
-    }
-    let request: TokenRequest = serde_json::from_value(json!({"spec": {
-        "audiences": [module_manager::admin::TOKEN_AUDIENCE],
-        "expirationSeconds": 3600,
-    }}))
-    .unwrap();
-    accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token
-        .unwrap()
-}
-
 /// A token of the account `reader`, which may `get` the Manifests of `ns`.
 async fn reader(client: &Client, ns: &str) -> String {
     let rules =
         json!([{"apiGroups": ["modulemanager.io"], "resources": ["manifests"], "verbs": ["get"]}]);
-    token(client, ns, "reader", Some(rules)).await
+    common::admin_token(client, ns, "reader", common::Grant::Role(rules)).await
 }
 
 /// The Manifest `web` in `ns`.
@@ -377,30 +331,6 @@ async fn create_web(client: &Client, ns: &str) {
         .create(&PostParams::default(), &manifest)
         .await
         .unwrap();
-}
-
-/// The admin server on a loopback port with `client` behind it and `reviews`: its URL.
-async fn admin_server(client: &Client, reviews: module_manager::admin::Reviews) -> String {
-    use module_manager::admin::{AdminState, ServeLimits};
-    use tokio::sync::watch;
-    let state = AdminState {
-        registry: Arc::new(module_manager::telemetry::metrics::registry()),
-        synced: Arc::default(),
-        members: watch::channel(Default::default()).1,
-        fleet: watch::channel(Default::default()).1,
-        work: None,
-        drain: watch::channel(false).0,
-        client: Some(client.clone()),
-        reviews: Arc::new(reviews),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(module_manager::admin::serve(
-        listener,
-        module_manager::admin::router(state),
-        ServeLimits::default(),
-    ));
-    url
 }
 
 /// `GET /v1/manifests/{ns}/{name}` on the admin server with a real API server behind it: no
@@ -419,7 +349,7 @@ async fn manifest_details_need_a_token_that_may_get_the_manifest() {
     for namespace in [&ns, &other] {
         create_web(&client, namespace).await;
     }
-    let url = admin_server(&client, Default::default()).await;
+    let url = common::admin_server(&client, Default::default()).await;
 
     let path = format!("/v1/manifests/{ns}/web");
     let get = async |path: &str, token: Option<&str>| {
@@ -429,7 +359,7 @@ async fn manifest_details_need_a_token_that_may_get_the_manifest() {
     };
     let anonymous = get(&path, None).await.unwrap_err();
     assert!(anonymous.contains("401"), "{anonymous}");
-    let nobody = token(&client, &ns, "nobody", None).await;
+    let nobody = common::admin_token(&client, &ns, "nobody", common::Grant::Nothing).await;
     let refused = get(&path, Some(&nobody)).await.unwrap_err();
     assert!(
         refused.contains("403") && refused.contains("may not get manifests.modulemanager.io"),
@@ -489,7 +419,7 @@ async fn junk_tokens_cost_one_token_review_each_and_failures_are_rate_limited() 
         source_per_second: 1e-6,
         ..ReviewLimits::default()
     };
-    let url = admin_server(&client, Reviews::new(limits)).await;
+    let url = common::admin_server(&client, Reviews::new(limits)).await;
     module_manager::source::ensure_crypto_provider();
     let http = reqwest::Client::new();
     let get = async |token: &str| {

@@ -205,6 +205,7 @@ fn check_deployment(objects: &[Value], prefix: &str) {
         ("ClusterRoleBinding", "-modules"),
         ("ClusterRole", "-modules-default"),
         ("ClusterRole", "-drain"),
+        ("ClusterRole", "-targets"),
         ("StatefulSet", ""),
         ("Service", "-headless"),
         ("Service", "-admin"),
@@ -384,6 +385,11 @@ fn check_deployment(objects: &[Value], prefix: &str) {
     assert_eq!(
         drain["rules"],
         json!([{"nonResourceURLs": ["/v1/drain"], "verbs": ["post", "delete"]}])
+    );
+    let targets = find(objects, "ClusterRole", &format!("{prefix}-targets"));
+    assert_eq!(
+        targets["rules"],
+        json!([{"nonResourceURLs": ["/v1/targets"], "verbs": ["get"]}])
     );
 }
 

@@ -8,6 +8,8 @@
 //! `docs/sharding.md`; nothing here asserts a wall-clock time.
 #![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
@@ -764,6 +766,24 @@ impl Fleet {
     }
 }
 
+/// A ServiceAccount token for `audiences`, optionally allowed to `post`/`delete` `/v1/drain`.
+async fn token_for(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    allowed: bool,
+    audiences: &[&str],
+) -> String {
+    let grant = if allowed {
+        common::Grant::ClusterRole(
+            json!([{"nonResourceURLs": ["/v1/drain"], "verbs": ["post", "delete"]}]),
+        )
+    } else {
+        common::Grant::Nothing
+    };
+    common::account_token(client, namespace, name, grant, audiences).await
+}
+
 /// A ServiceAccount token for the admin API's audience, optionally allowed to `post`/`delete`
 /// `/v1/drain`.
 async fn token(client: &Client, namespace: &str, name: &str, allowed: bool) -> String {
@@ -775,59 +795,6 @@ async fn token(client: &Client, namespace: &str, name: &str, allowed: bool) -> S
         &[module_manager::admin::TOKEN_AUDIENCE],
     )
     .await
-}
-
-/// A ServiceAccount token for `audiences` (none: the API server's own).
-async fn token_for(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    allowed: bool,
-    audiences: &[&str],
-) -> String {
-    use k8s_openapi::api::authentication::v1::TokenRequest;
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
-    let account: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    accounts
-        .create(&PostParams::default(), &account)
-        .await
-        .unwrap();
-    if allowed {
-        let role: ClusterRole = serde_json::from_value(json!({
-            "metadata": {"name": format!("{namespace}-{name}")},
-            "rules": [{"nonResourceURLs": ["/v1/drain"], "verbs": ["post", "delete"]}]
-        }))
-        .unwrap();
-        Api::<ClusterRole>::all(client.clone())
-            .create(&PostParams::default(), &role)
-            .await
-            .unwrap();
-        let binding: ClusterRoleBinding = serde_json::from_value(json!({
-            "metadata": {"name": format!("{namespace}-{name}")},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{namespace}-{name}")},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
-        }))
-        .unwrap();
-        Api::<ClusterRoleBinding>::all(client.clone())
-            .create(&PostParams::default(), &binding)
-            .await
-            .unwrap();
-    }
-    let request: TokenRequest = serde_json::from_value(
-        json!({"spec": {"audiences": audiences, "expirationSeconds": 3600}}),
-    )
-    .unwrap();
-    accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token
-        .unwrap()
 }
 
 /// The admin API of a live fleet: any replica answers the same fleet-wide view, and a drain needs

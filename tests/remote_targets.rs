@@ -1158,6 +1158,154 @@ async fn a_targets_requests_stay_within_its_budget() {
     assert!(h.ctx.targets.metrics().budget_waits.get() > 0);
 }
 
+/// A token shaped as a JWT (never signed: the target refuses it) issued an hour ago and
+/// expiring in a minute: its credential is due.
+fn expiring_jwt() -> String {
+    use base64::Engine;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let part =
+        |value: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(value.to_string());
+    format!(
+        "{}.{}.{}",
+        part(json!({"alg": "RS256"})),
+        part(json!({"iat": now - 3540, "exp": now + 60, "sub": CANARY_TOKEN})),
+        part(json!("signature"))
+    )
+}
+
+/// `GET /v1/targets` on an admin server with the local cluster behind it: the targets of this
+/// test's namespace from their Manifests' statuses and their Secrets — Ready ones, an
+/// unreachable one whose token is due, one that refuses its token (two Manifests), one whose
+/// Secret is missing — failing ones first by reason, and nothing of a credential in the answer.
+/// Only for a caller who may `get` `/v1/targets`.
+#[tokio::test]
+async fn the_targets_view_shows_which_targets_fail_and_why() {
+    use module_manager::admin::TargetsAnswer;
+    use module_manager::cli::{TARGETS_TIMEOUT, fetch_within, targets_table};
+    let h = start("remote-view").await;
+    let good_token = h.service_account_token(&format!("{}-view", h.ns)).await;
+    h.put_secret("good", &h.remote_kubeconfig(json!({ "token": good_token })))
+        .await;
+    let closed = format!("https://127.0.0.1:{}", closed_port());
+    let due = json!({ "token": expiring_jwt() });
+    h.put_secret("closed", &kubeconfig(&closed, &h.remote_ca(), due))
+        .await;
+    h.put_secret(
+        "bad-token",
+        &h.remote_kubeconfig(json!({ "token": CANARY_TOKEN })),
+    )
+    .await;
+    for (name, secret) in [
+        ("good-1", Some("good")),
+        ("good-2", Some("good")),
+        ("closed-1", Some("closed")),
+        ("bad-1", Some("bad-token")),
+        ("bad-2", Some("bad-token")),
+        ("missing-1", Some("missing")),
+        ("local-1", None),
+    ] {
+        h.create_tiny(name, secret).await;
+    }
+    for name in ["good-1", "good-2", "local-1"] {
+        h.wait_state(name, State::Ready).await;
+    }
+    h.wait_error("closed-1", "TargetUnreachable", &closed).await;
+    for name in ["bad-1", "bad-2"] {
+        h.wait_error(name, "TargetAuthError", "401").await;
+    }
+    h.wait_error("missing-1", "TargetError", "missing").await;
+
+    let url = common::admin_server(&h.local, Default::default()).await;
+    let may_see = json!([{"nonResourceURLs": ["/v1/targets"], "verbs": ["get"]}]);
+    let viewer = common::Grant::ClusterRole(may_see);
+    let viewer = common::admin_token(&h.local, &h.ns, "viewer", viewer).await;
+    let nobody = common::Grant::Nothing;
+    let nobody = common::admin_token(&h.local, &h.ns, "nobody", nobody).await;
+    let path = format!("/v1/targets?namespace={}", h.ns);
+    let get = async |path: &str, token: Option<&str>| {
+        fetch_within::<TargetsAnswer>(&url, http::Method::GET, path, token, TARGETS_TIMEOUT)
+            .await
+            .map_err(|e| format!("{e:#}"))
+    };
+    let anonymous = get(&path, None).await.unwrap_err();
+    assert!(anonymous.contains("401"), "{anonymous}");
+    let refused = get(&path, Some(&nobody)).await.unwrap_err();
+    assert!(refused.contains("403"), "{refused}");
+
+    let answer = get(&path, Some(&viewer)).await.unwrap();
+    assert_eq!((answer.targets, answer.manifests), (4, 6), "{answer:#?}");
+    assert_eq!((answer.failing, answer.expiring), (3, 1), "{answer:#?}");
+    let reasons: Vec<(&str, u64)> = answer
+        .by_reason
+        .iter()
+        .map(|(r, n)| (r.as_str(), *n))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("TargetAuthError", 1),
+            ("TargetError", 1),
+            ("TargetUnreachable", 1)
+        ]
+    );
+    let order: Vec<&str> = answer.rows.iter().map(|r| r.secret.as_str()).collect();
+    assert_eq!(order, ["bad-token", "missing", "closed", "good"]);
+    let row = |secret: &str| answer.rows.iter().find(|r| r.secret == secret).unwrap();
+    let good = row("good");
+    assert_eq!(
+        (good.ready, good.manifests, good.reason.as_deref()),
+        (2, 2, None)
+    );
+    assert_eq!(good.server.as_deref(), Some(h.remote_server().as_str()));
+    assert!(good.last_ready.is_some() && good.credential_expires.is_some());
+    assert!(!good.credential_due);
+    let unreachable = row("closed");
+    assert!(unreachable.credential_due, "{unreachable:?}");
+    assert!(unreachable.failing_since.is_some());
+    assert!(
+        unreachable
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains(&closed)),
+        "{unreachable:?}"
+    );
+    let refusing = row("bad-token");
+    assert_eq!(
+        refusing.not_ready.get("TargetAuthError"),
+        Some(&2),
+        "{refusing:?}"
+    );
+    assert!(
+        refusing.credential_expires.is_none(),
+        "not a JWT: no expiry"
+    );
+    let missing = row("missing");
+    assert!(
+        missing
+            .secret_problem
+            .as_deref()
+            .is_some_and(|p| p.contains("not found")),
+        "{missing:?}"
+    );
+    let text = serde_json::to_string(&answer).unwrap();
+    assert!(!text.contains(CANARY_TOKEN) && !text.contains(&good_token));
+
+    let failing = get(&format!("{path}&failing=true"), Some(&viewer))
+        .await
+        .unwrap();
+    let kept: Vec<&str> = failing.rows.iter().map(|r| r.secret.as_str()).collect();
+    assert_eq!(kept, ["bad-token", "missing", "closed"]);
+    let table = targets_table(&answer, k8s_openapi::jiff::Timestamp::now());
+    assert!(
+        table.contains("4 targets, 6 Manifests; 3 failing (TargetAuthError 1, TargetError 1, TargetUnreachable 1); 1 with a credential due"),
+        "{table}"
+    );
+    assert!(table.contains("(due)"), "{table}");
+}
+
 /// `127.0.0.1:<port>` of an `https://127.0.0.1:<port>` server.
 fn server_address(server: &str) -> SocketAddr {
     server.trim_start_matches("https://").parse().unwrap()

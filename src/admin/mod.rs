@@ -1,5 +1,6 @@
 //! Admin API (axum): health, metrics, the fleet's members and shards, this replica's queue, one
-//! Manifest's shard and owner, and the authenticated drain switch. Documented in
+//! Manifest's shard and owner, the fleet's remote targets (`targets.rs`), and the authenticated
+//! drain switch. Documented in
 //! `docs/admin-api.md`; the command line's client and tables are in `crate::cli`.
 //!
 //! Every `/v1` answer is JSON; every error is `{"error": "..."}`. The fleet-wide views come from
@@ -18,6 +19,7 @@ mod names;
 mod reviews;
 mod server;
 mod state;
+mod targets;
 #[cfg(test)]
 pub(crate) mod testing;
 mod upstream;
@@ -36,7 +38,8 @@ pub use errors::ApiError;
 pub use names::{is_dns_label, is_dns_subdomain};
 pub use reviews::{ReviewLimits, Reviews};
 pub use server::{ServeLimits, Source, serve};
-pub use state::{AdminState, DRAIN_PATH};
+pub use state::{AdminState, DRAIN_PATH, TARGETS_PATH};
+pub use targets::{TargetRow, TargetsAnswer};
 pub use upstream::{API_TIMEOUT, MAX_API_CALLS, Pool};
 
 use errors::error;
@@ -55,6 +58,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/shards/{shard}", get(handlers::shard))
         .route("/v1/queue", get(handlers::queue))
         .route("/v1/manifests/{namespace}/{name}", get(handlers::manifest))
+        .route(TARGETS_PATH, get(handlers::targets))
         .route(DRAIN_PATH, post(handlers::drain).delete(handlers::undrain))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .method_not_allowed_fallback(|| async {

@@ -36,3 +36,6 @@ pub struct AdminState {
 
 /// The path the drain switch is authorized on (`nonResourceURLs` in a ClusterRole).
 pub const DRAIN_PATH: &str = "/v1/drain";
+
+/// The path the fleet's targets are authorized on (`get`, `nonResourceURLs` in a ClusterRole).
+pub const TARGETS_PATH: &str = "/v1/targets";

@@ -279,7 +279,7 @@ fn apply_source(error: &ApplyError) -> Option<(&kube::Error, String)> {
 }
 
 /// A Secret key holding a target's kubeconfig: what the client cache is keyed by.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SecretKey {
     /// The Secret's namespace (the Manifest's).
     pub namespace: String,

@@ -10,6 +10,9 @@ use crate::admin::ErrorAnswer;
 
 /// Limit on one command-line request, connection to last byte.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Limit on `GET /v1/targets`, which lists every Manifest and reads every target's Secret (the
+/// admin server's own limit on a request is 30 s).
+pub const TARGETS_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest answer the command line reads.
 pub const MAX_RESPONSE_BODY: usize = 16 << 20;
 
@@ -22,6 +25,17 @@ pub async fn fetch<T: DeserializeOwned>(
     method: Method,
     path: &str,
     token: Option<&str>,
+) -> anyhow::Result<T> {
+    fetch_within(base, method, path, token, FETCH_TIMEOUT).await
+}
+
+/// [`fetch`] within `timeout` instead of [`FETCH_TIMEOUT`].
+pub async fn fetch_within<T: DeserializeOwned>(
+    base: &str,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    timeout: Duration,
 ) -> anyhow::Result<T> {
     use http_body_util::BodyExt;
     let what = format!("{method} {path}");
@@ -56,13 +70,10 @@ pub async fn fetch<T: DeserializeOwned>(
             .to_bytes();
         anyhow::Ok((status, body))
     };
-    let (status, body) = tokio::time::timeout(FETCH_TIMEOUT, exchange)
+    let (status, body) = tokio::time::timeout(timeout, exchange)
         .await
         .map_err(|_| {
-            anyhow::anyhow!(
-                "{what} at {base}: no answer within {} s",
-                FETCH_TIMEOUT.as_secs()
-            )
+            anyhow::anyhow!("{what} at {base}: no answer within {} s", timeout.as_secs())
         })??;
     if !status.is_success() {
         let message = match serde_json::from_slice::<ErrorAnswer>(&body) {

@@ -9,10 +9,10 @@ pub mod manifests;
 pub mod tables;
 pub mod views;
 
-pub use client::{FETCH_TIMEOUT, MAX_RESPONSE_BODY, fetch};
+pub use client::{FETCH_TIMEOUT, MAX_RESPONSE_BODY, TARGETS_TIMEOUT, fetch, fetch_within};
 pub use tables::{
     drain_table, manifest_table, member_state_name, members_table, queue_table, shard_status_name,
-    shard_table, shards_table,
+    shard_table, shards_table, targets_table,
 };
 
 use std::ffi::OsStr;
@@ -23,7 +23,7 @@ use clap::Subcommand;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::admin::{DRAIN_PATH, is_dns_label, is_dns_subdomain};
+use crate::admin::{DRAIN_PATH, TARGETS_PATH, TargetsAnswer, is_dns_label, is_dns_subdomain};
 use manifests::Request;
 use views::{Output, encoded};
 
@@ -126,6 +126,19 @@ enum AdminView {
         #[command(flatten)]
         token: AdminToken,
     },
+    /// The fleet's remote targets (`GET /v1/targets`): per target its server, Manifests Ready,
+    /// why it fails and since when, and when its credential expires; failing ones first, by
+    /// reason. For a caller who may `get` the non-resource URL `/v1/targets`.
+    Targets {
+        /// Only the failing targets and those whose credential is due.
+        #[arg(long)]
+        failing: bool,
+        /// Only the Manifests (and kubeconfig Secrets) of this namespace.
+        #[arg(long = "target-namespace", value_name = "NAMESPACE")]
+        namespace: Option<String>,
+        #[command(flatten)]
+        token: AdminToken,
+    },
     /// Make the replica hand every shard over and take none (`POST /v1/drain`).
     Drain(AdminToken),
     /// Let the replica take shards again (`DELETE /v1/drain`).
@@ -135,7 +148,8 @@ enum AdminView {
 #[derive(clap::Args)]
 struct AdminToken {
     /// Bearer token (audience `module-manager`) of a caller allowed to `post`/`delete` the
-    /// non-resource URL `/v1/drain` (drain, undrain), or to `get` the Manifest (manifest).
+    /// non-resource URL `/v1/drain` (drain, undrain), to `get` `/v1/targets` (targets), or to
+    /// `get` the Manifest (manifest).
     #[arg(long, env = "MODULE_MANAGER_TOKEN", hide_env_values = true)]
     token: String,
 }
@@ -174,6 +188,22 @@ pub async fn admin(args: AdminArgs) -> anyhow::Result<String> {
             );
             let path = format!("/v1/manifests/{namespace}/{name}");
             shown(a, Method::GET, &path, Some(token), manifest_table).await
+        }
+        AdminView::Targets {
+            failing,
+            namespace,
+            token: AdminToken { token },
+        } => {
+            let mut query = vec![format!("failing={failing}")];
+            if let Some(namespace) = namespace {
+                anyhow::ensure!(is_dns_label(namespace), "not a namespace: {namespace:?}");
+                query.push(format!("namespace={namespace}"));
+            }
+            let path = format!("{TARGETS_PATH}?{}", query.join("&"));
+            let answer: TargetsAnswer =
+                fetch_within(&a.url, Method::GET, &path, Some(token), TARGETS_TIMEOUT).await?;
+            let now = k8s_openapi::jiff::Timestamp::now();
+            Ok(encoded(&answer, a.output)?.unwrap_or_else(|| targets_table(&answer, now)))
         }
         AdminView::Drain(AdminToken { token }) => {
             shown(a, Method::POST, DRAIN_PATH, Some(token), drain_table).await

@@ -1,6 +1,10 @@
 //! The admin API's answers as tables for a terminal (pure).
 
-use crate::admin::{DrainAnswer, ManifestAnswer, ManifestSource, QueueAnswer, ShardsAnswer};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::admin::{
+    DrainAnswer, ManifestAnswer, ManifestSource, QueueAnswer, ShardsAnswer, TargetsAnswer,
+};
 use crate::shard::fleet::{ShardStatus, ShardView};
 use crate::shard::membership::{MemberState, Members};
 
@@ -29,6 +33,30 @@ pub(super) fn columns(rows: &[Vec<String>]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// An age as kubectl prints it: `42s`, `5m`, `3h`, `12d`.
+pub fn age(since: Option<Timestamp>, now: Timestamp) -> String {
+    let Some(since) = since else {
+        return "-".into();
+    };
+    let seconds = now.duration_since(since).as_secs().max(0);
+    match seconds {
+        0..120 => format!("{seconds}s"),
+        120..7200 => format!("{}m", seconds / 60),
+        7200..172_800 => format!("{}h", seconds / 3600),
+        _ => format!("{}d", seconds / 86400),
+    }
+}
+
+/// `text` cut to `width` characters, ending in `…` when cut.
+pub(super) fn shortened(text: &str, width: usize) -> String {
+    let one_line = text.replace('\n', " ");
+    if one_line.chars().count() <= width {
+        return one_line;
+    }
+    let kept: String = one_line.chars().take(width.saturating_sub(1)).collect();
+    kept + "…"
 }
 
 pub(super) fn or_dash<T: ToString>(value: Option<T>) -> String {
@@ -291,6 +319,74 @@ pub fn drain_table(answer: &DrainAnswer) -> String {
     } else {
         "not draining: the replica asked takes shards again\n".to_owned()
     }
+}
+
+/// `GET /v1/targets` as a table at `now`: one line per target (failing ones first, by reason),
+/// then the fleet's counts by reason.
+pub fn targets_table(answer: &TargetsAnswer, now: Timestamp) -> String {
+    let mut rows = vec![
+        [
+            "TARGET",
+            "SERVER",
+            "READY",
+            "REASON",
+            "FAILING FOR",
+            "CREDENTIAL EXPIRES IN",
+            "MESSAGE",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    rows.extend(answer.rows.iter().map(|row| {
+        let key = if row.key == "kubeconfig" {
+            String::new()
+        } else {
+            format!(":{}", row.key)
+        };
+        let expires = row.credential_expires.map(|at| {
+            let left = at.duration_since(now).as_secs();
+            let text = if left < 0 {
+                format!("expired {} ago", age(Some(at), now))
+            } else {
+                age(Some(now), at)
+            };
+            if row.credential_due {
+                format!("{text} (due)")
+            } else {
+                text
+            }
+        });
+        let message = row.message.as_deref().or(row.secret_problem.as_deref());
+        vec![
+            format!("{}/{}{key}", row.namespace, row.secret),
+            or_dash(row.server.as_deref()),
+            format!("{}/{}", row.ready, row.manifests),
+            or_dash(row.reason.as_deref()),
+            row.failing_since
+                .map_or_else(|| "-".to_owned(), |s| age(Some(s), now)),
+            or_dash(expires),
+            message.map_or_else(|| "-".to_owned(), |m| shortened(m, 80)),
+        ]
+    }));
+    let mut out = columns(&rows);
+    let reasons: Vec<String> = answer
+        .by_reason
+        .iter()
+        .map(|(reason, n)| format!("{reason} {n}"))
+        .collect();
+    out += &format!(
+        "{} targets, {} Manifests; {} failing{}; {} with a credential due\n",
+        answer.targets,
+        answer.manifests,
+        answer.failing,
+        if reasons.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", reasons.join(", "))
+        },
+        answer.expiring,
+    );
+    out
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::tables::{columns, or_dash};
+use super::tables::{age, columns, or_dash, shortened};
 use crate::api::{InventoryEntry, Manifest, ManifestStatus};
 use crate::plan::describe;
 use crate::plan::diff::{Diff, FieldChange, ObjectChange};
@@ -35,20 +35,6 @@ pub fn encoded<T: Serialize>(value: &T, output: Output) -> anyhow::Result<Option
     })
 }
 
-/// An age as kubectl prints it: `42s`, `5m`, `3h`, `12d`.
-pub fn age(since: Option<Timestamp>, now: Timestamp) -> String {
-    let Some(since) = since else {
-        return "-".into();
-    };
-    let seconds = now.duration_since(since).as_secs().max(0);
-    match seconds {
-        0..120 => format!("{seconds}s"),
-        120..7200 => format!("{}m", seconds / 60),
-        7200..172_800 => format!("{}h", seconds / 3600),
-        _ => format!("{}d", seconds / 86400),
-    }
-}
-
 /// The status and message of the `Ready` condition.
 fn ready(status: Option<&ManifestStatus>) -> (String, String) {
     status
@@ -57,16 +43,6 @@ fn ready(status: Option<&ManifestStatus>) -> (String, String) {
             || ("-".into(), String::new()),
             |c| (c.status.clone(), c.message.clone()),
         )
-}
-
-/// `text` cut to `width` characters, ending in `…` when cut.
-fn shortened(text: &str, width: usize) -> String {
-    let one_line = text.replace('\n', " ");
-    if one_line.chars().count() <= width {
-        return one_line;
-    }
-    let kept: String = one_line.chars().take(width.saturating_sub(1)).collect();
-    kept + "…"
 }
 
 /// `get`: NAME, READY, STATUS (the Ready message), CHART VERSION, OWNER, AGE — with NAMESPACE

@@ -248,3 +248,126 @@ pub async fn annotate(manifests: &Api<Manifest>, name: &str, key: &str, value: &
         .await
         .unwrap();
 }
+
+/// What a test ServiceAccount is granted: nothing, `rules` in its namespace (a Role), or
+/// `rules` cluster-wide (a ClusterRole: non-resource URLs such as `/v1/drain` need one).
+pub enum Grant {
+    Nothing,
+    Role(Value),
+    ClusterRole(Value),
+}
+
+/// A token for `audiences` (none: the API server's own) of a new ServiceAccount `name` of
+/// `ns`, granted `grant` (its Role or ClusterRole named after it).
+pub async fn account_token(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    grant: Grant,
+    audiences: &[&str],
+) -> String {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use kube::api::{DynamicObject, PostParams};
+    let post = PostParams::default();
+    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), ns);
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    accounts.create(&post, &account).await.unwrap();
+    let subject = json!([{"kind": "ServiceAccount", "name": name, "namespace": ns}]);
+    let (kind, rules, role_name) = match grant {
+        Grant::Nothing => return token_request(&accounts, name, audiences).await,
+        Grant::Role(rules) => ("Role", rules, name.to_owned()),
+        Grant::ClusterRole(rules) => ("ClusterRole", rules, format!("{ns}-{name}")),
+    };
+    let rbac = kube::discovery::ApiResource {
+        group: "rbac.authorization.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "rbac.authorization.k8s.io/v1".into(),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+    };
+    let binding_kind = format!("{kind}Binding");
+    let binding_resource = kube::discovery::ApiResource {
+        kind: binding_kind.clone(),
+        plural: format!("{}s", binding_kind.to_lowercase()),
+        ..rbac.clone()
+    };
+    let (roles, bindings) = if kind == "Role" {
+        (
+            Api::<DynamicObject>::namespaced_with(client.clone(), ns, &rbac),
+            Api::<DynamicObject>::namespaced_with(client.clone(), ns, &binding_resource),
+        )
+    } else {
+        (
+            Api::<DynamicObject>::all_with(client.clone(), &rbac),
+            Api::<DynamicObject>::all_with(client.clone(), &binding_resource),
+        )
+    };
+    let role: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+        "metadata": {"name": role_name}, "rules": rules,
+    }))
+    .unwrap();
+    roles.create(&post, &role).await.unwrap();
+    let binding: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": binding_kind,
+        "metadata": {"name": role_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role_name},
+        "subjects": subject,
+    }))
+    .unwrap();
+    bindings.create(&post, &binding).await.unwrap();
+    token_request(&accounts, name, audiences).await
+}
+
+/// An hour's token of ServiceAccount `name` for `audiences`.
+async fn token_request(
+    accounts: &Api<k8s_openapi::api::core::v1::ServiceAccount>,
+    name: &str,
+    audiences: &[&str],
+) -> String {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    let request: TokenRequest = serde_json::from_value(json!({"spec": {
+        "audiences": audiences,
+        "expirationSeconds": 3600,
+    }}))
+    .unwrap();
+    accounts
+        .create_token_request(name, &kube::api::PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token
+        .unwrap()
+}
+
+/// A token for the admin API's audience of a new ServiceAccount `name` of `ns`, granted `grant`.
+pub async fn admin_token(client: &Client, ns: &str, name: &str, grant: Grant) -> String {
+    let audiences = [module_manager::admin::TOKEN_AUDIENCE];
+    account_token(client, ns, name, grant, &audiences).await
+}
+
+/// The admin server on a loopback port with `client` behind it and `reviews`: its URL.
+pub async fn admin_server(client: &Client, reviews: module_manager::admin::Reviews) -> String {
+    use module_manager::admin::{AdminState, ServeLimits};
+    use tokio::sync::watch;
+    let state = AdminState {
+        registry: std::sync::Arc::new(module_manager::telemetry::metrics::registry()),
+        synced: std::sync::Arc::default(),
+        members: watch::channel(Default::default()).1,
+        fleet: watch::channel(Default::default()).1,
+        work: None,
+        drain: watch::channel(false).0,
+        client: Some(client.clone()),
+        reviews: std::sync::Arc::new(reviews),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(module_manager::admin::serve(
+        listener,
+        module_manager::admin::router(state),
+        ServeLimits::default(),
+    ));
+    url
+}

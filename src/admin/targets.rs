@@ -1,0 +1,397 @@
+//! `GET /v1/targets`: the remote targets of the fleet, from the Manifests' statuses (so any
+//! replica answers alike) and each target's kubeconfig Secret (its server and credential
+//! validity, never its content): which targets fail, and why. Metrics carry no target label;
+//! this is where "which 37 of 5,000 clusters fail" is answered. The folding is pure
+//! ([`Targets`]); the handler (`handlers.rs`) lists the Manifests page by page and reads the
+//! Secrets.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use serde::{Deserialize, Serialize};
+
+use crate::api::{Manifest, State as ManifestState};
+use crate::apply::credential::Validity;
+use crate::apply::target::{SecretKey, secret_key};
+
+/// The longest Ready message a row keeps (a failure's message names the server and the error).
+const MESSAGE_CHARS: usize = 512;
+
+/// `GET /v1/targets`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TargetsAnswer {
+    /// Targets (kubeconfig Secret keys) named by a Manifest.
+    pub targets: u64,
+    /// Manifests with a target.
+    pub manifests: u64,
+    /// Targets with a Manifest in `Error`.
+    pub failing: u64,
+    /// Targets whose credential is due (expired, or in its last hour and fifth of its life).
+    pub expiring: u64,
+    /// Failing targets by their reason (the Ready reason most of their failing Manifests have).
+    pub by_reason: BTreeMap<String, u64>,
+    /// The targets: failing ones first (by reason, then name), then the others by name; only
+    /// the failing and expiring ones with `?failing=true`.
+    pub rows: Vec<TargetRow>,
+}
+
+/// One target.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TargetRow {
+    /// The kubeconfig Secret's namespace (its Manifests').
+    pub namespace: String,
+    /// The Secret.
+    pub secret: String,
+    /// The key holding the kubeconfig.
+    pub key: String,
+    /// The API server its kubeconfig names (`None`: the Secret could not be read or checked).
+    pub server: Option<String>,
+    /// Manifests naming it.
+    pub manifests: u64,
+    /// Of which Ready at their generation.
+    pub ready: u64,
+    /// The others, by their Ready condition's reason (`Unknown`: no status yet).
+    pub not_ready: BTreeMap<String, u64>,
+    /// The reason of most of its failing Manifests (`None`: none in `Error`).
+    pub reason: Option<String>,
+    /// The Ready message of one Manifest with that reason (cut to 512 characters).
+    pub message: Option<String>,
+    /// Since when its longest-failing Manifest has been failing (its Ready condition's last
+    /// transition).
+    pub failing_since: Option<Timestamp>,
+    /// When the last of its Ready Manifests became Ready. The status records transitions, not
+    /// passes: a drift pass that changes nothing writes nothing.
+    pub last_ready: Option<Timestamp>,
+    /// When its credential (token `exp`, certificate `notAfter`) expires, if it says.
+    pub credential_expires: Option<Timestamp>,
+    /// Whether the credential is due (expired, or in its last hour and fifth of its life).
+    pub credential_due: bool,
+    /// Why the Secret gave no server (missing, no such key, refused kubeconfig).
+    pub secret_problem: Option<String>,
+}
+
+/// What a target's kubeconfig Secret says: its server and credential, or why it says nothing.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SecretFacts {
+    /// A kubeconfig module-manager accepts.
+    Valid {
+        server: String,
+        credential: Option<Validity>,
+    },
+    /// The Secret is missing, has no such key, or its kubeconfig is refused.
+    Problem(String),
+}
+
+/// The targets folded from Manifests, one page at a time.
+#[derive(Debug, Default)]
+pub struct Targets {
+    rows: BTreeMap<SecretKey, Folded>,
+    manifests: u64,
+}
+
+#[derive(Debug, Default)]
+struct Folded {
+    row: TargetRow,
+    /// Per failing reason: how many, and the message of the first by name.
+    failing: BTreeMap<String, (u64, String, String)>,
+}
+
+impl Targets {
+    /// Adds one Manifest (ignored without `spec.target`).
+    pub fn add(&mut self, manifest: &Manifest) {
+        let Some(key) = secret_key(manifest) else {
+            return;
+        };
+        self.manifests += 1;
+        let folded = self.rows.entry(key).or_default();
+        folded.row.manifests += 1;
+        let status = manifest.status.clone().unwrap_or_default();
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+        let current = status.observed_generation == manifest.metadata.generation;
+        if current && status.state == Some(ManifestState::Ready) {
+            folded.row.ready += 1;
+            let since = ready.map(|c| c.last_transition_time.0);
+            folded.row.last_ready = folded.row.last_ready.max(since);
+            return;
+        }
+        let reason = ready.map_or("Unknown", |c| c.reason.as_str()).to_owned();
+        *folded.row.not_ready.entry(reason.clone()).or_default() += 1;
+        if status.state != Some(ManifestState::Error) {
+            return;
+        }
+        if let Some(since) = ready.map(|c| c.last_transition_time.0) {
+            let earliest = folded.row.failing_since.map_or(since, |s| s.min(since));
+            folded.row.failing_since = Some(earliest);
+        }
+        let name = manifest.name_any();
+        let message = ready.map(|c| cut(&c.message)).unwrap_or_default();
+        let entry = folded
+            .failing
+            .entry(reason)
+            .or_insert_with(|| (0, name.clone(), message.clone()));
+        entry.0 += 1;
+        if name < entry.1 {
+            (entry.1, entry.2) = (name, message);
+        }
+    }
+
+    /// The Secret keys seen, for reading their Secrets.
+    pub fn keys(&self) -> impl Iterator<Item = &SecretKey> {
+        self.rows.keys()
+    }
+
+    /// The answer, with what each target's Secret says (`secrets`; a key missing there gets
+    /// no server and no credential) at `now`; `failing_only` keeps the failing and expiring.
+    pub fn answer(
+        self,
+        secrets: &BTreeMap<SecretKey, SecretFacts>,
+        now: SystemTime,
+        failing_only: bool,
+    ) -> TargetsAnswer {
+        let mut answer = TargetsAnswer {
+            targets: self.rows.len() as u64,
+            manifests: self.manifests,
+            ..Default::default()
+        };
+        let mut rows = Vec::with_capacity(self.rows.len());
+        for (key, folded) in self.rows {
+            let mut row = folded.row;
+            (row.namespace, row.secret, row.key) =
+                (key.namespace.clone(), key.name.clone(), key.key.clone());
+            // The reason most failing Manifests have (ties: the first by name).
+            let worst = folded
+                .failing
+                .into_iter()
+                .max_by(|(ra, (na, ..)), (rb, (nb, ..))| na.cmp(nb).then(rb.cmp(ra)));
+            if let Some((reason, (_, _, message))) = worst {
+                *answer.by_reason.entry(reason.clone()).or_default() += 1;
+                answer.failing += 1;
+                (row.reason, row.message) = (Some(reason), Some(message));
+            }
+            match secrets.get(&key) {
+                Some(SecretFacts::Valid { server, credential }) => {
+                    row.server = Some(server.clone());
+                    row.credential_expires =
+                        credential.and_then(|c| Timestamp::try_from(c.expires).ok());
+                    row.credential_due = credential.is_some_and(|c| c.due(now));
+                }
+                Some(SecretFacts::Problem(problem)) => row.secret_problem = Some(problem.clone()),
+                None => {}
+            }
+            answer.expiring += u64::from(row.credential_due);
+            if !failing_only || row.reason.is_some() || row.credential_due {
+                rows.push(row);
+            }
+        }
+        rows.sort_by(|a, b| {
+            (
+                a.reason.is_none(),
+                &a.reason,
+                &a.namespace,
+                &a.secret,
+                &a.key,
+            )
+                .cmp(&(
+                    b.reason.is_none(),
+                    &b.reason,
+                    &b.namespace,
+                    &b.secret,
+                    &b.key,
+                ))
+        });
+        answer.rows = rows;
+        answer
+    }
+}
+
+/// `text` cut to [`MESSAGE_CHARS`] characters (an ellipsis marks the cut).
+fn cut(text: &str) -> String {
+    match text.char_indices().nth(MESSAGE_CHARS) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::ManifestStatus;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).unwrap()
+    }
+
+    /// A Manifest `name` on Secret `secret` (`None`: local) in `state`, its Ready condition with
+    /// `reason` since `since`.
+    fn manifest(
+        name: &str,
+        secret: Option<&str>,
+        state: Option<ManifestState>,
+        reason: &str,
+        since: i64,
+    ) -> Manifest {
+        let mut spec = json!({"module": name, "chart": {"path": "c"}});
+        if let Some(secret) = secret {
+            spec["target"] = json!({"kubeconfigSecretRef": {"name": secret}});
+        }
+        let mut manifest: Manifest = serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": name, "namespace": "kcp", "generation": 1},
+            "spec": spec,
+        }))
+        .unwrap();
+        manifest.status = state.map(|state| ManifestStatus {
+            state: Some(state),
+            observed_generation: Some(1),
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: if state == ManifestState::Ready {
+                    "True"
+                } else {
+                    "False"
+                }
+                .into(),
+                reason: reason.into(),
+                message: format!("{name}: {reason}"),
+                observed_generation: Some(1),
+                last_transition_time: Time(at(since)),
+            }],
+            ..Default::default()
+        });
+        manifest
+    }
+
+    fn key(name: &str) -> SecretKey {
+        SecretKey {
+            namespace: "kcp".into(),
+            name: name.into(),
+            key: "kubeconfig".into(),
+        }
+    }
+
+    fn now() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_100)
+    }
+
+    /// Target `a` with a due token, `c` whose Secret is missing.
+    fn secrets() -> BTreeMap<SecretKey, SecretFacts> {
+        BTreeMap::from([
+            (
+                key("a"),
+                SecretFacts::Valid {
+                    server: "https://a:6443".into(),
+                    credential: Some(Validity {
+                        issued: Some(now() - Duration::from_secs(3000)),
+                        expires: now() + Duration::from_secs(600),
+                    }),
+                },
+            ),
+            (
+                key("c"),
+                SecretFacts::Problem("Secret kcp/c not found".into()),
+            ),
+        ])
+    }
+
+    #[test]
+    fn targets_are_folded_from_their_manifests_and_failing_ones_come_first_by_reason() {
+        let mut targets = Targets::default();
+        let (ready, error) = (Some(ManifestState::Ready), Some(ManifestState::Error));
+        let processing = Some(ManifestState::Processing);
+        for m in [
+            manifest("a1", Some("a"), ready, "Ready", 10),
+            manifest("a2", Some("a"), ready, "Ready", 20),
+            manifest("b2", Some("b"), error, "TargetUnreachable", 30),
+            manifest("b1", Some("b"), error, "TargetUnreachable", 5),
+            manifest("b3", Some("b"), error, "ApplyError", 7),
+            manifest("b4", Some("b"), processing, "Progressing", 7),
+            manifest("c1", Some("c"), error, "TargetAuthError", 40),
+            manifest("d1", Some("d"), None, "", 0),
+            manifest("local", None, ready, "Ready", 1),
+        ] {
+            targets.add(&m);
+        }
+        let keys: Vec<&str> = targets.keys().map(|k| k.name.as_str()).collect();
+        assert_eq!(keys, ["a", "b", "c", "d"]);
+        let answer = targets.answer(&secrets(), now(), false);
+        assert_eq!(
+            (answer.targets, answer.manifests, answer.failing),
+            (4, 8, 2)
+        );
+        assert_eq!(answer.expiring, 1);
+        assert_eq!(
+            answer.by_reason,
+            BTreeMap::from([
+                ("TargetAuthError".into(), 1),
+                ("TargetUnreachable".into(), 1)
+            ])
+        );
+        let order: Vec<&str> = answer.rows.iter().map(|r| r.secret.as_str()).collect();
+        assert_eq!(order, ["c", "b", "a", "d"]);
+        let b = &answer.rows[1];
+        assert_eq!((b.manifests, b.ready), (4, 0));
+        assert_eq!(b.reason.as_deref(), Some("TargetUnreachable"));
+        assert_eq!(b.message.as_deref(), Some("b1: TargetUnreachable"));
+        assert_eq!(b.failing_since, Some(at(5)));
+        assert_eq!(
+            b.not_ready,
+            BTreeMap::from([
+                ("ApplyError".into(), 1),
+                ("Progressing".into(), 1),
+                ("TargetUnreachable".into(), 2)
+            ])
+        );
+        let a = &answer.rows[2];
+        assert_eq!((a.ready, a.last_ready), (2, Some(at(20))));
+        assert_eq!(a.server.as_deref(), Some("https://a:6443"));
+        assert_eq!(a.credential_expires, Some(at(700)));
+        assert!(a.credential_due, "600 s left of a 3600 s token");
+        assert_eq!(
+            answer.rows[0].secret_problem.as_deref(),
+            Some("Secret kcp/c not found")
+        );
+        assert_eq!(
+            answer.rows[3].not_ready,
+            BTreeMap::from([("Unknown".into(), 1)])
+        );
+    }
+
+    #[test]
+    fn only_the_failing_and_expiring_targets_are_kept_when_asked() {
+        let mut again = Targets::default();
+        for m in [
+            manifest("a1", Some("a"), Some(ManifestState::Ready), "Ready", 10),
+            manifest(
+                "b1",
+                Some("b"),
+                Some(ManifestState::Error),
+                "TargetUnreachable",
+                5,
+            ),
+            manifest("e1", Some("e"), Some(ManifestState::Ready), "Ready", 10),
+        ] {
+            again.add(&m);
+        }
+        let failing = again.answer(&secrets(), now(), true);
+        let kept: Vec<&str> = failing.rows.iter().map(|r| r.secret.as_str()).collect();
+        assert_eq!(kept, ["b", "a"]);
+        assert_eq!(failing.targets, 3);
+    }
+
+    #[test]
+    fn a_long_message_is_cut() {
+        let long = "é".repeat(600);
+        let cut = cut(&long);
+        assert_eq!(cut.chars().count(), MESSAGE_CHARS + 1);
+        assert!(cut.ends_with('…'));
+        assert_eq!(super::cut("short"), "short");
+    }
+}
