@@ -1,7 +1,7 @@
-//! Who may flip the drain switch or read a Manifest's details: the bearer token (TokenReview,
-//! its answer kept briefly and failed ones limited: `reviews.rs`) and the caller's access
-//! (SubjectAccessReview, asked every time) to the non-resource path, or to `get` that Manifest,
-//! as kube-rbac-proxy does.
+//! Who may flip the drain switch, see the fleet's targets or read a Manifest's details: the
+//! bearer token (TokenReview, its answer kept briefly and failed ones limited: `reviews.rs`) and
+//! the caller's access (SubjectAccessReview, asked every time) to the non-resource path
+//! (`/v1/drain`, `/v1/targets`), or to `get` that Manifest, as kube-rbac-proxy does.
 
 use std::net::IpAddr;
 

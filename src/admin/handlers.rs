@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Json;
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use kube::api::Api;
@@ -18,114 +18,12 @@ use super::auth::{Access, authorize};
 use super::errors::{ApiError, error};
 use super::names::{is_dns_label, is_dns_subdomain};
 use super::server::Source;
-use super::state::{AdminState, DRAIN_PATH, TARGETS_PATH};
-use super::targets::{SecretFacts, Targets, TargetsAnswer};
+use super::state::{AdminState, DRAIN_PATH};
 use super::upstream::{Pool, api_call, api_permit};
 use crate::api::Manifest;
-use crate::apply::kubeconfig::{parse, validate};
-use crate::apply::target::SecretKey;
 use crate::shard::fleet::ShardView;
 use crate::shard::membership::Members;
 use crate::telemetry::metrics::Format;
-
-/// The query of `GET /v1/targets`.
-#[derive(Debug, Default, serde::Deserialize)]
-pub(super) struct TargetsQuery {
-    /// Only the failing and expiring targets.
-    #[serde(default)]
-    failing: bool,
-    /// Only the Manifests (and Secrets) of this namespace.
-    namespace: Option<String>,
-}
-
-/// Manifests listed per page by `GET /v1/targets` (the memory of one page is what it holds).
-const TARGETS_PAGE: u32 = 500;
-/// Kubeconfig Secrets read at once by `GET /v1/targets`.
-const SECRETS_AT_ONCE: usize = 8;
-
-/// `GET /v1/targets`: the fleet's remote targets, from every Manifest's status (listed page by
-/// page, so any replica answers alike) and each target's kubeconfig Secret (its server and
-/// credential expiry, read and checked, never shown); failing ones first, by reason. For a
-/// caller who may `get` the non-resource path `/v1/targets`.
-pub(super) async fn targets(
-    State(state): State<AdminState>,
-    Source(source): Source,
-    headers: HeaderMap,
-    query: Result<Query<TargetsQuery>, QueryRejection>,
-) -> Result<Json<TargetsAnswer>, ApiError> {
-    let Query(query) = query.map_err(|e| error(StatusCode::BAD_REQUEST, e.body_text()))?;
-    if query
-        .namespace
-        .as_deref()
-        .is_some_and(|ns| !is_dns_label(ns))
-    {
-        return Err(error(
-            StatusCode::BAD_REQUEST,
-            "the namespace must be a DNS label (lowercase letters, digits and '-', at most 63)",
-        ));
-    }
-    let access = Access::Path {
-        path: TARGETS_PATH,
-        verb: "get",
-    };
-    authorize(&state, source, &headers, access, Pool::Reads).await?;
-    let client = state.client.clone().ok_or_else(|| {
-        error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "this replica has no API client to list the Manifests with",
-        )
-    })?;
-    let _permit = api_permit(Pool::Reads)?;
-    let manifests = match &query.namespace {
-        Some(namespace) => Api::<Manifest>::namespaced(client.clone(), namespace),
-        None => Api::<Manifest>::all(client.clone()),
-    };
-    let mut targets = Targets::default();
-    let mut params = kube::api::ListParams::default().limit(TARGETS_PAGE);
-    loop {
-        let page = api_call("list Manifests", manifests.list(&params)).await?;
-        page.items.iter().for_each(|m| targets.add(m));
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => break,
-        }
-    }
-    let keys: Vec<SecretKey> = targets.keys().cloned().collect();
-    let secrets = secret_facts(&client, keys).await;
-    let now = std::time::SystemTime::now();
-    Ok(Json(targets.answer(&secrets, now, query.failing)))
-}
-
-/// What each target's kubeconfig Secret says, read a few at once (one GET per Secret).
-async fn secret_facts(
-    client: &kube::Client,
-    keys: Vec<SecretKey>,
-) -> std::collections::BTreeMap<SecretKey, SecretFacts> {
-    use futures::StreamExt;
-    use k8s_openapi::api::core::v1::Secret;
-    let reads = futures::stream::iter(keys).map(|key| async move {
-        let secrets = Api::<Secret>::namespaced(client.clone(), &key.namespace);
-        let read = api_call("get Secret", secrets.get_opt(&key.name)).await;
-        let facts = match read {
-            Err((_, problem)) => SecretFacts::Problem(problem),
-            Ok(None) => SecretFacts::Problem(format!("Secret {} not found", key.name)),
-            Ok(Some(secret)) => match secret.data.as_ref().and_then(|d| d.get(&key.key)) {
-                None => SecretFacts::Problem(format!("Secret {} has no key {}", key.name, key.key)),
-                Some(bytes) => match parse(&bytes.0)
-                    .and_then(|k| validate(&k).map_err(|r| r.to_string()))
-                {
-                    Ok(valid) => SecretFacts::Valid {
-                        credential: valid.credential_validity(),
-                        server: valid.server,
-                    },
-                    Err(problem) => SecretFacts::Problem(format!("kubeconfig refused: {problem}")),
-                },
-            },
-        };
-        (key, facts)
-    });
-    reads.buffer_unordered(SECRETS_AT_ONCE).collect().await
-}
 
 /// Ready once the Manifest watch has synced: before that, this replica does not know its work.
 pub(super) async fn readyz(State(state): State<AdminState>) -> Response {

@@ -20,6 +20,7 @@ mod reviews;
 mod server;
 mod state;
 mod targets;
+mod targets_endpoint;
 #[cfg(test)]
 pub(crate) mod testing;
 mod upstream;
@@ -58,7 +59,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/v1/shards/{shard}", get(handlers::shard))
         .route("/v1/queue", get(handlers::queue))
         .route("/v1/manifests/{namespace}/{name}", get(handlers::manifest))
-        .route(TARGETS_PATH, get(handlers::targets))
+        .route(TARGETS_PATH, get(targets_endpoint::targets))
         .route(DRAIN_PATH, post(handlers::drain).delete(handlers::undrain))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .method_not_allowed_fallback(|| async {

@@ -32,6 +32,8 @@ pub struct AdminState {
     pub client: Option<kube::Client>,
     /// TokenReview answers kept briefly, and the limits on failed authentications.
     pub reviews: Arc<Reviews>,
+    /// The fleet's `--manifest-selector`: the Manifests `GET /v1/targets` looks at.
+    pub manifest_selector: Option<String>,
 }
 
 /// The path the drain switch is authorized on (`nonResourceURLs` in a ClusterRole).

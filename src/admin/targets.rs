@@ -2,8 +2,8 @@
 //! replica answers alike) and each target's kubeconfig Secret (its server and credential
 //! validity, never its content): which targets fail, and why. Metrics carry no target label;
 //! this is where "which 37 of 5,000 clusters fail" is answered. The folding is pure
-//! ([`Targets`]); the handler (`handlers.rs`) lists the Manifests page by page and reads the
-//! Secrets.
+//! ([`Targets`]); the endpoint (`targets_endpoint.rs`) lists the Manifests page by page and
+//! reads the Secrets.
 
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -33,8 +33,11 @@ pub struct TargetsAnswer {
     /// Failing targets by their reason (the Ready reason most of their failing Manifests have).
     pub by_reason: BTreeMap<String, u64>,
     /// The targets: failing ones first (by reason, then name), then the others by name; only
-    /// the failing and expiring ones with `?failing=true`.
+    /// the failing and expiring ones with `?failing=true`; at most `?limit` (1000).
     pub rows: Vec<TargetRow>,
+    /// Rows left out by the limit.
+    #[serde(default)]
+    pub rows_omitted: u64,
 }
 
 /// One target.
@@ -52,14 +55,15 @@ pub struct TargetRow {
     pub manifests: u64,
     /// Of which Ready at their generation.
     pub ready: u64,
-    /// The others, by their Ready condition's reason (`Unknown`: no status yet).
+    /// The others, by their Ready condition's reason (`Unknown`: no status yet;
+    /// `NotObserved`: a newer generation not reconciled yet).
     pub not_ready: BTreeMap<String, u64>,
     /// The reason of most of its failing Manifests (`None`: none in `Error`).
     pub reason: Option<String>,
     /// The Ready message of one Manifest with that reason (cut to 512 characters).
     pub message: Option<String>,
-    /// Since when its longest-failing Manifest has been failing (its Ready condition's last
-    /// transition).
+    /// Since when the longest-failing of its Manifests with that reason has not been Ready (its
+    /// Ready condition's last transition: the failure, or a rollout that ended in it).
     pub failing_since: Option<Timestamp>,
     /// When the last of its Ready Manifests became Ready. The status records transitions, not
     /// passes: a drift pass that changes nothing writes nothing.
@@ -85,17 +89,26 @@ pub enum SecretFacts {
 }
 
 /// The targets folded from Manifests, one page at a time.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Targets {
     rows: BTreeMap<SecretKey, Folded>,
     manifests: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Folded {
     row: TargetRow,
-    /// Per failing reason: how many, and the message of the first by name.
-    failing: BTreeMap<String, (u64, String, String)>,
+    /// Per failing reason: how many, the first by name and its message, and the earliest
+    /// Ready transition.
+    failing: BTreeMap<String, Failing>,
+}
+
+#[derive(Clone, Debug)]
+struct Failing {
+    manifests: u64,
+    first: String,
+    message: String,
+    since: Option<Timestamp>,
 }
 
 impl Targets {
@@ -116,24 +129,34 @@ impl Targets {
             folded.row.last_ready = folded.row.last_ready.max(since);
             return;
         }
-        let reason = ready.map_or("Unknown", |c| c.reason.as_str()).to_owned();
-        *folded.row.not_ready.entry(reason.clone()).or_default() += 1;
-        if status.state != Some(ManifestState::Error) {
+        let reason = match ready {
+            _ if status.state.is_some() && !current => "NotObserved",
+            Some(ready) => ready.reason.as_str(),
+            None => "Unknown",
+        };
+        *folded.row.not_ready.entry(reason.to_owned()).or_default() += 1;
+        if status.state != Some(ManifestState::Error) || !current {
             return;
-        }
-        if let Some(since) = ready.map(|c| c.last_transition_time.0) {
-            let earliest = folded.row.failing_since.map_or(since, |s| s.min(since));
-            folded.row.failing_since = Some(earliest);
         }
         let name = manifest.name_any();
         let message = ready.map(|c| cut(&c.message)).unwrap_or_default();
-        let entry = folded
+        let since = ready.map(|c| c.last_transition_time.0);
+        let failing = folded
             .failing
-            .entry(reason)
-            .or_insert_with(|| (0, name.clone(), message.clone()));
-        entry.0 += 1;
-        if name < entry.1 {
-            (entry.1, entry.2) = (name, message);
+            .entry(reason.to_owned())
+            .or_insert_with(|| Failing {
+                manifests: 0,
+                first: name.clone(),
+                message: message.clone(),
+                since,
+            });
+        failing.manifests += 1;
+        failing.since = match (failing.since, since) {
+            (Some(earlier), Some(since)) => Some(earlier.min(since)),
+            (earlier, since) => earlier.or(since),
+        };
+        if name < failing.first {
+            (failing.first, failing.message) = (name, message);
         }
     }
 
@@ -144,11 +167,13 @@ impl Targets {
 
     /// The answer, with what each target's Secret says (`secrets`; a key missing there gets
     /// no server and no credential) at `now`; `failing_only` keeps the failing and expiring.
+    /// At most `limit` rows.
     pub fn answer(
         self,
         secrets: &BTreeMap<SecretKey, SecretFacts>,
         now: SystemTime,
         failing_only: bool,
+        limit: usize,
     ) -> TargetsAnswer {
         let mut answer = TargetsAnswer {
             targets: self.rows.len() as u64,
@@ -164,11 +189,12 @@ impl Targets {
             let worst = folded
                 .failing
                 .into_iter()
-                .max_by(|(ra, (na, ..)), (rb, (nb, ..))| na.cmp(nb).then(rb.cmp(ra)));
-            if let Some((reason, (_, _, message))) = worst {
+                .max_by(|(ra, a), (rb, b)| a.manifests.cmp(&b.manifests).then(rb.cmp(ra)));
+            if let Some((reason, failing)) = worst {
                 *answer.by_reason.entry(reason.clone()).or_default() += 1;
                 answer.failing += 1;
-                (row.reason, row.message) = (Some(reason), Some(message));
+                (row.reason, row.message) = (Some(reason), Some(failing.message));
+                row.failing_since = failing.since;
             }
             match secrets.get(&key) {
                 Some(SecretFacts::Valid { server, credential }) => {
@@ -201,13 +227,15 @@ impl Targets {
                     &b.key,
                 ))
         });
+        answer.rows_omitted = rows.len().saturating_sub(limit) as u64;
+        rows.truncate(limit);
         answer.rows = rows;
         answer
     }
 }
 
 /// `text` cut to [`MESSAGE_CHARS`] characters (an ellipsis marks the cut).
-fn cut(text: &str) -> String {
+pub(super) fn cut(text: &str) -> String {
     match text.char_indices().nth(MESSAGE_CHARS) {
         Some((at, _)) => format!("{}…", &text[..at]),
         None => text.to_owned(),
@@ -311,7 +339,8 @@ mod tests {
             manifest("a2", Some("a"), ready, "Ready", 20),
             manifest("b2", Some("b"), error, "TargetUnreachable", 30),
             manifest("b1", Some("b"), error, "TargetUnreachable", 5),
-            manifest("b3", Some("b"), error, "ApplyError", 7),
+            // Failing longer, with another reason: not the row's `failing_since`.
+            manifest("b3", Some("b"), error, "ApplyError", 2),
             manifest("b4", Some("b"), processing, "Progressing", 7),
             manifest("c1", Some("c"), error, "TargetAuthError", 40),
             manifest("d1", Some("d"), None, "", 0),
@@ -321,7 +350,7 @@ mod tests {
         }
         let keys: Vec<&str> = targets.keys().map(|k| k.name.as_str()).collect();
         assert_eq!(keys, ["a", "b", "c", "d"]);
-        let answer = targets.answer(&secrets(), now(), false);
+        let answer = targets.answer(&secrets(), now(), false, 1000);
         assert_eq!(
             (answer.targets, answer.manifests, answer.failing),
             (4, 8, 2)
@@ -380,10 +409,25 @@ mod tests {
         ] {
             again.add(&m);
         }
-        let failing = again.answer(&secrets(), now(), true);
+        let failing = again.clone().answer(&secrets(), now(), true, 1000);
         let kept: Vec<&str> = failing.rows.iter().map(|r| r.secret.as_str()).collect();
         assert_eq!(kept, ["b", "a"]);
-        assert_eq!(failing.targets, 3);
+        assert_eq!((failing.targets, failing.rows_omitted), (3, 0));
+        let mut stale = manifest("e2", Some("e"), Some(ManifestState::Ready), "Ready", 10);
+        stale.metadata.generation = Some(2);
+        again.add(&stale);
+        let limited = again.answer(&secrets(), now(), false, 2);
+        assert_eq!((limited.rows.len(), limited.rows_omitted), (2, 1));
+        let everything = {
+            let mut all = Targets::default();
+            all.add(&stale);
+            all.answer(&secrets(), now(), false, 10)
+        };
+        assert_eq!(
+            everything.rows[0].not_ready,
+            BTreeMap::from([("NotObserved".into(), 1)]),
+            "a newer generation than the status describes"
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub(crate) fn state(registry: Registry, members: Members) -> AdminState {
         drain: watch::channel(false).0,
         client: None,
         reviews: Arc::default(),
+        manifest_selector: None,
     }
 }
 

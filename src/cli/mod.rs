@@ -136,6 +136,9 @@ enum AdminView {
         /// Only the Manifests (and kubeconfig Secrets) of this namespace.
         #[arg(long = "target-namespace", value_name = "NAMESPACE")]
         namespace: Option<String>,
+        /// Most rows (the counts cover every target).
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        limit: u32,
         #[command(flatten)]
         token: AdminToken,
     },
@@ -192,9 +195,10 @@ pub async fn admin(args: AdminArgs) -> anyhow::Result<String> {
         AdminView::Targets {
             failing,
             namespace,
+            limit,
             token: AdminToken { token },
         } => {
-            let mut query = vec![format!("failing={failing}")];
+            let mut query = vec![format!("failing={failing}"), format!("limit={limit}")];
             if let Some(namespace) = namespace {
                 anyhow::ensure!(is_dns_label(namespace), "not a namespace: {namespace:?}");
                 query.push(format!("namespace={namespace}"));

@@ -369,6 +369,9 @@ pub fn targets_table(answer: &TargetsAnswer, now: Timestamp) -> String {
         ]
     }));
     let mut out = columns(&rows);
+    if answer.rows_omitted > 0 {
+        out += &format!("({} more not shown: --limit)\n", answer.rows_omitted);
+    }
     let reasons: Vec<String> = answer
         .by_reason
         .iter()

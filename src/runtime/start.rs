@@ -135,6 +135,7 @@ pub async fn start(
         drain: views.drain_tx,
         client: Some(client),
         reviews: Arc::default(),
+        manifest_selector: config.manifest_selector.clone(),
     };
     serve_admin(config.admin_address, admin).await?;
     Ok(Replica {

@@ -361,6 +361,7 @@ pub async fn admin_server(client: &Client, reviews: module_manager::admin::Revie
         drain: watch::channel(false).0,
         client: Some(client.clone()),
         reviews: std::sync::Arc::new(reviews),
+        manifest_selector: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
