@@ -2041,13 +2041,10 @@ async fn bad_remote_sources_are_reported_and_delete_nothing() {
             Some("xml"),
             "{case}: nothing pruned"
         );
-        let events = h.events("catalog").await;
-        assert!(
-            events.iter().any(|(kind, reason, note)| kind == "Warning"
-                && reason == "ChartError"
-                && note.contains(expected)),
-            "{case}: a Warning Event ChartError mentioning {expected:?}; got {events:?}"
-        );
+        common::expect_event(&h.client, &h.ns, "catalog", |kind, reason, note| {
+            kind == "Warning" && reason == "ChartError" && note.contains(expected)
+        })
+        .await;
     }
 
     // Fixing the source recovers.
@@ -2675,13 +2672,10 @@ async fn a_rotated_credentials_secret_makes_the_manifest_ready_and_no_password_s
             })
             .await;
         assert_eq!(condition(&failed, "Stalled").unwrap().0, "True", "{name}");
-        let events = h.events(name).await;
-        assert!(
-            events
-                .iter()
-                .any(|(_, reason, note)| reason == "ChartError" && note.contains(&expected)),
-            "{events:?}"
-        );
+        common::expect_event(&h.client, &h.ns, name, |_, reason, note| {
+            reason == "ChartError" && note.contains(&expected)
+        })
+        .await;
     }
     let generation = h
         .manifests
@@ -3268,13 +3262,10 @@ async fn a_module_installs_only_a_verified_chart() {
         Some("1"),
         "nothing applied"
     );
-    let events = h.events("catalog").await;
-    assert!(
-        events.iter().any(|(kind, reason, note)| kind == "Warning"
-            && reason == "ChartUnverified"
-            && note.contains("no signature found")),
-        "{events:?}"
-    );
+    common::expect_event(&h.client, &h.ns, "catalog", |kind, reason, note| {
+        kind == "Warning" && reason == "ChartUnverified" && note.contains("no signature found")
+    })
+    .await;
 
     // The signed 2.0.0 of a Helm repository, its keyring in a ConfigMap: upgraded.
     h.set_chart(

@@ -281,11 +281,6 @@ impl Harness {
         common::deployment_rolled_out(&self.client, &self.ns, name, 1).await;
     }
 
-    /// Events about `manifest` as (type, reason, note).
-    async fn events(&self, manifest: &str) -> Vec<(String, String, String)> {
-        common::events(&self.client, &self.ns, manifest).await
-    }
-
     /// No Pod was ever created: no Job controller ran to fight the test's status writes.
     async fn assert_no_pods(&self) {
         let pods = Api::<Pod>::namespaced(self.client.clone(), &self.ns)
@@ -512,13 +507,10 @@ async fn a_failed_or_timed_out_pre_upgrade_hook_stops_the_upgrade() {
     })
     .await;
     assert!(hook_objects(&h.manifests.get("db").await.unwrap()).is_empty());
-    let events = h.events("db").await;
-    assert!(
-        events.iter().any(|(kind, reason, note)| kind == "Warning"
-            && reason == "HookFailed"
-            && note.contains("db-migrate")),
-        "{events:?}"
-    );
+    common::expect_event(&h.client, &h.ns, "db", |kind, reason, note| {
+        kind == "Warning" && reason == "HookFailed" && note.contains("db-migrate")
+    })
+    .await;
 
     // A spec change retries the run (here one that leaves the inputs alone).
     h.patch_spec("db", json!({"interval": "3s"})).await;
@@ -704,15 +696,14 @@ async fn a_manifest_whose_chart_is_gone_is_deleted_without_its_delete_hooks() {
         "objects deleted"
     );
     assert!(h.job_names().await.is_empty(), "no delete hook ran");
-    let events = h.events("db").await;
     for event in ["pre-delete", "post-delete"] {
-        assert!(
-            events.iter().any(|(kind, reason, note)| kind == "Warning"
+        common::expect_event(&h.client, &h.ns, "db", |kind, reason, note| {
+            kind == "Warning"
                 && reason == "HookSkipped"
                 && note.starts_with(&format!("{event} hooks not run: "))
-                && note.contains("does not exist")),
-            "{event}: {events:?}"
-        );
+                && note.contains("does not exist")
+        })
+        .await;
     }
 }
 

@@ -140,12 +140,11 @@ impl Harness {
             .and_then(|cm| cm.data?.get(key).cloned())
     }
 
-    /// Whether an Event of this type and reason was published about `manifest`.
+    /// Whether an Event of this type and reason was published about `manifest` (within 10 s).
     async fn has_event(&self, manifest: &str, kind: &str, reason: &str) -> bool {
-        self.events(manifest)
-            .await
-            .iter()
-            .any(|(k, r, _)| k == kind && r == reason)
+        let found =
+            |e: &[(String, String, String)]| e.iter().any(|(k, r, _)| k == kind && r == reason);
+        found(&common::events_once(&self.client, &self.ns, manifest, found).await)
     }
 
     /// Events about `manifest` as (type, reason, note).
@@ -323,7 +322,7 @@ async fn a_crd_and_its_custom_resource_install_in_one_pass() {
         .await
         .unwrap();
     assert_eq!(widget.data["spec"]["color"], "green");
-    let events = h.events("widgets").await;
+    let events = common::events_once(&h.client, &h.ns, "widgets", |e| !e.is_empty()).await;
     let reasons: Vec<&str> = events
         .iter()
         .map(|(_, reason, _)| reason.as_str())
@@ -494,13 +493,10 @@ async fn bad_input_is_reported_and_deletes_nothing() {
             h.config_map_exists("catalog-legacy-settings").await,
             "{case}: nothing pruned"
         );
-        let events = h.events("catalog").await;
-        assert!(
-            events.iter().any(|(kind, reason, note)| kind == "Warning"
-                && reason == category
-                && note.contains(expected)),
-            "{case}: a Warning Event {category} mentioning {expected:?}; got {events:?}"
-        );
+        common::expect_event(&h.client, &h.ns, "catalog", |kind, reason, note| {
+            kind == "Warning" && reason == category && note.contains(expected)
+        })
+        .await;
     }
 
     // Fixing the input recovers.
@@ -585,13 +581,10 @@ async fn an_empty_render_does_not_prune_the_module() {
     );
     assert!(h.config_map_exists("catalog-settings").await);
     assert!(h.config_map_exists("catalog-legacy-settings").await);
-    let events = h.events("catalog").await;
-    assert!(
-        events
-            .iter()
-            .any(|(kind, reason, _)| kind == "Warning" && reason == "PruneRefused"),
-        "{events:?}"
-    );
+    common::expect_event(&h.client, &h.ns, "catalog", |kind, reason, _| {
+        kind == "Warning" && reason == "PruneRefused"
+    })
+    .await;
 }
 
 #[tokio::test]

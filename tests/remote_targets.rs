@@ -553,12 +553,10 @@ async fn a_module_is_installed_upgraded_repaired_and_deleted_on_the_remote_clust
     // Deletion removes the objects from the remote cluster.
     h.delete_and_wait("catalog").await;
     assert!(h.remote_config_map("catalog-settings").await.is_none());
-    assert!(
-        h.events("catalog")
-            .await
-            .iter()
-            .any(|(kind, reason, _)| kind == "Normal" && reason == "Deleted")
-    );
+    common::expect_event(&h.local, &h.ns, "catalog", |kind, reason, _| {
+        kind == "Normal" && reason == "Deleted"
+    })
+    .await;
     assert_eq!(h.local_config_maps().await, Vec::<String>::new());
     // One client served every pass; no target error happened.
     assert_eq!(h.ctx.targets.len(), 1);
@@ -1499,13 +1497,10 @@ async fn a_kubeconfig_secret_edited_to_name_another_cluster_is_refused_and_nothi
 
     // Deleting it completes without touching either cluster: released with a Warning.
     h.delete_and_wait("catalog").await;
-    let events = h.events("catalog").await;
-    assert!(
-        events
-            .iter()
-            .any(|(kind, reason, _)| kind == "Warning" && reason == "TargetGone"),
-        "{events:?}"
-    );
+    common::expect_event(&h.local, &h.ns, "catalog", |kind, reason, _| {
+        kind == "Warning" && reason == "TargetGone"
+    })
+    .await;
     assert_eq!(h.local_config_maps().await, Vec::<String>::new());
     assert!(
         h.remote_config_map("catalog-settings").await.is_some(),
@@ -1564,12 +1559,7 @@ async fn deleting_while_the_target_is_unreachable_retries_until_orphaned() {
         h.manifests.get_opt("tiny").await.unwrap().is_none()
     })
     .await;
-    assert!(
-        h.events("tiny")
-            .await
-            .iter()
-            .any(|(_, reason, _)| reason == "Orphaned")
-    );
+    common::expect_event(&h.local, &h.ns, "tiny", |_, reason, _| reason == "Orphaned").await;
     assert!(
         h.remote_config_map("tiny").await.is_some(),
         "left on the target"

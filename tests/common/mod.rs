@@ -124,6 +124,24 @@ pub async fn events_once(
     }
 }
 
+/// Asserts that an Event about `regarding` matching `found(type, reason, note)` appears within
+/// 10 s (see [`events_once`]), and returns the Events seen.
+pub async fn expect_event(
+    client: &Client,
+    namespace: &str,
+    regarding: &str,
+    found: impl Fn(&str, &str, &str) -> bool,
+) -> Vec<(String, String, String)> {
+    let matches = |events: &[(String, String, String)]| {
+        events
+            .iter()
+            .any(|(kind, reason, note)| found(kind, reason, note))
+    };
+    let events = events_once(client, namespace, regarding, matches).await;
+    assert!(matches(&events), "{regarding}: no such Event in {events:?}");
+    events
+}
+
 /// The inventory of a Manifest's status as `Kind/name`.
 pub fn inventory_names(manifest: &Manifest) -> Vec<String> {
     let status = manifest.status.clone().unwrap_or_default();
