@@ -433,6 +433,13 @@ impl Harness {
             .get_or_create(&TargetErrorLabels { reason })
             .get()
     }
+
+    /// `module_manager_target_drift_listings_total` for `outcome`.
+    fn listings(&self, outcome: &'static str) -> u64 {
+        let metrics = self.ctx.targets.metrics();
+        let labels = module_manager::apply::listed::ListingLabels { outcome };
+        metrics.drift_listings.get_or_create(&labels).get()
+    }
 }
 
 /// The Ready condition's (reason, message).
@@ -732,6 +739,10 @@ async fn idle_drift_passes_on_a_remote_target_write_nothing_and_repair_what_chan
         listed <= 3 * (passes_skipping + 1),
         "one LIST per kind per pass: {listed} for {passes_skipping} passes"
     );
+    assert!(h.listings("found") >= listed, "each listing is counted");
+    for outcome in ["refused", "failed", "unanswered"] {
+        assert_eq!(h.listings(outcome), 0, "{outcome}");
+    }
 
     // A renewed credential (a token of another ServiceAccount, the same server): the new
     // client takes over the records, so the passes after it write nothing either.
@@ -823,6 +834,7 @@ async fn a_target_that_refuses_listings_gets_applies_as_before_and_one_refused_l
         1,
         "the refused listing is remembered, not asked per pass"
     );
+    assert_eq!((h.listings("refused"), h.listings("found")), (1, 0));
     // Drift is repaired.
     let edit = json!({"data": {"n": "edited"}});
     Api::<ConfigMap>::namespaced(h.remote.clone(), &h.ns)

@@ -12,11 +12,14 @@ use std::time::{Duration, Instant};
 
 use kube::api::{Api, ListParams};
 use kube::discovery::ApiResource;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 
 use super::labels::MANIFEST_UID_LABEL;
 use crate::api::InventoryEntry;
 use crate::plan::Scope;
 use crate::plan::unchanged::{Body, Kind, Name};
+pub use crate::telemetry::metrics::{LISTING_OUTCOMES, ListingLabels};
 
 /// Objects per page of a listing; a Manifest's objects of one kind rarely fill one.
 const PAGE: u32 = 500;
@@ -37,13 +40,34 @@ pub struct Applied {
     records: Mutex<HashMap<Kind, HashMap<Name, Record>>>,
     /// Kinds whose listing the target refused, and when.
     refused: Mutex<HashMap<Kind, Instant>>,
+    /// Listings by outcome (`module_manager_target_drift_listings_total`).
+    outcomes: ListingOutcomes,
 }
+
+/// Listings by [`Listed::outcome`], the replica's counter family (or a detached one).
+pub type ListingOutcomes = Family<ListingLabels, Counter>;
 
 fn name_of(id: &InventoryEntry) -> Name {
     (id.namespace.clone(), id.name.clone())
 }
 
 impl Applied {
+    /// No records yet; listings counted in `outcomes`.
+    pub fn counted(outcomes: ListingOutcomes) -> Self {
+        Self {
+            outcomes,
+            ..Self::default()
+        }
+    }
+
+    /// Counts one listing's outcome.
+    pub(super) fn count(&self, listed: &Listed) {
+        let outcome = listed.outcome();
+        self.outcomes
+            .get_or_create(&ListingLabels { outcome })
+            .inc();
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Kind, HashMap<Name, Record>>> {
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -160,11 +184,24 @@ pub(super) enum Listed {
     Found(HashMap<Name, String>),
     /// The target refused it (403).
     Refused,
-    /// The target answered with another error, or there were more pages than [`MAX_PAGES`].
-    Failed,
+    /// The target answered with another error (what it said), or there were more pages than
+    /// [`MAX_PAGES`].
+    Failed(String),
     /// No answer (connection refused, a timeout, TLS): the target itself failed, and an apply
     /// would fail the same way.
     Unanswered(kube::Error),
+}
+
+impl Listed {
+    /// The metric label of this outcome (one of [`LISTING_OUTCOMES`]).
+    pub(super) fn outcome(&self) -> &'static str {
+        match self {
+            Self::Found(_) => LISTING_OUTCOMES[0],
+            Self::Refused => LISTING_OUTCOMES[1],
+            Self::Failed(_) => LISTING_OUTCOMES[2],
+            Self::Unanswered(_) => LISTING_OUTCOMES[3],
+        }
+    }
 }
 
 /// The resourceVersions of the objects of `resource` labelled with the Manifest `owner_uid`
@@ -188,17 +225,13 @@ pub(super) async fn list_versions(
             Ok(page) => page,
             Err(kube::Error::Api(status)) if status.code == 403 => return Listed::Refused,
             Err(kube::Error::Api(status)) => {
-                tracing::debug!(kind = %resource.kind, "drift listing failed, its objects are applied: {}", status.message);
-                return Listed::Failed;
+                return Listed::Failed(format!("HTTP {}: {}", status.code, status.message));
             }
             // The transport failed (connect, TLS, a timeout): the target did not answer.
             Err(error @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => {
                 return Listed::Unanswered(error);
             }
-            Err(error) => {
-                tracing::debug!(kind = %resource.kind, "drift listing failed, its objects are applied: {error}");
-                return Listed::Failed;
-            }
+            Err(error) => return Listed::Failed(error.to_string()),
         };
         for item in page.items {
             let name = (
@@ -212,7 +245,7 @@ pub(super) async fn list_versions(
             None => return Listed::Found(versions),
         }
     }
-    Listed::Failed
+    Listed::Failed(format!("more than {MAX_PAGES} pages of {PAGE}"))
 }
 
 #[cfg(test)]

@@ -428,7 +428,9 @@ impl Cluster {
                 continue;
             }
             let namespace = listed::scope_of(&of_kind, scope);
-            match listed::list_versions(&self.client, resource, namespace, owner_uid).await {
+            let found = listed::list_versions(&self.client, resource, namespace, owner_uid).await;
+            applied.count(&found);
+            match found {
                 listed::Listed::Found(versions) => {
                     let now = std::time::Instant::now();
                     for (namespace, _) in versions.keys().filter(|(ns, _)| !ns.is_empty()) {
@@ -443,7 +445,9 @@ impl Cluster {
                     tracing::warn!(kind = %kind.kind, group = %kind.group, "the target refuses to list this kind {scope} (RBAC: `list` is needed for cheap drift passes): its objects are applied on every drift pass; asked again in 15 minutes");
                     applied.refuse(&kind, std::time::Instant::now());
                 }
-                listed::Listed::Failed => {}
+                listed::Listed::Failed(reason) => {
+                    tracing::warn!(kind = %kind.kind, group = %kind.group, "the drift listing of this kind failed ({reason}): its objects are applied in this pass");
+                }
                 listed::Listed::Unanswered(error) => {
                     return Err(ApplyError::from_kube(of_kind[0], error));
                 }

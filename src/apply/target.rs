@@ -498,7 +498,9 @@ impl TargetClients {
                 records
             }
             None => {
-                let records = Arc::<listed::Applied>::default();
+                let records = Arc::new(listed::Applied::counted(
+                    self.metrics.drift_listings.clone(),
+                ));
                 applied.insert(key.clone(), (digest.to_owned(), Arc::downgrade(&records)));
                 records
             }

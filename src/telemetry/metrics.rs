@@ -459,6 +459,16 @@ pub struct TargetErrorLabels {
 /// `TargetError::reason` returns), so the series exist (at 0) from the start.
 pub const TARGET_ERROR_REASONS: [&str; 5] = ["secret", "refused", "unreachable", "auth", "tls"];
 
+/// A drift listing's outcome, as a metric label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListingLabels {
+    /// `found`, `refused` (403), `failed` (another answer) or `unanswered`.
+    pub outcome: &'static str,
+}
+
+/// Every `outcome` label value of `module_manager_target_drift_listings_total`.
+pub const LISTING_OUTCOMES: [&str; 4] = ["found", "refused", "failed", "unanswered"];
+
 /// Metrics of remote targets (`spec.target`).
 #[derive(Clone, Debug)]
 pub struct TargetMetrics {
@@ -482,6 +492,9 @@ pub struct TargetMetrics {
     pub passes_held_max: Gauge,
     /// Keys waiting now for a pass of their target to end (counted when scraped).
     pub waiting: CountedNow,
+    /// Drift passes' listings of a kind's objects on a target, by outcome: all but `found` make
+    /// the pass apply that kind's objects.
+    pub drift_listings: Family<ListingLabels, Counter>,
 }
 
 impl Default for TargetMetrics {
@@ -501,6 +514,7 @@ impl Default for TargetMetrics {
                 "passes_waiting",
                 "Manifests waiting now, without a worker, for a pass of their remote target to end (--target-passes)",
             ),
+            drift_listings: Family::default(),
         }
     }
 }
@@ -537,6 +551,16 @@ impl TargetMetrics {
             metrics.passes_held_max.clone(),
         );
         sub.register_collector(Box::new(metrics.waiting.clone()));
+        sub.register(
+            "drift_listings",
+            "Drift passes' metadata LISTs of one kind of a Manifest's objects on its remote target, by outcome: found, refused (403), failed (another error answer: the pass applies that kind's objects), unanswered",
+            metrics.drift_listings.clone(),
+        );
+        for outcome in LISTING_OUTCOMES {
+            let _ = metrics
+                .drift_listings
+                .get_or_create(&ListingLabels { outcome });
+        }
         // Every reason from the start (at 0), so that rates and alerts see the series before the
         // first error.
         for reason in TARGET_ERROR_REASONS {
