@@ -12,6 +12,7 @@ pub mod listed;
 pub mod namespace;
 pub mod ownership;
 mod precondition;
+pub mod surface;
 pub mod target;
 pub mod watched;
 pub mod watched_secrets;
@@ -26,7 +27,7 @@ use kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, Preconditions,
     PropagationPolicy,
 };
-use kube::discovery::{ApiResource, Discovery, Scope as DiscoveryScope};
+use kube::discovery::Discovery;
 use kube::{Client, Error as KubeError, ResourceExt};
 
 use crate::api::InventoryEntry;
@@ -34,6 +35,7 @@ use crate::plan::ownership::Guard;
 use crate::plan::{RenderedObject, Scope, describe, drift};
 use listed::Listing;
 use serde_json::Value;
+pub use surface::ApiSurface;
 
 pub use labels::{MANIFEST_SHARD_LABEL, MANIFEST_UID_LABEL};
 
@@ -198,71 +200,18 @@ pub fn kind_name(id: &InventoryEntry) -> String {
     }
 }
 
-/// What discovery says about a target: its version, the `--api-versions` helm gets, and the
-/// resource of every served kind.
-#[derive(Debug)]
-pub struct ApiSurface {
-    /// `gitVersion`, e.g. `v1.36.3`.
-    pub kube_version: String,
-    /// Every `group/version` and `group/version/Kind` served, sorted (the core group without
-    /// its empty prefix: `v1`, `v1/ConfigMap`).
-    pub api_versions: Arc<[String]>,
-    kinds: HashMap<(String, String, String), (ApiResource, Scope)>,
-    discovered_at: std::time::Instant,
-    /// The CRD catalog's generation when this discovery started (0 without a catalog).
+/// A cluster handle's discovery snapshot (shared with the handles whose clusters say the same,
+/// [`surface::share`]), when it was taken, and the CRD catalog's generation read before it
+/// started (0 without a catalog).
+struct Discovered {
+    surface: Arc<ApiSurface>,
+    at: std::time::Instant,
     generation: u64,
-}
-
-impl ApiSurface {
-    /// The resource and scope of a kind, if served.
-    pub fn resolve(&self, id: &InventoryEntry) -> Option<&(ApiResource, Scope)> {
-        self.kinds
-            .get(&(id.group.clone(), id.version.clone(), id.kind.clone()))
-    }
-
-    fn from_discovery(kube_version: String, discovery: &Discovery) -> Self {
-        let mut api_versions = Vec::new();
-        let mut kinds = HashMap::new();
-        for group in discovery.groups() {
-            for version in group.versions() {
-                let group_version = if group.name().is_empty() {
-                    version.to_owned()
-                } else {
-                    format!("{}/{version}", group.name())
-                };
-                api_versions.push(group_version.clone());
-                for (resource, capabilities) in group.versioned_resources(version) {
-                    api_versions.push(format!("{group_version}/{}", resource.kind));
-                    let scope = match capabilities.scope {
-                        DiscoveryScope::Namespaced => Scope::Namespaced,
-                        DiscoveryScope::Cluster => Scope::Cluster,
-                    };
-                    kinds.insert(
-                        (
-                            resource.group.clone(),
-                            resource.version.clone(),
-                            resource.kind.clone(),
-                        ),
-                        (resource, scope),
-                    );
-                }
-            }
-        }
-        api_versions.sort();
-        api_versions.dedup();
-        Self {
-            kube_version,
-            api_versions: api_versions.into(),
-            kinds,
-            discovered_at: std::time::Instant::now(),
-            generation: 0,
-        }
-    }
 }
 
 /// Runs discovery (the version, then every group through aggregated discovery); `generation`:
 /// the CRD catalog's, read before discovery started.
-async fn discover(client: &Client, generation: u64) -> Result<ApiSurface, ApplyError> {
+async fn discover(client: &Client, generation: u64) -> Result<Discovered, ApplyError> {
     let version = client
         .apiserver_version()
         .await
@@ -271,16 +220,18 @@ async fn discover(client: &Client, generation: u64) -> Result<ApiSurface, ApplyE
         .run_aggregated()
         .await
         .map_err(ApplyError::Discovery)?;
-    Ok(ApiSurface {
+    let surface = ApiSurface::from_discovery(version.git_version, &discovery);
+    Ok(Discovered {
+        surface: surface::share(surface),
+        at: std::time::Instant::now(),
         generation,
-        ..ApiSurface::from_discovery(version.git_version, &discovery)
     })
 }
 
 /// A cluster that modules are applied to, with its discovery cached.
 pub struct Cluster {
     client: Client,
-    surface: RwLock<Arc<ApiSurface>>,
+    surface: RwLock<Discovered>,
     /// The user the client impersonates, if any.
     user: Option<String>,
     /// The local cluster's CRDs, followed by a watch (`None`: a remote target, or a test
@@ -300,7 +251,7 @@ pub struct Cluster {
 impl Cluster {
     /// Connects and runs discovery.
     pub async fn connect(client: Client) -> Result<Self, ApplyError> {
-        let surface = RwLock::new(Arc::new(discover(&client, 0).await?));
+        let surface = RwLock::new(discover(&client, 0).await?);
         Ok(Self {
             client,
             surface,
@@ -494,17 +445,18 @@ impl Cluster {
 
     /// The discovery snapshot.
     pub fn surface(&self) -> Arc<ApiSurface> {
-        self.surface
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.discovered().surface.clone()
+    }
+
+    fn discovered(&self) -> std::sync::RwLockReadGuard<'_, Discovered> {
+        self.surface.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Re-runs discovery (after CRDs changed, or when a kind is unknown).
     pub async fn refresh_discovery(&self) -> Result<(), ApplyError> {
         let generation = self.catalog.as_ref().map_or(0, |c| c.generation());
-        let surface = Arc::new(discover(&self.client, generation).await?);
-        *self.surface.write().unwrap_or_else(|e| e.into_inner()) = surface;
+        let discovered = discover(&self.client, generation).await?;
+        *self.surface.write().unwrap_or_else(|e| e.into_inner()) = discovered;
         Ok(())
     }
 
@@ -515,11 +467,13 @@ impl Cluster {
         &self,
         max_age: std::time::Duration,
     ) -> Result<Arc<ApiSurface>, ApplyError> {
-        let surface = self.surface();
         let generation = self.catalog.as_ref().map(|c| c.generation());
-        if surface.discovered_at.elapsed() > max_age
-            || generation.is_some_and(|g| g != surface.generation)
-        {
+        let stale = {
+            let discovered = self.discovered();
+            discovered.at.elapsed() > max_age
+                || generation.is_some_and(|g| g != discovered.generation)
+        };
+        if stale {
             self.refresh_discovery().await?;
         }
         Ok(self.surface())
