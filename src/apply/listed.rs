@@ -25,6 +25,9 @@ pub use crate::telemetry::metrics::{LISTING_OUTCOMES, ListingLabels};
 const PAGE: u32 = 500;
 /// Most pages read per kind: past that, the kind is not listed (its objects are applied).
 const MAX_PAGES: usize = 4;
+/// The most bytes of an error answer a warning quotes (the target's API server may be a
+/// tenant's).
+const MESSAGE_LIMIT: usize = 512;
 /// How long a kind whose listing the target refused (403: the credential may not `list` it) is
 /// not listed again through this client: its objects are applied meanwhile, as before the
 /// listings, without a refused request per pass.
@@ -184,9 +187,10 @@ pub(super) enum Listed {
     Found(HashMap<Name, String>),
     /// The target refused it (403).
     Refused,
-    /// The target answered with another error (what it said), or there were more pages than
-    /// [`MAX_PAGES`].
+    /// The target answered with another error (what it said, shortened).
     Failed(String),
+    /// More objects of the kind than [`MAX_PAGES`] pages hold.
+    Overflow,
     /// No answer (connection refused, a timeout, TLS): the target itself failed, and an apply
     /// would fail the same way.
     Unanswered(kube::Error),
@@ -198,7 +202,7 @@ impl Listed {
         match self {
             Self::Found(_) => LISTING_OUTCOMES[0],
             Self::Refused => LISTING_OUTCOMES[1],
-            Self::Failed(_) => LISTING_OUTCOMES[2],
+            Self::Failed(_) | Self::Overflow => LISTING_OUTCOMES[2],
             Self::Unanswered(_) => LISTING_OUTCOMES[3],
         }
     }
@@ -225,13 +229,19 @@ pub(super) async fn list_versions(
             Ok(page) => page,
             Err(kube::Error::Api(status)) if status.code == 403 => return Listed::Refused,
             Err(kube::Error::Api(status)) => {
-                return Listed::Failed(format!("HTTP {}: {}", status.code, status.message));
+                let message = crate::telemetry::events::shorten(&status.message, MESSAGE_LIMIT);
+                return Listed::Failed(format!("HTTP {}: {message}", status.code));
             }
             // The transport failed (connect, TLS, a timeout): the target did not answer.
             Err(error @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => {
                 return Listed::Unanswered(error);
             }
-            Err(error) => return Listed::Failed(error.to_string()),
+            Err(error) => {
+                let error = error.to_string();
+                return Listed::Failed(
+                    crate::telemetry::events::shorten(&error, MESSAGE_LIMIT).into(),
+                );
+            }
         };
         for item in page.items {
             let name = (
@@ -245,7 +255,7 @@ pub(super) async fn list_versions(
             None => return Listed::Found(versions),
         }
     }
-    Listed::Failed(format!("more than {MAX_PAGES} pages of {PAGE}"))
+    Listed::Overflow
 }
 
 #[cfg(test)]

@@ -399,6 +399,9 @@ impl Cluster {
                 listed::Listed::Failed(reason) => {
                     tracing::warn!(kind = %kind.kind, group = %kind.group, "the drift listing of this kind failed ({reason}): its objects are applied in this pass");
                 }
+                listed::Listed::Overflow => {
+                    tracing::warn!(kind = %kind.kind, group = %kind.group, "this Manifest has more objects of this kind than a drift listing reads (4 pages of 500): they are applied in this pass");
+                }
                 listed::Listed::Unanswered(error) => {
                     return Err(ApplyError::from_kube(of_kind[0], error));
                 }
