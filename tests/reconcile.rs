@@ -140,11 +140,13 @@ impl Harness {
             .and_then(|cm| cm.data?.get(key).cloned())
     }
 
-    /// Whether an Event of this type and reason was published about `manifest` (within 10 s).
-    async fn has_event(&self, manifest: &str, kind: &str, reason: &str) -> bool {
-        let found =
-            |e: &[(String, String, String)]| e.iter().any(|(k, r, _)| k == kind && r == reason);
-        found(&common::events_once(&self.client, &self.ns, manifest, found).await)
+    /// Asserts that an Event of this type and reason is published about `manifest` (within
+    /// 10 s: [`common::expect_event`]).
+    async fn expect_event(&self, manifest: &str, kind: &str, reason: &str) {
+        common::expect_event(&self.client, &self.ns, manifest, |k, r, _| {
+            k == kind && r == reason
+        })
+        .await;
     }
 
     /// Events about `manifest` as (type, reason, note).
@@ -188,7 +190,7 @@ async fn install_upgrade_repair_prune_and_delete() {
             .as_deref(),
         Some("hi")
     );
-    assert!(h.has_event("catalog", "Normal", "Ready").await);
+    h.expect_event("catalog", "Normal", "Ready").await;
 
     // A values change updates the objects.
     h.patch_spec("catalog", json!({"values": {"greeting": "hey"}}))
@@ -255,7 +257,7 @@ async fn install_upgrade_repair_prune_and_delete() {
     // Deleting the Manifest deletes its objects, then releases the finalizer.
     h.delete_and_wait("catalog").await;
     assert!(!h.config_map_exists("catalog-settings").await);
-    assert!(h.has_event("catalog", "Normal", "Deleted").await);
+    h.expect_event("catalog", "Normal", "Deleted").await;
 }
 
 #[tokio::test]
@@ -292,7 +294,7 @@ async fn orphan_policy_keeps_the_objects() {
     h.delete_and_wait("catalog").await;
     assert!(h.config_map_exists("catalog-settings").await);
     assert!(h.config_map_exists("catalog-legacy-settings").await);
-    assert!(h.has_event("catalog", "Normal", "Orphaned").await);
+    h.expect_event("catalog", "Normal", "Orphaned").await;
 }
 
 #[tokio::test]
@@ -850,7 +852,7 @@ async fn a_deployment_that_never_becomes_ready_stalls_after_the_timeout_and_reco
         status.readiness_started, started,
         "counted from the first apply, not from each pass"
     );
-    assert!(h.has_event("web", "Warning", "ReadinessTimeout").await);
+    h.expect_event("web", "Warning", "ReadinessTimeout").await;
 
     // It rolls out after all: a later pass finds it ready.
     common::deployment_rolled_out(&h.client, &h.ns, "web-web", 1).await;

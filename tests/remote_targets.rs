@@ -437,7 +437,7 @@ impl Harness {
     /// `module_manager_target_drift_listings_total` for `outcome`.
     fn listings(&self, outcome: &'static str) -> u64 {
         let metrics = self.ctx.targets.metrics();
-        let labels = module_manager::apply::listed::ListingLabels { outcome };
+        let labels = module_manager::telemetry::metrics::ListingLabels { outcome };
         metrics.drift_listings.get_or_create(&labels).get()
     }
 }

@@ -69,8 +69,8 @@ fn manifest_for(ns: &str, secret: &str) -> Manifest {
 
 /// Heap held per cached target client (issue 29: 582 MiB per replica at 5,000 targets, ~4,340
 /// cached clients each). Before discovery snapshots were shared (`apply/surface.rs`), each held
-/// its own: 112 KiB per client, of which discovery 44 (a plain kube `Client` 28, its pooled TLS
-/// connection 37); shared, 76. The bound fails on the unshared snapshots.
+/// its own: 112 KiB per client — discovery 44, a plain kube `Client` 28, its pooled TLS
+/// connection 37, the rest 3; shared, 76. Both assertions below fail on unshared snapshots.
 #[tokio::test(flavor = "current_thread")]
 async fn a_cached_target_client_holds_little_heap() {
     const N: usize = 100;

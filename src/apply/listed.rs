@@ -19,7 +19,8 @@ use super::labels::MANIFEST_UID_LABEL;
 use crate::api::InventoryEntry;
 use crate::plan::Scope;
 use crate::plan::unchanged::{Body, Kind, Name};
-pub use crate::telemetry::metrics::{LISTING_OUTCOMES, ListingLabels};
+use crate::telemetry::events::shorten;
+use crate::telemetry::metrics::{LISTING_OUTCOMES, ListingLabels};
 
 /// Objects per page of a listing; a Manifest's objects of one kind rarely fill one.
 const PAGE: u32 = 500;
@@ -229,19 +230,14 @@ pub(super) async fn list_versions(
             Ok(page) => page,
             Err(kube::Error::Api(status)) if status.code == 403 => return Listed::Refused,
             Err(kube::Error::Api(status)) => {
-                let message = crate::telemetry::events::shorten(&status.message, MESSAGE_LIMIT);
+                let message = shorten(&status.message, MESSAGE_LIMIT);
                 return Listed::Failed(format!("HTTP {}: {message}", status.code));
             }
             // The transport failed (connect, TLS, a timeout): the target did not answer.
             Err(error @ (kube::Error::HyperError(_) | kube::Error::Service(_))) => {
                 return Listed::Unanswered(error);
             }
-            Err(error) => {
-                let error = error.to_string();
-                return Listed::Failed(
-                    crate::telemetry::events::shorten(&error, MESSAGE_LIMIT).into(),
-                );
-            }
+            Err(error) => return Listed::Failed(shorten(&error.to_string(), MESSAGE_LIMIT).into()),
         };
         for item in page.items {
             let name = (
