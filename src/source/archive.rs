@@ -6,7 +6,7 @@ use std::io::Read;
 use std::path::Component;
 use std::rc::Rc;
 
-use super::{Limits, SourceError};
+use super::chart::{ContentError, Limits};
 
 /// Counts files and unpacked bytes of a chart, subcharts included, against the limits.
 pub(super) struct Budget {
@@ -38,17 +38,17 @@ impl Budget {
             .saturating_add(1 << 20)
     }
 
-    pub(super) fn add(&mut self, files: usize, bytes: u64) -> Result<(), SourceError> {
+    pub(super) fn add(&mut self, files: usize, bytes: u64) -> Result<(), ContentError> {
         self.files += files;
         self.bytes += bytes;
         if self.files > self.limits.max_files {
-            return Err(SourceError::TooLarge {
+            return Err(ContentError::TooLarge {
                 what: "files",
                 limit: self.limits.max_files as u64,
             });
         }
         if self.bytes > self.limits.max_bytes {
-            return Err(SourceError::TooLarge {
+            return Err(ContentError::TooLarge {
                 what: "bytes",
                 limit: self.limits.max_bytes,
             });
@@ -94,16 +94,16 @@ pub(super) fn check_archive(
     bytes: &[u8],
     budget: &mut Budget,
     depth: usize,
-) -> Result<(), SourceError> {
+) -> Result<(), ContentError> {
     let (unpacked, cap) = (budget.unpacked.clone(), budget.unpack_cap());
     let archive_error = |source| {
         if unpacked.get() > cap {
-            return SourceError::TooLarge {
+            return ContentError::TooLarge {
                 what: "bytes unpacked (tar headers included)",
                 limit: cap,
             };
         }
-        SourceError::Archive {
+        ContentError::Archive {
             path: shown.to_owned(),
             source,
         }
@@ -126,14 +126,14 @@ pub(super) fn check_archive(
             .components()
             .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
         {
-            return Err(SourceError::UnsafePath(shown_entry));
+            return Err(ContentError::UnsafePath(shown_entry));
         }
         let kind = entry.header().entry_type();
         if kind.is_pax_global_extensions() || kind.is_pax_local_extensions() || kind.is_dir() {
             continue;
         }
         if !kind.is_file() {
-            return Err(SourceError::UnsupportedEntry(shown_entry));
+            return Err(ContentError::UnsupportedEntry(shown_entry));
         }
         let remaining = budget.limits.max_bytes.saturating_sub(budget.bytes);
         let mut content = Vec::new();
@@ -204,7 +204,7 @@ mod tests {
         archive
     }
 
-    fn check(bytes: &[u8], limits: Limits) -> Result<(), SourceError> {
+    fn check(bytes: &[u8], limits: Limits) -> Result<(), ContentError> {
         check_archive("chart.tgz", bytes, &mut Budget::new(limits), 0)
     }
 
@@ -260,7 +260,7 @@ mod tests {
                 archive.len()
             );
             match check(&archive, SMALL) {
-                Err(SourceError::TooLarge { what: unit, limit }) => {
+                Err(ContentError::TooLarge { what: unit, limit }) => {
                     assert_eq!(
                         (unit, limit),
                         ("bytes unpacked (tar headers included)", cap)
@@ -332,7 +332,7 @@ mod tests {
                 ..file("demo/templates/x", b"")
             };
             match check(&archive_of(&[entry]), Limits::default()) {
-                Err(SourceError::UnsupportedEntry(path)) => assert_eq!(path, "demo/templates/x"),
+                Err(ContentError::UnsupportedEntry(path)) => assert_eq!(path, "demo/templates/x"),
                 other => panic!("{kind:?}: {other:?}"),
             }
         }
@@ -345,7 +345,7 @@ mod tests {
         let eleven: Vec<_> = (0..11).map(|i| file(&format!("demo/f{i}"), b"x")).collect();
         assert!(matches!(
             check(&archive_of(&eleven), SMALL),
-            Err(SourceError::TooLarge {
+            Err(ContentError::TooLarge {
                 what: "files",
                 limit: 10
             })
@@ -354,7 +354,7 @@ mod tests {
 
         let whole = archive_of(&[file("demo/Chart.yaml", &[b'x'; 4000])]);
         let cut = check(&whole[..whole.len() / 2], Limits::default()).unwrap_err();
-        assert!(matches!(cut, SourceError::Archive { .. }), "{cut:?}");
+        assert!(matches!(cut, ContentError::Archive { .. }), "{cut:?}");
 
         let mut nested = archive_of(&[file("demo/Chart.yaml", b"name: demo\n")]);
         for level in 1..=MAX_NESTING + 1 {
@@ -492,7 +492,7 @@ mod tests {
                 }
                 if escapes(&inner[0].path) {
                     prop_assert!(
-                        matches!(outcome, Err(SourceError::UnsafePath(_))),
+                        matches!(outcome, Err(ContentError::UnsafePath(_))),
                         "{:?}",
                         outcome
                     );

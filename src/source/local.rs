@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::archive::{Budget, check_archive};
-use super::{Limits, ResolvedChart, SourceError};
+use super::chart::{ContentError, Limits, ResolvedChart};
+use super::error::SourceError;
 
 pub(super) fn resolve_path(
     spec_path: &str,
@@ -25,7 +26,7 @@ pub(super) fn resolve_path(
     }
     let digest = if path.is_dir() {
         if !path.join("Chart.yaml").is_file() {
-            return Err(SourceError::NotAChart(spec_path.to_owned()));
+            return Err(ContentError::NotAChart(spec_path.to_owned()).into());
         }
         digest_directory(&path, limits)?
     } else {
@@ -36,12 +37,12 @@ pub(super) fn resolve_path(
 
 /// Hashes every file under `dir` in sorted path order (path, length, content), refusing links;
 /// `.tgz` files (packaged subcharts, which helm loads) are checked like an archive chart.
-fn digest_directory(dir: &Path, limits: Limits) -> Result<String, SourceError> {
+fn digest_directory(dir: &Path, limits: Limits) -> Result<String, ContentError> {
     let mut hasher = Sha256::new();
     let mut budget = Budget::new(limits);
     let mut stack = vec![PathBuf::new()];
     while let Some(relative) = stack.pop() {
-        let io = |source| SourceError::Io {
+        let io = |source| ContentError::Io {
             path: relative.display().to_string(),
             source,
         };
@@ -53,7 +54,7 @@ fn digest_directory(dir: &Path, limits: Limits) -> Result<String, SourceError> {
         // Directories are pushed in reverse so they pop in sorted order.
         for entry in entries.into_iter().rev() {
             let name = relative.join(entry.file_name());
-            let io = |source| SourceError::Io {
+            let io = |source| ContentError::Io {
                 path: name.display().to_string(),
                 source,
             };
@@ -70,7 +71,7 @@ fn digest_directory(dir: &Path, limits: Limits) -> Result<String, SourceError> {
                 hasher.update(format!("F\0{}\0{}\0", name.display(), content.len()));
                 hasher.update(&content);
             } else {
-                return Err(SourceError::UnsupportedEntry(name.display().to_string()));
+                return Err(ContentError::UnsupportedEntry(name.display().to_string()));
             }
         }
     }
@@ -78,21 +79,21 @@ fn digest_directory(dir: &Path, limits: Limits) -> Result<String, SourceError> {
 }
 
 /// Reads a regular file of at most `max` bytes (a device or FIFO is refused, not read).
-fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, SourceError> {
+fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, ContentError> {
     let shown = path.display().to_string();
-    let io = |source| SourceError::Io {
+    let io = |source| ContentError::Io {
         path: shown.clone(),
         source,
     };
     // stat before open: opening a FIFO for reading would block until a writer appears.
     if !std::fs::metadata(path).map_err(io)?.is_file() {
-        return Err(SourceError::UnsupportedEntry(shown));
+        return Err(ContentError::UnsupportedEntry(shown));
     }
     let file = std::fs::File::open(path).map_err(io)?;
     let mut content = Vec::new();
     file.take(max + 1).read_to_end(&mut content).map_err(io)?;
     if content.len() as u64 > max {
-        return Err(SourceError::TooLarge {
+        return Err(ContentError::TooLarge {
             what: "bytes",
             limit: max,
         });
@@ -101,7 +102,7 @@ fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, SourceError> {
 }
 
 /// Hashes a `.tgz` chart after checking it (see [`check_archive`]).
-fn digest_archive(path: &Path, limits: Limits) -> Result<String, SourceError> {
+fn digest_archive(path: &Path, limits: Limits) -> Result<String, ContentError> {
     let bytes = read_bounded(path, limits.max_bytes)?;
     check_archive(
         &path.display().to_string(),

@@ -3,134 +3,28 @@
 //! Local charts (`spec.chart.path`) must lie under the configured chart root: a Manifest author
 //! must not be able to point the manager at arbitrary files on its filesystem. They are read by
 //! `local.rs`, archives checked by `archive.rs` (also for fetched charts), and repository and OCI
-//! charts fetched by `remote`.
+//! charts fetched by `remote`. What they share is in `chart.rs` (the limits, the resolved chart,
+//! and what can be wrong with a chart's files); why a resolve failed in `error.rs`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::api::ChartSource;
 
 mod archive;
+mod chart;
+mod error;
 mod local;
 pub mod remote;
 pub mod version;
 pub mod yaml;
 
+pub use self::chart::{ContentError, Limits, ResolvedChart};
+pub use self::error::SourceError;
 use self::local::resolve_path;
 pub use remote::{
     Cidr, Credentials, CredentialsError, FetchError, FetchStats, KeyMaterial, Refusal,
     RemoteCharts, RemoteConfig, Reserved, VerifyError, ensure_crypto_provider,
 };
-
-/// Bounds on what a chart may contain.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    /// Most files in a chart (directory or archive).
-    pub max_files: usize,
-    /// Most bytes: of the archive file, and of all files unpacked.
-    pub max_bytes: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_files: 5_000,
-            max_bytes: 20 * 1024 * 1024,
-        }
-    }
-}
-
-/// Why a chart could not be resolved. All but some remote fetch errors are bad input: they wait
-/// for a spec change (see [`SourceError::is_permanent`]).
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    /// the chart path does not exist.
-    #[error("chart path {0:?} does not exist")]
-    NotFound(String),
-    /// the chart path leaves the chart root.
-    #[error("chart path {path:?} is outside the chart root {root}")]
-    OutsideRoot {
-        /// The path from the spec.
-        path: String,
-        /// The configured root.
-        root: String,
-    },
-    /// a directory chart has no `Chart.yaml`.
-    #[error("{0:?} is not a chart: it has no Chart.yaml")]
-    NotAChart(String),
-    /// the chart holds a symbolic link, a device or another non-regular file.
-    #[error("chart entry {0:?} is not a regular file or directory")]
-    UnsupportedEntry(String),
-    /// an archive entry has an absolute path or `..`.
-    #[error("chart archive entry {0:?} escapes the chart")]
-    UnsafePath(String),
-    /// the chart exceeds a limit.
-    #[error("chart exceeds the limit of {limit} {what}")]
-    TooLarge {
-        /// `files` or `bytes`.
-        what: &'static str,
-        /// The limit.
-        limit: u64,
-    },
-    /// the archive could not be read.
-    #[error("chart archive {path:?} is not a valid .tgz: {source}")]
-    Archive {
-        /// The archive.
-        path: String,
-        /// What went wrong.
-        source: std::io::Error,
-    },
-    /// not one local path: a remote source ([`RemoteCharts::resolve`] fetches those), or not
-    /// exactly one source.
-    #[error("{0}")]
-    Unsupported(&'static str),
-    /// reading the chart failed.
-    #[error("read chart {path:?}: {source}")]
-    Io {
-        /// The file.
-        path: String,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// a chart from a repository or registry could not be fetched or failed a check.
-    #[error("{origin}: {error}")]
-    Fetch {
-        /// Which chart from where (URLs without credentials or query).
-        origin: String,
-        /// What went wrong.
-        error: FetchError,
-    },
-}
-
-impl SourceError {
-    /// Bad input (waits for a spec change) as opposed to an unreachable or failing server
-    /// (retried with backoff).
-    pub fn is_permanent(&self) -> bool {
-        match self {
-            Self::Fetch { error, .. } => error.is_permanent(),
-            _ => true,
-        }
-    }
-
-    /// The chart's signature was not accepted (`spec.chart.verify`).
-    pub fn is_unverified(&self) -> bool {
-        matches!(
-            self,
-            Self::Fetch {
-                error: FetchError::Verification(_),
-                ..
-            }
-        )
-    }
-}
-
-/// A chart on local disk, identified by its content.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ResolvedChart {
-    /// `sha256:<hex>`: of the archive bytes, or of a directory's sorted paths and contents.
-    pub digest: String,
-    /// Where helm reads it.
-    pub path: PathBuf,
-}
 
 /// Resolves a chart source relative to `root` (an absolute, canonical directory).
 pub fn resolve(
@@ -153,6 +47,7 @@ pub fn resolve(
 #[cfg(test)]
 mod tests {
     use std::io::Read;
+    use std::path::PathBuf;
 
     use sha2::{Digest, Sha256};
 
@@ -247,7 +142,7 @@ mod tests {
         ));
         assert!(matches!(
             resolve(&source("empty"), &root, Limits::default()),
-            Err(SourceError::NotAChart(_))
+            Err(SourceError::Chart(ContentError::NotAChart(_)))
         ));
     }
 
@@ -261,7 +156,10 @@ mod tests {
         };
         assert!(matches!(
             resolve(&source("demo"), &root, two_files),
-            Err(SourceError::TooLarge { what: "files", .. })
+            Err(SourceError::Chart(ContentError::TooLarge {
+                what: "files",
+                ..
+            }))
         ));
         let tiny = Limits {
             max_files: 10,
@@ -269,12 +167,15 @@ mod tests {
         };
         assert!(matches!(
             resolve(&source("demo"), &root, tiny),
-            Err(SourceError::TooLarge { what: "bytes", .. })
+            Err(SourceError::Chart(ContentError::TooLarge {
+                what: "bytes",
+                ..
+            }))
         ));
         std::os::unix::fs::symlink("/etc/passwd", dir.join("templates/passwd")).unwrap();
         assert!(matches!(
             resolve(&source("demo"), &root, Limits::default()),
-            Err(SourceError::UnsupportedEntry(_))
+            Err(SourceError::Chart(ContentError::UnsupportedEntry(_)))
         ));
     }
 
@@ -325,12 +226,15 @@ mod tests {
         };
         assert!(matches!(
             resolve(&source("bomb.tgz"), &root, small),
-            Err(SourceError::TooLarge { what: "bytes", .. })
+            Err(SourceError::Chart(ContentError::TooLarge {
+                what: "bytes",
+                ..
+            }))
         ));
         std::fs::write(root.join("junk.tgz"), b"not gzip").unwrap();
         assert!(matches!(
             resolve(&source("junk.tgz"), &root, Limits::default()),
-            Err(SourceError::Archive { .. })
+            Err(SourceError::Chart(ContentError::Archive { .. }))
         ));
     }
 
@@ -355,7 +259,10 @@ mod tests {
         let second = tgz(&[("demo/templates/evil", tar::EntryType::Symlink, b"")]);
         std::fs::write(root.join("multi.tgz"), [first, second].concat()).unwrap();
         let error = resolve(&source("multi.tgz"), &root, Limits::default()).unwrap_err();
-        assert!(matches!(error, SourceError::UnsupportedEntry(_)), "{error}");
+        assert!(
+            matches!(error, SourceError::Chart(ContentError::UnsupportedEntry(_))),
+            "{error}"
+        );
     }
 
     #[test]
@@ -370,7 +277,7 @@ mod tests {
         std::fs::write(root.join("outer.tgz"), &outer).unwrap();
         assert!(matches!(
             resolve(&source("outer.tgz"), &root, Limits::default()),
-            Err(SourceError::UnsafePath(_))
+            Err(SourceError::Chart(ContentError::UnsafePath(_)))
         ));
 
         let dir = chart_dir(&root, "with-sub");
@@ -378,7 +285,7 @@ mod tests {
         std::fs::write(dir.join("charts/sub.tgz"), &hostile).unwrap();
         assert!(matches!(
             resolve(&source("with-sub"), &root, Limits::default()),
-            Err(SourceError::UnsafePath(_))
+            Err(SourceError::Chart(ContentError::UnsafePath(_)))
         ));
     }
 
@@ -405,7 +312,7 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
         assert!(matches!(
             resolve(&source("fifo.tgz"), &root, Limits::default()),
-            Err(SourceError::UnsupportedEntry(_))
+            Err(SourceError::Chart(ContentError::UnsupportedEntry(_)))
         ));
     }
 }

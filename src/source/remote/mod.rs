@@ -40,7 +40,7 @@ use self::recent::Recent;
 use self::shown::{shown_reference, shown_url};
 use self::verify::{Trust, trusted_keys};
 use super::archive::{Budget, check_archive};
-use super::{Limits, ResolvedChart, SourceError};
+use super::{ContentError, Limits, ResolvedChart, SourceError};
 use crate::api::ChartSource;
 
 pub use self::address::{Cidr, Reserved};
@@ -203,7 +203,7 @@ pub enum FetchError {
     },
     /// the archive failed the chart checks.
     #[error(transparent)]
-    Chart(Box<SourceError>),
+    Chart(ContentError),
     /// the chart's signature was not accepted (`spec.chart.verify`).
     #[error("signature verification failed: {0}")]
     Verification(#[from] VerifyError),
@@ -410,7 +410,7 @@ impl RemoteCharts {
                 let (source, root) = (source.clone(), root.to_owned());
                 tokio::task::spawn_blocking(move || super::resolve(&source, &root, limits))
                     .await
-                    .map_err(|e| SourceError::Io {
+                    .map_err(|e| ContentError::Io {
                         path: "chart".into(),
                         source: std::io::Error::other(e),
                     })?
@@ -511,13 +511,12 @@ fn trust(source: &ChartSource, keys: Option<&KeyMaterial>) -> Result<Option<Trus
 /// The checks a local `.tgz` gets.
 fn check(shown: &str, bytes: &[u8], limits: Limits) -> Result<(), FetchError> {
     if bytes.len() as u64 > limits.max_bytes {
-        return Err(FetchError::Chart(Box::new(SourceError::TooLarge {
+        return Err(FetchError::Chart(ContentError::TooLarge {
             what: "bytes",
             limit: limits.max_bytes,
-        })));
+        }));
     }
-    check_archive(shown, bytes, &mut Budget::new(limits), 0)
-        .map_err(|e| FetchError::Chart(Box::new(e)))
+    check_archive(shown, bytes, &mut Budget::new(limits), 0).map_err(FetchError::Chart)
 }
 
 #[cfg(test)]
