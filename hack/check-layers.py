@@ -61,9 +61,6 @@ ALLOWED_CYCLES = {
     # `SourceError` (error.rs) wraps `remote::FetchError`; `remote` returns `SourceError` and
     # reads local charts through `resolve` (mod.rs), which calls `local`.
     "src/source/": [{"mod.rs", "error", "local", "remote"}],
-    # `RemoteCharts` and `FetchError` (mod.rs) call `cache` and `helm_repo`, which take them back
-    # (and `http` takes `RemoteConfig`).
-    "src/source/remote/": [{"mod.rs", "cache", "helm_repo", "http"}],
 }
 
 

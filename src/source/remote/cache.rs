@@ -10,8 +10,9 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::credentials::Auth;
-use super::{FetchError, check};
-use crate::source::{Limits, ResolvedChart};
+use super::error::FetchError;
+use crate::source::archive::{Budget, check_archive};
+use crate::source::{ContentError, Limits, ResolvedChart};
 
 /// Archives used (stored or found) more recently than this are not evicted: a render reads the
 /// file after the resolve returns its path. They count against the cap all the same.
@@ -284,6 +285,17 @@ pub(super) fn sha256_hex(digest: &str) -> Result<String, FetchError> {
             "the digest is not a sha256 digest".into(),
         ))
     }
+}
+
+/// The checks a local `.tgz` gets.
+pub(super) fn check(shown: &str, bytes: &[u8], limits: Limits) -> Result<(), FetchError> {
+    if bytes.len() as u64 > limits.max_bytes {
+        return Err(FetchError::Chart(ContentError::TooLarge {
+            what: "bytes",
+            limit: limits.max_bytes,
+        }));
+    }
+    check_archive(shown, bytes, &mut Budget::new(limits), 0).map_err(FetchError::Chart)
 }
 
 #[cfg(test)]

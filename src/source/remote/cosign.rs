@@ -14,9 +14,10 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::cache::sha256_hex;
+use super::charts::RemoteCharts;
+use super::error::FetchError;
 use super::oci::{Grant, NOT_FOUND, registry_url};
 use super::verify::VerifyError;
-use super::{FetchError, RemoteCharts};
 
 /// Media type of a layer holding a simple-signing payload.
 pub const SIMPLE_SIGNING_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v1+json";

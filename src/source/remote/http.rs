@@ -1,17 +1,17 @@
-//! The capped HTTP client: requests only where [`Reach`] allows (every redirect checked too),
-//! redirects only over http(s) and never from https down to http, every request within what is
-//! left of its fetch's deadline, answers read within a byte limit, and transport errors that
-//! all read the same.
+//! Capped requests, over the client of `client.rs` (which checks every redirect): each only where
+//! `Reach` allows, within what is left of its fetch's deadline, its answer read within a byte
+//! limit, and transport errors that all read the same.
 
 use std::time::Duration;
 
 use reqwest::Url;
 use tokio::time::Instant;
 
+use super::charts::RemoteCharts;
 use super::credentials::Auth;
-use super::reach::{Reach, authority, refusal_in};
-use super::shown::{bounded_text, shown};
-use super::{FetchError, RemoteCharts, RemoteConfig};
+use super::error::FetchError;
+use super::reach::{authority, refusal_in};
+use super::shown::{bounded_text, chain, shown};
 
 tokio::task_local! {
     /// When the fetch under way must be done: each request gets what is left of it, so a
@@ -22,39 +22,6 @@ tokio::task_local! {
 /// Runs `fetch` with a deadline `timeout` from now for its requests.
 pub(super) async fn with_deadline<T>(timeout: Duration, fetch: impl Future<Output = T>) -> T {
     DEADLINE.scope(Instant::now() + timeout, fetch).await
-}
-
-/// The HTTP client of every request: names resolved to allowed addresses only, at most
-/// `max_redirects` redirects, each to where a request may go; no proxy (the address checked
-/// must be the one connected to).
-pub(super) fn client(config: &RemoteConfig, reach: &Reach) -> Result<reqwest::Client, FetchError> {
-    let max_redirects = config.max_redirects;
-    let checks = reach.clone();
-    let policy = reqwest::redirect::Policy::custom(move |attempt| {
-        let from_https = attempt
-            .previous()
-            .last()
-            .is_some_and(|u| u.scheme() == "https");
-        if attempt.previous().len() > max_redirects {
-            attempt.error(format!("more than {max_redirects} redirects"))
-        } else if !matches!(attempt.url().scheme(), "http" | "https") {
-            attempt.error("a redirect to a scheme other than http or https")
-        } else if from_https && attempt.url().scheme() == "http" {
-            attempt.error("a redirect from https to plain http")
-        } else if let Err(refusal) = checks.check(attempt.url()) {
-            attempt.error(refusal)
-        } else {
-            attempt.follow()
-        }
-    });
-    reqwest::Client::builder()
-        .redirect(policy)
-        .dns_resolver(reach.resolver())
-        .no_proxy()
-        .connect_timeout(config.timeout.min(Duration::from_secs(10)))
-        .user_agent(crate::telemetry::requests::USER_AGENT)
-        .build()
-        .map_err(|e| FetchError::Reference(format!("HTTP client: {}", chain(&e))))
 }
 
 impl RemoteCharts {
@@ -201,17 +168,40 @@ pub(super) fn request_error(url: &Url, error: reqwest::Error) -> FetchError {
     }
 }
 
-/// An error and its causes, `a: b: c`, without repeats, bounded.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        let next = c.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_say_whether_credentials_went_to_the_host_that_refused() {
+        let refused = |host: &str| FetchError::Unauthorized {
+            host: host.into(),
+            status: 401,
+            sent: false,
+        };
+        let sent = refused("charts.example.com").credentials_sent_to("charts.example.com");
+        assert!(sent.is_permanent());
+        assert_eq!(
+            sent.to_string(),
+            "authentication to charts.example.com failed (HTTP 401): check spec.chart.secretRef"
+        );
+        // Redirected to a CDN, which got none.
+        let elsewhere = refused("cdn.example.net").credentials_sent_to("charts.example.com");
+        assert!(elsewhere.to_string().starts_with(
+            "cdn.example.net asks for credentials (HTTP 401): set spec.chart.secretRef"
+        ));
+        let url = |text: &str| reqwest::Url::parse(text).unwrap();
+        let origin = url("https://charts.example.com/stable");
+        assert!(same_origin(
+            &url("https://charts.example.com:443/x.tgz"),
+            &origin
+        ));
+        for other in [
+            "http://charts.example.com/x.tgz",
+            "https://charts.example.com:8443/x.tgz",
+            "https://cdn.example.com/x.tgz",
+        ] {
+            assert!(!same_origin(&url(other), &origin), "{other}");
         }
-        cause = c.source();
     }
-    bounded_text(&text)
 }

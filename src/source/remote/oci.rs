@@ -13,12 +13,13 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::cache::{Fetcher, sha256_hex};
+use super::charts::RemoteCharts;
 use super::credentials::{Auth, Credentials};
+use super::error::FetchError;
 use super::http::{checked_url, request_error};
 use super::reach::authority;
 use super::shown::{bounded_text, shown_reference};
 use super::verify::{Trust, TrustedKeys, VerifyError};
-use super::{FetchError, RemoteCharts};
 use crate::source::{Limits, ResolvedChart};
 
 /// Media type of a Helm chart's OCI config (Chart.yaml as JSON).

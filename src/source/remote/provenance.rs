@@ -10,10 +10,11 @@ use pgp::composed::{CleartextSignedMessage, SignedPublicKey};
 use reqwest::Url;
 use serde::Deserialize;
 
+use super::charts::RemoteCharts;
 use super::credentials::Auth;
+use super::error::FetchError;
 use super::shown::{bounded_text, shown};
 use super::verify::VerifyError;
-use super::{FetchError, RemoteCharts};
 
 /// Most bytes of a provenance file (it holds a Chart.yaml and a signature).
 const MAX_PROVENANCE_BYTES: u64 = 1024 * 1024;

@@ -54,6 +54,21 @@ pub(super) fn listing(items: &[&str]) -> String {
     text
 }
 
+/// An error and its causes, `a: b: c`, without repeats, bounded.
+pub(super) fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let next = c.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = c.source();
+    }
+    bounded_text(&text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
