@@ -1,4 +1,6 @@
 //! Chart source: resolves `spec.chart` to a chart on disk with a content digest, within limits.
+//! The entry points are here: [`resolve`] for a local chart, and [`RemoteCharts::resolve`] for
+//! any source (a local one on a blocking thread, a remote one fetched by `remote`).
 //!
 //! Local charts (`spec.chart.path`) must lie under the configured chart root: a Manifest author
 //! must not be able to point the manager at arbitrary files on its filesystem. They are read by
@@ -41,6 +43,57 @@ pub fn resolve(
         _ => Err(SourceError::Unsupported(
             "exactly one chart source must be set: path, repository (with name and version), or oci",
         )),
+    }
+}
+
+impl RemoteCharts {
+    /// Resolves any chart source: a local path (under `root`, on a blocking thread), a chart of
+    /// a Helm repository, or an OCI reference; a remote one with `credentials` (those of
+    /// `spec.chart.secretRef`), sent only to the repository's or registry's host. A source with
+    /// `verify` is refused: its keys are needed ([`RemoteCharts::resolve_verified`]).
+    pub async fn resolve(
+        &self,
+        source: &ChartSource,
+        root: &Path,
+        credentials: Option<&Credentials>,
+        limits: Limits,
+    ) -> Result<ResolvedChart, SourceError> {
+        self.resolve_verified(source, root, credentials, limits, None)
+            .await
+    }
+
+    /// [`RemoteCharts::resolve`], and a source with `verify` is verified against the public
+    /// keys of `keys` before its archive is used: the archive returned is the one whose digest
+    /// the signature covers (an OCI chart's layer is taken from the manifest whose digest was
+    /// verified; a repository chart's archive is checked against the digest the provenance
+    /// file signs).
+    pub async fn resolve_verified(
+        &self,
+        source: &ChartSource,
+        root: &Path,
+        credentials: Option<&Credentials>,
+        limits: Limits,
+        keys: Option<&KeyMaterial>,
+    ) -> Result<ResolvedChart, SourceError> {
+        if let Some((origin, fetched)) = self.fetch(source, credentials, limits, keys).await {
+            return fetched.map_err(|error| SourceError::Fetch { origin, error });
+        }
+        match (&source.path, &source.repository, &source.oci) {
+            (Some(_), None, None) if source.verify.is_some() => Err(SourceError::Unsupported(
+                "spec.chart.verify is for oci charts and charts of a Helm repository",
+            )),
+            (Some(_), None, None) => {
+                let (source, root) = (source.clone(), root.to_owned());
+                tokio::task::spawn_blocking(move || resolve(&source, &root, limits))
+                    .await
+                    .map_err(|e| ContentError::Io {
+                        path: "chart".into(),
+                        source: std::io::Error::other(e),
+                    })?
+            }
+            // The CRD's CEL rule makes this unreachable through the API server.
+            _ => resolve(source, root, limits),
+        }
     }
 }
 

@@ -14,8 +14,9 @@
 //! `spec.chart.secretRef` (`credentials.rs`), the disk cache (`cache.rs`), the in-memory TTL
 //! cache (`recent.rs`), what may be shown of a URL (`shown.rs`), and signature verification
 //! (`spec.chart.verify`: the keys in `verify.rs`, cosign signatures in `cosign.rs`, Helm
-//! provenance in `provenance.rs`). This file holds the entry points, which send each source to
-//! the files that fetch it.
+//! provenance in `provenance.rs`). This file holds the entry point, [`RemoteCharts::fetch`],
+//! which sends each source to the file that fetches it (`source/mod.rs` resolves any source
+//! through it).
 
 mod address;
 mod cache;
@@ -35,12 +36,11 @@ mod recent;
 mod shown;
 mod verify;
 
-use std::path::Path;
 use std::time::Duration;
 
 use self::shown::{shown_reference, shown_url};
 use self::verify::{Trust, trusted_keys};
-use super::{ContentError, Limits, ResolvedChart, SourceError};
+use super::{Limits, ResolvedChart};
 use crate::api::ChartSource;
 
 pub use self::address::{Cidr, Reserved};
@@ -57,34 +57,19 @@ pub use self::verify::{KeyMaterial, VerifyError};
 const BACKSTOP: Duration = Duration::from_secs(5);
 
 impl RemoteCharts {
-    /// Resolves any chart source: a local path (under `root`, on a blocking thread), a chart of
-    /// a Helm repository, or an OCI reference; a remote one with `credentials` (those of
-    /// `spec.chart.secretRef`), sent only to the repository's or registry's host. A source with
-    /// `verify` is refused: its keys are needed ([`RemoteCharts::resolve_verified`]).
-    pub async fn resolve(
+    /// Fetches the chart of a Helm repository or an OCI registry that `source` names, with
+    /// `credentials` (those of `spec.chart.secretRef`, sent only to the repository's or
+    /// registry's host), verified against `keys` when `source` has `verify`
+    /// ([`RemoteCharts::resolve_verified`]); `None` when `source` names no remote chart. With
+    /// the chart's origin, for an error to name: which chart from where (URLs without
+    /// credentials or query).
+    pub(in crate::source) async fn fetch(
         &self,
         source: &ChartSource,
-        root: &Path,
-        credentials: Option<&Credentials>,
-        limits: Limits,
-    ) -> Result<ResolvedChart, SourceError> {
-        self.resolve_verified(source, root, credentials, limits, None)
-            .await
-    }
-
-    /// [`RemoteCharts::resolve`], and a source with `verify` is verified against the public
-    /// keys of `keys` before its archive is used: the archive returned is the one whose digest
-    /// the signature covers (an OCI chart's layer is taken from the manifest whose digest was
-    /// verified; a repository chart's archive is checked against the digest the provenance
-    /// file signs).
-    pub async fn resolve_verified(
-        &self,
-        source: &ChartSource,
-        root: &Path,
         credentials: Option<&Credentials>,
         limits: Limits,
         keys: Option<&KeyMaterial>,
-    ) -> Result<ResolvedChart, SourceError> {
+    ) -> Option<(String, Result<ResolvedChart, FetchError>)> {
         match (&source.path, &source.repository, &source.oci) {
             (None, Some(repository), None) => {
                 let name = source.name.as_deref().unwrap_or_default();
@@ -93,42 +78,29 @@ impl RemoteCharts {
                     "chart {name} {version} from {}",
                     shown_url(repository.as_str())
                 );
-                let trust = trust(source, keys).map_err(|e| SourceError::Fetch {
-                    origin: origin.clone(),
-                    error: e.into(),
-                })?;
+                let trust = match trust(source, keys) {
+                    Ok(trust) => trust,
+                    Err(e) => return Some((origin, Err(e.into()))),
+                };
                 let fetch = async {
                     let auth = credentials.map(Credentials::for_repository).transpose()?;
                     let (auth, trust) = (auth.as_ref(), trust.as_ref());
                     self.fetch_from_repository(repository, name, version, auth, limits, trust)
                         .await
                 };
-                self.bounded(origin, fetch).await
+                Some((origin, self.bounded(fetch).await))
             }
             (None, None, Some(reference)) => {
                 let origin = format!("chart {}", shown_reference(reference));
-                let trust = trust(source, keys).map_err(|e| SourceError::Fetch {
-                    origin: origin.clone(),
-                    error: e.into(),
-                })?;
+                let trust = match trust(source, keys) {
+                    Ok(trust) => trust,
+                    Err(e) => return Some((origin, Err(e.into()))),
+                };
                 let fetch =
                     self.fetch_from_registry(reference, credentials, limits, trust.as_ref());
-                self.bounded(origin, fetch).await
+                Some((origin, self.bounded(fetch).await))
             }
-            (Some(_), None, None) if source.verify.is_some() => Err(SourceError::Unsupported(
-                "spec.chart.verify is for oci charts and charts of a Helm repository",
-            )),
-            (Some(_), None, None) => {
-                let (source, root) = (source.clone(), root.to_owned());
-                tokio::task::spawn_blocking(move || super::resolve(&source, &root, limits))
-                    .await
-                    .map_err(|e| ContentError::Io {
-                        path: "chart".into(),
-                        source: std::io::Error::other(e),
-                    })?
-            }
-            // The CRD's CEL rule makes this unreachable through the API server.
-            _ => super::resolve(source, root, limits),
+            _ => None,
         }
     }
 
@@ -137,18 +109,13 @@ impl RemoteCharts {
     /// a backstop for the work between requests.
     async fn bounded(
         &self,
-        origin: String,
         fetch: impl Future<Output = Result<ResolvedChart, FetchError>>,
-    ) -> Result<ResolvedChart, SourceError> {
+    ) -> Result<ResolvedChart, FetchError> {
         let timeout = self.config.timeout;
         let deadlined = http::with_deadline(timeout, fetch);
-        let result = match tokio::time::timeout(timeout + BACKSTOP, deadlined).await {
+        match tokio::time::timeout(timeout + BACKSTOP, deadlined).await {
             Ok(result) => result,
             Err(_) => Err(FetchError::Timeout(self.config.timeout)),
-        };
-        match result {
-            Ok(chart) => Ok(chart),
-            Err(error) => Err(SourceError::Fetch { origin, error }),
         }
     }
 }
