@@ -1,5 +1,5 @@
 //! Chart source: resolves `spec.chart` to a chart on disk with a content digest, within limits.
-//! The entry points are here: [`resolve`] for a local chart, and [`RemoteCharts::resolve`] for
+//! The entry points are here: `resolve` for a local chart, and `RemoteCharts::resolve` for
 //! any source (a local one on a blocking thread, a remote one fetched by `remote`).
 //!
 //! Local charts (`spec.chart.path`) must lie under the configured chart root: a Manifest author

@@ -1,7 +1,8 @@
 //! The on-disk chart cache: verified archives by sha256 digest, re-checked when found, under a
 //! hard byte cap (least recently used evicted first, never one in use; an archive that does not
 //! fit is refused); and the one access rule for a cached archive: it is served only to a
-//! [`Fetcher`] (origin and credentials) that downloaded and verified it itself.
+//! [`Fetcher`] (origin and credentials) that downloaded and verified it itself. The checks an
+//! archive passes before it is stored and when it is found again are [`check`]'s.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -14,7 +14,7 @@
 //! `spec.chart.secretRef` (`credentials.rs`), the disk cache (`cache.rs`), the in-memory TTL
 //! cache (`recent.rs`), what may be shown of a URL (`shown.rs`), and signature verification
 //! (`spec.chart.verify`: the keys in `verify.rs`, cosign signatures in `cosign.rs`, Helm
-//! provenance in `provenance.rs`). This file holds the entry point, [`RemoteCharts::fetch`],
+//! provenance in `provenance.rs`). This file holds the entry point, `RemoteCharts::fetch`,
 //! which sends each source to the file that fetches it (`source/mod.rs` resolves any source
 //! through it).
 
