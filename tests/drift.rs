@@ -357,18 +357,12 @@ async fn drift_ignore_fields_are_neither_enforced_nor_released() {
                 .any(|c| c.type_ == "Stalled" && c.status == "True")
     })
     .await;
-    let status = manifest.status.unwrap();
-    let ready = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
+    let (_, message) = common::ready_condition(&manifest).unwrap();
     assert!(
-        ready.message.contains(
+        message.contains(
             "spec.driftIgnore[1]: invalid path \"data/mode\": a JSON pointer starts with '/'"
         ),
-        "{}",
-        ready.message
+        "{message}"
     );
 }
 
