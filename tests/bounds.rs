@@ -7,7 +7,10 @@
 
 mod common;
 
+use common::Harness;
 use std::time::Duration;
+
+use common::condition;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, PostParams};
@@ -16,17 +19,6 @@ use module_manager::api::{Manifest, State};
 use module_manager::plan::PlanLimits;
 use module_manager::reconcile::PassLimits;
 use serde_json::{Value, json};
-
-/// A namespace with the pipeline reconciling it in-process ([`common::Operator`]).
-struct Harness(common::Operator);
-
-impl std::ops::Deref for Harness {
-    type Target = common::Operator;
-
-    fn deref(&self) -> &common::Operator {
-        &self.0
-    }
-}
 
 async fn start(prefix: &str, limits: PassLimits, concurrency: usize) -> Harness {
     Harness(common::operator_with(prefix, concurrency, |context| context.pass_limits(limits)).await)
@@ -37,17 +29,7 @@ impl Harness {
         let mut spec = spec;
         spec["module"] = json!(name);
         spec["interval"] = json!("2s");
-        let manifest: Manifest = serde_json::from_value(json!({
-            "apiVersion": "modulemanager.io/v1alpha1",
-            "kind": "Manifest",
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": spec,
-        }))
-        .unwrap();
-        self.manifests
-            .create(&PostParams::default(), &manifest)
-            .await
-            .unwrap();
+        self.0.create(&common::manifest(&self.ns, name, spec)).await;
     }
 
     /// Waits (2 minutes) until the Manifest's current generation is `Error` with a Ready
@@ -81,16 +63,6 @@ impl Harness {
 }
 
 /// A condition's (status, reason, message).
-fn condition(manifest: &Manifest, kind: &str) -> Option<(String, String, String)> {
-    let c = manifest
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == kind)?;
-    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
 /// This process's resident memory (VmRSS), in KiB: reported, never asserted.
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")

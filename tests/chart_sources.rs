@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use common::condition;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use module_manager::api::{
     ChartSource, ChartVerification, LocalObjectReference, Manifest, State as ModuleState,
     VerificationProvider,
@@ -27,11 +28,9 @@ use module_manager::source::{
     Credentials, FetchError, KeyMaterial, Limits, RemoteCharts, RemoteConfig, ResolvedChart,
     SourceError,
 };
-use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use test_support::repo;
-use tokio::sync::oneshot;
 
 fn sha256(bytes: &[u8]) -> String {
     format!("{:x}", Sha256::digest(bytes))
@@ -1664,74 +1663,42 @@ async fn index_cache_entries_are_bounded_and_expire() {
 // ---------------------------------------------------------------------------------------------
 // the whole pipeline on a real API server
 
-/// An operator running in this test's namespace, stopped when dropped.
+/// An operator running in this test's namespace ([`common::Operator`]) with a chart cache of its
+/// own, stopped when dropped.
 struct Harness {
-    client: Client,
-    ns: String,
-    manifests: Api<Manifest>,
-    stop: Option<oneshot::Sender<()>>,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
+    operator: common::Operator,
+    _chart_cache: tempfile::TempDir,
 }
 
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+impl std::ops::Deref for Harness {
+    type Target = common::Operator;
+
+    fn deref(&self) -> &common::Operator {
+        &self.operator
     }
 }
 
 async fn start(prefix: &str) -> Harness {
-    let control_plane = testenv::shared(testenv::Options {
-        controller_manager: true,
-        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
-        crd_files: vec![repo().join("crds/manifest.yaml")],
-        ..Default::default()
-    })
-    .await
-    .expect("control plane");
-    let client = control_plane.client().await.unwrap();
-    let ns = control_plane.namespace(&client, prefix).await.unwrap();
-    let (helm_home, chart_cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let ctx = Arc::new(
-        test_support::context(client.clone(), helm_home.path())
+    let control_plane = common::control_plane_with(Some(common::BASIC_CONTROLLERS)).await;
+    let chart_cache = tempfile::tempdir().unwrap();
+    let operator = common::operator_on(control_plane, prefix, 2, |context| {
+        context
             .replica("test-replica")
             .chart_cache(chart_cache.path())
-            .build()
-            .await
-            .unwrap(),
-    );
-    let (stop, stopped) = oneshot::channel::<()>();
-    let config = ControllerConfig {
-        concurrency: 2,
-        namespace: Some(ns.clone()),
-        ..Default::default()
-    };
-    tokio::spawn(controller::run(ctx, config, async move {
-        let _ = stopped.await;
-    }));
+    })
+    .await;
     Harness {
-        manifests: Api::namespaced(client.clone(), &ns),
-        client,
-        ns,
-        stop: Some(stop),
-        _dirs: (helm_home, chart_cache),
+        operator,
+        _chart_cache: chart_cache,
     }
 }
 
 impl Harness {
     async fn create(&self, name: &str, chart: Value, values: Value) {
-        let manifest: Manifest = serde_json::from_value(json!({
-            "apiVersion": "modulemanager.io/v1alpha1",
-            "kind": "Manifest",
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": {"module": name, "chart": chart, "values": values, "interval": "2s"},
-        }))
-        .unwrap();
-        self.manifests
-            .create(&PostParams::default(), &manifest)
-            .await
-            .unwrap();
+        let spec = json!({"module": name, "chart": chart, "values": values, "interval": "2s"});
+        self.operator
+            .create(&common::manifest(&self.ns, name, spec))
+            .await;
     }
 
     /// Replaces `spec.chart` (a merge patch would keep the fields of the previous source).
@@ -1749,19 +1716,6 @@ impl Harness {
             .unwrap();
     }
 
-    /// Waits until the Manifest satisfies `done` (60 s), showing its status on failure.
-    async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {
-        common::wait_for(&self.manifests, name, what, Duration::from_secs(60), done).await
-    }
-
-    async fn wait_state(&self, name: &str, state: ModuleState) -> Manifest {
-        self.wait_for(name, &format!("{state:?}"), |m| {
-            let status = m.status.clone().unwrap_or_default();
-            status.state == Some(state) && status.observed_generation == m.metadata.generation
-        })
-        .await
-    }
-
     async fn config_map_data(&self, name: &str, key: &str) -> Option<String> {
         Api::<ConfigMap>::namespaced(self.client.clone(), &self.ns)
             .get_opt(name)
@@ -1774,15 +1728,6 @@ impl Harness {
     async fn events(&self, manifest: &str) -> Vec<(String, String, String)> {
         common::events(&self.client, &self.ns, manifest).await
     }
-}
-
-fn condition(manifest: &Manifest, type_: &str) -> Option<(String, String, String)> {
-    let status = manifest.status.clone().unwrap_or_default();
-    status
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status, c.reason, c.message))
 }
 
 /// Installs catalog 1.0.0, upgrades it to 2.0.0 (which drops one object), through `source`.

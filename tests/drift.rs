@@ -12,6 +12,7 @@
 
 mod common;
 
+use common::Harness;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use module_manager::api::Manifest;
 use serde_json::{Value, json};
@@ -29,16 +30,6 @@ const WAIT: Duration = Duration::from_secs(120);
 /// The field manager of the HPA controller's writes.
 const AUTOSCALER: &str = module_manager::plan::drift::AUTOSCALER_CONTROLLER;
 
-/// The operator of one test (no workload controller: the test plays the rollouts).
-struct Harness(common::Operator);
-
-impl std::ops::Deref for Harness {
-    type Target = common::Operator;
-    fn deref(&self) -> &common::Operator {
-        &self.0
-    }
-}
-
 async fn start(prefix: &str) -> Harness {
     Harness(common::operator(prefix, "drift-replica").await)
 }
@@ -46,18 +37,9 @@ async fn start(prefix: &str) -> Harness {
 impl Harness {
     /// Creates a Manifest of the `scaled` chart (drift passes every second).
     async fn create(&self, name: &str, values: Value, drift_ignore: Value) {
-        let manifest: Manifest = serde_json::from_value(json!({
-            "apiVersion": "modulemanager.io/v1alpha1",
-            "kind": "Manifest",
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": {"module": name, "chart": {"path": CHART}, "values": values,
-                     "interval": "1s", "driftIgnore": drift_ignore},
-        }))
-        .unwrap();
-        self.manifests
-            .create(&PostParams::default(), &manifest)
-            .await
-            .unwrap();
+        let spec = json!({"module": name, "chart": {"path": CHART}, "values": values,
+                          "interval": "1s", "driftIgnore": drift_ignore});
+        self.0.create(&common::manifest(&self.ns, name, spec)).await;
     }
 
     /// Waits until the Manifest's current generation was applied.
@@ -375,18 +357,12 @@ async fn drift_ignore_fields_are_neither_enforced_nor_released() {
                 .any(|c| c.type_ == "Stalled" && c.status == "True")
     })
     .await;
-    let status = manifest.status.unwrap();
-    let ready = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
+    let (_, message) = common::ready_condition(&manifest).unwrap();
     assert!(
-        ready.message.contains(
+        message.contains(
             "spec.driftIgnore[1]: invalid path \"data/mode\": a JSON pointer starts with '/'"
         ),
-        "{}",
-        ready.message
+        "{message}"
     );
 }
 

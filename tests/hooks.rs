@@ -12,75 +12,24 @@
 
 mod common;
 
-use std::sync::Arc;
+use common::Harness;
 use std::time::{Duration, Instant};
 
+use common::ready_condition;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, VersionMatch};
-use kube::{Client, ResourceExt};
 use module_manager::api::{HookOperation, HookRun, HookRunPhase, Manifest, State};
-use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::{Value, json};
-use test_support::repo;
-use tokio::sync::oneshot;
 
 const REPLICA: &str = "test-replica";
 const CHART: &str = "tests/fixtures/charts/hooks";
 
-/// An operator running in this test's namespace, stopped when dropped.
-struct Harness {
-    client: Client,
-    ns: String,
-    manifests: Api<Manifest>,
-    stop: Option<oneshot::Sender<()>>,
-    _helm_home: tempfile::TempDir,
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
 async fn start(prefix: &str) -> Harness {
-    let control_plane = testenv::shared(testenv::Options {
-        controller_manager: true,
-        // No `job` controller: the tests play it (it would create Pods and rewrite the status).
-        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
-        crd_files: vec![repo().join("crds/manifest.yaml")],
-        ..Default::default()
-    })
-    .await
-    .expect("control plane");
-    let client = control_plane.client().await.unwrap();
-    let ns = control_plane.namespace(&client, prefix).await.unwrap();
-    let helm_home = tempfile::tempdir().unwrap();
-    let ctx = Arc::new(
-        test_support::context(client.clone(), helm_home.path())
-            .replica(REPLICA)
-            .build()
-            .await
-            .unwrap(),
-    );
-    let (stop, stopped) = oneshot::channel::<()>();
-    let config = ControllerConfig {
-        concurrency: 2,
-        namespace: Some(ns.clone()),
-        ..Default::default()
-    };
-    tokio::spawn(controller::run(ctx, config, async move {
-        let _ = stopped.await;
-    }));
-    Harness {
-        manifests: Api::namespaced(client.clone(), &ns),
-        client,
-        ns,
-        stop: Some(stop),
-        _helm_home: helm_home,
-    }
+    // No `job` controller: the tests play it (it would create Pods and rewrite the status).
+    let control_plane = common::control_plane_with(Some(common::BASIC_CONTROLLERS)).await;
+    Harness(common::operator_on(control_plane, prefix, 2, |context| context.replica(REPLICA)).await)
 }
 
 /// A Job's state as the test sees it.
@@ -101,26 +50,8 @@ impl Harness {
     }
 
     async fn create_from(&self, name: &str, chart: &str, values: Value) {
-        let manifest: Manifest = serde_json::from_value(json!({
-            "apiVersion": "modulemanager.io/v1alpha1",
-            "kind": "Manifest",
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": {"module": name, "chart": {"path": chart}, "values": values, "interval": "2s"},
-        }))
-        .unwrap();
-        self.manifests
-            .create(&PostParams::default(), &manifest)
-            .await
-            .unwrap();
-    }
-
-    async fn patch_spec(&self, name: &str, spec: Value) {
-        common::patch_spec(&self.manifests, name, spec).await
-    }
-
-    /// Waits until the Manifest satisfies `done` (60 s), showing its status on failure.
-    async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {
-        common::wait_for(&self.manifests, name, what, Duration::from_secs(60), done).await
+        let spec = common::chart_spec(name, chart, values);
+        self.0.create(&common::manifest(&self.ns, name, spec)).await;
     }
 
     /// Waits for the current generation to be reconciled into `state` with `reason`.
@@ -132,14 +63,6 @@ impl Harness {
                 && ready_condition(m).is_some_and(|(r, _)| r == reason)
         })
         .await
-    }
-
-    async fn wait_until(&self, what: &str, mut done: impl AsyncFnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !done().await {
-            assert!(Instant::now() < deadline, "timed out waiting until {what}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
     }
 
     fn jobs(&self) -> Api<Job> {
@@ -292,12 +215,6 @@ impl Harness {
 }
 
 /// The Ready condition's (reason, message).
-fn ready_condition(manifest: &Manifest) -> Option<(String, String)> {
-    let status = manifest.status.as_ref()?;
-    let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
-    Some((ready.reason.clone(), ready.message.clone()))
-}
-
 fn hook_run(manifest: &Manifest) -> HookRun {
     manifest
         .status

@@ -5,6 +5,8 @@
 //! pipeline line is inside a pass, and no Secret value or credential reaches the log.
 #![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
@@ -349,39 +351,6 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
 
 /// A token of a new ServiceAccount in `ns` bound to `cluster-admin` (for the remote target).
 async fn target_token(client: &Client, ns: &str) -> String {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
-    accounts
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "deployer"}})).unwrap(),
-        )
-        .await
-        .unwrap();
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": format!("{ns}-deployer")},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [{"kind": "ServiceAccount", "name": "deployer", "namespace": ns}],
-    }))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    accounts
-        .create_token_request("deployer", &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .and_then(|s| s.token)
-        .expect("a token")
+    let admin = common::Grant::ExistingClusterRole("cluster-admin");
+    common::account_token(client, ns, "deployer", admin, &[]).await
 }

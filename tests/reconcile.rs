@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::Harness;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -18,17 +19,6 @@ use module_manager::render::{Backend, RenderLimits};
 use serde_json::{Value, json};
 
 const REPLICA: &str = "test-replica";
-
-/// An operator running in this test's namespace ([`common::Operator`]), stopped when dropped.
-struct Harness(common::Operator);
-
-impl std::ops::Deref for Harness {
-    type Target = common::Operator;
-
-    fn deref(&self) -> &common::Operator {
-        &self.0
-    }
-}
 
 async fn start(prefix: &str, limits: RenderLimits) -> Harness {
     start_with(prefix, limits, None).await
@@ -50,13 +40,7 @@ async fn start_with(prefix: &str, limits: RenderLimits, backend: Option<Backend>
 
 impl Harness {
     fn manifest(&self, name: &str, chart: &str, values: Value) -> Manifest {
-        serde_json::from_value(json!({
-            "apiVersion": "modulemanager.io/v1alpha1",
-            "kind": "Manifest",
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": {"module": name, "chart": {"path": chart}, "values": values, "interval": "2s"},
-        }))
-        .unwrap()
+        common::manifest(&self.ns, name, common::chart_spec(name, chart, values))
     }
 
     /// Creates the `catalog` Manifest (chart `catalog-v1`) with `values` and waits until Ready.
@@ -64,51 +48,6 @@ impl Harness {
         self.create(&self.manifest("catalog", "examples/charts/catalog-v1", values))
             .await;
         self.wait_state("catalog", State::Ready).await
-    }
-
-    /// Deletes a Manifest and waits until it is gone (its finalizer released).
-    async fn delete_and_wait(&self, name: &str) {
-        self.manifests
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap();
-        self.wait_until("the Manifest is gone", async || {
-            self.manifests.get_opt(name).await.unwrap().is_none()
-        })
-        .await;
-    }
-
-    async fn create(&self, manifest: &Manifest) {
-        self.manifests
-            .create(&PostParams::default(), manifest)
-            .await
-            .unwrap();
-    }
-
-    async fn patch_spec(&self, name: &str, spec: Value) {
-        common::patch_spec(&self.manifests, name, spec).await
-    }
-
-    /// Waits until the Manifest satisfies `done` (60 s), showing its status on failure.
-    async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {
-        common::wait_for(&self.manifests, name, what, Duration::from_secs(60), done).await
-    }
-
-    /// Waits for the current generation to be reconciled into `state`.
-    async fn wait_state(&self, name: &str, state: State) -> Manifest {
-        self.wait_for(name, &format!("{state:?}"), |m| {
-            let status = m.status.clone().unwrap_or_default();
-            status.state == Some(state) && status.observed_generation == m.metadata.generation
-        })
-        .await
-    }
-
-    async fn wait_until(&self, what: &str, mut done: impl AsyncFnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !done().await {
-            assert!(Instant::now() < deadline, "timed out waiting until {what}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
     }
 
     fn config_maps(&self) -> Api<ConfigMap> {

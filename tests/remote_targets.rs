@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::ready_condition;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,10 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
@@ -28,17 +27,19 @@ use module_manager::apply::target::{TargetClients, TargetSettings};
 use module_manager::reconcile::Context;
 use module_manager::telemetry::metrics::{TargetErrorLabels, TargetMetrics};
 use module_manager::telemetry::requests::{self, ApiRequestMetrics, RequestTarget};
-use module_manager::work::controller::{self, ControllerConfig};
+use module_manager::work::controller::ControllerConfig;
 use serde_json::{Value, json};
-use test_support::repo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{OnceCell, oneshot};
+use tokio::sync::OnceCell;
 
 const REPLICA: &str = "test-replica";
 /// A chart of one ConfigMap.
 const TINY: &str = "tests/fixtures/charts/tiny";
 /// A token that must never appear in a status, an Event or a log line.
 const CANARY_TOKEN: &str = "canary-token-d41d8cd98f00b204";
+
+/// How long the harness waits for a Manifest or a condition (remote passes are slower).
+const PATIENCE: Duration = Duration::from_secs(90);
 
 static REMOTE: OnceCell<testenv::ControlPlane> = OnceCell::const_new();
 
@@ -74,16 +75,8 @@ struct Harness {
     ctx: Arc<Context>,
     /// The operator's requests to the local cluster (its client counts them).
     local_requests: ApiRequestMetrics,
-    stop: Option<oneshot::Sender<()>>,
+    _running: common::Running,
     _helm_home: tempfile::TempDir,
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
 }
 
 /// How the harness's operator treats remote targets: passes at once per target and each
@@ -110,12 +103,7 @@ async fn start(prefix: &str) -> Harness {
 }
 
 async fn start_with(prefix: &str, tuning: Tuning) -> Harness {
-    let local_plane = testenv::shared(testenv::Options {
-        crd_files: vec![repo().join("crds/manifest.yaml")],
-        ..Default::default()
-    })
-    .await
-    .expect("local control plane");
+    let local_plane = common::control_plane_with(None).await;
     let remote_plane = remote_plane().await;
     let local = local_plane.client().await.unwrap();
     let remote = remote_plane.client().await.unwrap();
@@ -145,16 +133,13 @@ async fn start_with(prefix: &str, tuning: Tuning) -> Harness {
             .await
             .unwrap(),
     );
-    let (stop, stopped) = oneshot::channel::<()>();
     let config = ControllerConfig {
         concurrency: 4,
         target_passes: tuning.target_passes,
         namespace: Some(ns.clone()),
         ..Default::default()
     };
-    tokio::spawn(controller::run(ctx.clone(), config, async move {
-        let _ = stopped.await;
-    }));
+    let running = common::run_controller(ctx.clone(), config);
     Harness {
         manifests: Api::namespaced(local.clone(), &ns),
         local,
@@ -164,7 +149,7 @@ async fn start_with(prefix: &str, tuning: Tuning) -> Harness {
         ns,
         ctx,
         local_requests,
-        stop: Some(stop),
+        _running: running,
         _helm_home: helm_home,
     }
 }
@@ -219,46 +204,10 @@ impl Harness {
     }
 
     /// Creates a ServiceAccount `name` on the remote cluster, bound to `cluster-admin`, and
-    /// returns a token for it.
-    async fn service_account_token(&self, name: &str) -> String {
-        self.service_account_token_bound(name, "cluster-admin")
-            .await
-    }
-
-    /// Creates a ServiceAccount `name` on the remote cluster, bound to ClusterRole `role`, and
     /// returns a token for it (valid for an hour).
-    async fn service_account_token_bound(&self, name: &str, role: &str) -> String {
-        let accounts = Api::<ServiceAccount>::namespaced(self.remote.clone(), "default");
-        let account: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-        accounts
-            .create(&PostParams::default(), &account)
-            .await
-            .unwrap();
-        let binding: ClusterRoleBinding = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}],
-        }))
-        .unwrap();
-        Api::<ClusterRoleBinding>::all(self.remote.clone())
-            .create(&PostParams::default(), &binding)
-            .await
-            .unwrap();
-        let request = TokenRequest {
-            spec: Some(TokenRequestSpec {
-                expiration_seconds: Some(3600),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        accounts
-            .create_token_request(name, &PostParams::default(), &request)
-            .await
-            .unwrap()
-            .status
-            .and_then(|s| s.token)
-            .expect("a token")
+    async fn service_account_token(&self, name: &str) -> String {
+        let grant = common::Grant::ExistingClusterRole("cluster-admin");
+        common::account_token(&self.remote, "default", name, grant, &[]).await
     }
 
     /// Creates or replaces the Secret `name` (local cluster, this namespace) with a `kubeconfig` key.
@@ -306,13 +255,7 @@ impl Harness {
         if let Some(secret) = secret {
             spec["target"] = json!({"kubeconfigSecretRef": {"name": secret}});
         }
-        serde_json::from_value(json!({
-            "apiVersion": "modulemanager.io/v1alpha1",
-            "kind": "Manifest",
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": spec,
-        }))
-        .unwrap()
+        common::manifest(&self.ns, name, spec)
     }
 
     /// Creates a Manifest `name` of the tiny chart (one ConfigMap) on the cluster of Secret
@@ -323,10 +266,7 @@ impl Harness {
     }
 
     async fn create(&self, manifest: &Manifest) {
-        self.manifests
-            .create(&PostParams::default(), manifest)
-            .await
-            .unwrap();
+        common::create_manifest(&self.manifests, manifest).await;
     }
 
     async fn patch_spec(&self, name: &str, spec: Value) {
@@ -335,16 +275,12 @@ impl Harness {
 
     /// Waits until the Manifest satisfies `done` (90 s), showing its status on failure.
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {
-        common::wait_for(&self.manifests, name, what, Duration::from_secs(90), done).await
+        common::wait_for(&self.manifests, name, what, PATIENCE, done).await
     }
 
     /// Waits for the current generation to be reconciled into `state`.
     async fn wait_state(&self, name: &str, state: State) -> Manifest {
-        self.wait_for(name, &format!("{state:?}"), |m| {
-            let status = m.status.clone().unwrap_or_default();
-            status.state == Some(state) && status.observed_generation == m.metadata.generation
-        })
-        .await
+        common::wait_state(&self.manifests, name, state, PATIENCE).await
     }
 
     /// Waits for an `Error` whose Ready condition has `reason` and a message containing `text`.
@@ -358,23 +294,12 @@ impl Harness {
         .await
     }
 
-    async fn wait_until(&self, what: &str, mut done: impl AsyncFnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while !done().await {
-            assert!(Instant::now() < deadline, "timed out waiting until {what}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+    async fn wait_until(&self, what: &str, done: impl AsyncFnMut() -> bool) {
+        common::wait_until(what, PATIENCE, done).await;
     }
 
     async fn delete_and_wait(&self, name: &str) {
-        self.manifests
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap();
-        self.wait_until(&format!("{name} is gone"), async || {
-            self.manifests.get_opt(name).await.unwrap().is_none()
-        })
-        .await;
+        common::delete_and_wait(&self.manifests, name, PATIENCE).await;
     }
 
     /// ConfigMap `name` in the namespace named like this test's, on the remote cluster.
@@ -443,12 +368,6 @@ impl Harness {
 }
 
 /// The Ready condition's (reason, message).
-fn ready_condition(manifest: &Manifest) -> Option<(String, String)> {
-    let status = manifest.status.as_ref()?;
-    let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
-    Some((ready.reason.clone(), ready.message.clone()))
-}
-
 /// Whether the Manifest's status says its error is permanent (condition Stalled=True).
 fn stalled(manifest: &Manifest) -> bool {
     manifest.status.as_ref().is_some_and(|s| {
@@ -803,19 +722,11 @@ async fn idle_drift_passes_on_a_remote_target_write_nothing_and_repair_what_chan
 async fn a_target_that_refuses_listings_gets_applies_as_before_and_one_refused_list() {
     let h = start("remote-no-list").await;
     let name = format!("{}-no-list", h.ns);
-    let role: ClusterRole = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "rules": [
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch", "delete"]},
-            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "create"]},
-        ],
-    }))
-    .unwrap();
-    Api::<ClusterRole>::all(h.remote.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let token = h.service_account_token_bound(&name, &name).await;
+    let may_apply = common::Grant::ClusterRole(json!([
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "create"]},
+    ]));
+    let token = common::account_token(&h.remote, "default", &name, may_apply, &[]).await;
     h.put_secret("remote", &h.remote_kubeconfig(json!({ "token": token })))
         .await;
     let chart = "tests/fixtures/charts/tiny";

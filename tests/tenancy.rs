@@ -25,10 +25,8 @@ use kube::{Client, Config, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::apply::identity::Tenancy;
 use module_manager::plan::tenancy::{Protected, ServiceAccountPolicy};
-use module_manager::work::controller::{self, ControllerConfig};
+use module_manager::work::controller::ControllerConfig;
 use serde_json::{Value, json};
-use test_support::repo;
-use tokio::sync::oneshot;
 
 const CHART: &str = "tests/fixtures/charts/tenant";
 const ACCOUNT: &str = "deployer";
@@ -40,16 +38,8 @@ struct Tenants {
     b: String,
     op: String,
     manifests: Api<Manifest>,
-    stop: Option<oneshot::Sender<()>>,
+    _running: common::Running,
     _helm_home: tempfile::TempDir,
-}
-
-impl Drop for Tenants {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
 }
 
 async fn create<K>(api: &Api<K>, object: Value)
@@ -80,14 +70,7 @@ async fn grant(client: &Client, namespace: &str, a: &str, rules: Value) {
 }
 
 async fn start(prefix: &str, policy: ServiceAccountPolicy) -> Tenants {
-    let control_plane = testenv::shared(testenv::Options {
-        controller_manager: true,
-        controllers: Some("namespace,garbagecollector,serviceaccount".into()),
-        crd_files: vec![repo().join("crds/manifest.yaml")],
-        ..Default::default()
-    })
-    .await
-    .expect("control plane");
+    let control_plane = common::control_plane_with(Some(common::BASIC_CONTROLLERS)).await;
     let client = control_plane.client().await.unwrap();
     let a = control_plane
         .namespace(&client, &format!("{prefix}-a"))
@@ -152,22 +135,19 @@ async fn start(prefix: &str, policy: ServiceAccountPolicy) -> Tenants {
         .build()
         .await
         .unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
     let config = ControllerConfig {
         concurrency: 2,
         namespace: Some(a.clone()),
         ..Default::default()
     };
-    tokio::spawn(controller::run(Arc::new(ctx), config, async move {
-        let _ = stopped.await;
-    }));
+    let running = common::run_controller(Arc::new(ctx), config);
     Tenants {
         manifests: Api::namespaced(client.clone(), &a),
         client,
         a,
         b,
         op,
-        stop: Some(stop),
+        _running: running,
         _helm_home: helm_home,
     }
 }
@@ -184,17 +164,7 @@ impl Tenants {
         if let Some(account) = account {
             spec["serviceAccountName"] = json!(account);
         }
-        let manifest: Manifest = serde_json::from_value(json!({
-            "apiVersion": "modulemanager.io/v1alpha1",
-            "kind": "Manifest",
-            "metadata": {"name": name, "namespace": self.a},
-            "spec": spec,
-        }))
-        .unwrap();
-        self.manifests
-            .create(&PostParams::default(), &manifest)
-            .await
-            .unwrap();
+        common::create_manifest(&self.manifests, &common::manifest(&self.a, name, spec)).await;
     }
 
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Manifest) -> bool) -> Manifest {

@@ -19,33 +19,12 @@ fn number(v: &Value, what: &str) -> f64 {
 #[test]
 fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
     let out = tempfile::tempdir().unwrap();
-    let dir = common::run_loadtest(
-        &[
-            &["remote"],
-            common::SHORT_FLEET,
-            &[
-                "--targets",
-                "21",
-                "--blackholed-targets",
-                "1",
-                "--modules-per-target",
-                "5",
-                "--target-apiservers",
-                "2",
-                "--target-latency-ms",
-                "10",
-                "--settle-seconds",
-                "120",
-                "--idle-seconds",
-                "5",
-            ],
-        ]
-        .concat(),
+    let dir = common::run_short(
+        "remote",
+        "--targets 21 --blackholed-targets 1 --modules-per-target 5 --target-apiservers 2 --target-latency-ms 10 --settle-seconds 120 --idle-seconds 5",
         out.path(),
     );
-    let result: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
-    assert_eq!(result["passed"], true, "{}", result["violations"]);
+    let result = common::passed_results(&dir);
     let remote = &result["remote"];
     assert_eq!(remote["manifests"], 105);
     let burst = &remote["burst"];

@@ -8,22 +8,9 @@ mod common;
 #[test]
 fn the_smoke_scenario_passes_and_writes_its_report() {
     let out = tempfile::tempdir().unwrap();
-    let dir = common::run_loadtest(
-        &[
-            &["smoke"],
-            common::SHORT_FLEET,
-            &[
-                "--duration-seconds",
-                "25",
-                "--warmup-seconds",
-                "8",
-                "--update-period-seconds",
-                "20",
-                "--burst",
-                "20",
-            ],
-        ]
-        .concat(),
+    let dir = common::run_short(
+        "smoke",
+        "--duration-seconds 25 --warmup-seconds 8 --update-period-seconds 20 --burst 20",
         out.path(),
     );
     assert!(
@@ -32,9 +19,7 @@ fn the_smoke_scenario_passes_and_writes_its_report() {
             .to_string_lossy()
             .starts_with("smoke-")
     );
-    let result: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
-    assert_eq!(result["passed"], true);
+    let result = common::passed_results(&dir);
     assert!(result["throughput"]["converged"].as_u64().unwrap() > 0);
     assert_eq!(result["fleet"]["moves"].as_array().unwrap().len(), 2);
     for path in ["fleet", "single_replica", "bare_apply", "helm"] {

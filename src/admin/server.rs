@@ -202,16 +202,50 @@ mod tests {
         crate::cli::fetch::<String>(url, Method::GET, "/livez", None).await
     }
 
+    /// Limits on connections only: header and request deadlines ten minutes away.
+    fn connection_limits(max_connections: usize, max_per_source: usize) -> ServeLimits {
+        ServeLimits {
+            max_connections,
+            max_per_source,
+            header_read_timeout: Duration::from_secs(600),
+            request_timeout: Duration::from_secs(600),
+        }
+    }
+
+    /// A connection to the server at `url` that sends nothing.
+    async fn idle_connection(url: &str) -> tokio::net::TcpStream {
+        let address = url.trim_start_matches("http://");
+        tokio::net::TcpStream::connect(address).await.unwrap()
+    }
+
+    /// Waits (120 s) until `GET /livez` is answered.
+    async fn served_again(url: &str) {
+        let started = Instant::now();
+        while livez(url).await.is_err() {
+            assert!(started.elapsed() < Duration::from_secs(120), "never served");
+        }
+    }
+
+    /// Sends `request` on a new connection to `address` (a failed write is fine: the server may
+    /// close first) and reads until the server closes (120 s): the read's result and the answer.
+    async fn exchange(address: &str, request: &[u8]) -> (std::io::Result<usize>, Vec<u8>) {
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let _ = stream.write_all(request).await;
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(120), stream.read_to_end(&mut answer))
+            .await
+            .expect("the server answered or closed");
+        (read, answer)
+    }
+
     /// Trickling connections that take every slot are closed at the header deadline, and the
     /// next caller is served. Without the header deadline they would hold the slots for ever
     /// (and this test would time out).
     #[tokio::test]
     async fn a_slowloris_connection_is_cut_and_others_are_served() {
         let url = start(ServeLimits {
-            max_connections: 2,
-            max_per_source: 2,
             header_read_timeout: Duration::from_secs(1),
-            request_timeout: Duration::from_secs(600),
+            ..connection_limits(2, 2)
         })
         .await;
         assert_eq!(livez(&url).await.unwrap(), "ok");
@@ -239,15 +273,8 @@ mod tests {
     /// connection closes; then it is served.
     #[tokio::test]
     async fn connections_beyond_the_limit_wait_for_a_slot() {
-        let url = start(ServeLimits {
-            max_connections: 1,
-            max_per_source: 1,
-            header_read_timeout: Duration::from_secs(600),
-            request_timeout: Duration::from_secs(600),
-        })
-        .await;
-        let address = url.trim_start_matches("http://").to_owned();
-        let idle = tokio::net::TcpStream::connect(&address).await.unwrap();
+        let url = start(connection_limits(1, 1)).await;
+        let idle = idle_connection(&url).await;
         // The idle connection holds the only slot for ten minutes: the client's 10 s timeout
         // comes first.
         let refused = livez(&url).await.unwrap_err();
@@ -256,37 +283,21 @@ mod tests {
             "{refused:#}"
         );
         drop(idle);
-        let started = Instant::now();
-        while livez(&url).await.is_err() {
-            assert!(started.elapsed() < Duration::from_secs(120), "never served");
-        }
+        served_again(&url).await;
     }
 
     /// One source at its limit gets further connections closed at once (no answer), while the
     /// server has slots left; once it closes one, it is served again.
     #[tokio::test]
     async fn one_source_cannot_take_every_slot() {
-        let url = start(ServeLimits {
-            max_connections: 8,
-            max_per_source: 1,
-            header_read_timeout: Duration::from_secs(600),
-            request_timeout: Duration::from_secs(600),
-        })
-        .await;
+        let url = start(connection_limits(8, 1)).await;
         let address = url.trim_start_matches("http://").to_owned();
-        let idle = tokio::net::TcpStream::connect(&address).await.unwrap();
+        let idle = idle_connection(&url).await;
         // Wait until the idle connection is accepted and counted: then a second is closed.
         let started = Instant::now();
         loop {
-            let mut second = tokio::net::TcpStream::connect(&address).await.unwrap();
-            let _ = second
-                .write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
-                .await;
-            let mut answer = Vec::new();
-            let read =
-                tokio::time::timeout(Duration::from_secs(120), second.read_to_end(&mut answer))
-                    .await
-                    .expect("the server closed or answered");
+            let (read, answer) =
+                exchange(&address, b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n").await;
             if read.is_err() || answer.is_empty() {
                 break; // closed without an answer
             }
@@ -297,10 +308,7 @@ mod tests {
             );
         }
         drop(idle);
-        let started = Instant::now();
-        while livez(&url).await.is_err() {
-            assert!(started.elapsed() < Duration::from_secs(120), "never served");
-        }
+        served_again(&url).await;
     }
 
     /// A request line or header far over hyper's buffer (about 400 KiB) is answered with an
@@ -318,13 +326,8 @@ mod tests {
                 "X-Many: a\r\n".repeat(10_000)
             ),
         ] {
-            let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
             // The server may close before it has read everything: a failed write is an answer.
-            let _ = stream.write_all(request.as_bytes()).await;
-            let mut answer = Vec::new();
-            let _ = tokio::time::timeout(Duration::from_secs(120), stream.read_to_end(&mut answer))
-                .await
-                .expect("the server answered or closed");
+            let (_, answer) = exchange(&address, request.as_bytes()).await;
             let head = String::from_utf8_lossy(&answer[..answer.len().min(64)]).into_owned();
             assert!(
                 head.is_empty() || head.starts_with("HTTP/1.1 4"),

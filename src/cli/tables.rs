@@ -128,22 +128,21 @@ fn shard_row(shard: &ShardView) -> Vec<String> {
     ]
 }
 
+/// The columns of a shard's line ([`shard_row`]).
+const SHARD_COLUMNS: [&str; 8] = [
+    "SHARD",
+    "OWNER",
+    "DESIRED",
+    "STATE",
+    "EPOCH",
+    "MANIFESTS",
+    "DUE",
+    "SCHEDULED",
+];
+
 /// `GET /v1/shards` as tables: one line per shard, then one per member, then the fleet.
 pub fn shards_table(answer: &ShardsAnswer) -> String {
-    let mut rows = vec![
-        [
-            "SHARD",
-            "OWNER",
-            "DESIRED",
-            "STATE",
-            "EPOCH",
-            "MANIFESTS",
-            "DUE",
-            "SCHEDULED",
-        ]
-        .map(String::from)
-        .to_vec(),
-    ];
+    let mut rows = vec![SHARD_COLUMNS.map(String::from).to_vec()];
     rows.extend(answer.shards.iter().map(shard_row));
     let mut out = columns(&rows);
     if answer.shards.is_empty() {
@@ -195,17 +194,7 @@ pub fn shards_table(answer: &ShardsAnswer) -> String {
 
 /// `GET /v1/shards/{k}` as a table.
 pub fn shard_table(shard: &ShardView) -> String {
-    let names = [
-        "SHARD",
-        "OWNER",
-        "DESIRED",
-        "STATE",
-        "EPOCH",
-        "MANIFESTS",
-        "DUE",
-        "SCHEDULED",
-    ];
-    let rows: Vec<Vec<String>> = names
+    let rows: Vec<Vec<String>> = SHARD_COLUMNS
         .iter()
         .zip(shard_row(shard))
         .map(|(name, value)| vec![(*name).to_owned(), value])
@@ -446,19 +435,7 @@ mod tests {
                 .map(str::to_owned)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(
-            words(lines[0]),
-            [
-                "SHARD",
-                "OWNER",
-                "DESIRED",
-                "STATE",
-                "EPOCH",
-                "MANIFESTS",
-                "DUE",
-                "SCHEDULED"
-            ]
-        );
+        assert_eq!(words(lines[0]), SHARD_COLUMNS);
         assert_eq!(
             words(lines[1]),
             ["0", "mm-0", "mm-0", "owned", "3", "7", "1", "6"]

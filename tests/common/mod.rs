@@ -180,16 +180,51 @@ pub struct Operator {
     pub ctx: std::sync::Arc<module_manager::reconcile::Context>,
     /// The controller's caches and queue.
     pub work: module_manager::work::caches::Work,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _running: Running,
     _helm_home: tempfile::TempDir,
 }
 
-impl Drop for Operator {
+/// A test file's harness: an [`Operator`] (stopped when dropped) that the file extends with its
+/// own helpers (`impl Harness` there; its methods come before the [`Operator`]'s).
+pub struct Harness(pub Operator);
+
+impl std::ops::Deref for Harness {
+    type Target = Operator;
+
+    fn deref(&self) -> &Operator {
+        &self.0
+    }
+}
+
+/// A controller running in the background (see [`spawn_controller`]), stopped when dropped.
+pub struct Running(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
+        if let Some(stop) = self.0.take() {
             let _ = stop.send(());
         }
     }
+}
+
+/// Runs `controller` in the background until the returned [`Running`] is dropped.
+pub fn spawn_controller(controller: module_manager::work::controller::Controller) -> Running {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(controller.run(async move {
+        let _ = stopped.await;
+    }));
+    Running(Some(stop))
+}
+
+/// Runs a controller of every Manifest `config` selects with `ctx` in the background, until the
+/// returned [`Running`] is dropped.
+pub fn run_controller(
+    ctx: std::sync::Arc<module_manager::reconcile::Context>,
+    config: module_manager::work::controller::ControllerConfig,
+) -> Running {
+    use module_manager::shard::fence::Ownership;
+    use module_manager::work::controller::Controller;
+    spawn_controller(Controller::new(ctx, config, Ownership::everything()))
 }
 
 /// The shared control plane of [`Operator`]s: the namespace, garbage-collector,
@@ -197,11 +232,22 @@ impl Drop for Operator {
 /// of `tests/drift.rs`; with no metrics it only keeps replicas within min and max), the
 /// Manifest CRD.
 pub async fn control_plane() -> &'static testenv::ControlPlane {
+    control_plane_with(Some(
+        "namespace,garbagecollector,serviceaccount,horizontalpodautoscaling",
+    ))
+    .await
+}
+
+/// The kube-controller-manager controllers most tests want: namespace, garbage collector and
+/// ServiceAccount (no workload controllers: tests play those).
+pub const BASIC_CONTROLLERS: &str = "namespace,garbagecollector,serviceaccount";
+
+/// The control plane shared by this test binary with the Manifest CRD and kube-controller-manager
+/// running `controllers` (`None`: no controller manager). The first caller's choice holds.
+pub async fn control_plane_with(controllers: Option<&str>) -> &'static testenv::ControlPlane {
     testenv::shared(testenv::Options {
-        controller_manager: true,
-        controllers: Some(
-            "namespace,garbagecollector,serviceaccount,horizontalpodautoscaling".into(),
-        ),
+        controller_manager: controllers.is_some(),
+        controllers: controllers.map(Into::into),
         crd_files: vec![test_support::repo().join("crds/manifest.yaml")],
         ..Default::default()
     })
@@ -221,9 +267,18 @@ pub async fn operator_with(
     concurrency: usize,
     configure: impl FnOnce(test_support::ContextBuilder) -> test_support::ContextBuilder,
 ) -> Operator {
+    operator_on(control_plane().await, prefix, concurrency, configure).await
+}
+
+/// [`operator_with`] on `control_plane`.
+pub async fn operator_on(
+    control_plane: &testenv::ControlPlane,
+    prefix: &str,
+    concurrency: usize,
+    configure: impl FnOnce(test_support::ContextBuilder) -> test_support::ContextBuilder,
+) -> Operator {
     use module_manager::shard::fence::Ownership;
     use module_manager::work::controller::{Controller, ControllerConfig};
-    let control_plane = control_plane().await;
     let client = control_plane.client().await.unwrap();
     let ns = control_plane.namespace(&client, prefix).await.unwrap();
     let helm_home = tempfile::tempdir().unwrap();
@@ -233,7 +288,6 @@ pub async fn operator_with(
             .await
             .unwrap(),
     );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let config = ControllerConfig {
         concurrency,
         namespace: Some(ns.clone()),
@@ -241,18 +295,115 @@ pub async fn operator_with(
     };
     let controller = Controller::new(ctx.clone(), config, Ownership::everything());
     let work = controller.work();
-    tokio::spawn(controller.run(async move {
-        let _ = stopped.await;
-    }));
     Operator {
         manifests: Api::namespaced(client.clone(), &ns),
         client,
         ns,
         ctx,
         work,
-        stop: Some(stop),
+        _running: spawn_controller(controller),
         _helm_home: helm_home,
     }
+}
+
+impl Operator {
+    /// Creates `manifest` in the test namespace.
+    pub async fn create(&self, manifest: &Manifest) {
+        create_manifest(&self.manifests, manifest).await;
+    }
+
+    /// Merge-patches a Manifest's spec.
+    pub async fn patch_spec(&self, name: &str, spec: Value) {
+        patch_spec(&self.manifests, name, spec).await;
+    }
+
+    /// Waits until the Manifest satisfies `done` (60 s), showing its status on failure.
+    pub async fn wait_for(
+        &self,
+        name: &str,
+        what: &str,
+        done: impl Fn(&Manifest) -> bool,
+    ) -> Manifest {
+        wait_for(&self.manifests, name, what, PATIENCE, done).await
+    }
+
+    /// Waits (60 s) for the current generation to be reconciled into `state`.
+    pub async fn wait_state(&self, name: &str, state: module_manager::api::State) -> Manifest {
+        wait_state(&self.manifests, name, state, PATIENCE).await
+    }
+
+    /// Polls `done` until it holds (60 s).
+    pub async fn wait_until(&self, what: &str, done: impl AsyncFnMut() -> bool) {
+        wait_until(what, PATIENCE, done).await;
+    }
+
+    /// Deletes a Manifest and waits (60 s) until it is gone (its finalizer released).
+    pub async fn delete_and_wait(&self, name: &str) {
+        delete_and_wait(&self.manifests, name, PATIENCE).await;
+    }
+}
+
+/// How long the [`Operator`] helpers wait.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Polls `done` every 200 ms until it holds; fails after `limit`.
+pub async fn wait_until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Deletes the Manifest `name` and waits (at most `limit`) until it is gone.
+pub async fn delete_and_wait(manifests: &Api<Manifest>, name: &str, limit: Duration) {
+    manifests
+        .delete(name, &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    wait_until(&format!("{name} is gone"), limit, async || {
+        manifests.get_opt(name).await.unwrap().is_none()
+    })
+    .await;
+}
+
+/// A Manifest `name` of namespace `ns` with `spec`.
+pub fn manifest(ns: &str, name: &str, spec: Value) -> Manifest {
+    serde_json::from_value(json!({
+        "apiVersion": "modulemanager.io/v1alpha1",
+        "kind": "Manifest",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// The spec of module `name` from the local chart at `chart` with `values`, re-checked every 2 s.
+pub fn chart_spec(name: &str, chart: &str, values: Value) -> Value {
+    json!({"module": name, "chart": {"path": chart}, "values": values, "interval": "2s"})
+}
+
+/// Creates `manifest` through `manifests`.
+pub async fn create_manifest(manifests: &Api<Manifest>, manifest: &Manifest) {
+    manifests
+        .create(&kube::api::PostParams::default(), manifest)
+        .await
+        .unwrap();
+}
+
+/// The condition `type_` of a Manifest's status as (status, reason, message).
+pub fn condition(manifest: &Manifest, type_: &str) -> Option<(String, String, String)> {
+    let status = manifest.status.as_ref()?;
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// The `Ready` condition of a Manifest's status as (reason, message).
+pub fn ready_condition(manifest: &Manifest) -> Option<(String, String)> {
+    condition(manifest, "Ready").map(|(_, reason, message)| (reason, message))
 }
 
 /// Sets an annotation of a Manifest (a metadata-only change: the generation stays).
@@ -267,16 +418,18 @@ pub async fn annotate(manifests: &Api<Manifest>, name: &str, key: &str, value: &
         .unwrap();
 }
 
-/// What a test ServiceAccount is granted: nothing, `rules` in its namespace (a Role), or
-/// `rules` cluster-wide (a ClusterRole: non-resource URLs such as `/v1/drain` need one).
+/// What a test ServiceAccount is granted: nothing, `rules` in its namespace (a Role), `rules`
+/// cluster-wide (a ClusterRole: non-resource URLs such as `/v1/drain` need one), or an existing
+/// ClusterRole (such as `cluster-admin`).
 pub enum Grant {
     Nothing,
     Role(Value),
     ClusterRole(Value),
+    ExistingClusterRole(&'static str),
 }
 
 /// A token for `audiences` (none: the API server's own) of a new ServiceAccount `name` of
-/// `ns`, granted `grant` (its Role or ClusterRole named after it).
+/// `ns`, granted `grant` (its Role, ClusterRole or ClusterRoleBinding named after it).
 pub async fn account_token(
     client: &Client,
     ns: &str,
@@ -285,57 +438,89 @@ pub async fn account_token(
     audiences: &[&str],
 ) -> String {
     use k8s_openapi::api::core::v1::ServiceAccount;
-    use kube::api::{DynamicObject, PostParams};
-    let post = PostParams::default();
     let accounts = Api::<ServiceAccount>::namespaced(client.clone(), ns);
     let account: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    accounts.create(&post, &account).await.unwrap();
+    accounts
+        .create(&kube::api::PostParams::default(), &account)
+        .await
+        .unwrap();
     let subject = json!([{"kind": "ServiceAccount", "name": name, "namespace": ns}]);
-    let (kind, rules, role_name) = match grant {
-        Grant::Nothing => return token_request(&accounts, name, audiences).await,
-        Grant::Role(rules) => ("Role", rules, name.to_owned()),
-        Grant::ClusterRole(rules) => ("ClusterRole", rules, format!("{ns}-{name}")),
-    };
-    let rbac = kube::discovery::ApiResource {
+    let cluster_wide = format!("{ns}-{name}");
+    match grant {
+        Grant::Nothing => {}
+        Grant::Role(rules) => {
+            rbac_role(client, Some(ns), "Role", name, rules).await;
+            rbac_binding(client, Some(ns), "Role", name, name, subject).await;
+        }
+        Grant::ClusterRole(rules) => {
+            rbac_role(client, None, "ClusterRole", &cluster_wide, rules).await;
+            rbac_binding(
+                client,
+                None,
+                "ClusterRole",
+                &cluster_wide,
+                &cluster_wide,
+                subject,
+            )
+            .await;
+        }
+        Grant::ExistingClusterRole(role) => {
+            rbac_binding(client, None, "ClusterRole", &cluster_wide, role, subject).await;
+        }
+    }
+    token_request(&accounts, name, audiences).await
+}
+
+/// The rbac.authorization.k8s.io/v1 objects of `kind` in `ns` (`None`: cluster-wide).
+fn rbac_api(client: &Client, ns: Option<&str>, kind: &str) -> Api<kube::api::DynamicObject> {
+    let resource = kube::discovery::ApiResource {
         group: "rbac.authorization.k8s.io".into(),
         version: "v1".into(),
         api_version: "rbac.authorization.k8s.io/v1".into(),
         kind: kind.into(),
         plural: format!("{}s", kind.to_lowercase()),
     };
-    let binding_kind = format!("{kind}Binding");
-    let binding_resource = kube::discovery::ApiResource {
-        kind: binding_kind.clone(),
-        plural: format!("{}s", binding_kind.to_lowercase()),
-        ..rbac.clone()
-    };
-    let (roles, bindings) = if kind == "Role" {
-        (
-            Api::<DynamicObject>::namespaced_with(client.clone(), ns, &rbac),
-            Api::<DynamicObject>::namespaced_with(client.clone(), ns, &binding_resource),
-        )
-    } else {
-        (
-            Api::<DynamicObject>::all_with(client.clone(), &rbac),
-            Api::<DynamicObject>::all_with(client.clone(), &binding_resource),
-        )
-    };
-    let role: DynamicObject = serde_json::from_value(json!({
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    }
+}
+
+/// Creates the Role or ClusterRole (`kind`) `name` with `rules`.
+async fn rbac_role(client: &Client, ns: Option<&str>, kind: &str, name: &str, rules: Value) {
+    let role: kube::api::DynamicObject = serde_json::from_value(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
-        "metadata": {"name": role_name}, "rules": rules,
+        "metadata": {"name": name}, "rules": rules,
     }))
     .unwrap();
-    roles.create(&post, &role).await.unwrap();
-    let binding: DynamicObject = serde_json::from_value(json!({
+    rbac_api(client, ns, kind)
+        .create(&kube::api::PostParams::default(), &role)
+        .await
+        .unwrap();
+}
+
+/// Creates the `{kind}Binding` `name` of the `kind` `role` to `subjects`.
+async fn rbac_binding(
+    client: &Client,
+    ns: Option<&str>,
+    kind: &str,
+    name: &str,
+    role: &str,
+    subjects: Value,
+) {
+    let binding_kind = format!("{kind}Binding");
+    let binding: kube::api::DynamicObject = serde_json::from_value(json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": binding_kind,
-        "metadata": {"name": role_name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role_name},
-        "subjects": subject,
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+        "subjects": subjects,
     }))
     .unwrap();
-    bindings.create(&post, &binding).await.unwrap();
-    token_request(&accounts, name, audiences).await
+    rbac_api(client, ns, &binding_kind)
+        .create(&kube::api::PostParams::default(), &binding)
+        .await
+        .unwrap();
 }
 
 /// An hour's token of ServiceAccount `name` for `audiences`.

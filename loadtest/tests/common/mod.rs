@@ -45,3 +45,18 @@ pub fn run_loadtest(args: &[&str], out: &std::path::Path) -> PathBuf {
         .unwrap()
         .path()
 }
+
+/// Runs `loadtest <scenario>` on a [`SHORT_FLEET`] with `options` (a command line, split at
+/// white space) into `out` (see [`run_loadtest`]); returns the run's directory.
+pub fn run_short(scenario: &str, options: &str, out: &std::path::Path) -> PathBuf {
+    let options: Vec<&str> = options.split_whitespace().collect();
+    run_loadtest(&[&[scenario], SHORT_FLEET, &options].concat(), out)
+}
+
+/// The `results.json` of the run in `dir`, asserting that the run passed.
+pub fn passed_results(dir: &std::path::Path) -> serde_json::Value {
+    let results = std::fs::read_to_string(dir.join("results.json")).unwrap();
+    let result: serde_json::Value = serde_json::from_str(&results).unwrap();
+    assert_eq!(result["passed"], true, "{}", result["violations"]);
+    result
+}
