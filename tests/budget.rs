@@ -243,9 +243,22 @@ async fn create_all_every(op: &Counted, interval: &str) {
 
 /// Asks every Manifest for a pass now.
 async fn request_all(op: &Counted) {
+    request_all_at(op, "t1").await;
+}
+
+/// Asks every Manifest for a pass now, with `requestedAt: at`.
+async fn request_all_at(op: &Counted, at: &str) {
     for i in 0..MANIFESTS {
         let name = format!("m-{i}");
-        common::annotate(&op.manifests, &name, RECONCILE_REQUESTED_AT, "t1").await;
+        common::annotate(&op.manifests, &name, RECONCILE_REQUESTED_AT, at).await;
+    }
+}
+
+/// Whether a Manifest's status echoes the pass requested with `requestedAt: at`.
+fn handled(at: &str) -> impl Fn(&Manifest) -> bool {
+    move |m: &Manifest| {
+        let status = m.status.as_ref();
+        status.and_then(|s| s.last_handled_reconcile_at.as_deref()) == Some(at)
     }
 }
 
@@ -269,11 +282,7 @@ async fn an_install_and_a_drift_pass_stay_within_the_request_budget() {
         status.state == Some(State::Ready) && status.observed_generation == m.metadata.generation
     };
     let install = op.spent(create_all, installed).await;
-    let handled = |m: &Manifest| {
-        let status = m.status.as_ref();
-        status.and_then(|s| s.last_handled_reconcile_at.as_deref()) == Some("t1")
-    };
-    let drift = op.spent(request_all, handled).await;
+    let drift = op.spent(request_all, handled("t1")).await;
 
     let per = |n: u64, of: u64| n as f64 / of.max(1) as f64;
     let events = install.of(|_, r| r == "events.k8s.io/events");
@@ -316,6 +325,45 @@ async fn an_install_and_a_drift_pass_stay_within_the_request_budget() {
     assert_eq!(drift.passes, MANIFESTS, "one pass per request");
     let drift_budget = MANIFESTS * (OBJECTS + 1);
     assert!(drift.total() <= drift_budget, "requests per drift pass");
+}
+
+/// A pass starts from the watch cache when the cache holds this replica's last write of the
+/// Manifest (`reconcile/written.rs`), and reads the Manifest when it does not: here, after a
+/// later write is noted for each (another resourceVersion, another status), each pass GETs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pass_reads_the_manifest_when_the_cache_does_not_hold_the_last_write() {
+    let op = Counted::start().await;
+    let ready = |m: &Manifest| m.status.as_ref().and_then(|s| s.state) == Some(State::Ready);
+    op.spent(create_all, ready).await;
+    let reads = |spent: &Spent| spent.of(|v, r| v == "get" && r == "modulemanager.io/manifests");
+
+    let current = op.spent(request_all, handled("t1")).await;
+    assert_eq!(current.passes, MANIFESTS, "{}", current.line());
+    assert_eq!(
+        reads(&current),
+        0,
+        "the cache held every write: {}",
+        current.line()
+    );
+
+    for i in 0..MANIFESTS {
+        let mut later = op.manifests.get(&format!("m-{i}")).await.unwrap();
+        later.metadata.resource_version = Some(u64::MAX.to_string());
+        later.status.get_or_insert_default().chart_digest = Some("sha256:not-seen-yet".into());
+        op.ctx.written.wrote(&later, 0);
+    }
+    let lagging = op.spent(
+        async |op: &Counted| request_all_at(op, "t2").await,
+        handled("t2"),
+    );
+    let lagging = lagging.await;
+    assert_eq!(lagging.passes, MANIFESTS, "{}", lagging.line());
+    assert_eq!(
+        reads(&lagging),
+        MANIFESTS,
+        "one read a pass: {}",
+        lagging.line()
+    );
 }
 
 /// While a Deployment rolls out, the passes that look at it again read it and apply nothing
