@@ -216,6 +216,13 @@ pub struct Options {
     /// others' create→Ready is measured beside them.
     #[arg(long, default_value_t = 0, help_heading = "remote")]
     pub blackholed_targets: usize,
+    /// After the burst (and the idle window), this many spec edits (a new `revision` value) to
+    /// Manifests spread over the targets, each timed to its pass start and to Ready (0: none).
+    #[arg(long, default_value_t = 0, help_heading = "remote")]
+    pub edits: usize,
+    /// Edits sent per second (`--edits`).
+    #[arg(long, default_value_t = 2.0, help_heading = "remote")]
+    pub edit_rate: f64,
 
     // ---- baselines ----
     /// Skip the baselines (on by default for basic, scale-out, smoke and mttp).

@@ -442,6 +442,30 @@ pub struct Remote {
     /// fails).
     #[serde(default)]
     pub not_ready_at_end: Option<u64>,
+    /// Spec edits with the fleet holding every target (`--edits`).
+    #[serde(default)]
+    pub steady: Option<RemoteSteady>,
+}
+
+/// Spec edits at a steady rate with the fleet holding every target (`remote --edits`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RemoteSteady {
+    /// Edits answered (each a new generation of a Manifest of its own).
+    pub edits: u64,
+    /// Edits the API server did not answer.
+    pub failed: u64,
+    /// Edits sent per second.
+    pub rate: f64,
+    /// From the first edit sent to the last one Ready (or the wait's end).
+    pub seconds: f64,
+    /// From an edit sent to the first `reconcile start` of its Manifest at or after it.
+    pub edit_to_pass_start_seconds: Quantiles,
+    /// From an edit sent to its Manifest first seen Ready at its new generation.
+    pub edit_to_ready_seconds: Quantiles,
+    /// Edits no pass was seen to start for in the replicas' logs.
+    pub not_started: u64,
+    /// Edits not Ready at their generation within two minutes of the last one.
+    pub not_ready: u64,
 }
 
 /// Every target's share of something (targets with none count as 0).

@@ -5,7 +5,8 @@
 //! which the targets shared a client, an address or a token would leave some target with no
 //! connection or no request of its own. One more target is blackholed from the start: its
 //! Manifests hold at most one worker of each replica at any moment, and the others all become
-//! Ready beside it.
+//! Ready beside it. Ten spec edits after the idle window are each seen to start a pass (in the
+//! replicas' logs) and to become Ready.
 
 mod common;
 
@@ -21,7 +22,7 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
     let out = tempfile::tempdir().unwrap();
     let dir = common::run_short(
         "remote",
-        "--targets 21 --blackholed-targets 1 --modules-per-target 5 --target-apiservers 2 --target-latency-ms 10 --settle-seconds 120 --idle-seconds 5",
+        "--targets 21 --blackholed-targets 1 --modules-per-target 5 --target-apiservers 2 --target-latency-ms 10 --settle-seconds 120 --idle-seconds 5 --edits 10 --edit-rate 5",
         out.path(),
     );
     let result = common::passed_results(&dir);
@@ -57,6 +58,13 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
             "idle requests"
         ) >= 0.0
     );
+    // Ten edits, each seen to start a pass and to become Ready at its new generation.
+    let steady = &remote["steady"];
+    assert_eq!(steady["edits"], 10, "{steady}");
+    assert_eq!(steady["not_started"], 0, "{steady}");
+    assert_eq!(steady["not_ready"], 0, "{steady}");
+    assert_eq!(steady["edit_to_pass_start_seconds"]["count"], 10, "{steady}");
+    assert_eq!(steady["edit_to_ready_seconds"]["count"], 10, "{steady}");
     assert!(remote["bare_error"].is_null(), "{}", remote["bare_error"]);
     assert!(number(&remote["bare"]["per_second"], "bare") > 0.0);
     assert!(number(&remote["fleet_over_bare"], "ratio") > 0.0);
@@ -65,4 +73,5 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
         summary.contains("## Remote: 105 Manifests on 21 targets"),
         "{summary}"
     );
+    assert!(summary.contains("### Steady state"), "{summary}");
 }

@@ -4,11 +4,12 @@
 //! the fleet gets `--modules-per-target` Manifests per target at once and is timed until all
 //! are Ready, with its cost per target (requests from the targets' audit logs, connections
 //! from the proxy, sockets, CPU and memory per replica); optionally it then idles for
-//! `--idle-seconds`; last a bare client does the same applies ([`bare`]), with the fleet
-//! stopped. See `docs/loadtest.md`.
+//! `--idle-seconds` and takes `--edits` spec edits at a steady rate ([`steady`]); last a bare
+//! client does the same applies ([`bare`]), with the fleet stopped. See `docs/loadtest.md`.
 
 pub mod bare;
 pub mod proxy;
+pub mod steady;
 pub mod testbed;
 
 use std::collections::BTreeMap;
@@ -89,7 +90,7 @@ pub async fn run(
     }
 }
 
-/// The fleet's part: the burst and the idle window.
+/// The fleet's part: the burst, the idle window and the steady edits.
 async fn play(
     setting: &Setting<'_>,
     bed: &TestBed,
@@ -115,6 +116,11 @@ async fn play(
     ));
     if options.idle_seconds > 0 {
         remote.idle = Some(idle(setting, bed, &phase).await?);
+    }
+    if options.edits > 0 {
+        let progress = &phase.progress;
+        let steady = steady::run(&load, &phase.fleet, options, BLACKHOLED_PREFIX, progress);
+        remote.steady = Some(steady.await?);
     }
     // Still Ready: with short-lived tokens, only if every renewal reached the fleet in time.
     let not_ready = still_not_ready(&load).await?;

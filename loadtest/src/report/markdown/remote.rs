@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::format::{Align, MISSING, rate, ratio, seconds, table};
-use crate::results::{Remote, RemoteBurst, RemoteIdle, Spread};
+use super::format::{Align, MISSING, quantile_table, rate, ratio, seconds, table};
+use crate::results::{Remote, RemoteBurst, RemoteIdle, RemoteSteady, Spread};
 
 pub(super) fn section(r: &Remote) -> String {
     let mut parts = vec![
@@ -42,6 +42,7 @@ pub(super) fn section(r: &Remote) -> String {
     ];
     parts.push(bare(r));
     parts.extend(r.idle.as_ref().map(idle));
+    parts.extend(r.steady.as_ref().map(steady));
     parts.join("\n\n")
 }
 
@@ -194,5 +195,28 @@ fn idle(i: &RemoteIdle) -> String {
             ("requests per minute", &i.requests_per_target_per_minute),
             ("connections opened", &i.connections_opened_per_target),
         ])
+    )
+}
+
+fn steady(s: &RemoteSteady) -> String {
+    format!(
+        "### Steady state: spec edits with every target held\n\n{} edits at {} per second to \
+         Manifests spread over the targets (a new `revision`: the ConfigMap and the \
+         Deployment's pod template change), {:.0} s; {} not answered, {} without a pass start \
+         in the logs, {} not Ready within two minutes of the last edit. From the edit \
+         sent:\n\n{}",
+        s.edits,
+        s.rate,
+        s.seconds,
+        s.failed,
+        s.not_started,
+        s.not_ready,
+        quantile_table(
+            "edit to",
+            &[
+                ("pass start", &s.edit_to_pass_start_seconds),
+                ("Ready", &s.edit_to_ready_seconds),
+            ],
+        )
     )
 }

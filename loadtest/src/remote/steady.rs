@@ -1,0 +1,191 @@
+//! Steady state on the remote test bed (`--edits`): with the fleet holding every target, spec
+//! edits — a new `revision` value, so the ConfigMap and the Deployment's pod template change —
+//! sent at `--edit-rate` per second to Manifests spread over the targets. Each edit is timed
+//! from the moment it is sent to its pass start (the first `reconcile start` of the Manifest's
+//! UID in any replica's log at or after it) and to Ready at its new generation (a watch of the
+//! Manifests). The logs and the harness read the same clock: everything runs on this machine.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use module_manager::api::{Manifest, State};
+use serde_json::json;
+use test_support::log_check::parse_passes;
+
+use crate::fleet::Fleet;
+use crate::load::Load;
+use crate::measure;
+use crate::options::Options;
+use crate::progress::Progress;
+use crate::results::RemoteSteady;
+
+/// How long the edits may take to be Ready after the last one was sent.
+const SETTLE: Duration = Duration::from_secs(120);
+
+/// One edit, answered: the Manifest, its new generation, and when the edit was sent.
+struct Edit {
+    name: String,
+    uid: String,
+    generation: i64,
+    sent: Instant,
+    sent_at: Timestamp,
+}
+
+/// When each Manifest was first seen Ready, by name: the generation and the moment.
+type ReadySeen = Arc<Mutex<HashMap<String, Vec<(i64, Instant)>>>>;
+
+/// Plays the edits on `load`'s Manifests (but those named with `skip_prefix`: blackholed
+/// targets') and times them.
+pub async fn run(
+    load: &Load,
+    fleet: &Fleet,
+    options: &Options,
+    skip_prefix: &str,
+    progress: &Progress,
+) -> anyhow::Result<RemoteSteady> {
+    let names = spread(load.api(), &load.selector(), skip_prefix, options.edits).await?;
+    progress.say(format!(
+        "remote: {} spec edits at {} per second",
+        names.len(),
+        options.edit_rate
+    ));
+    let seen = ReadySeen::default();
+    let watch = tokio::spawn(watch_ready(
+        load.api().clone(),
+        load.selector(),
+        seen.clone(),
+    ));
+    let started = Instant::now();
+    let edits = send(load.api(), &names, options.edit_rate).await;
+    let deadline = Instant::now() + SETTLE;
+    while Instant::now() < deadline && !edits.iter().all(|e| ready_at(&seen, e).is_some()) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    watch.abort();
+    let to_ready: Vec<f64> = edits.iter().filter_map(|e| ready_at(&seen, e)).collect();
+    let starts = pass_starts(fleet, &edits).await?;
+    Ok(RemoteSteady {
+        edits: edits.len() as u64,
+        failed: (names.len() - edits.len()) as u64,
+        rate: options.edit_rate,
+        seconds: started.elapsed().as_secs_f64(),
+        edit_to_pass_start_seconds: measure::quantiles(&starts),
+        edit_to_ready_seconds: measure::quantiles(&to_ready),
+        not_started: (edits.len() - starts.len()) as u64,
+        not_ready: (edits.len() - to_ready.len()) as u64,
+    })
+}
+
+/// `count` names of the Manifests, spread evenly over their sorted names (so over the targets).
+async fn spread(
+    api: &Api<Manifest>,
+    selector: &str,
+    skip_prefix: &str,
+    count: usize,
+) -> anyhow::Result<Vec<String>> {
+    let listed = api.list(&ListParams::default().labels(selector)).await?;
+    let mut names: Vec<String> = listed
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .filter(|name| !name.starts_with(skip_prefix))
+        .collect();
+    names.sort();
+    let step = (names.len() as f64 / count.max(1) as f64).max(1.0);
+    let picked = (0..count.min(names.len())).map(|i| names[(i as f64 * step) as usize].clone());
+    Ok(picked.collect())
+}
+
+/// Sends one edit per name at `rate` per second, each with a revision of its own; returns those
+/// answered (a failed one is left out and counted by the caller).
+async fn send(api: &Api<Manifest>, names: &[String], rate: f64) -> Vec<Edit> {
+    let period = Duration::from_secs_f64(1.0 / rate.max(0.01));
+    let mut ticks = tokio::time::interval(period);
+    let mut sent = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        ticks.tick().await;
+        let (api, name) = (api.clone(), name.clone());
+        sent.push(tokio::spawn(async move {
+            let patch = json!({"spec": {"values": {"revision": format!("steady-{i}")}}});
+            let (sent, sent_at) = (Instant::now(), Timestamp::now());
+            let answer = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .ok()?;
+            Some(Edit {
+                uid: answer.uid()?,
+                generation: answer.metadata.generation?,
+                sent,
+                sent_at,
+                name,
+            })
+        }));
+    }
+    let mut edits = Vec::new();
+    for task in sent {
+        if let Ok(Some(edit)) = task.await {
+            edits.push(edit);
+        }
+    }
+    edits
+}
+
+/// Notes every Manifest seen Ready at its generation, with when.
+async fn watch_ready(api: Api<Manifest>, selector: String, seen: ReadySeen) {
+    let config = watcher::Config::default().labels(&selector);
+    let mut events = watcher(api, config).boxed();
+    while let Some(event) = events.next().await {
+        let (Ok(watcher::Event::Apply(m)) | Ok(watcher::Event::InitApply(m))) = event else {
+            continue;
+        };
+        let status = m.status.as_ref();
+        let ready = status.and_then(|s| s.state) == Some(State::Ready);
+        let observed = status.and_then(|s| s.observed_generation);
+        if ready && observed == m.metadata.generation {
+            let generation = observed.unwrap_or_default();
+            let mut seen = seen.lock().unwrap();
+            seen.entry(m.name_any())
+                .or_default()
+                .push((generation, Instant::now()));
+        }
+    }
+}
+
+/// Seconds from an edit to its Manifest first seen Ready at (or past) its generation.
+fn ready_at(seen: &ReadySeen, edit: &Edit) -> Option<f64> {
+    let seen = seen.lock().unwrap();
+    let first = seen
+        .get(&edit.name)?
+        .iter()
+        .filter(|(generation, _)| *generation >= edit.generation)
+        .map(|(_, at)| *at)
+        .min()?;
+    Some(first.saturating_duration_since(edit.sent).as_secs_f64())
+}
+
+/// Seconds from each edit to the first pass of its Manifest that started at or after it, in any
+/// replica's log (edits without one are left out).
+async fn pass_starts(fleet: &Fleet, edits: &[Edit]) -> anyhow::Result<Vec<f64>> {
+    let mut starts: HashMap<String, Vec<Timestamp>> = HashMap::new();
+    for (_, log) in fleet.logs().await? {
+        for pass in parse_passes(&log) {
+            starts.entry(pass.uid).or_default().push(pass.start);
+        }
+    }
+    let latency = |edit: &Edit| {
+        let first = starts
+            .get(&edit.uid)?
+            .iter()
+            .filter(|start| **start >= edit.sent_at)
+            .min()?;
+        let waited = first.duration_since(edit.sent_at);
+        Some(waited.as_secs_f64())
+    };
+    Ok(edits.iter().filter_map(latency).collect())
+}
