@@ -223,6 +223,10 @@ pub struct Options {
     /// Edits sent per second (`--edits`).
     #[arg(long, default_value_t = 2.0, help_heading = "remote")]
     pub edit_rate: f64,
+    /// Then change one module's ConfigMap on each of this many targets (straight on the target,
+    /// as another field manager) and time each change to its repair by the fleet (0: none).
+    #[arg(long, default_value_t = 0, help_heading = "remote")]
+    pub drift_changes: usize,
 
     // ---- baselines ----
     /// Skip the baselines (on by default for basic, scale-out, smoke and mttp).

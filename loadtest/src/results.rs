@@ -445,6 +445,24 @@ pub struct Remote {
     /// Spec edits with the fleet holding every target (`--edits`).
     #[serde(default)]
     pub steady: Option<RemoteSteady>,
+    /// Objects changed on targets and repaired by the fleet (`--drift-changes`).
+    #[serde(default)]
+    pub drift: Option<RemoteDrift>,
+}
+
+/// Objects changed on the targets by someone else, and their repair (`remote --drift-changes`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RemoteDrift {
+    /// Changes made (one ConfigMap each, on as many targets).
+    pub changes: u64,
+    /// The Manifests' `spec.interval`: a change is found by the next drift pass.
+    pub interval_seconds: f64,
+    /// From a change sent to the ConfigMap seen with the chart's value again.
+    pub change_to_repair_seconds: Quantiles,
+    /// Changes repaired within one interval.
+    pub within_interval: u64,
+    /// Changes not repaired within one interval and a minute.
+    pub not_repaired: u64,
 }
 
 /// Spec edits at a steady rate with the fleet holding every target (`remote --edits`).

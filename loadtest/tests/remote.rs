@@ -6,7 +6,8 @@
 //! connection or no request of its own. One more target is blackholed from the start: its
 //! Manifests hold at most one worker of each replica at any moment, and the others all become
 //! Ready beside it. Ten spec edits after the idle window are each seen to start a pass (in the
-//! replicas' logs) and to become Ready.
+//! replicas' logs) and to become Ready; five ConfigMaps changed on their targets are each seen
+//! put back by the fleet (drift passes every 20 s).
 
 mod common;
 
@@ -22,7 +23,7 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
     let out = tempfile::tempdir().unwrap();
     let dir = common::run_short(
         "remote",
-        "--targets 21 --blackholed-targets 1 --modules-per-target 5 --target-apiservers 2 --target-latency-ms 10 --settle-seconds 120 --idle-seconds 5 --edits 10 --edit-rate 5",
+        "--targets 21 --blackholed-targets 1 --modules-per-target 5 --target-apiservers 2 --target-latency-ms 10 --settle-seconds 120 --idle-seconds 5 --edits 10 --edit-rate 5 --drift-interval 20s --drift-changes 5",
         out.path(),
     );
     let result = common::passed_results(&dir);
@@ -63,8 +64,16 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
     assert_eq!(steady["edits"], 10, "{steady}");
     assert_eq!(steady["not_started"], 0, "{steady}");
     assert_eq!(steady["not_ready"], 0, "{steady}");
-    assert_eq!(steady["edit_to_pass_start_seconds"]["count"], 10, "{steady}");
+    assert_eq!(
+        steady["edit_to_pass_start_seconds"]["count"], 10,
+        "{steady}"
+    );
     assert_eq!(steady["edit_to_ready_seconds"]["count"], 10, "{steady}");
+    // Five ConfigMaps changed on their targets, each put back by the next drift pass.
+    let drift = &remote["drift"];
+    assert_eq!(drift["changes"], 5, "{drift}");
+    assert_eq!(drift["not_repaired"], 0, "{drift}");
+    assert_eq!(drift["change_to_repair_seconds"]["count"], 5, "{drift}");
     assert!(remote["bare_error"].is_null(), "{}", remote["bare_error"]);
     assert!(number(&remote["bare"]["per_second"], "bare") > 0.0);
     assert!(number(&remote["fleet_over_bare"], "ratio") > 0.0);
@@ -74,4 +83,8 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
         "{summary}"
     );
     assert!(summary.contains("### Steady state"), "{summary}");
+    assert!(
+        summary.contains("### Drift repair on the targets"),
+        "{summary}"
+    );
 }

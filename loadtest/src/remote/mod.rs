@@ -4,10 +4,12 @@
 //! the fleet gets `--modules-per-target` Manifests per target at once and is timed until all
 //! are Ready, with its cost per target (requests from the targets' audit logs, connections
 //! from the proxy, sockets, CPU and memory per replica); optionally it then idles for
-//! `--idle-seconds` and takes `--edits` spec edits at a steady rate ([`steady`]); last a bare
-//! client does the same applies ([`bare`]), with the fleet stopped. See `docs/loadtest.md`.
+//! `--idle-seconds`, takes `--edits` spec edits at a steady rate ([`steady`]) and repairs
+//! `--drift-changes` objects changed on targets ([`drift`]); last a bare client does the same
+//! applies ([`bare`]), with the fleet stopped. See `docs/loadtest.md`.
 
 pub mod bare;
+pub mod drift;
 pub mod proxy;
 pub mod steady;
 pub mod testbed;
@@ -90,7 +92,7 @@ pub async fn run(
     }
 }
 
-/// The fleet's part: the burst, the idle window and the steady edits.
+/// The fleet's part: the burst, the idle window, the steady edits and the drift repairs.
 async fn play(
     setting: &Setting<'_>,
     bed: &TestBed,
@@ -121,6 +123,11 @@ async fn play(
         let progress = &phase.progress;
         let steady = steady::run(&load, &phase.fleet, options, BLACKHOLED_PREFIX, progress);
         remote.steady = Some(steady.await?);
+    }
+    if options.drift_changes > 0 {
+        let progress = &phase.progress;
+        let drift = drift::run(&load, bed, options, BLACKHOLED_PREFIX, progress);
+        remote.drift = Some(drift.await?);
     }
     // Still Ready: with short-lived tokens, only if every renewal reached the fleet in time.
     let not_ready = still_not_ready(&load).await?;

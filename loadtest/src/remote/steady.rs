@@ -49,7 +49,8 @@ pub async fn run(
     skip_prefix: &str,
     progress: &Progress,
 ) -> anyhow::Result<RemoteSteady> {
-    let names = spread(load.api(), &load.selector(), skip_prefix, options.edits).await?;
+    let picked = spread(load.api(), &load.selector(), skip_prefix, options.edits).await?;
+    let names: Vec<String> = picked.iter().map(ResourceExt::name_any).collect();
     progress.say(format!(
         "remote: {} spec edits at {} per second",
         names.len(),
@@ -82,23 +83,24 @@ pub async fn run(
     })
 }
 
-/// `count` names of the Manifests, spread evenly over their sorted names (so over the targets).
-async fn spread(
+/// `count` of the Manifests (but those named with `skip_prefix`), spread evenly over their
+/// sorted names: over the targets, the n-th Manifest going to target `(n−1) / modules`.
+pub(super) async fn spread(
     api: &Api<Manifest>,
     selector: &str,
     skip_prefix: &str,
     count: usize,
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<Vec<Manifest>> {
     let listed = api.list(&ListParams::default().labels(selector)).await?;
-    let mut names: Vec<String> = listed
+    let mut manifests: Vec<Manifest> = listed
         .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .filter(|name| !name.starts_with(skip_prefix))
+        .into_iter()
+        .filter(|m| !m.name_any().starts_with(skip_prefix))
         .collect();
-    names.sort();
-    let step = (names.len() as f64 / count.max(1) as f64).max(1.0);
-    let picked = (0..count.min(names.len())).map(|i| names[(i as f64 * step) as usize].clone());
+    manifests.sort_by_key(ResourceExt::name_any);
+    let step = (manifests.len() as f64 / count.max(1) as f64).max(1.0);
+    let picked =
+        (0..count.min(manifests.len())).map(|i| manifests[(i as f64 * step) as usize].clone());
     Ok(picked.collect())
 }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::format::{Align, MISSING, quantile_table, rate, ratio, seconds, table};
-use crate::results::{Remote, RemoteBurst, RemoteIdle, RemoteSteady, Spread};
+use crate::results::{Remote, RemoteBurst, RemoteDrift, RemoteIdle, RemoteSteady, Spread};
 
 pub(super) fn section(r: &Remote) -> String {
     let mut parts = vec![
@@ -43,6 +43,7 @@ pub(super) fn section(r: &Remote) -> String {
     parts.push(bare(r));
     parts.extend(r.idle.as_ref().map(idle));
     parts.extend(r.steady.as_ref().map(steady));
+    parts.extend(r.drift.as_ref().map(drift));
     parts.join("\n\n")
 }
 
@@ -218,5 +219,19 @@ fn steady(s: &RemoteSteady) -> String {
                 ("Ready", &s.edit_to_ready_seconds),
             ],
         )
+    )
+}
+
+fn drift(d: &RemoteDrift) -> String {
+    format!(
+        "### Drift repair on the targets\n\n{} ConfigMaps changed straight on their targets \
+         (one a target, as another field manager); `spec.interval` {:.0} s: {} repaired within \
+         one interval, {} not within one interval and a minute. From the change sent to the \
+         chart's value seen again:\n\n{}",
+        d.changes,
+        d.interval_seconds,
+        d.within_interval,
+        d.not_repaired,
+        quantile_table("change to", &[("repair", &d.change_to_repair_seconds)])
     )
 }

@@ -1,0 +1,222 @@
+//! Drift repair on the remote test bed (`--drift-changes`): someone changes a module's object
+//! on its target — the ConfigMap's `revision`, merge-patched by another field manager straight
+//! on the target's API server, as `kubectl edit` would — on targets spread over the bed, and each change is timed until the
+//! fleet has put the chart's value back (a watch of those ConfigMaps on each API server). The
+//! fleet finds such a change with its next drift pass (`spec.interval`), so the figure to hold it
+//! to is one interval (p99).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use module_manager::api::Manifest;
+use module_manager::apply::MANIFEST_UID_LABEL;
+use serde_json::json;
+
+use super::steady::spread;
+use super::testbed::TestBed;
+use crate::load::{Load, RemoteShape};
+use crate::measure;
+use crate::options::Options;
+use crate::progress::Progress;
+use crate::results::RemoteDrift;
+
+/// The value a change writes; the chart's is never this.
+const DRIFTED: &str = "drifted by someone";
+/// The field manager of the changes (`kubectl edit` would be another).
+const MANAGER: &str = "loadtest-drift";
+/// How long past one interval a change may take to be repaired before it counts as not.
+const GRACE: Duration = Duration::from_secs(60);
+
+/// One change made on a target: the ConfigMap (API server, namespace, name) and when.
+struct Change {
+    apiserver: usize,
+    namespace: String,
+    name: String,
+    changed: Instant,
+}
+
+/// When each changed ConfigMap was first seen with another value than [`DRIFTED`] after it
+/// was changed, by (API server, namespace, name).
+type Repaired = Arc<Mutex<HashMap<(usize, String, String), Instant>>>;
+
+/// Changes one ConfigMap on each of `--drift-changes` targets and times their repair.
+pub async fn run(
+    load: &Load,
+    bed: &TestBed,
+    options: &Options,
+    skip_prefix: &str,
+    progress: &Progress,
+) -> anyhow::Result<RemoteDrift> {
+    let picked = spread(
+        load.api(),
+        &load.selector(),
+        skip_prefix,
+        options.drift_changes,
+    )
+    .await?;
+    let interval = picked
+        .first()
+        .and_then(|m| module_manager::api::interval(&m.spec))
+        .unwrap_or(Duration::from_secs(600));
+    progress.say(format!(
+        "remote: changing a ConfigMap on {} targets, repaired within one interval ({interval:?})",
+        picked.len()
+    ));
+    let shape = RemoteShape {
+        modules_per_target: options.modules_per_target,
+    };
+    let found = configmaps(bed, shape, &picked).await?;
+    let repaired = Repaired::default();
+    let synced = Arc::new(AtomicUsize::new(0));
+    let watches = watch_repairs(bed, &found, repaired.clone(), synced.clone());
+    let listed = Instant::now() + GRACE;
+    while synced.load(Ordering::SeqCst) < watches.len() && Instant::now() < listed {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut changes = Vec::new();
+    for (apiserver, namespace, name) in found {
+        let api: Api<ConfigMap> = Api::namespaced(bed.admins[apiserver].clone(), &namespace);
+        let change = json!({"data": {"revision": DRIFTED}});
+        let params = PatchParams {
+            field_manager: Some(MANAGER.into()),
+            ..Default::default()
+        };
+        let changed = Instant::now();
+        if api
+            .patch(&name, &params, &Patch::Merge(&change))
+            .await
+            .is_ok()
+        {
+            changes.push(Change {
+                apiserver,
+                namespace,
+                name,
+                changed,
+            });
+        }
+    }
+    let deadline = Instant::now() + interval + GRACE;
+    while Instant::now() < deadline && !changes.iter().all(|c| repair_of(&repaired, c).is_some()) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for watch in watches {
+        watch.abort();
+    }
+    let latencies: Vec<f64> = changes
+        .iter()
+        .filter_map(|c| repair_of(&repaired, c))
+        .collect();
+    Ok(RemoteDrift {
+        changes: changes.len() as u64,
+        interval_seconds: interval.as_secs_f64(),
+        change_to_repair_seconds: measure::quantiles(&latencies),
+        within_interval: latencies
+            .iter()
+            .filter(|s| **s <= interval.as_secs_f64())
+            .count() as u64,
+        not_repaired: (changes.len() - latencies.len()) as u64,
+    })
+}
+
+/// The ConfigMap of each picked Manifest on its target: (API server, namespace, name).
+async fn configmaps(
+    bed: &TestBed,
+    shape: RemoteShape,
+    picked: &[Manifest],
+) -> anyhow::Result<Vec<(usize, String, String)>> {
+    let mut found = Vec::new();
+    for manifest in picked {
+        let Some(target) = shape.target_of(&manifest.name_any()) else {
+            continue;
+        };
+        let Some(apiserver) = bed
+            .targets
+            .iter()
+            .find(|t| t.name == target)
+            .map(|t| t.apiserver)
+        else {
+            continue;
+        };
+        let api: Api<ConfigMap> = Api::namespaced(bed.admins[apiserver].clone(), &target);
+        let selector = format!(
+            "{MANIFEST_UID_LABEL}={}",
+            manifest.uid().unwrap_or_default()
+        );
+        let listed = api.list(&ListParams::default().labels(&selector)).await?;
+        if let Some(configmap) = listed.items.first() {
+            found.push((apiserver, target, configmap.name_any()));
+        }
+    }
+    Ok(found)
+}
+
+/// A watch per API server of the ConfigMaps of modules, noting when each changed one shows
+/// another value than the change's after it showed the change; `synced` counts the watches
+/// whose first list is done (a change must not be made before: its repair could go unseen).
+fn watch_repairs(
+    bed: &TestBed,
+    found: &[(usize, String, String)],
+    repaired: Repaired,
+    synced: Arc<AtomicUsize>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut by_apiserver: BTreeMap<usize, Vec<(String, String)>> = BTreeMap::new();
+    for (apiserver, namespace, name) in found {
+        by_apiserver
+            .entry(*apiserver)
+            .or_default()
+            .push((namespace.clone(), name.clone()));
+    }
+    by_apiserver
+        .into_iter()
+        .map(|(apiserver, watched)| {
+            let api: Api<ConfigMap> = Api::all(bed.admins[apiserver].clone());
+            let (repaired, synced) = (repaired.clone(), synced.clone());
+            tokio::spawn(async move {
+                let config = watcher::Config::default().labels(MANIFEST_UID_LABEL);
+                let mut events = watcher(api, config).boxed();
+                let mut drifted = std::collections::HashSet::new();
+                while let Some(event) = events.next().await {
+                    let cm = match event {
+                        Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) => cm,
+                        Ok(watcher::Event::InitDone) => {
+                            synced.fetch_add(1, Ordering::SeqCst);
+                            continue;
+                        }
+                        _ => continue,
+                    };
+                    let key = (cm.namespace().unwrap_or_default(), cm.name_any());
+                    if !watched.contains(&key) {
+                        continue;
+                    }
+                    let value = cm.data.as_ref().and_then(|d| d.get("revision"));
+                    if value.map(String::as_str) == Some(DRIFTED) {
+                        drifted.insert(key);
+                    } else if drifted.remove(&key) {
+                        let mut repaired = repaired.lock().unwrap();
+                        repaired
+                            .entry((apiserver, key.0, key.1))
+                            .or_insert_with(Instant::now);
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// Seconds from a change to its repair, if seen.
+fn repair_of(repaired: &Repaired, change: &Change) -> Option<f64> {
+    let key = (
+        change.apiserver,
+        change.namespace.clone(),
+        change.name.clone(),
+    );
+    let at = *repaired.lock().unwrap().get(&key)?;
+    Some(at.saturating_duration_since(change.changed).as_secs_f64())
+}
