@@ -57,12 +57,33 @@ impl Harness {
         (reason, message, stalled)
     }
 
+    /// [`Self::wait_error`], asserting the condition's `reason` and the `Stalled` status
+    /// (`"True"`: a permanent error); answers the message.
+    async fn expect_error(&self, name: &str, needle: &str, reason: &str, stalled: &str) -> String {
+        let (found, message, found_stalled) = self.wait_error(name, needle).await;
+        assert_eq!(found, reason, "{message}");
+        assert_eq!(found_stalled, stalled, "Stalled: {message}");
+        message
+    }
+
+    /// Creates a ConfigMap `name` whose `values.yaml` is `yaml`, for `valuesFrom`.
+    async fn put_values(&self, name: &str, yaml: String) {
+        let config_map: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "data": {"values.yaml": yaml},
+        }))
+        .unwrap();
+        self.config_maps()
+            .create(&PostParams::default(), &config_map)
+            .await
+            .unwrap();
+    }
+
     fn config_maps(&self) -> Api<ConfigMap> {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 }
 
-/// A condition's (status, reason, message).
 /// This process's resident memory (VmRSS), in KiB: reported, never asserted.
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -84,17 +105,8 @@ async fn a_values_alias_bomb_is_refused_naming_its_source() {
     let mut bomb = format!("big: &a \"{}\"\nlist:\n", "v".repeat(64 << 10));
     bomb.push_str(&"- *a\n".repeat(4000));
     assert!(bomb.len() < 300 << 10, "{} bytes", bomb.len());
-    for (name, text) in [("plain", "greeting: hello\n".to_owned()), ("bomb", bomb)] {
-        let config_map: ConfigMap = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "data": {"values.yaml": text},
-        }))
-        .unwrap();
-        h.config_maps()
-            .create(&PostParams::default(), &config_map)
-            .await
-            .unwrap();
-    }
+    h.put_values("plain", "greeting: hello\n".to_owned()).await;
+    h.put_values("bomb", bomb).await;
     let before = rss_kib();
     h.create(
         "catalog",
@@ -107,14 +119,11 @@ async fn a_values_alias_bomb_is_refused_naming_its_source() {
         }),
     )
     .await;
-    let (reason, message, stalled) = h
-        .wait_error(
-            "catalog",
-            "valuesFrom[1] ConfigMap bomb key values.yaml: YAML anchors and aliases are not allowed",
-        )
+    let refused =
+        "valuesFrom[1] ConfigMap bomb key values.yaml: YAML anchors and aliases are not allowed";
+    let message = h
+        .expect_error("catalog", refused, "ValuesError", "True")
         .await;
-    assert_eq!(reason, "ValuesError", "{message}");
-    assert_eq!(stalled, "True", "a permanent error: {message}");
     assert!(
         !message.contains("vvvv"),
         "the content is not quoted: {message}"
@@ -140,15 +149,8 @@ async fn a_values_alias_bomb_is_refused_naming_its_source() {
 #[tokio::test]
 async fn a_deeply_nested_values_source_is_refused_and_the_worker_serves_the_next_manifest() {
     let h = start("deep-values", PassLimits::default(), 1).await;
-    let config_map: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "deep"},
-        "data": {"values.yaml": format!("a: {}", "[".repeat(900_000))},
-    }))
-    .unwrap();
-    h.config_maps()
-        .create(&PostParams::default(), &config_map)
-        .await
-        .unwrap();
+    h.put_values("deep", format!("a: {}", "[".repeat(900_000)))
+        .await;
     h.create(
         "deep",
         json!({
@@ -162,14 +164,8 @@ async fn a_deeply_nested_values_source_is_refused_and_the_worker_serves_the_next
         json!({"chart": {"path": "examples/charts/catalog-v1"}, "values": {"greeting": "hi"}}),
     )
     .await;
-    let (reason, message, stalled) = h
-        .wait_error(
-            "deep",
-            "valuesFrom[0] ConfigMap deep key values.yaml: YAML nested deeper than 128 levels is not allowed",
-        )
-        .await;
-    assert_eq!(reason, "ValuesError", "{message}");
-    assert_eq!(stalled, "True", "a permanent error: {message}");
+    let refused = "valuesFrom[0] ConfigMap deep key values.yaml: YAML nested deeper than 128 levels is not allowed";
+    h.expect_error("deep", refused, "ValuesError", "True").await;
     common::wait_for(
         &h.manifests,
         "next",
@@ -197,11 +193,14 @@ async fn a_render_over_the_object_cap_is_refused_and_nothing_is_applied() {
         json!({"chart": {"path": "examples/charts/catalog-v1"}}),
     )
     .await;
-    let (reason, message, stalled) = h
-        .wait_error("catalog", "more than the limit of 1 per render")
+    let message = h
+        .expect_error(
+            "catalog",
+            "more than the limit of 1 per render",
+            "PlanError",
+            "True",
+        )
         .await;
-    assert_eq!(reason, "PlanError", "{message}");
-    assert_eq!(stalled, "True", "{message}");
     assert!(message.contains("the render has 2 objects"), "{message}");
     let manifest = h.manifests.get("catalog").await.unwrap();
     assert!(
@@ -260,14 +259,9 @@ async fn a_pass_past_its_deadline_ends_and_frees_its_worker() {
         }),
     )
     .await;
-    let (reason, message, stalled) = h
-        .wait_error(
-            "stuck",
-            "did not finish within 2 s (--pass-deadline-seconds)",
-        )
+    let deadline = "did not finish within 2 s (--pass-deadline-seconds)";
+    h.expect_error("stuck", deadline, "PassDeadline", "False")
         .await;
-    assert_eq!(reason, "PassDeadline", "{message}");
-    assert_eq!(stalled, "False", "transient: retried: {message}");
     // One worker, and the stuck Manifest retried: the other one still gets it.
     h.create(
         "catalog",

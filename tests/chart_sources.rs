@@ -39,23 +39,29 @@ fn sha256(bytes: &[u8]) -> String {
 // ---------------------------------------------------------------------------------------------
 // helm, run as a tool with private directories
 
-fn helm(home: &Path, args: &[&str]) -> String {
-    let output = Command::new(testenv::Tools::locate().expect("tools built").helm)
-        .args(args)
-        .env_clear()
-        .env("HOME", home)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .output()
-        .expect("helm runs");
+/// Runs `command` (the tool `tool` with `args` set), asserts that it succeeded, and returns what it
+/// wrote: stdout, then stderr.
+fn run_tool(mut command: Command, tool: &str, args: &[&str]) -> String {
+    let output = command.output().expect("the tool runs");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(output.status.success(), "helm {args:?}: {text}");
+    assert!(output.status.success(), "{tool} {args:?}: {text}");
     text
+}
+
+fn helm(home: &Path, args: &[&str]) -> String {
+    let mut command = Command::new(testenv::Tools::locate().expect("tools built").helm);
+    command
+        .args(args)
+        .env_clear()
+        .env("HOME", home)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    run_tool(command, "helm", args)
 }
 
 /// catalog 1.0.0 and 2.0.0 packaged by helm, and the `index.yaml` `helm repo index` wrote for
@@ -134,6 +140,46 @@ fn index_yaml(entries: &[(&str, &str, &str, &str)]) -> Vec<u8> {
     text.into_bytes()
 }
 
+/// [`index_yaml`] of entries that own their digest and URL.
+fn owned_index_yaml(entries: &[(&str, &str, String, String)]) -> Vec<u8> {
+    let borrowed: Vec<(&str, &str, &str, &str)> = entries
+        .iter()
+        .map(|(n, v, d, u)| (*n, *v, d.as_str(), u.as_str()))
+        .collect();
+    index_yaml(&borrowed)
+}
+
+/// Hostile archives of a chart `evil`, by name: `dotdot` (an entry escaping with `../`),
+/// `absolute` (an absolute path), `link` (a symlink) and `bomb` (a file of `bomb_bytes` zeros).
+fn hostile_archives(bomb_bytes: usize) -> Vec<(&'static str, Vec<u8>)> {
+    let file = tar::EntryType::Regular;
+    let chart_yaml: &[u8] = b"apiVersion: v2\nname: evil\nversion: 1.0.0\n";
+    vec![
+        (
+            "dotdot",
+            tgz(&[
+                ("evil/Chart.yaml", file, chart_yaml),
+                ("evil/../../etc/x", file, b"x"),
+            ]),
+        ),
+        ("absolute", tgz(&[("/etc/evil", file, b"x")])),
+        (
+            "link",
+            tgz(&[
+                ("evil/Chart.yaml", file, chart_yaml),
+                ("evil/templates/l", tar::EntryType::Symlink, b""),
+            ]),
+        ),
+        (
+            "bomb",
+            tgz(&[
+                ("evil/Chart.yaml", file, chart_yaml),
+                ("evil/big", file, &vec![0u8; bomb_bytes]),
+            ]),
+        ),
+    ]
+}
+
 // ---------------------------------------------------------------------------------------------
 // an HTTP chart repository in this process
 
@@ -168,6 +214,21 @@ struct RepoServer {
 }
 
 impl RepoServer {
+    /// Serves each `(name, archive)` at `{dir}/{name}.tgz`; returns their entries for
+    /// [`owned_index_yaml`]: `(name, "1.0.0", digest, "{name}.tgz")`.
+    fn put_archives(
+        &self,
+        dir: &str,
+        archives: &[(&'static str, Vec<u8>)],
+    ) -> Vec<(&'static str, &'static str, String, String)> {
+        let mut entries = Vec::new();
+        for (name, bytes) in archives {
+            self.put(&format!("{dir}/{name}.tgz"), bytes.clone());
+            entries.push((*name, "1.0.0", sha256(bytes), format!("{name}.tgz")));
+        }
+        entries
+    }
+
     async fn start() -> Self {
         Self::start_on("127.0.0.1:0").await
     }
@@ -555,6 +616,15 @@ async fn resolve(
     remote.resolve(source, &repo(), None, limits).await
 }
 
+/// [`resolve`] of the chart at the OCI `reference`.
+async fn resolve_oci(
+    remote: &RemoteCharts,
+    reference: &str,
+    limits: Limits,
+) -> Result<ResolvedChart, SourceError> {
+    resolve(remote, &from_oci(reference), limits).await
+}
+
 #[tokio::test]
 async fn a_repository_chart_is_resolved_verified_and_cached_by_digest() {
     let server = RepoServer::start().await;
@@ -562,14 +632,9 @@ async fn a_repository_chart_is_resolved_verified_and_cached_by_digest() {
     let cache = tempfile::tempdir().unwrap();
     let charts = remote(cache.path());
     let limits = Limits::default();
+    let catalog = |version: &str| from_repository(&repository, "catalog", version);
 
-    let exact = resolve(
-        &charts,
-        &from_repository(&repository, "catalog", "1.0.0"),
-        limits,
-    )
-    .await
-    .unwrap();
+    let exact = resolve(&charts, &catalog("1.0.0"), limits).await.unwrap();
     assert_eq!(exact.digest, format!("sha256:{}", sha256(&packaged().v1)));
     assert_eq!(std::fs::read(&exact.path).unwrap(), packaged().v1);
     assert!(exact.path.starts_with(cache.path()));
@@ -579,13 +644,7 @@ async fn a_repository_chart_is_resolved_verified_and_cached_by_digest() {
         ("2.x", &packaged().v2),
         ("~1.0.0 || ~2.0.0", &packaged().v2),
     ] {
-        let chart = resolve(
-            &charts,
-            &from_repository(&repository, "catalog", range),
-            limits,
-        )
-        .await
-        .unwrap();
+        let chart = resolve(&charts, &catalog(range), limits).await.unwrap();
         assert_eq!(
             chart.digest,
             format!("sha256:{}", sha256(expected)),
@@ -605,13 +664,9 @@ async fn a_repository_chart_is_resolved_verified_and_cached_by_digest() {
         ..config(cache.path())
     })
     .unwrap();
-    let again = resolve(
-        &restarted,
-        &from_repository(&repository, "catalog", "1.0.0"),
-        limits,
-    )
-    .await
-    .unwrap();
+    let again = resolve(&restarted, &catalog("1.0.0"), limits)
+        .await
+        .unwrap();
     assert_eq!(again, exact);
     assert_eq!(server.hits("/charts/index.yaml"), 2);
     assert_eq!(
@@ -655,8 +710,6 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
         ..config(cache.path())
     })
     .unwrap();
-    let file = tar::EntryType::Regular;
-    let chart_yaml: &[u8] = b"apiVersion: v2\nname: evil\nversion: 1.0.0\n";
 
     server.put("/broken/index.yaml", "apiVersion: v1\nentries: {catalog: [");
     server.put(
@@ -682,36 +735,9 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
     // The index says v1's digest; the server has v2's archive under v1's name.
     server.put("/mismatch/index.yaml", packaged().index.clone());
     server.put("/mismatch/catalog-1.0.0.tgz", packaged().v2.clone());
-    let hostile = [
-        (
-            "dotdot",
-            tgz(&[
-                ("evil/Chart.yaml", file, chart_yaml),
-                ("evil/../../etc/x", file, b"x"),
-            ]),
-        ),
-        ("absolute", tgz(&[("/etc/evil", file, b"x")])),
-        (
-            "link",
-            tgz(&[
-                ("evil/Chart.yaml", file, chart_yaml),
-                ("evil/templates/l", tar::EntryType::Symlink, b""),
-            ]),
-        ),
-        (
-            "bomb",
-            tgz(&[
-                ("evil/Chart.yaml", file, chart_yaml),
-                ("evil/big", file, &vec![0u8; 4 << 20]),
-            ]),
-        ),
-        ("notgzip", b"this is not a gzip stream".to_vec()),
-    ];
-    let mut entries = Vec::new();
-    for (name, bytes) in &hostile {
-        server.put(&format!("/hostile/{name}.tgz"), bytes.clone());
-        entries.push((*name, "1.0.0", sha256(bytes), format!("{name}.tgz")));
-    }
+    let mut hostile = hostile_archives(4 << 20);
+    hostile.push(("notgzip", b"this is not a gzip stream".to_vec()));
+    let mut entries = server.put_archives("/hostile", &hostile);
     entries.push(("nodigest", "1.0.0", "''".into(), "x.tgz".into()));
     entries.push((
         "baddigest",
@@ -727,11 +753,7 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
     ));
     entries.push(("gone", "1.0.0", sha256(b"x"), "gone.tgz".into()));
     entries.push(("looping", "1.0.0", sha256(b"x"), "loop.tgz".into()));
-    let borrowed: Vec<(&str, &str, &str, &str)> = entries
-        .iter()
-        .map(|(n, v, d, u)| (*n, *v, d.as_str(), u.as_str()))
-        .collect();
-    server.put("/hostile/index.yaml", index_yaml(&borrowed));
+    server.put("/hostile/index.yaml", owned_index_yaml(&entries));
     server.redirect("/hostile/loop.tgz", "/hostile/loop.tgz");
     let closed = format!("http://127.0.0.1:{}/charts", closed_port());
     let small = Limits {
@@ -743,164 +765,177 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
         "digest mismatch: expected sha256:{}",
         sha256(&packaged().v1)
     );
-    let cases: Vec<(&str, ChartSource, Limits, &str, bool)> = vec![
+    // (case, repository path on the server, chart, version, expected): read with the `small`
+    // limits, each a permanent error.
+    let served = [
         (
             "malformed index",
-            from_repository(&format!("{base}/broken"), "catalog", "1.0.0"),
-            small,
+            "/broken",
+            "catalog",
+            "1.0.0",
             "malformed index.yaml",
-            true,
         ),
         (
             "not an index",
-            from_repository(&format!("{base}/html"), "catalog", "1.0.0"),
-            small,
+            "/html",
+            "catalog",
+            "1.0.0",
             "malformed index.yaml",
-            true,
         ),
         (
             "alias bomb",
-            from_repository(&format!("{base}/aliases"), "catalog", "1.0.0"),
-            small,
+            "/aliases",
+            "catalog",
+            "1.0.0",
             "anchors and aliases are not accepted",
-            true,
         ),
+        // The alias check lets it through (nothing in it could be an alias); the decoder's
+        // refusal names no content.
         (
             "a body that is not YAML, not quoted",
-            from_repository(&format!("{base}/leak"), "catalog", "1.0.0"),
-            small,
-            // The alias check lets it through (nothing in it could be an alias); the decoder's
-            // refusal names no content.
+            "/leak",
+            "catalog",
+            "1.0.0",
             "malformed index.yaml: not a Helm repository index",
-            true,
         ),
         (
             "oversized index",
-            from_repository(&format!("{base}/huge"), "catalog", "1.0.0"),
-            small,
+            "/huge",
+            "catalog",
+            "1.0.0",
             "exceeds the limit of 65536 bytes",
-            true,
         ),
         (
             "no index",
-            from_repository(&format!("{base}/nothing"), "catalog", "1.0.0"),
-            small,
+            "/nothing",
+            "catalog",
+            "1.0.0",
             "answered HTTP 404",
-            true,
         ),
         (
             "unknown chart",
-            from_repository(&good, "nope", "1.0.0"),
-            small,
+            "/charts",
+            "nope",
+            "1.0.0",
             "has no chart \"nope\" (it has 1 charts: catalog)",
-            true,
-        ),
-        (
-            "unknown version",
-            from_repository(&good, "catalog", "9.9.9"),
-            small,
-            "no version matches \"9.9.9\" (available: 2.0.0, 1.0.0)",
-            true,
         ),
         (
             "no match",
-            from_repository(&good, "catalog", "^3"),
-            small,
+            "/charts",
+            "catalog",
+            "^3",
             "no version matches \"^3\"",
-            true,
+        ),
+        (
+            "unknown version",
+            "/charts",
+            "catalog",
+            "9.9.9",
+            "no version matches \"9.9.9\" (available: 2.0.0, 1.0.0)",
         ),
         (
             "bad range",
-            from_repository(&good, "catalog", ">>1"),
-            small,
+            "/charts",
+            "catalog",
+            ">>1",
             "not a version of the chart nor a valid range",
-            true,
         ),
         (
             "digest mismatch",
-            from_repository(&format!("{base}/mismatch"), "catalog", "1.0.0"),
-            small,
+            "/mismatch",
+            "catalog",
+            "1.0.0",
             &mismatch,
-            true,
         ),
         (
             "../ in the archive",
-            from_repository(&format!("{base}/hostile"), "dotdot", "1.0.0"),
-            small,
+            "/hostile",
+            "dotdot",
+            "1.0.0",
             "escapes the chart",
-            true,
         ),
         (
             "absolute path",
-            from_repository(&format!("{base}/hostile"), "absolute", "1.0.0"),
-            small,
+            "/hostile",
+            "absolute",
+            "1.0.0",
             "escapes the chart",
-            true,
         ),
         (
             "symlink",
-            from_repository(&format!("{base}/hostile"), "link", "1.0.0"),
-            small,
+            "/hostile",
+            "link",
+            "1.0.0",
             "is not a regular file",
-            true,
         ),
         (
             "unpacks too large",
-            from_repository(&format!("{base}/hostile"), "bomb", "1.0.0"),
-            small,
+            "/hostile",
+            "bomb",
+            "1.0.0",
             "exceeds the limit of 1048576 bytes",
-            true,
-        ),
-        (
-            "download too large",
-            from_repository(&good, "catalog", "1.0.0"),
-            Limits {
-                max_files: 100,
-                max_bytes: 100,
-            },
-            "exceeds the limit of 100 bytes",
-            true,
         ),
         (
             "not gzip",
-            from_repository(&format!("{base}/hostile"), "notgzip", "1.0.0"),
-            small,
+            "/hostile",
+            "notgzip",
+            "1.0.0",
             "is not a valid .tgz",
-            true,
         ),
         (
             "no digest",
-            from_repository(&format!("{base}/hostile"), "nodigest", "1.0.0"),
-            small,
+            "/hostile",
+            "nodigest",
+            "1.0.0",
             "is not a sha256 digest",
-            true,
         ),
         (
             "digest as a path",
-            from_repository(&format!("{base}/hostile"), "baddigest", "1.0.0"),
-            small,
+            "/hostile",
+            "baddigest",
+            "1.0.0",
             "is not a sha256 digest",
-            true,
         ),
         (
             "file URL",
-            from_repository(&format!("{base}/hostile"), "fileurl", "1.0.0"),
-            small,
+            "/hostile",
+            "fileurl",
+            "1.0.0",
             "only http and https",
-            true,
         ),
         (
             "archive gone",
-            from_repository(&format!("{base}/hostile"), "gone", "1.0.0"),
-            small,
+            "/hostile",
+            "gone",
+            "1.0.0",
             "hostile/gone.tgz answered HTTP 404",
-            true,
         ),
         (
             "redirect loop",
-            from_repository(&format!("{base}/hostile"), "looping", "1.0.0"),
-            small,
+            "/hostile",
+            "looping",
+            "1.0.0",
             "more than 5 redirects",
+        ),
+    ];
+    let mut cases: Vec<(&str, ChartSource, Limits, &str, bool)> = served
+        .into_iter()
+        .map(|(case, path, chart, version, expected)| {
+            let source = from_repository(&format!("{base}{path}"), chart, version);
+            (case, source, small, expected, true)
+        })
+        .collect();
+    let tiny = Limits {
+        max_files: 100,
+        max_bytes: 100,
+    };
+    let credentials = format!("http://user:s3cret@{}/charts", &base[7..]);
+    cases.extend([
+        (
+            "download too large",
+            from_repository(&good, "catalog", "1.0.0"),
+            tiny,
+            "exceeds the limit of 100 bytes",
             true,
         ),
         (
@@ -912,11 +947,7 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
         ),
         (
             "credentials",
-            from_repository(
-                &format!("http://user:s3cret@{}/charts", &base[7..]),
-                "catalog",
-                "1.0.0",
-            ),
+            from_repository(&credentials, "catalog", "1.0.0"),
             small,
             "carries credentials",
             true,
@@ -928,7 +959,7 @@ async fn bad_repositories_and_archives_fail_with_clear_errors() {
             "could not be reached or did not answer in time",
             false,
         ),
-    ];
+    ]);
     for (case, source, limits, expected, permanent) in cases {
         let error = resolve(&charts, &source, limits).await.unwrap_err();
         let message = error.to_string();
@@ -982,32 +1013,21 @@ async fn an_oci_chart_is_pulled_from_a_real_registry_and_cached() {
     let charts = remote(cache.path());
     let limits = Limits::default();
     let host = &registry.host;
+    let catalog = |reference: &str| format!("oci://{host}/charts/catalog{reference}");
 
-    let v1 = resolve(
-        &charts,
-        &from_oci(&format!("oci://{host}/charts/catalog:1.0.0")),
-        limits,
-    )
-    .await
-    .unwrap();
+    let v1 = resolve_oci(&charts, &catalog(":1.0.0"), limits)
+        .await
+        .unwrap();
     // The chart layer is the archive helm packaged, byte for byte.
     assert_eq!(v1.digest, format!("sha256:{}", sha256(&packaged().v1)));
     assert_eq!(std::fs::read(&v1.path).unwrap(), packaged().v1);
-    let v2 = resolve(
-        &charts,
-        &from_oci(&format!("oci://{host}/charts/catalog:2.0.0")),
-        limits,
-    )
-    .await
-    .unwrap();
+    let v2 = resolve_oci(&charts, &catalog(":2.0.0"), limits)
+        .await
+        .unwrap();
     assert_eq!(v2.digest, format!("sha256:{}", sha256(&packaged().v2)));
-    let pinned = resolve(
-        &charts,
-        &from_oci(&format!("oci://{host}/charts/catalog@{manifest_digest}")),
-        limits,
-    )
-    .await
-    .unwrap();
+    let pinned = resolve_oci(&charts, &catalog(&format!("@{manifest_digest}")), limits)
+        .await
+        .unwrap();
     assert_eq!(pinned, v1);
     let stats = charts.stats();
     assert_eq!(
@@ -1024,9 +1044,7 @@ async fn an_oci_chart_is_pulled_from_a_real_registry_and_cached() {
         format!("oci://{host}/charts/catalog:1.0.0"),
         format!("oci://{host}/charts/catalog@{manifest_digest}"),
     ] {
-        let again = resolve(&charts, &from_oci(&reference), limits)
-            .await
-            .unwrap();
+        let again = resolve_oci(&charts, &reference, limits).await.unwrap();
         assert_eq!(again, v1, "{reference}");
     }
     let stats = charts.stats();
@@ -1086,9 +1104,7 @@ async fn an_oci_chart_is_pulled_from_a_real_registry_and_cached() {
         ),
     ];
     for (reference, limits, expected, permanent) in cases {
-        let error = resolve(&charts, &from_oci(&reference), limits)
-            .await
-            .unwrap_err();
+        let error = resolve_oci(&charts, &reference, limits).await.unwrap_err();
         let message = error.to_string();
         assert!(message.contains(expected), "{reference}: {message}");
         assert!(
@@ -1148,9 +1164,7 @@ async fn a_hostile_registry_is_refused() {
         ),
     ] {
         let reference = format!("oci://{host}/charts/{chart}:1.0.0");
-        let error = resolve(&charts, &from_oci(&reference), small)
-            .await
-            .unwrap_err();
+        let error = resolve_oci(&charts, &reference, small).await.unwrap_err();
         assert!(error.to_string().contains(expected), "{chart}: {error}");
         assert_eq!(error.is_permanent(), permanent, "{chart}: {error}");
     }
@@ -1184,13 +1198,9 @@ async fn endless_answers_are_cut_off_at_their_limit() {
     );
     tokens.reply("/token", Reply::Stream(StatusCode::OK, ENDLESS));
     tokens.put("/v2/charts/web/manifests/1.0.0", helm_manifest(&layer, 100));
-    let error = resolve(
-        &charts,
-        &from_oci(&format!("oci://{host}/charts/web:1.0.0")),
-        small,
-    )
-    .await
-    .unwrap_err();
+    let error = resolve_oci(&charts, &format!("oci://{host}/charts/web:1.0.0"), small)
+        .await
+        .unwrap_err();
     let message = error.to_string();
     assert!(message.contains("exceeds the limit"), "token: {message}");
     assert!(!message.contains("s3cret"), "token: {message}");
@@ -1218,13 +1228,9 @@ async fn endless_answers_are_cut_off_at_their_limit() {
             &format!("/v2/charts/web/blobs/{layer}"),
             Reply::Stream(status, ENDLESS),
         );
-        let error = resolve(
-            &charts,
-            &from_oci(&format!("oci://{host}/charts/web:1.0.0")),
-            small,
-        )
-        .await
-        .unwrap_err();
+        let error = resolve_oci(&charts, &format!("oci://{host}/charts/web:1.0.0"), small)
+            .await
+            .unwrap_err();
         let message = error.to_string();
         assert!(message.contains(expected), "layer {status}: {message}");
         assert!(!message.contains("s3cret"), "layer {status}: {message}");
@@ -1266,6 +1272,17 @@ fn fetch_message(error: &SourceError) -> String {
         SourceError::Fetch { error, .. } => error.to_string(),
         other => panic!("not a fetch error: {other}"),
     }
+}
+
+/// The [`fetch_message`] a tenant without credentials gets resolving `source`; fails with
+/// `served` when the chart is served to it.
+async fn refused_without_credentials(
+    charts: &RemoteCharts,
+    source: &ChartSource,
+    served: &str,
+) -> String {
+    let error = resolve_as(charts, source, None).await.expect_err(served);
+    fetch_message(&error)
 }
 
 /// Chart hosts at loopback, private, link-local (metadata) and other reserved addresses are
@@ -1828,8 +1845,6 @@ async fn bad_remote_sources_are_reported_and_delete_nothing() {
     .await;
     h.wait_state("catalog", ModuleState::Ready).await;
 
-    let file = tar::EntryType::Regular;
-    let chart_yaml: &[u8] = b"apiVersion: v2\nname: evil\nversion: 1.0.0\n";
     server.put("/broken/index.yaml", "apiVersion: v1\nentries: {catalog: [");
     // The digest of v1 is cached (the module runs it): publish one no archive has.
     server.put(
@@ -1842,89 +1857,71 @@ async fn bad_remote_sources_are_reported_and_delete_nothing() {
         )]),
     );
     server.put("/mismatch/catalog-1.0.0.tgz", packaged().v2.clone());
-    // Unpacks to 21 MiB, over the default limit of 20 MiB, from a few KiB.
-    let bomb = tgz(&[
-        ("evil/Chart.yaml", file, chart_yaml),
-        ("evil/big", file, &vec![0u8; 21 << 20]),
-    ]);
-    let hostile = [
-        (
-            "dotdot",
-            tgz(&[
-                ("evil/Chart.yaml", file, chart_yaml),
-                ("evil/../../etc/x", file, b"x"),
-            ]),
-        ),
-        ("absolute", tgz(&[("/etc/evil", file, b"x")])),
-        (
-            "link",
-            tgz(&[
-                ("evil/Chart.yaml", file, chart_yaml),
-                ("evil/templates/l", tar::EntryType::Symlink, b""),
-            ]),
-        ),
-        ("bomb", bomb),
-    ];
-    let mut entries = Vec::new();
-    for (name, bytes) in &hostile {
-        server.put(&format!("/hostile/{name}.tgz"), bytes.clone());
-        entries.push((*name, sha256(bytes)));
-    }
-    let index: Vec<(&str, &str, &str, String)> = entries
-        .iter()
-        .map(|(name, digest)| (*name, "1.0.0", digest.as_str(), format!("{name}.tgz")))
-        .collect();
-    let borrowed: Vec<(&str, &str, &str, &str)> = index
-        .iter()
-        .map(|(n, v, d, u)| (*n, *v, *d, u.as_str()))
-        .collect();
-    server.put("/hostile/index.yaml", index_yaml(&borrowed));
+    // The bomb unpacks to 21 MiB, over the default limit of 20 MiB, from a few KiB.
+    let entries = server.put_archives("/hostile", &hostile_archives(21 << 20));
+    server.put("/hostile/index.yaml", owned_index_yaml(&entries));
     let closed = format!("http://127.0.0.1:{}/charts", closed_port());
-    let repo = |path: &str, name: &str, version: &str| json!({"repository": format!("{base}{path}"), "name": name, "version": version});
-
-    let cases = [
+    // (case, repository path on the server, chart, version, expected): each a permanent error.
+    let served = [
         (
             "malformed index.yaml",
-            repo("/broken", "catalog", "1.0.0"),
+            "/broken",
+            "catalog",
+            "1.0.0",
             "malformed index.yaml",
-            true,
         ),
         (
             "unknown version",
-            repo("/charts", "catalog", "9.9.9"),
+            "/charts",
+            "catalog",
+            "9.9.9",
             "no version matches \"9.9.9\"",
-            true,
         ),
         (
             "digest mismatch",
-            repo("/mismatch", "catalog", "1.0.0"),
+            "/mismatch",
+            "catalog",
+            "1.0.0",
             "digest mismatch",
-            true,
         ),
         (
             "../ in the archive",
-            repo("/hostile", "dotdot", "1.0.0"),
+            "/hostile",
+            "dotdot",
+            "1.0.0",
             "escapes the chart",
-            true,
         ),
         (
             "absolute path in the archive",
-            repo("/hostile", "absolute", "1.0.0"),
+            "/hostile",
+            "absolute",
+            "1.0.0",
             "escapes the chart",
-            true,
         ),
         (
             "link in the archive",
-            repo("/hostile", "link", "1.0.0"),
+            "/hostile",
+            "link",
+            "1.0.0",
             "is not a regular file",
-            true,
         ),
         (
             "oversized archive",
-            repo("/hostile", "bomb", "1.0.0"),
+            "/hostile",
+            "bomb",
+            "1.0.0",
             "exceeds the limit of 20971520 bytes",
-            true,
         ),
+    ];
+    let mut cases: Vec<(&str, Value, &str, bool)> = served
+        .into_iter()
+        .map(|(case, path, name, version, expected)| {
+            let chart =
+                json!({"repository": format!("{base}{path}"), "name": name, "version": version});
+            (case, chart, expected, true)
+        })
+        .collect();
+    cases.extend([
         (
             "wrong media type",
             json!({"oci": format!("oci://{}/images/catalog:1.0.0", registry.host)}),
@@ -1943,7 +1940,7 @@ async fn bad_remote_sources_are_reported_and_delete_nothing() {
             "could not be reached or did not answer in time",
             false,
         ),
-    ];
+    ]);
     for (case, chart, expected, permanent) in cases {
         h.set_chart("catalog", chart.clone()).await;
         let failed = h
@@ -1972,20 +1969,13 @@ async fn bad_remote_sources_are_reported_and_delete_nothing() {
             2,
             "{case}: the inventory is kept"
         );
-        assert_eq!(
-            h.config_map_data("catalog-settings", "version")
-                .await
-                .as_deref(),
-            Some("1"),
-            "{case}: nothing changed"
-        );
-        assert_eq!(
-            h.config_map_data("catalog-legacy-settings", "format")
-                .await
-                .as_deref(),
-            Some("xml"),
-            "{case}: nothing pruned"
-        );
+        for (config_map, key, value, what) in [
+            ("catalog-settings", "version", "1", "nothing changed"),
+            ("catalog-legacy-settings", "format", "xml", "nothing pruned"),
+        ] {
+            let data = h.config_map_data(config_map, key).await;
+            assert_eq!(data.as_deref(), Some(value), "{case}: {what}");
+        }
         common::expect_event(&h.client, &h.ns, "catalog", |kind, reason, note| {
             kind == "Warning" && reason == "ChartError" && note.contains(expected)
         })
@@ -2385,10 +2375,10 @@ async fn the_token_flow_sends_the_credentials_only_to_the_realm_it_trusts() {
     // A realm on another host named by a plain-HTTP registry gets nothing.
     let elsewhere = GuardedServer::start("127.0.0.2:0", None).await;
     *registry.state.challenge.lock().unwrap() = Some(challenge(&elsewhere.url));
-    let error = resolve_as(&fresh(), &source, Some(&right))
+    let message = resolve_as(&fresh(), &source, Some(&right))
         .await
-        .unwrap_err();
-    let message = error.to_string();
+        .unwrap_err()
+        .to_string();
     assert!(
         message.contains(&format!(
             "names a token realm on another host ({}): credentials are not sent there",
@@ -2430,24 +2420,17 @@ async fn a_digest_listed_by_another_repository_is_not_served_from_the_cache() {
     assert_eq!(chart.digest, format!("sha256:{c}"));
 
     let lure = from_repository(&format!("{}/lure", public.url), "catalog", "1.0.0");
-    let error = resolve_as(&charts, &lure, None)
-        .await
-        .expect_err("tenant Q was served tenant P's private chart from the cache");
-    let message = fetch_message(&error);
+    let served = "tenant Q was served tenant P's private chart from the cache";
+    let message = refused_without_credentials(&charts, &lure, served).await;
     assert!(message.contains("answered HTTP 404"), "{message}");
     assert_eq!(
         public.hits("/lure/catalog-1.0.0.tgz"),
         1,
         "Q asked its own server"
     );
-    let error = resolve_as(
-        &charts,
-        &from_repository(&format!("{}/direct", public.url), "catalog", "1.0.0"),
-        None,
-    )
-    .await
-    .expect_err("tenant Q was served tenant P's chart by naming its URL");
-    let message = fetch_message(&error);
+    let named = from_repository(&format!("{}/direct", public.url), "catalog", "1.0.0");
+    let served = "tenant Q was served tenant P's chart by naming its URL";
+    let message = refused_without_credentials(&charts, &named, served).await;
     assert!(
         message.contains("asks for credentials (HTTP 401)"),
         "{message}"
@@ -2506,10 +2489,8 @@ async fn a_layer_digest_named_by_another_registry_is_not_served_from_the_cache()
         format!("oci://{lure_host}/charts/catalog:1.0.0"),
         format!("oci://{lure_host}/charts/catalog@{manifest_digest}"),
     ] {
-        let error = resolve_as(&charts, &from_oci(&reference), None)
-            .await
-            .expect_err("tenant Q was served tenant P's private chart from the cache");
-        let message = fetch_message(&error);
+        let served = "tenant Q was served tenant P's private chart from the cache";
+        let message = refused_without_credentials(&charts, &from_oci(&reference), served).await;
         assert!(
             message.contains("not found in the registry"),
             "{reference}: {message}"
@@ -2673,22 +2654,15 @@ fn cosign(home: &Path, args: &[&str]) -> String {
         "{} is missing: run `make setup` (hack/build-tools.sh builds cosign)",
         binary.display()
     );
-    let output = Command::new(binary)
+    let mut command = Command::new(binary);
+    command
         .args(args)
         .current_dir(home)
         .env_clear()
         .env("HOME", home)
         .env("COSIGN_PASSWORD", "")
-        .env("TUF_ROOT", home.join("tuf"))
-        .output()
-        .expect("cosign runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "cosign {args:?}: {text}");
-    text
+        .env("TUF_ROOT", home.join("tuf"));
+    run_tool(command, "cosign", args)
 }
 
 /// A cosign key pair in its own directory: the directory (holding `cosign.key`) and the PEM
@@ -2890,13 +2864,9 @@ async fn cosign_signed_oci_charts_are_verified_against_the_key() {
     );
     refusals.assert_all_refused();
     // A verified source without keys, and keys that are not keys.
+    let catalog_v1 = oci(format!("oci://{host}/charts/catalog:1.0.0"));
     let error = charts
-        .resolve(
-            &oci(format!("oci://{host}/charts/catalog:1.0.0")),
-            &repo(),
-            None,
-            Limits::default(),
-        )
+        .resolve(&catalog_v1, &repo(), None, Limits::default())
         .await
         .unwrap_err();
     assert!(
@@ -2905,7 +2875,7 @@ async fn cosign_signed_oci_charts_are_verified_against_the_key() {
     );
     let error = charts
         .resolve_verified(
-            &oci(format!("oci://{host}/charts/catalog:1.0.0")),
+            &catalog_v1,
             &repo(),
             None,
             Limits::default(),

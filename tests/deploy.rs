@@ -11,7 +11,7 @@
 //! - a ServiceAccount without bindings makes the binary exit with the preflight's list.
 //!
 //! The ServiceMonitor and PrometheusRule need the Prometheus Operator's CRDs, which this
-//! repository does not build: [`MONITORING_CRDS`] are minimal CRDs written for this test after
+//! repository does not build: [`monitoring_crd`] makes minimal CRDs written for this test after
 //! the Prometheus Operator's API reference (`monitoring.coreos.com/v1`): the fields the
 //! deployment uses, with their types. With strict field validation, a misspelled or misplaced
 //! field is rejected — and so is a real field they leave out (add it here when the deployment
@@ -396,16 +396,19 @@ fn check_deployment(objects: &[Value], prefix: &str) {
 // ---------------------------------------------------------------------------------------------
 // The API server.
 
-/// Minimal ServiceMonitor and PrometheusRule CRDs (see the module documentation).
-const MONITORING_CRDS: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
+/// A minimal namespaced CRD of `monitoring.coreos.com/v1` (see the module documentation):
+/// `spec_schema` is the schema of its required `spec`, indented for its place.
+fn monitoring_crd(kind: &str, plural: &str, spec_schema: &str) -> String {
+    let singular = kind.to_lowercase();
+    format!(
+        r#"apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: servicemonitors.monitoring.coreos.com
+  name: {plural}.monitoring.coreos.com
 spec:
   group: monitoring.coreos.com
   scope: Namespaced
-  names: {kind: ServiceMonitor, listKind: ServiceMonitorList, plural: servicemonitors, singular: servicemonitor}
+  names: {{kind: {kind}, listKind: {kind}List, plural: {plural}, singular: {singular}}}
   versions:
     - name: v1
       served: true
@@ -416,7 +419,13 @@ spec:
           required: [spec]
           properties:
             spec:
-              type: object
+{spec_schema}
+"#
+    )
+}
+
+/// The schema of a ServiceMonitor's `spec`.
+const SERVICE_MONITOR_SPEC: &str = r#"              type: object
               required: [selector]
               properties:
                 jobLabel: {type: string}
@@ -449,27 +458,10 @@ spec:
                       scheme: {type: string, enum: [http, https, HTTP, HTTPS]}
                       interval: {type: string, pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'}
                       scrapeTimeout: {type: string, pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'}
-                      honorLabels: {type: boolean}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: prometheusrules.monitoring.coreos.com
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: {kind: PrometheusRule, listKind: PrometheusRuleList, plural: prometheusrules, singular: prometheusrule}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema:
-          type: object
-          required: [spec]
-          properties:
-            spec:
-              type: object
+                      honorLabels: {type: boolean}"#;
+
+/// The schema of a PrometheusRule's `spec`.
+const PROMETHEUS_RULE_SPEC: &str = r#"              type: object
               properties:
                 groups:
                   type: array
@@ -495,12 +487,15 @@ spec:
                             for: {type: string, pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'}
                             keep_firing_for: {type: string}
                             labels: {type: object, additionalProperties: {type: string}}
-                            annotations: {type: object, additionalProperties: {type: string}}
-"#;
+                            annotations: {type: object, additionalProperties: {type: string}}"#;
 
 async fn install_monitoring_crds(client: &Client) {
     let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), MONITORING_CRDS).unwrap();
+    let crds = [
+        monitoring_crd("ServiceMonitor", "servicemonitors", SERVICE_MONITOR_SPEC),
+        monitoring_crd("PrometheusRule", "prometheusrules", PROMETHEUS_RULE_SPEC),
+    ];
+    std::fs::write(file.path(), crds.join("---\n")).unwrap();
     testenv::install_crds(client, file.path())
         .await
         .expect("monitoring CRDs");

@@ -42,6 +42,20 @@ impl Harness {
         self.0.create(&common::manifest(&self.ns, name, spec)).await;
     }
 
+    /// [`Self::create`] with no drift-ignore rule, then [`Self::applied`].
+    async fn install(&self, name: &str, values: Value) -> Manifest {
+        self.create(name, values, json!([])).await;
+        self.applied(name).await
+    }
+
+    /// [`Self::install`] with `replicas`, then its HorizontalPodAutoscaler turned on (see
+    /// [`Self::autoscale`]); returns the Deployments of the namespace.
+    async fn install_autoscaled(&self, name: &str, replicas: u32) -> Api<Deployment> {
+        self.install(name, json!({ "replicas": replicas })).await;
+        self.autoscale(name, true).await;
+        self.deployments()
+    }
+
     /// Waits until the Manifest's current generation was applied.
     async fn applied(&self, name: &str) -> Manifest {
         common::wait_for(&self.manifests, name, "applied", WAIT, |m| {
@@ -177,8 +191,7 @@ fn watch_replicas(deployments: Api<Deployment>, name: &str) -> Arc<Mutex<Vec<Opt
 #[tokio::test]
 async fn replicas_handed_to_an_autoscaler_never_dip_and_stay_the_autoscalers() {
     let h = start("drift-hpa").await;
-    h.create("web", json!({"replicas": 2}), json!([])).await;
-    h.applied("web").await;
+    h.install("web", json!({"replicas": 2})).await;
     let deployments = h.deployments();
     let seen = watch_replicas(deployments.clone(), "web");
     let deadline = Instant::now() + WAIT;
@@ -237,10 +250,7 @@ async fn replicas_handed_to_an_autoscaler_never_dip_and_stay_the_autoscalers() {
 #[tokio::test]
 async fn replicas_handed_over_come_back_when_the_chart_sets_them_again() {
     let h = start("drift-back").await;
-    h.create("web", json!({"replicas": 3}), json!([])).await;
-    h.applied("web").await;
-    let deployments = h.deployments();
-    h.autoscale("web", true).await;
+    let deployments = h.install_autoscaled("web", 3).await;
     let deployment = deployments.get("web").await.unwrap();
     assert_eq!(
         replicas(&deployment),
@@ -265,10 +275,7 @@ async fn replicas_handed_over_come_back_when_the_chart_sets_them_again() {
 #[tokio::test]
 async fn replicas_come_back_from_the_hpa_controller_once_the_charts_hpa_is_gone() {
     let h = start("drift-hpa-gone").await;
-    h.create("web", json!({"replicas": 1}), json!([])).await;
-    h.applied("web").await;
-    let deployments = h.deployments();
-    h.autoscale("web", true).await;
+    let deployments = h.install_autoscaled("web", 1).await;
     let deadline = Instant::now() + WAIT;
     loop {
         let deployment = deployments.get("web").await.unwrap();
@@ -314,31 +321,20 @@ async fn drift_ignore_fields_are_neither_enforced_nor_released() {
     common::patch_spec(&h.manifests, "later", json!({"driftIgnore": rule})).await;
     h.applied("later").await;
 
+    let owner = |map: &ConfigMap| map.annotations().get("example.com/owner").cloned();
     for name in ["fresh-settings", "later-settings"] {
         // Another drift pass ran since the rule took effect; the fields are still there.
         h.drift_repaired(name, json!({})).await;
         let map = h.config_maps().get(name).await.unwrap();
         assert_eq!(data(&map, "counter").as_deref(), Some("0"), "{name}");
-        assert_eq!(
-            map.annotations()
-                .get("example.com/owner")
-                .map(String::as_str),
-            Some("chart"),
-            "{name}"
-        );
+        assert_eq!(owner(&map).as_deref(), Some("chart"), "{name}");
         // Another writer changes them and `mode`: `mode` is repaired, they are not.
         let theirs = json!({"data": {"counter": "7"},
                             "metadata": {"annotations": {"example.com/owner": "them"}}});
         h.drift_repaired(name, theirs).await;
         let map = h.config_maps().get(name).await.unwrap();
         assert_eq!(data(&map, "counter").as_deref(), Some("7"), "{name}");
-        assert_eq!(
-            map.annotations()
-                .get("example.com/owner")
-                .map(String::as_str),
-            Some("them"),
-            "{name}"
-        );
+        assert_eq!(owner(&map).as_deref(), Some("them"), "{name}");
     }
 
     // A pointer that is not one: a permanent error naming the rule; nothing more applied.
@@ -369,8 +365,7 @@ async fn drift_ignore_fields_are_neither_enforced_nor_released() {
 #[tokio::test]
 async fn a_chart_that_sets_replicas_again_takes_them_back_from_the_handover() {
     let h = start("drift-again").await;
-    h.create("app", json!({"replicas": 2}), json!([])).await;
-    h.applied("app").await;
+    h.install("app", json!({"replicas": 2})).await;
     common::patch_spec(&h.manifests, "app", json!({"values": {"replicas": null}})).await;
     h.applied("app").await;
     let deployments = h.deployments();
@@ -408,8 +403,7 @@ async fn requests(client: &kube::Client, resource: &str, verb: &str) -> f64 {
 #[ignore = "measurement: run alone, prints the request counts"]
 async fn measure_the_request_cost_of_drift_passes_after_a_handover() {
     let h = start("drift-cost").await;
-    h.create("cost", json!({"replicas": 2}), json!([])).await;
-    h.applied("cost").await;
+    h.install("cost", json!({"replicas": 2})).await;
     common::patch_spec(
         &h.manifests,
         "cost",

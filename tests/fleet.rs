@@ -217,6 +217,26 @@ impl Fleet {
         }
     }
 
+    /// A fleet of 3 replicas (no extra argument) with the shards assigned and `manifests`
+    /// Manifests created and Ready; answers how long they took to be Ready.
+    async fn three_ready(name: &str, manifests: usize) -> (Self, Duration) {
+        let fleet = Self::new(name, 3, &[]).await;
+        fleet.wait_assignment(3, "start").await;
+        fleet.create_manifests(manifests).await;
+        let what = format!("{manifests} Manifests on 3 replicas");
+        let took = fleet.wait_ready(&what).await;
+        (fleet, took)
+    }
+
+    /// The RSS of each replica's process, in MiB.
+    fn rss_mib_per_replica(&self) -> Vec<f64> {
+        self.local
+            .replicas()
+            .values()
+            .map(|r| rss_mib(r.process.pid()))
+            .collect()
+    }
+
     /// Waits until every Manifest is Ready at its current generation; fails with the laggards.
     async fn wait_ready(&self, what: &str) -> Duration {
         self.wait_ready_within(what, Duration::from_secs(120)).await
@@ -418,10 +438,7 @@ impl Fleet {
 #[tokio::test]
 async fn three_replicas_reconcile_every_manifest_and_scale_3_5_2_moving_only_what_they_must() {
     let _serial = SERIAL.lock().await;
-    let mut fleet = Fleet::new("scale", 3, &[]).await;
-    fleet.wait_assignment(3, "start").await;
-    fleet.create_manifests(300).await;
-    let took = fleet.wait_ready("300 Manifests on 3 replicas").await;
+    let (mut fleet, took) = Fleet::three_ready("scale", 300).await;
     eprintln!("FLEET scale: 300 Manifests Ready on 3 replicas in {took:?}");
     // Every replica reconciled a share.
     let report = fleet.check().await;
@@ -503,10 +520,7 @@ async fn three_replicas_reconcile_every_manifest_and_scale_3_5_2_moving_only_wha
 #[tokio::test]
 async fn a_killed_replica_is_taken_over_and_a_stopped_one_does_not_act_on_lost_shards() {
     let _serial = SERIAL.lock().await;
-    let mut fleet = Fleet::new("chaos", 3, &[]).await;
-    fleet.wait_assignment(3, "start").await;
-    fleet.create_manifests(200).await;
-    fleet.wait_ready("200 Manifests").await;
+    let (mut fleet, _) = Fleet::three_ready("chaos", 200).await;
 
     // kill -9: no restarting mark, so once its lease expires the others take over.
     let killed_at = now();
@@ -618,10 +632,7 @@ impl Fleet {
 #[tokio::test]
 async fn a_rolling_restart_moves_no_shard() {
     let _serial = SERIAL.lock().await;
-    let mut fleet = Fleet::new("rolling", 3, &[]).await;
-    fleet.wait_assignment(3, "start").await;
-    fleet.create_manifests(100).await;
-    fleet.wait_ready("100 Manifests").await;
+    let (mut fleet, _) = Fleet::three_ready("rolling", 100).await;
     let before = fleet.holders().await;
     for ordinal in 0..3 {
         fleet.stop(ordinal);
@@ -936,24 +947,14 @@ async fn measure_idle_lease_writes_and_memory_per_replica() {
         let fleet = Fleet::new(&format!("mem{replicas}"), replicas, &[]).await;
         fleet.wait_assignment(replicas, "memory fleet").await;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let idle: Vec<f64> = fleet
-            .local
-            .replicas()
-            .values()
-            .map(|r| rss_mib(r.process.pid()))
-            .collect();
+        let idle = fleet.rss_mib_per_replica();
         eprintln!("FLEET memory: {replicas} replicas before any Manifest: RSS MiB {idle:.1?}");
         fleet.create_manifests(manifests).await;
         let took = fleet
             .wait_ready_within("memory fleet", Duration::from_secs(1200))
             .await;
         tokio::time::sleep(Duration::from_secs(5)).await;
-        let each: Vec<f64> = fleet
-            .local
-            .replicas()
-            .values()
-            .map(|r| rss_mib(r.process.pid()))
-            .collect();
+        let each = fleet.rss_mib_per_replica();
         eprintln!(
             "FLEET memory: {manifests} Manifests on {replicas} replicas, Ready after {took:?}; RSS MiB per replica {each:.1?}"
         );

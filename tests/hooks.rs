@@ -49,6 +49,22 @@ impl Harness {
         self.create_from(name, CHART, values).await;
     }
 
+    /// Creates the Manifest `db` of the hooks fixture chart with `hooks` (no other value) and
+    /// waits until it is Ready.
+    async fn install_db(&self, hooks: Value) {
+        self.create("db", json!({ "hooks": hooks })).await;
+        self.wait_state("db", State::Ready, "Ready").await;
+    }
+
+    /// Marks the Deployment `db-app` rolled out, plays the one hook Job that then starts (it
+    /// must be `post_hook`) and returns the Manifest `db` once Ready.
+    async fn post_hook_after_rollout(&self, post_hook: &str) -> Manifest {
+        self.deployment_ready("db-app").await;
+        let order = self.run_jobs(1, async |_| {}).await;
+        assert_eq!(order, [post_hook]);
+        self.wait_state("db", State::Ready, "Ready").await
+    }
+
     async fn create_from(&self, name: &str, chart: &str, values: Value) {
         let spec = common::chart_spec(name, chart, values);
         self.0.create(&common::manifest(&self.ns, name, spec)).await;
@@ -63,6 +79,14 @@ impl Harness {
                 && ready_condition(m).is_some_and(|(r, _)| r == reason)
         })
         .await
+    }
+
+    /// Starts deleting the Manifest `name`: its delete hooks and its finalizer run after.
+    async fn start_delete(&self, name: &str) {
+        self.manifests
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
     }
 
     fn jobs(&self) -> Api<Job> {
@@ -163,32 +187,31 @@ impl Harness {
             json!({"type": kind, "status": "True", "reason": reason, "message": message,
                 "lastProbeTime": now, "lastTransitionTime": now})
         };
-        let status = if succeeded {
-            json!({
-                "startTime": now,
-                "completionTime": now,
-                "succeeded": 1,
-                "active": 0,
-                "ready": 0,
-                "terminating": 0,
-                "conditions": [
-                    condition("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods"),
-                    condition("Complete", "CompletionsReached", "Reached expected number of succeeded pods"),
-                ],
-            })
+        let (kind, target, reason, message) = if succeeded {
+            let reached = "Reached expected number of succeeded pods";
+            (
+                "Complete",
+                "SuccessCriteriaMet",
+                "CompletionsReached",
+                reached,
+            )
         } else {
-            json!({
-                "startTime": now,
-                "failed": 1,
-                "active": 0,
-                "ready": 0,
-                "terminating": 0,
-                "conditions": [
-                    condition("FailureTarget", "BackoffLimitExceeded", "Job has reached the specified backoff limit"),
-                    condition("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"),
-                ],
-            })
+            let limit = "Job has reached the specified backoff limit";
+            ("Failed", "FailureTarget", "BackoffLimitExceeded", limit)
         };
+        let mut status = json!({
+            "startTime": now,
+            "active": 0,
+            "ready": 0,
+            "terminating": 0,
+            "conditions": [condition(target, reason, message), condition(kind, reason, message)],
+        });
+        if succeeded {
+            status["completionTime"] = json!(now);
+            status["succeeded"] = json!(1);
+        } else {
+            status["failed"] = json!(1);
+        }
         self.jobs()
             .patch_status(
                 name,
@@ -221,6 +244,15 @@ fn hook_run(manifest: &Manifest) -> HookRun {
         .as_ref()
         .and_then(|s| s.hook_run.clone())
         .expect("status.hookRun")
+}
+
+/// Asserts that the hook run of `manifest` is `operation`'s and done, and that its last operation
+/// is `last`.
+fn assert_run_done(manifest: &Manifest, operation: HookOperation, last: &str) {
+    let run = hook_run(manifest);
+    assert_eq!((run.operation, run.phase), (operation, HookRunPhase::Done));
+    let status = manifest.status.as_ref().unwrap();
+    assert_eq!(status.last_operation.as_ref().unwrap().operation, last);
 }
 
 fn hook_objects(manifest: &Manifest) -> Vec<String> {
@@ -296,26 +328,8 @@ async fn install_and_upgrade_run_their_hooks_in_order_around_the_objects() {
         h.job_uid("db-post-install").await.is_none(),
         "post-install waits for the Deployment"
     );
-    h.deployment_ready("db-app").await;
-    let order = h.run_jobs(1, async |_| {}).await;
-    assert_eq!(order, ["db-post-install"]);
-    let installed = h.wait_state("db", State::Ready, "Ready").await;
-    let run = hook_run(&installed);
-    assert_eq!(
-        (run.operation, run.phase),
-        (HookOperation::Install, HookRunPhase::Done)
-    );
-    assert_eq!(
-        installed
-            .status
-            .as_ref()
-            .unwrap()
-            .last_operation
-            .as_ref()
-            .unwrap()
-            .operation,
-        "Install"
-    );
+    let installed = h.post_hook_after_rollout("db-post-install").await;
+    assert_run_done(&installed, HookOperation::Install, "Install");
     assert_eq!(
         h.job_names().await,
         ["db-aa-second", "db-post-install"],
@@ -354,26 +368,8 @@ async fn install_and_upgrade_run_their_hooks_in_order_around_the_objects() {
     assert_eq!(order, ["db-zz-first", "db-aa-second"]);
     h.wait_state("db", State::Processing, "Progressing").await;
     assert_eq!(h.config_map_version("db-app").await.as_deref(), Some("2"));
-    h.deployment_ready("db-app").await;
-    let order = h.run_jobs(1, async |_| {}).await;
-    assert_eq!(order, ["db-post-upgrade"]);
-    let upgraded = h.wait_state("db", State::Ready, "Ready").await;
-    let run = hook_run(&upgraded);
-    assert_eq!(
-        (run.operation, run.phase),
-        (HookOperation::Upgrade, HookRunPhase::Done)
-    );
-    assert_eq!(
-        upgraded
-            .status
-            .as_ref()
-            .unwrap()
-            .last_operation
-            .as_ref()
-            .unwrap()
-            .operation,
-        "Upgrade"
-    );
+    let upgraded = h.post_hook_after_rollout("db-post-upgrade").await;
+    assert_run_done(&upgraded, HookOperation::Upgrade, "Upgrade");
     assert_ne!(
         h.job_uid("db-aa-second").await.unwrap(),
         first_second,
@@ -488,10 +484,7 @@ async fn delete_hooks_run_around_the_deletion_and_no_hook_object_is_left() {
     let installed = h.wait_state("db", State::Ready, "Ready").await;
     assert_eq!(hook_objects(&installed), ["Job/db-setup"]);
 
-    h.manifests
-        .delete("db", &DeleteParams::default())
-        .await
-        .unwrap();
+    h.start_delete("db").await;
     let order = h
         .run_jobs(2, async |job| {
             let app = h.config_map_version("db-app").await;
@@ -509,10 +502,7 @@ async fn delete_hooks_run_around_the_deletion_and_no_hook_object_is_left() {
         })
         .await;
     assert_eq!(order, ["db-drain", "db-goodbye"]);
-    h.wait_until("the Manifest is gone", async || {
-        h.manifests.get_opt("db").await.unwrap().is_none()
-    })
-    .await;
+    common::wait_for_gone(&h.manifests, "db").await;
     assert!(
         h.job_names().await.is_empty(),
         "every hook Job is deleted with the Manifest"
@@ -589,9 +579,8 @@ async fn the_ledger_example_migrates_its_data_before_the_upgrade() {
 #[tokio::test]
 async fn a_manifest_whose_chart_is_gone_is_deleted_without_its_delete_hooks() {
     let h = start("hook-skip").await;
-    let hooks = json!([{"name": "drain", "events": "pre-delete"}]);
-    h.create("db", json!({"hooks": hooks})).await;
-    h.wait_state("db", State::Ready, "Ready").await;
+    h.install_db(json!([{"name": "drain", "events": "pre-delete"}]))
+        .await;
     h.patch_spec(
         "db",
         json!({"chart": {"path": "tests/fixtures/charts/nope"}}),
@@ -599,14 +588,8 @@ async fn a_manifest_whose_chart_is_gone_is_deleted_without_its_delete_hooks() {
     .await;
     h.wait_state("db", State::Error, "ChartError").await;
 
-    h.manifests
-        .delete("db", &DeleteParams::default())
-        .await
-        .unwrap();
-    h.wait_until("the Manifest is gone", async || {
-        h.manifests.get_opt("db").await.unwrap().is_none()
-    })
-    .await;
+    h.start_delete("db").await;
+    common::wait_for_gone(&h.manifests, "db").await;
     assert_eq!(
         h.config_map_version("db-app").await,
         None,
@@ -765,8 +748,7 @@ async fn deleting_the_namespace_of_a_manifest_with_delete_hooks_does_not_hang() 
         {"name": "drain", "events": "pre-delete"},
         {"name": "goodbye", "events": "post-delete"},
     ]);
-    h.create("db", json!({ "hooks": hooks })).await;
-    h.wait_state("db", State::Ready, "Ready").await;
+    h.install_db(hooks).await;
     assert!(h.job_names().await.is_empty());
 
     // The namespace holds the Manifest and is its target namespace: its delete hooks cannot be
@@ -776,10 +758,7 @@ async fn deleting_the_namespace_of_a_manifest_with_delete_hooks_does_not_hang() 
         .delete(&h.ns, &DeleteParams::default())
         .await
         .unwrap();
-    h.wait_until("the Manifest is gone", async || {
-        h.manifests.get_opt("db").await.unwrap().is_none()
-    })
-    .await;
+    common::wait_for_gone(&h.manifests, "db").await;
     assert!(
         h.job_names().await.is_empty(),
         "no delete hook was created in the terminating namespace"
@@ -850,16 +829,9 @@ async fn a_reset_runs_a_failed_hook_again_without_a_spec_change() {
 async fn a_reset_runs_a_failed_delete_hook_again_and_the_deletion_completes() {
     use module_manager::api::RESET_REQUESTED_AT;
     let h = start("hook-delete-reset").await;
-    h.create(
-        "db",
-        json!({"hooks": [{"name": "drain", "events": "pre-delete"}]}),
-    )
-    .await;
-    h.wait_state("db", State::Ready, "Ready").await;
-    h.manifests
-        .delete("db", &DeleteParams::default())
-        .await
-        .unwrap();
+    h.install_db(json!([{"name": "drain", "events": "pre-delete"}]))
+        .await;
+    h.start_delete("db").await;
     assert_eq!(h.unfinished_jobs().await, ["db-drain"]);
     let first = h.job_uid("db-drain").await;
     h.finish_job("db-drain", false).await;
@@ -887,10 +859,7 @@ async fn a_reset_runs_a_failed_delete_hook_again_and_the_deletion_completes() {
     })
     .await;
     h.finish_job("db-drain", true).await;
-    h.wait_until("the Manifest is gone", async || {
-        h.manifests.get_opt("db").await.unwrap().is_none()
-    })
-    .await;
+    common::wait_for_gone(&h.manifests, "db").await;
     assert_eq!(h.config_map_version("db-app").await, None);
     h.assert_no_pods().await;
 }

@@ -65,10 +65,7 @@ fn path_chart() -> ChartSource {
 #[tokio::test]
 async fn manifest_create_get_list_delete() {
     let (_, api) = setup("crud").await;
-    let created = api
-        .create(&PostParams::default(), &manifest("web", path_chart()))
-        .await
-        .unwrap();
+    let created = create_web(&api).await;
     assert!(created.uid().is_some());
     // Defaults from the schema are applied by the server.
     assert_eq!(created.spec.interval, "10m");
@@ -107,50 +104,58 @@ async fn rejection(api: &Api<Manifest>, chart: serde_json::Value) -> String {
         "spec": {"module": "web", "chart": chart},
     });
     let manifest: Manifest = serde_json::from_value(raw).unwrap();
-    match api.create(&PostParams::default(), &manifest).await {
+    refusal(
+        api.create(&PostParams::default(), &manifest).await,
+        "the Manifest",
+    )
+}
+
+/// The message of the server's refusal (422) of `what`; fails on any other answer.
+fn refusal(result: Result<Manifest, kube::Error>, what: &str) -> String {
+    match result {
         Err(kube::Error::Api(status)) => {
-            assert_eq!(status.code, 422, "{status:?}");
+            assert_eq!(status.code, 422, "{what}: {status:?}");
             status.message
         }
-        other => panic!("expected the server to reject the Manifest, got {other:?}"),
+        other => panic!("expected the server to refuse {what}, got {other:?}"),
     }
+}
+
+/// Creates the Manifest `web` of [`path_chart`].
+async fn create_web(api: &Api<Manifest>) -> Manifest {
+    api.create(&PostParams::default(), &manifest("web", path_chart()))
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
 async fn cel_rule_requires_exactly_one_chart_source() {
     let (_, api) = setup("cel").await;
-    let two = rejection(
-        &api,
-        json!({"path": "/charts/web", "oci": "oci://registry.example/web:1.0.0"}),
-    )
-    .await;
-    assert!(
-        two.contains("exactly one chart source must be set"),
-        "{two}"
-    );
-    let none = rejection(&api, json!({})).await;
-    assert!(
-        none.contains("exactly one chart source must be set"),
-        "{none}"
-    );
-    let half_repository = rejection(
-        &api,
-        json!({"repository": "https://charts.example", "name": "web"}),
-    )
-    .await;
-    assert!(
-        half_repository.contains("name and version are required with repository"),
-        "{half_repository}"
-    );
-    let credentials_for_a_path = rejection(
-        &api,
-        json!({"path": "/charts/web", "secretRef": {"name": "pull"}}),
-    )
-    .await;
-    assert!(
-        credentials_for_a_path.contains("secretRef is for repository and oci sources"),
-        "{credentials_for_a_path}"
-    );
+    for (case, chart, expected) in [
+        (
+            "two sources",
+            json!({"path": "/charts/web", "oci": "oci://registry.example/web:1.0.0"}),
+            "exactly one chart source must be set",
+        ),
+        (
+            "no source",
+            json!({}),
+            "exactly one chart source must be set",
+        ),
+        (
+            "half a repository",
+            json!({"repository": "https://charts.example", "name": "web"}),
+            "name and version are required with repository",
+        ),
+        (
+            "credentials for a path",
+            json!({"path": "/charts/web", "secretRef": {"name": "pull"}}),
+            "secretRef is for repository and oci sources",
+        ),
+    ] {
+        let message = rejection(&api, chart).await;
+        assert!(message.contains(expected), "{case}: {message}");
+    }
 
     // Each single source is accepted.
     for (name, chart) in [
@@ -247,16 +252,9 @@ async fn cel_rule_keeps_the_target_immutable() {
             .await
         }
     };
-    let immutable = |result: Result<Manifest, kube::Error>| match result {
-        Err(kube::Error::Api(status)) => {
-            assert_eq!(status.code, 422, "{status:?}");
-            assert!(
-                status.message.contains("spec.target is immutable"),
-                "{}",
-                status.message
-            );
-        }
-        other => panic!("expected the server to refuse the change of target, got {other:?}"),
+    let immutable = |result: Result<Manifest, kube::Error>| {
+        let message = refusal(result, "the change of target");
+        assert!(message.contains("spec.target is immutable"), "{message}");
     };
     let remote = json!({"kubeconfigSecretRef": {"name": "remote"}});
 
@@ -302,9 +300,7 @@ async fn cel_rule_keeps_the_target_immutable() {
 #[tokio::test]
 async fn status_subresource_round_trips() {
     let (_, api) = setup("status").await;
-    api.create(&PostParams::default(), &manifest("web", path_chart()))
-        .await
-        .unwrap();
+    create_web(&api).await;
 
     let status = ManifestStatus {
         state: Some(State::Ready),
@@ -360,10 +356,7 @@ fn kstatus_ready(manifest: &Manifest) -> bool {
 #[tokio::test]
 async fn a_new_manifest_reads_in_progress_until_a_pass_writes_its_status() {
     let (_, api) = setup("unobserved").await;
-    let created = api
-        .create(&PostParams::default(), &manifest("web", path_chart()))
-        .await
-        .unwrap();
+    let created = create_web(&api).await;
     // The server fills in the CRD's default status: no generation observed yet. Without it
     // kstatus (Flux's health checks, `kpt live status`) reads an object without conditions as
     // Current, before anything was installed.
@@ -485,17 +478,8 @@ async fn the_timeout_defaults_to_five_minutes_and_must_be_a_duration() {
         }
     };
     for bad in ["soon", "5", "1h 2m"] {
-        match patch(json!(bad)).await {
-            Err(kube::Error::Api(status)) => {
-                assert_eq!(status.code, 422, "{bad}: {status:?}");
-                assert!(
-                    status.message.contains("spec.timeout"),
-                    "{bad}: {}",
-                    status.message
-                );
-            }
-            other => panic!("{bad}: expected the server to refuse it, got {other:?}"),
-        }
+        let message = refusal(patch(json!(bad)).await, bad);
+        assert!(message.contains("spec.timeout"), "{bad}: {message}");
     }
     // Removed, it is defaulted by the server.
     let defaulted = patch(serde_json::Value::Null).await.unwrap();

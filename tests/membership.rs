@@ -9,6 +9,16 @@ use kube::ResourceExt;
 use module_manager::shard::membership::{self, Members, MembershipConfig};
 use tokio::sync::{oneshot, watch};
 
+/// A client of the shared control plane and a new namespace named after `prefix`.
+async fn namespace(prefix: &str) -> (kube::Client, String) {
+    let control_plane = testenv::shared(testenv::Options::default())
+        .await
+        .expect("control plane");
+    let client = control_plane.client().await.unwrap();
+    let ns = control_plane.namespace(&client, prefix).await.unwrap();
+    (client, ns)
+}
+
 fn config(namespace: &str, replica: &str) -> MembershipConfig {
     MembershipConfig {
         namespace: namespace.into(),
@@ -59,14 +69,7 @@ async fn wait_for(
 
 #[tokio::test]
 async fn members_see_each_other_crashes_expire_and_clean_leaves_are_immediate() {
-    let control_plane = testenv::shared(testenv::Options::default())
-        .await
-        .expect("control plane");
-    let client = control_plane.client().await.unwrap();
-    let ns = control_plane
-        .namespace(&client, "membership")
-        .await
-        .unwrap();
+    let (client, ns) = namespace("membership").await;
     let names = |list: &[&str]| {
         list.iter()
             .map(|s| s.to_string())
@@ -115,11 +118,7 @@ async fn renewals_are_conditional_and_cannot_undo_a_leave() {
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::{Api, Patch, PatchParams};
     use module_manager::shard::membership::{MemberState, Membership};
-    let control_plane = testenv::shared(testenv::Options::default())
-        .await
-        .expect("control plane");
-    let client = control_plane.client().await.unwrap();
-    let ns = control_plane.namespace(&client, "renewals").await.unwrap();
+    let (client, ns) = namespace("renewals").await;
     let leases = Api::<Lease>::namespaced(client.clone(), &ns);
     let config = config(&ns, "module-manager-0");
     let name = config.lease_name("module-manager-0");
@@ -265,11 +264,7 @@ async fn two_processes_under_one_name_exactly_one_keeps_working() {
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::{Api, ListParams};
     use module_manager::shard::membership::MEMBER_INCARNATION_ANNOTATION;
-    let control_plane = testenv::shared(testenv::Options::default())
-        .await
-        .expect("control plane");
-    let client = control_plane.client().await.unwrap();
-    let ns = control_plane.namespace(&client, "one-name").await.unwrap();
+    let (client, ns) = namespace("one-name").await;
     let first = process(&client, &ns, "module-manager-0").await;
     tokio::time::sleep(Duration::from_millis(1500)).await; // a renewal or two
     assert!(first.ownership.in_time(), "the first works alone");

@@ -67,6 +67,27 @@ impl Harness {
         self.config_map_data(name, "greeting").await
     }
 
+    /// The `key` of the ConfigMap `catalog-settings` (the catalog chart's, Manifest `catalog`).
+    async fn settings(&self, key: &str) -> Option<String> {
+        self.config_map_data("catalog-settings", key).await
+    }
+
+    /// Switches the Manifest `catalog` to the catalog-v2 chart (which drops
+    /// `catalog-legacy-settings`) and returns it once Ready.
+    async fn upgrade_catalog_to_v2(&self) -> Manifest {
+        let v2 = json!({"chart": {"path": "examples/charts/catalog-v2"}});
+        self.patch_spec("catalog", v2).await;
+        self.wait_state("catalog", State::Ready).await
+    }
+
+    /// Deletes a ConfigMap of the test's namespace.
+    async fn delete_config_map(&self, name: &str) {
+        self.config_maps()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
     async fn config_map_exists(&self, name: &str) -> bool {
         self.config_maps().get_opt(name).await.unwrap().is_some()
     }
@@ -123,75 +144,40 @@ async fn install_upgrade_repair_prune_and_delete() {
             .finalizers()
             .contains(&module_manager::reconcile::FINALIZER.to_owned())
     );
-    assert_eq!(
-        h.config_map_data("catalog-settings", "greeting")
-            .await
-            .as_deref(),
-        Some("hi")
-    );
+    assert_eq!(h.settings("greeting").await.as_deref(), Some("hi"));
     h.expect_event("catalog", "Normal", "Ready").await;
 
     // A values change updates the objects.
     h.patch_spec("catalog", json!({"values": {"greeting": "hey"}}))
         .await;
     let upgraded = h.wait_state("catalog", State::Ready).await;
-    assert_eq!(
-        h.config_map_data("catalog-settings", "greeting")
-            .await
-            .as_deref(),
-        Some("hey")
-    );
+    assert_eq!(h.settings("greeting").await.as_deref(), Some("hey"));
     assert_eq!(
         upgraded.status.unwrap().last_operation.unwrap().operation,
         "Upgrade"
     );
 
     // Drift: a deleted object comes back, an edited one is restored.
-    h.config_maps()
-        .delete("catalog-settings", &DeleteParams::default())
-        .await
-        .unwrap();
+    h.delete_config_map("catalog-settings").await;
     h.wait_until("the deleted ConfigMap is back", async || {
-        h.config_map_data("catalog-settings", "greeting")
-            .await
-            .is_some()
+        h.settings("greeting").await.is_some()
     })
     .await;
     let tamper = json!({"data": {"greeting": "tampered"}});
-    h.config_maps()
-        .patch(
-            "catalog-settings",
-            &PatchParams::default(),
-            &Patch::Merge(&tamper),
-        )
-        .await
-        .unwrap();
+    h.patch_config_map("catalog-settings", tamper).await;
     h.wait_until("the edited ConfigMap is restored", async || {
-        h.config_map_data("catalog-settings", "greeting")
-            .await
-            .as_deref()
-            == Some("hey")
+        h.settings("greeting").await.as_deref() == Some("hey")
     })
     .await;
 
     // A chart version that drops an object prunes it.
-    h.patch_spec(
-        "catalog",
-        json!({"chart": {"path": "examples/charts/catalog-v2"}}),
-    )
-    .await;
-    let pruned = h.wait_state("catalog", State::Ready).await;
+    let pruned = h.upgrade_catalog_to_v2().await;
     assert_eq!(
         common::inventory_names(&pruned),
         ["ConfigMap/catalog-settings"]
     );
     assert!(!h.config_map_exists("catalog-legacy-settings").await);
-    assert_eq!(
-        h.config_map_data("catalog-settings", "version")
-            .await
-            .as_deref(),
-        Some("2")
-    );
+    assert_eq!(h.settings("version").await.as_deref(), Some("2"));
 
     // Deleting the Manifest deletes its objects, then releases the finalizer.
     h.delete_and_wait("catalog").await;
@@ -286,21 +272,11 @@ async fn an_unchanged_manifest_runs_helm_zero_times_and_writes_nothing() {
     })
     .await;
 
+    let version = async |name: &str| h.config_maps().get(name).await.unwrap().resource_version();
     let versions = async || {
         let manifest = h.manifests.get("catalog").await.unwrap().resource_version();
-        let settings = h
-            .config_maps()
-            .get("catalog-settings")
-            .await
-            .unwrap()
-            .resource_version();
-        let legacy = h
-            .config_maps()
-            .get("catalog-legacy-settings")
-            .await
-            .unwrap()
-            .resource_version();
-        (manifest, settings, legacy)
+        let settings = version("catalog-settings").await;
+        (manifest, settings, version("catalog-legacy-settings").await)
     };
     let before = versions().await;
     let stats_before = h.ctx.renderer.cache_stats();
@@ -424,9 +400,7 @@ async fn bad_input_is_reported_and_deletes_nothing() {
             "{case}: the inventory is kept"
         );
         assert_eq!(
-            h.config_map_data("catalog-settings", "greeting")
-                .await
-                .as_deref(),
+            h.settings("greeting").await.as_deref(),
             Some("hi"),
             "{case}: nothing deleted"
         );
@@ -557,54 +531,25 @@ async fn objects_it_does_not_manage_are_neither_taken_over_nor_deleted() {
             && message.contains("not managed"),
         "{message}"
     );
-    assert_eq!(
-        h.config_map_data("catalog-settings", "owner")
-            .await
-            .as_deref(),
-        Some("someone else")
-    );
+    assert_eq!(h.settings("owner").await.as_deref(), Some("someone else"));
 
     // Later passes (a spec change here; an operator restart likewise) refuse it again: the
     // refused object is recorded without a UID, so every apply of it is a create that fails.
     h.patch_spec("catalog", json!({"values": {"greeting": "again"}}))
         .await;
     h.wait_state("catalog", State::Error).await;
-    assert_eq!(
-        h.config_map_data("catalog-settings", "owner")
-            .await
-            .as_deref(),
-        Some("someone else")
-    );
-    assert_eq!(
-        h.config_map_data("catalog-settings", "greeting").await,
-        None,
-        "not applied over"
-    );
+    assert_eq!(h.settings("owner").await.as_deref(), Some("someone else"));
+    assert_eq!(h.settings("greeting").await, None, "not applied over");
 
     // Once it is out of the way the module installs; an object a person marks
     // `helm.sh/resource-policy: keep` survives the prune when the chart drops it.
-    h.config_maps()
-        .delete("catalog-settings", &DeleteParams::default())
-        .await
-        .unwrap();
+    h.delete_config_map("catalog-settings").await;
     h.patch_spec("catalog", json!({"values": {"greeting": "retry"}}))
         .await;
     h.wait_state("catalog", State::Ready).await;
     let keep = json!({"metadata": {"annotations": {"helm.sh/resource-policy": "keep"}}});
-    h.config_maps()
-        .patch(
-            "catalog-legacy-settings",
-            &PatchParams::default(),
-            &Patch::Merge(&keep),
-        )
-        .await
-        .unwrap();
-    h.patch_spec(
-        "catalog",
-        json!({"chart": {"path": "examples/charts/catalog-v2"}}),
-    )
-    .await;
-    let upgraded = h.wait_state("catalog", State::Ready).await;
+    h.patch_config_map("catalog-legacy-settings", keep).await;
+    let upgraded = h.upgrade_catalog_to_v2().await;
     assert_eq!(
         common::inventory_names(&upgraded),
         ["ConfigMap/catalog-settings"]
@@ -619,10 +564,7 @@ async fn a_suspended_manifest_is_left_alone_until_resumed() {
 
     h.patch_spec("catalog", json!({"suspend": true})).await;
     tokio::time::sleep(Duration::from_secs(1)).await; // let the suspend be seen
-    h.config_maps()
-        .delete("catalog-settings", &DeleteParams::default())
-        .await
-        .unwrap();
+    h.delete_config_map("catalog-settings").await;
     tokio::time::sleep(Duration::from_secs(6)).await; // three drift intervals
     assert!(
         !h.config_map_exists("catalog-settings").await,
@@ -701,6 +643,14 @@ async fn table_row(h: &Harness, name: &str) -> (Vec<String>, Vec<Value>) {
     (columns, cells)
 }
 
+/// Asserts that the current condition `kind` of `manifest` has `reason` and a message
+/// containing `text`.
+fn assert_condition_says(manifest: &Manifest, kind: &str, reason: &str, text: &str) {
+    let (_, found, message) = current_condition(manifest, kind).unwrap();
+    assert_eq!(found, reason, "{kind}: {message}");
+    assert!(message.contains(text), "{message}");
+}
+
 fn condition_is(manifest: &Manifest, kind: &str, status: &str) -> bool {
     current_condition(manifest, kind).is_some_and(|(s, _, _)| s == status)
 }
@@ -732,11 +682,11 @@ async fn kstatus_conditions_end_kubectl_wait_for_success_retry_and_failure() {
         vec![serde_json::from_value(json!({"kind": "ConfigMap", "name": "later"})).unwrap()];
     h.create(&waiting).await;
     let retried = h.wait_condition("retried", "Reconciling", "True").await;
-    let (_, reason, message) = current_condition(&retried, "Reconciling").unwrap();
-    assert_eq!(reason, "ProgressingWithRetry");
-    assert!(
-        message.contains("ConfigMap later does not exist"),
-        "{message}"
+    assert_condition_says(
+        &retried,
+        "Reconciling",
+        "ProgressingWithRetry",
+        "ConfigMap later does not exist",
     );
     assert!(condition_is(&retried, "Ready", "False"));
     assert!(condition_is(&retried, "Stalled", "False"));
@@ -871,11 +821,11 @@ async fn a_custom_resource_that_is_not_ready_keeps_the_manifest_from_ready() {
     // Its controller says it is not ready: the Manifest is not either, and says why.
     set_condition("Ready", "False", "Degraded", "no quorum").await;
     let not_ready = h.wait_condition("gadget", "Ready", "False").await;
-    let (_, reason, message) = current_condition(&not_ready, "Ready").unwrap();
-    assert_eq!(reason, "Progressing");
-    assert!(
-        message.contains("Gadget gadget-gadget: not Ready (Degraded): no quorum"),
-        "{message}"
+    assert_condition_says(
+        &not_ready,
+        "Ready",
+        "Progressing",
+        "Gadget gadget-gadget: not Ready (Degraded): no quorum",
     );
     assert!(condition_is(&not_ready, "Reconciling", "True"));
 
@@ -885,11 +835,11 @@ async fn a_custom_resource_that_is_not_ready_keeps_the_manifest_from_ready() {
     // Its controller gives up (kstatus: Failed): the Manifest is stalled, naming it.
     set_condition("Stalled", "True", "InvalidSize", "size too big").await;
     let failed = h.wait_condition("gadget", "Stalled", "True").await;
-    let (_, reason, message) = current_condition(&failed, "Ready").unwrap();
-    assert_eq!(reason, "ObjectFailed");
-    assert!(
-        message.contains("Gadget gadget-gadget: stalled (InvalidSize): size too big"),
-        "{message}"
+    assert_condition_says(
+        &failed,
+        "Ready",
+        "ObjectFailed",
+        "Gadget gadget-gadget: stalled (InvalidSize): size too big",
     );
 }
 

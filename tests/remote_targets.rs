@@ -236,6 +236,15 @@ impl Harness {
             .unwrap();
     }
 
+    /// Puts a kubeconfig of a new cluster-admin ServiceAccount `<namespace>-<account>` of the
+    /// remote cluster (see [`Self::service_account_kubeconfig`]) in the Secret `remote`.
+    async fn put_account_secret(&self, account: &str) {
+        let kubeconfig = self
+            .service_account_kubeconfig(&format!("{}-{account}", self.ns))
+            .await;
+        self.put_secret("remote", &kubeconfig).await;
+    }
+
     async fn delete_secret(&self, name: &str) {
         Api::<Secret>::namespaced(self.local.clone(), &self.ns)
             .delete(name, &DeleteParams::default())
@@ -322,6 +331,11 @@ impl Harness {
             .collect()
     }
 
+    /// The `key` of the ConfigMap `name` on the remote cluster (which must exist).
+    async fn remote_data(&self, name: &str, key: &str) -> Option<String> {
+        data(&self.remote_config_map(name).await.unwrap(), key)
+    }
+
     async fn remote_namespace_exists(&self) -> bool {
         Api::<Namespace>::all(self.remote.clone())
             .get_opt(&self.ns)
@@ -403,12 +417,7 @@ fn closed_port() -> u16 {
 #[tokio::test]
 async fn a_module_is_installed_upgraded_repaired_and_deleted_on_the_remote_cluster_only() {
     let h = start("remote-lifecycle").await;
-    h.put_secret(
-        "remote",
-        &h.service_account_kubeconfig(&format!("{}-deployer", h.ns))
-            .await,
-    )
-    .await;
+    h.put_account_secret("deployer").await;
     h.create(&h.manifest(
         "catalog",
         "examples/charts/catalog-v1",
@@ -497,22 +506,13 @@ async fn a_rotated_secret_gets_a_new_client_and_the_old_credential_is_not_used()
     let old_account = format!("{}-old", h.ns);
     let old = h.service_account_kubeconfig(&old_account).await;
     h.put_secret("remote", &old).await;
-    h.create(&h.manifest(
-        "tiny",
-        "tests/fixtures/charts/tiny",
-        Some("remote"),
-        json!({"n": 1}),
-    ))
-    .await;
+    h.create(&h.manifest("tiny", TINY, Some("remote"), json!({"n": 1})))
+        .await;
     h.wait_state("tiny", State::Ready).await;
-    assert_eq!(
-        data(&h.remote_config_map("tiny").await.unwrap(), "n").as_deref(),
-        Some("1")
-    );
+    assert_eq!(h.remote_data("tiny", "n").await.as_deref(), Some("1"));
 
     // Rotate: a token of another ServiceAccount; then revoke the old one.
-    let new = h.service_account_kubeconfig(&format!("{}-new", h.ns)).await;
-    h.put_secret("remote", &new).await;
+    h.put_account_secret("new").await;
     Api::<ServiceAccount>::namespaced(h.remote.clone(), "default")
         .delete(&old_account, &DeleteParams::default())
         .await
@@ -538,10 +538,7 @@ async fn a_rotated_secret_gets_a_new_client_and_the_old_credential_is_not_used()
     // The next passes (drift, then an upgrade) use the new credential.
     h.patch_spec("tiny", json!({"values": {"n": 2}})).await;
     h.wait_state("tiny", State::Ready).await;
-    assert_eq!(
-        data(&h.remote_config_map("tiny").await.unwrap(), "n").as_deref(),
-        Some("2")
-    );
+    assert_eq!(h.remote_data("tiny", "n").await.as_deref(), Some("2"));
     assert_eq!(
         h.target_errors("auth"),
         0,
@@ -563,17 +560,9 @@ async fn a_rotated_secret_gets_a_new_client_and_the_old_credential_is_not_used()
 #[tokio::test]
 async fn an_unchanged_kubeconfig_secret_is_not_read_again() {
     let h = start("remote-secret-reads").await;
-    let first = h
-        .service_account_kubeconfig(&format!("{}-first", h.ns))
+    h.put_account_secret("first").await;
+    h.create(&h.manifest("tiny", TINY, Some("remote"), json!({"n": 1})))
         .await;
-    h.put_secret("remote", &first).await;
-    h.create(&h.manifest(
-        "tiny",
-        "tests/fixtures/charts/tiny",
-        Some("remote"),
-        json!({"n": 1}),
-    ))
-    .await;
     h.wait_state("tiny", State::Ready).await;
     let secret_reads = || h.local_requests.count("get", "secrets");
     assert!(secret_reads() >= 1, "the first pass reads the Secret");
@@ -587,10 +576,7 @@ async fn an_unchanged_kubeconfig_secret_is_not_read_again() {
         h.patch_spec("tiny", json!({"values": {"n": n}})).await;
         h.wait_state("tiny", State::Ready).await;
     }
-    assert_eq!(
-        data(&h.remote_config_map("tiny").await.unwrap(), "n").as_deref(),
-        Some("4")
-    );
+    assert_eq!(h.remote_data("tiny", "n").await.as_deref(), Some("4"));
     assert_eq!(
         secret_reads(),
         reads,
@@ -598,18 +584,12 @@ async fn an_unchanged_kubeconfig_secret_is_not_read_again() {
     );
 
     // A rotated Secret: the next pass reads it and uses the new credential.
-    let second = h
-        .service_account_kubeconfig(&format!("{}-second", h.ns))
-        .await;
-    h.put_secret("remote", &second).await;
+    h.put_account_secret("second").await;
     h.wait_until_watched("remote").await;
     h.patch_spec("tiny", json!({"values": {"n": 5}})).await;
     h.wait_state("tiny", State::Ready).await;
     assert!(secret_reads() > reads, "the changed Secret was not read");
-    assert_eq!(
-        data(&h.remote_config_map("tiny").await.unwrap(), "n").as_deref(),
-        Some("5")
-    );
+    assert_eq!(h.remote_data("tiny", "n").await.as_deref(), Some("5"));
     assert_eq!(h.target_errors("auth"), 0);
 }
 
@@ -622,10 +602,7 @@ async fn an_unchanged_kubeconfig_secret_is_not_read_again() {
 async fn idle_drift_passes_on_a_remote_target_write_nothing_and_repair_what_changed() {
     use k8s_openapi::api::core::v1::Service;
     let h = start("remote-idle-drift").await;
-    let kubeconfig = h
-        .service_account_kubeconfig(&format!("{}-idle", h.ns))
-        .await;
-    h.put_secret("remote", &kubeconfig).await;
+    h.put_account_secret("idle").await;
     let chart = "tests/fixtures/charts/budget";
     h.create(&h.manifest("idle", chart, Some("remote"), json!({"n": 1})))
         .await;
@@ -667,10 +644,7 @@ async fn idle_drift_passes_on_a_remote_target_write_nothing_and_repair_what_chan
     // client takes over the records, so the passes after it write nothing either.
     let secret_reads = || h.local_requests.count("get", "secrets");
     let reads = secret_reads();
-    let renewed = h
-        .service_account_kubeconfig(&format!("{}-renewed", h.ns))
-        .await;
-    h.put_secret("remote", &renewed).await;
+    h.put_account_secret("renewed").await;
     h.wait_until("the renewed Secret is read", async || {
         secret_reads() > reads
     })
@@ -729,7 +703,7 @@ async fn a_target_that_refuses_listings_gets_applies_as_before_and_one_refused_l
     let token = common::account_token(&h.remote, "default", &name, may_apply, &[]).await;
     h.put_secret("remote", &h.remote_kubeconfig(json!({ "token": token })))
         .await;
-    let chart = "tests/fixtures/charts/tiny";
+    let chart = TINY;
     h.create(&h.manifest("tiny", chart, Some("remote"), json!({"n": 1})))
         .await;
     h.wait_state("tiny", State::Ready).await;
@@ -783,17 +757,14 @@ async fn a_credential_near_its_expiry_is_counted_until_the_secret_is_renewed() {
     let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
     let user = json!({"client-certificate-data": b64(&certificate), "client-key-data": b64(&key)});
     h.put_secret("remote", &h.remote_kubeconfig(user)).await;
-    let chart = "tests/fixtures/charts/tiny";
+    let chart = TINY;
     h.create(&h.manifest("tiny", chart, Some("remote"), json!({"n": 1})))
         .await;
     h.wait_state("tiny", State::Ready).await;
     let expiring = || h.ctx.targets.metrics().expiring.get();
     assert_eq!(expiring(), 1, "the certificate is in its last fifth");
 
-    let fresh = h
-        .service_account_kubeconfig(&format!("{}-fresh", h.ns))
-        .await;
-    h.put_secret("remote", &fresh).await;
+    h.put_account_secret("fresh").await;
     h.wait_until_watched("remote").await;
     h.patch_spec("tiny", json!({"values": {"n": 2}})).await;
     h.wait_state("tiny", State::Ready).await;
@@ -1434,19 +1405,8 @@ async fn a_kubeconfig_secret_edited_to_name_another_cluster_is_refused_and_nothi
 #[tokio::test]
 async fn deleting_while_the_target_is_unreachable_retries_until_orphaned() {
     let h = start("remote-unreachable-delete").await;
-    h.put_secret(
-        "remote",
-        &h.service_account_kubeconfig(&format!("{}-deployer", h.ns))
-            .await,
-    )
-    .await;
-    h.create(&h.manifest(
-        "tiny",
-        "tests/fixtures/charts/tiny",
-        Some("remote"),
-        json!({}),
-    ))
-    .await;
+    h.put_account_secret("deployer").await;
+    h.create_tiny("tiny", Some("remote")).await;
     h.wait_state("tiny", State::Ready).await;
 
     // The target becomes unreachable, then the Manifest is deleted.
@@ -1584,8 +1544,7 @@ async fn kubeconfigs_that_run_commands_or_read_files_are_refused_and_never_run()
     ];
     for (name, config) in &cases {
         h.put_secret(name, config).await;
-        h.create(&h.manifest(name, "tests/fixtures/charts/tiny", Some(name), json!({})))
-            .await;
+        h.create_tiny(name, Some(name)).await;
     }
     for (name, text) in expected {
         let failed = h.wait_error(name, "TargetError", text).await;
@@ -1620,13 +1579,7 @@ async fn kubeconfigs_that_run_commands_or_read_files_are_refused_and_never_run()
     );
 
     // A Secret that does not exist yet is retried with backoff until it appears.
-    h.create(&h.manifest(
-        "later",
-        "tests/fixtures/charts/tiny",
-        Some("later"),
-        json!({}),
-    ))
-    .await;
+    h.create_tiny("later", Some("later")).await;
     let missing = h
         .wait_error("later", "TargetError", "Secret later does not exist")
         .await;
@@ -1639,19 +1592,8 @@ async fn kubeconfigs_that_run_commands_or_read_files_are_refused_and_never_run()
 #[tokio::test]
 async fn deleting_a_manifest_whose_secret_is_gone_releases_it_with_an_event() {
     let h = start("remote-gone").await;
-    h.put_secret(
-        "remote",
-        &h.service_account_kubeconfig(&format!("{}-deployer", h.ns))
-            .await,
-    )
-    .await;
-    h.create(&h.manifest(
-        "tiny",
-        "tests/fixtures/charts/tiny",
-        Some("remote"),
-        json!({}),
-    ))
-    .await;
+    h.put_account_secret("deployer").await;
+    h.create_tiny("tiny", Some("remote")).await;
     let installed = h.wait_state("tiny", State::Ready).await;
     assert!(h.remote_config_map("tiny").await.is_some());
 

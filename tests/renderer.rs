@@ -41,6 +41,11 @@ async fn helm(home: &Path) -> HelmRenderer {
     .expect("helm runs")
 }
 
+/// [`request`] of the test chart `tests/fixtures/charts/<chart>`.
+fn fixture(chart: &str, release: &str, values: Value) -> RenderRequest {
+    request(&format!("tests/fixtures/charts/{chart}"), release, values)
+}
+
 fn request(chart: &str, release: &str, values: Value) -> RenderRequest {
     let source = module_manager::api::ChartSource {
         path: Some(chart.into()),
@@ -139,11 +144,7 @@ async fn a_hanging_chart_times_out_and_the_renders_beside_it_are_retried() {
     let first_pid = renderer.renderer_state().await.unwrap().pid.unwrap();
     let hanging = {
         let renderer = renderer.clone();
-        tokio::spawn(async move {
-            renderer
-                .render(&request("tests/fixtures/charts/loop", "loop", json!({})))
-                .await
-        })
+        tokio::spawn(async move { renderer.render(&fixture("loop", "loop", json!({}))).await })
     };
     until(&renderer, "the looping render is in flight", |s| {
         s.in_flight == 1
@@ -153,11 +154,7 @@ async fn a_hanging_chart_times_out_and_the_renders_beside_it_are_retried() {
     // in flight then, and must be sent again to the new child rather than fail.
     let mut rounds = 0;
     while renderer.renderer_state().await.unwrap().starts < 2 {
-        let slow = request(
-            "tests/fixtures/charts/slow",
-            &format!("slow-{rounds}"),
-            json!({}),
-        );
+        let slow = fixture("slow", &format!("slow-{rounds}"), json!({}));
         let rendered = renderer.render_uncached(&slow).await;
         assert!(
             rendered
@@ -199,7 +196,7 @@ async fn a_hanging_render_whose_caller_gave_up_still_stops_its_child_at_the_time
     let first_pid = renderer.renderer_state().await.unwrap().pid.unwrap();
     // The pass that asked is cancelled (its shard was lost): the render's future is dropped
     // while the child still executes the looping template.
-    let looping = request("tests/fixtures/charts/loop", "loop", json!({}));
+    let looping = fixture("loop", "loop", json!({}));
     let given_up = tokio::time::timeout(
         Duration::from_millis(500),
         renderer.render_uncached(&looping),
@@ -237,11 +234,7 @@ async fn a_killed_child_is_restarted_between_renders_and_during_one() {
     assert_ne!(state.pid, Some(pid));
 
     // During one: the render is sent again to the next child and succeeds.
-    let slow = request(
-        "tests/fixtures/charts/slow",
-        "slow",
-        json!({"rounds": 3000}),
-    );
+    let slow = fixture("slow", "slow", json!({"rounds": 3000}));
     let rendering = renderer.render_uncached(&slow);
     let killer = async {
         until(&renderer, "the slow render is in flight", |s| {
@@ -269,14 +262,14 @@ async fn memory_panics_and_huge_output_fail_that_render_only() {
     assert!(renderer.render_uncached(&web).await.is_ok());
 
     let huge = renderer
-        .render_uncached(&request("tests/fixtures/charts/huge", "huge", json!({})))
+        .render_uncached(&fixture("huge", "huge", json!({})))
         .await;
     assert!(
         matches!(huge, Err(RenderError::OutputTooLarge(524_288))),
         "{huge:?}"
     );
     let panicked = renderer
-        .render_uncached(&request("tests/fixtures/charts/panic", "panic", json!({})))
+        .render_uncached(&fixture("panic", "panic", json!({})))
         .await;
     assert!(
         matches!(&panicked, Err(e @ RenderError::Helm(m)) if e.is_permanent() && m.contains("negative Repeat count")),
@@ -289,11 +282,7 @@ async fn memory_panics_and_huge_output_fail_that_render_only() {
     );
 
     let eaten = renderer
-        .render_uncached(&request(
-            "tests/fixtures/charts/memory",
-            "memory",
-            json!({}),
-        ))
+        .render_uncached(&fixture("memory", "memory", json!({})))
         .await;
     assert!(
         matches!(&eaten, Err(e @ RenderError::MemoryLimit(67_108_864)) if e.is_permanent()),
@@ -330,11 +319,7 @@ async fn beside_slow_renders(
         .map(|i| {
             let renderer = renderer.clone();
             tokio::spawn(async move {
-                let slow = request(
-                    "tests/fixtures/charts/slow",
-                    &format!("slow-{i}"),
-                    json!({"rounds": 3000}),
-                );
+                let slow = fixture("slow", &format!("slow-{i}"), json!({"rounds": 3000}));
                 renderer.render_uncached(&slow).await
             })
         })
@@ -384,11 +369,7 @@ async fn a_render_that_kills_the_child_fails_alone_and_the_renders_beside_it_suc
     );
     // The failure is cached: rendering it again does not stop the child again.
     let again = renderer
-        .render(&request(
-            "tests/fixtures/charts/memory",
-            "culprit",
-            json!({}),
-        ))
+        .render(&fixture("memory", "culprit", json!({})))
         .await;
     assert!(
         matches!(again, Err(RenderError::MemoryLimit(_))),
@@ -421,11 +402,7 @@ async fn a_huge_error_is_a_bounded_template_error_and_the_child_survives() {
     let home = tempfile::tempdir().unwrap();
     let renderer = renderer(home.path(), RenderLimits::default()).await;
     let failed = renderer
-        .render_uncached(&request(
-            "tests/fixtures/charts/fail-huge",
-            "fail-huge",
-            json!({}),
-        ))
+        .render_uncached(&fixture("fail-huge", "fail-huge", json!({})))
         .await;
     match &failed {
         Err(e @ RenderError::Helm(message)) => {
@@ -486,9 +463,8 @@ async fn innocent_latency_beside_hostile_charts() {
         let culprit = hostile.map(|chart| {
             let renderer = renderer.clone();
             tokio::spawn(async move {
-                let chart = format!("tests/fixtures/charts/{chart}");
                 renderer
-                    .render_uncached(&request(&chart, "hostile", json!({})))
+                    .render_uncached(&fixture(chart, "hostile", json!({})))
                     .await
             })
         });
