@@ -453,15 +453,20 @@ pub struct Remote {
 /// Objects changed on the targets by someone else, and their repair (`remote --drift-changes`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RemoteDrift {
-    /// Changes made (one ConfigMap each, on as many targets).
+    /// Manifests picked (`--drift-changes`, at most the Manifests not edited before).
+    pub requested: u64,
+    /// Changes made (one ConfigMap each); the others' ConfigMap was not found or not changed.
     pub changes: u64,
     /// The Manifests' `spec.interval`: a change is found by the next drift pass.
     pub interval_seconds: f64,
-    /// From a change sent to the ConfigMap seen with the chart's value again.
+    /// From a change sent to the ConfigMap seen with the chart's value again; a change not seen
+    /// repaired counts as its wait (a lower bound).
     pub change_to_repair_seconds: Quantiles,
     /// Changes repaired within one interval.
     pub within_interval: u64,
-    /// Changes not repaired within one interval and a minute.
+    /// Changes repaired within 1.1 intervals (the operator's schedule adds up to 10 %).
+    pub within_interval_and_jitter: u64,
+    /// Changes not repaired within 1.1 intervals and a minute.
     pub not_repaired: u64,
 }
 
@@ -476,9 +481,11 @@ pub struct RemoteSteady {
     pub rate: f64,
     /// From the first edit sent to the last one Ready (or the wait's end).
     pub seconds: f64,
-    /// From an edit sent to the first `reconcile start` of its Manifest at or after it.
+    /// From an edit sent to the first `reconcile start` of its Manifest at or after it; an edit
+    /// without one counts as its wait (a lower bound).
     pub edit_to_pass_start_seconds: Quantiles,
-    /// From an edit sent to its Manifest first seen Ready at its new generation.
+    /// From an edit sent to its Manifest first seen Ready at its new generation; an edit not
+    /// seen Ready counts as its wait (a lower bound).
     pub edit_to_ready_seconds: Quantiles,
     /// Edits no pass was seen to start for in the replicas' logs.
     pub not_started: u64,

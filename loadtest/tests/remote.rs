@@ -69,9 +69,16 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
         "{steady}"
     );
     assert_eq!(steady["edit_to_ready_seconds"]["count"], 10, "{steady}");
+    // A pass after its edit, Ready at the new generation after that (not the old one's Ready).
+    let start = number(&steady["edit_to_pass_start_seconds"]["p50"], "pass start");
+    let ready = number(&steady["edit_to_ready_seconds"]["p50"], "Ready");
+    assert!(start >= 0.0 && ready > start, "{steady}");
     // Five ConfigMaps changed on their targets, each put back by the next drift pass.
     let drift = &remote["drift"];
+    assert_eq!(drift["requested"], 5, "{drift}");
     assert_eq!(drift["changes"], 5, "{drift}");
+    let repair = number(&drift["change_to_repair_seconds"]["p50"], "repair");
+    assert!(repair > 0.0, "{drift}");
     assert_eq!(drift["not_repaired"], 0, "{drift}");
     assert_eq!(drift["change_to_repair_seconds"]["count"], 5, "{drift}");
     assert!(remote["bare_error"].is_null(), "{}", remote["bare_error"]);

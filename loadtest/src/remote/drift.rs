@@ -2,11 +2,13 @@
 //! on its target — the ConfigMap's `revision`, merge-patched by another field manager straight
 //! on the target's API server, as `kubectl edit` would — on targets spread over the bed, and each change is timed until the
 //! fleet has put the chart's value back (a watch of those ConfigMaps on each API server). The
-//! fleet finds such a change with its next drift pass (`spec.interval`), so the figure to hold it
-//! to is one interval (p99).
+//! changes are spread evenly over one interval, so that they sample every point of the drift
+//! schedule. The fleet finds a change with the Manifest's next drift pass, which the operator
+//! schedules `spec.interval × (1 + 0–10 %)` after the last: the figures to hold it to are one
+//! interval and 1.1 intervals.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,7 +16,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use module_manager::api::Manifest;
 use module_manager::apply::MANIFEST_UID_LABEL;
 use serde_json::json;
@@ -31,7 +33,8 @@ use crate::results::RemoteDrift;
 const DRIFTED: &str = "drifted by someone";
 /// The field manager of the changes (`kubectl edit` would be another).
 const MANAGER: &str = "loadtest-drift";
-/// How long past one interval a change may take to be repaired before it counts as not.
+/// How long past 1.1 intervals a change may take to be repaired before it counts as not; and
+/// the longest wait for the watches' first lists.
 const GRACE: Duration = Duration::from_secs(60);
 
 /// One change made on a target: the ConfigMap (API server, namespace, name) and when.
@@ -46,27 +49,24 @@ struct Change {
 /// was changed, by (API server, namespace, name).
 type Repaired = Arc<Mutex<HashMap<(usize, String, String), Instant>>>;
 
-/// Changes one ConfigMap on each of `--drift-changes` targets and times their repair.
+/// Changes one ConfigMap on each of `--drift-changes` targets (Manifests not `skipped`: not
+/// edited just before, not on blackholed targets), evenly over one interval so that each lands
+/// at its own point of its Manifest's drift schedule, and times their repairs.
 pub async fn run(
     load: &Load,
     bed: &TestBed,
     options: &Options,
-    skip_prefix: &str,
+    skipped: &dyn Fn(&str) -> bool,
     progress: &Progress,
 ) -> anyhow::Result<RemoteDrift> {
-    let picked = spread(
-        load.api(),
-        &load.selector(),
-        skip_prefix,
-        options.drift_changes,
-    )
-    .await?;
+    let (api, selector) = (load.api(), load.selector());
+    let picked = spread(api, &selector, skipped, options.drift_changes).await?;
     let interval = picked
         .first()
         .and_then(|m| module_manager::api::interval(&m.spec))
         .unwrap_or(Duration::from_secs(600));
     progress.say(format!(
-        "remote: changing a ConfigMap on {} targets, repaired within one interval ({interval:?})",
+        "remote: changing a ConfigMap on {} targets over one interval ({interval:?})",
         picked.len()
     ));
     let shape = RemoteShape {
@@ -74,14 +74,60 @@ pub async fn run(
     };
     let found = configmaps(bed, shape, &picked).await?;
     let repaired = Repaired::default();
-    let synced = Arc::new(AtomicUsize::new(0));
-    let watches = watch_repairs(bed, &found, repaired.clone(), synced.clone());
-    let listed = Instant::now() + GRACE;
-    while synced.load(Ordering::SeqCst) < watches.len() && Instant::now() < listed {
+    let (watches, listed) = watch_repairs(bed, &found, repaired.clone());
+    if !all_listed(&listed, GRACE).await {
+        progress.say("remote: a watch of the targets' ConfigMaps did not list within a minute");
+    }
+    let changes = change_all(bed, found, interval).await;
+    // The operator puts each drift pass `interval × (1 + 0–10 %)` after the last.
+    let deadline = Instant::now() + interval.mul_f64(1.1) + GRACE;
+    while Instant::now() < deadline && !changes.iter().all(|c| repair_of(&repaired, c).is_some()) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for watch in watches {
+        watch.abort();
+    }
+    let seen: Vec<Option<f64>> = changes.iter().map(|c| repair_of(&repaired, c)).collect();
+    let within = |limit: f64| seen.iter().flatten().filter(|s| **s <= limit).count() as u64;
+    let waited = |c: &Change| deadline.saturating_duration_since(c.changed).as_secs_f64();
+    let latencies: Vec<f64> = changes
+        .iter()
+        .zip(&seen)
+        .map(|(c, s)| s.unwrap_or_else(|| waited(c)))
+        .collect();
+    Ok(RemoteDrift {
+        requested: picked.len() as u64,
+        changes: changes.len() as u64,
+        interval_seconds: interval.as_secs_f64(),
+        change_to_repair_seconds: measure::quantiles(&latencies),
+        within_interval: within(interval.as_secs_f64()),
+        within_interval_and_jitter: within(interval.as_secs_f64() * 1.1),
+        not_repaired: seen.iter().filter(|s| s.is_none()).count() as u64,
+    })
+}
+
+/// Waits until every watch's flag says its first list is done, at most `limit`.
+async fn all_listed(listed: &[Arc<AtomicBool>], limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while !listed.iter().all(|l| l.load(Ordering::SeqCst)) {
+        if Instant::now() > deadline {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    true
+}
+
+/// Changes each ConfigMap of `found`, spaced evenly over `interval`; those changed, with when.
+async fn change_all(
+    bed: &TestBed,
+    found: Vec<(usize, String, String)>,
+    interval: Duration,
+) -> Vec<Change> {
+    let mut ticks = tokio::time::interval(interval.div_f64(found.len().max(1) as f64));
     let mut changes = Vec::new();
     for (apiserver, namespace, name) in found {
+        ticks.tick().await;
         let api: Api<ConfigMap> = Api::namespaced(bed.admins[apiserver].clone(), &namespace);
         let change = json!({"data": {"revision": DRIFTED}});
         let params = PatchParams {
@@ -102,27 +148,7 @@ pub async fn run(
             });
         }
     }
-    let deadline = Instant::now() + interval + GRACE;
-    while Instant::now() < deadline && !changes.iter().all(|c| repair_of(&repaired, c).is_some()) {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    for watch in watches {
-        watch.abort();
-    }
-    let latencies: Vec<f64> = changes
-        .iter()
-        .filter_map(|c| repair_of(&repaired, c))
-        .collect();
-    Ok(RemoteDrift {
-        changes: changes.len() as u64,
-        interval_seconds: interval.as_secs_f64(),
-        change_to_repair_seconds: measure::quantiles(&latencies),
-        within_interval: latencies
-            .iter()
-            .filter(|s| **s <= interval.as_secs_f64())
-            .count() as u64,
-        not_repaired: (changes.len() - latencies.len()) as u64,
-    })
+    changes
 }
 
 /// The ConfigMap of each picked Manifest on its target: (API server, namespace, name).
@@ -158,14 +184,13 @@ async fn configmaps(
 }
 
 /// A watch per API server of the ConfigMaps of modules, noting when each changed one shows
-/// another value than the change's after it showed the change; `synced` counts the watches
-/// whose first list is done (a change must not be made before: its repair could go unseen).
+/// another value than the change's after it showed the change; with each watch, a flag set once
+/// its first list is done (a change must not be made before: its repair could go unseen).
 fn watch_repairs(
     bed: &TestBed,
     found: &[(usize, String, String)],
     repaired: Repaired,
-    synced: Arc<AtomicUsize>,
-) -> Vec<tokio::task::JoinHandle<()>> {
+) -> (Vec<tokio::task::JoinHandle<()>>, Vec<Arc<AtomicBool>>) {
     let mut by_apiserver: BTreeMap<usize, Vec<(String, String)>> = BTreeMap::new();
     for (apiserver, namespace, name) in found {
         by_apiserver
@@ -177,16 +202,17 @@ fn watch_repairs(
         .into_iter()
         .map(|(apiserver, watched)| {
             let api: Api<ConfigMap> = Api::all(bed.admins[apiserver].clone());
-            let (repaired, synced) = (repaired.clone(), synced.clone());
-            tokio::spawn(async move {
+            let listed = Arc::new(AtomicBool::new(false));
+            let (repaired, synced) = (repaired.clone(), listed.clone());
+            let watch = tokio::spawn(async move {
                 let config = watcher::Config::default().labels(MANIFEST_UID_LABEL);
-                let mut events = watcher(api, config).boxed();
+                let mut events = watcher(api, config).default_backoff().boxed();
                 let mut drifted = std::collections::HashSet::new();
                 while let Some(event) = events.next().await {
                     let cm = match event {
                         Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) => cm,
                         Ok(watcher::Event::InitDone) => {
-                            synced.fetch_add(1, Ordering::SeqCst);
+                            synced.store(true, Ordering::SeqCst);
                             continue;
                         }
                         _ => continue,
@@ -205,9 +231,10 @@ fn watch_repairs(
                             .or_insert_with(Instant::now);
                     }
                 }
-            })
+            });
+            (watch, listed)
         })
-        .collect()
+        .unzip()
 }
 
 /// Seconds from a change to its repair, if seen.

@@ -119,14 +119,19 @@ async fn play(
     if options.idle_seconds > 0 {
         remote.idle = Some(idle(setting, bed, &phase).await?);
     }
+    let blackholed = |name: &str| name.starts_with(BLACKHOLED_PREFIX);
+    let mut edited = std::collections::BTreeSet::new();
     if options.edits > 0 {
         let progress = &phase.progress;
-        let steady = steady::run(&load, &phase.fleet, options, BLACKHOLED_PREFIX, progress);
-        remote.steady = Some(steady.await?);
+        let played = steady::run(&load, &phase.fleet, options, &blackholed, progress).await?;
+        remote.steady = Some(played.0);
+        edited.extend(played.1);
     }
     if options.drift_changes > 0 {
+        // Not the edited ones: their drift schedule restarted with the edit.
+        let skipped = |name: &str| blackholed(name) || edited.contains(name);
         let progress = &phase.progress;
-        let drift = drift::run(&load, bed, options, BLACKHOLED_PREFIX, progress);
+        let drift = drift::run(&load, bed, options, &skipped, progress);
         remote.drift = Some(drift.await?);
     }
     // Still Ready: with short-lived tokens, only if every renewal reached the fleet in time.

@@ -7,13 +7,15 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use module_manager::api::{Manifest, State};
 use serde_json::json;
 use test_support::log_check::parse_passes;
@@ -40,16 +42,16 @@ struct Edit {
 /// When each Manifest was first seen Ready, by name: the generation and the moment.
 type ReadySeen = Arc<Mutex<HashMap<String, Vec<(i64, Instant)>>>>;
 
-/// Plays the edits on `load`'s Manifests (but those named with `skip_prefix`: blackholed
-/// targets') and times them.
+/// Plays the edits on `load`'s Manifests (but those `skipped`: blackholed targets') and times
+/// them; returns the figures and the names edited.
 pub async fn run(
     load: &Load,
     fleet: &Fleet,
     options: &Options,
-    skip_prefix: &str,
+    skipped: &dyn Fn(&str) -> bool,
     progress: &Progress,
-) -> anyhow::Result<RemoteSteady> {
-    let picked = spread(load.api(), &load.selector(), skip_prefix, options.edits).await?;
+) -> anyhow::Result<(RemoteSteady, Vec<String>)> {
+    let picked = spread(load.api(), &load.selector(), skipped, options.edits).await?;
     let names: Vec<String> = picked.iter().map(ResourceExt::name_any).collect();
     progress.say(format!(
         "remote: {} spec edits at {} per second",
@@ -57,45 +59,67 @@ pub async fn run(
         options.edit_rate
     ));
     let seen = ReadySeen::default();
+    let listed = Arc::new(tokio::sync::Notify::new());
     let watch = tokio::spawn(watch_ready(
         load.api().clone(),
         load.selector(),
         seen.clone(),
+        listed.clone(),
     ));
+    // A Ready seen only once a long first list ends would be late: edits start after it.
+    if tokio::time::timeout(SETTLE, listed.notified())
+        .await
+        .is_err()
+    {
+        progress.say("remote: the Manifests' watch did not list within two minutes");
+    }
     let started = Instant::now();
     let edits = send(load.api(), &names, options.edit_rate).await;
     let deadline = Instant::now() + SETTLE;
     while Instant::now() < deadline && !edits.iter().all(|e| ready_at(&seen, e).is_some()) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    let seconds = started.elapsed().as_secs_f64();
     watch.abort();
-    let to_ready: Vec<f64> = edits.iter().filter_map(|e| ready_at(&seen, e)).collect();
+    let ready: Vec<Option<f64>> = edits.iter().map(|e| ready_at(&seen, e)).collect();
     let starts = pass_starts(fleet, &edits).await?;
-    Ok(RemoteSteady {
+    let steady = RemoteSteady {
         edits: edits.len() as u64,
         failed: (names.len() - edits.len()) as u64,
         rate: options.edit_rate,
-        seconds: started.elapsed().as_secs_f64(),
-        edit_to_pass_start_seconds: measure::quantiles(&starts),
-        edit_to_ready_seconds: measure::quantiles(&to_ready),
-        not_started: (edits.len() - starts.len()) as u64,
-        not_ready: (edits.len() - to_ready.len()) as u64,
-    })
+        seconds,
+        edit_to_pass_start_seconds: measure::quantiles(&at_least(&edits, &starts, deadline)),
+        edit_to_ready_seconds: measure::quantiles(&at_least(&edits, &ready, deadline)),
+        not_started: starts.iter().filter(|s| s.is_none()).count() as u64,
+        not_ready: ready.iter().filter(|r| r.is_none()).count() as u64,
+    };
+    Ok((steady, names))
 }
 
-/// `count` of the Manifests (but those named with `skip_prefix`), spread evenly over their
-/// sorted names: over the targets, the n-th Manifest going to target `(n−1) / modules`.
+/// Each edit's latency; one not seen counts as its time until `deadline` (a lower bound), so
+/// that missing ones cannot make a quantile look better than it is.
+fn at_least(edits: &[Edit], latencies: &[Option<f64>], deadline: Instant) -> Vec<f64> {
+    let waited = |edit: &Edit| deadline.saturating_duration_since(edit.sent).as_secs_f64();
+    edits
+        .iter()
+        .zip(latencies)
+        .map(|(edit, latency)| latency.unwrap_or_else(|| waited(edit)))
+        .collect()
+}
+
+/// `count` of the Manifests (but those `skipped`), spread evenly over their sorted names: over
+/// the targets, the n-th Manifest going to target `(n−1) / modules`.
 pub(super) async fn spread(
     api: &Api<Manifest>,
     selector: &str,
-    skip_prefix: &str,
+    skipped: &dyn Fn(&str) -> bool,
     count: usize,
 ) -> anyhow::Result<Vec<Manifest>> {
     let listed = api.list(&ListParams::default().labels(selector)).await?;
     let mut manifests: Vec<Manifest> = listed
         .items
         .into_iter()
-        .filter(|m| !m.name_any().starts_with(skip_prefix))
+        .filter(|m| !skipped(&m.name_any()))
         .collect();
     manifests.sort_by_key(ResourceExt::name_any);
     let step = (manifests.len() as f64 / count.max(1) as f64).max(1.0);
@@ -107,7 +131,7 @@ pub(super) async fn spread(
 /// Sends one edit per name at `rate` per second, each with a revision of its own; returns those
 /// answered (a failed one is left out and counted by the caller).
 async fn send(api: &Api<Manifest>, names: &[String], rate: f64) -> Vec<Edit> {
-    let period = Duration::from_secs_f64(1.0 / rate.max(0.01));
+    let period = Duration::from_secs_f64(1.0 / rate.clamp(0.01, 1000.0));
     let mut ticks = tokio::time::interval(period);
     let mut sent = Vec::new();
     for (i, name) in names.iter().enumerate() {
@@ -138,13 +162,19 @@ async fn send(api: &Api<Manifest>, names: &[String], rate: f64) -> Vec<Edit> {
     edits
 }
 
-/// Notes every Manifest seen Ready at its generation, with when.
-async fn watch_ready(api: Api<Manifest>, selector: String, seen: ReadySeen) {
+/// Notes every Manifest seen Ready at its generation, with when; `listed` is told once the
+/// first list is done.
+async fn watch_ready(api: Api<Manifest>, selector: String, seen: ReadySeen, listed: Arc<Notify>) {
     let config = watcher::Config::default().labels(&selector);
-    let mut events = watcher(api, config).boxed();
+    let mut events = watcher(api, config).default_backoff().boxed();
     while let Some(event) = events.next().await {
-        let (Ok(watcher::Event::Apply(m)) | Ok(watcher::Event::InitApply(m))) = event else {
-            continue;
+        let m = match event {
+            Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => m,
+            Ok(watcher::Event::InitDone) => {
+                listed.notify_one();
+                continue;
+            }
+            _ => continue,
         };
         let status = m.status.as_ref();
         let ready = status.and_then(|s| s.state) == Some(State::Ready);
@@ -172,22 +202,25 @@ fn ready_at(seen: &ReadySeen, edit: &Edit) -> Option<f64> {
 }
 
 /// Seconds from each edit to the first pass of its Manifest that started at or after it, in any
-/// replica's log (edits without one are left out).
-async fn pass_starts(fleet: &Fleet, edits: &[Edit]) -> anyhow::Result<Vec<f64>> {
-    let mut starts: HashMap<String, Vec<Timestamp>> = HashMap::new();
+/// replica's log (`None`: no such pass). Only the edited Manifests' passes are kept.
+async fn pass_starts(fleet: &Fleet, edits: &[Edit]) -> anyhow::Result<Vec<Option<f64>>> {
+    let mut starts: HashMap<&str, Vec<Timestamp>> =
+        edits.iter().map(|e| (e.uid.as_str(), Vec::new())).collect();
     for (_, log) in fleet.logs().await? {
         for pass in parse_passes(&log) {
-            starts.entry(pass.uid).or_default().push(pass.start);
+            if let Some(found) = starts.get_mut(pass.uid.as_str()) {
+                found.push(pass.start);
+            }
         }
     }
     let latency = |edit: &Edit| {
         let first = starts
-            .get(&edit.uid)?
+            .get(edit.uid.as_str())?
             .iter()
             .filter(|start| **start >= edit.sent_at)
             .min()?;
         let waited = first.duration_since(edit.sent_at);
         Some(waited.as_secs_f64())
     };
-    Ok(edits.iter().filter_map(latency).collect())
+    Ok(edits.iter().map(latency).collect())
 }

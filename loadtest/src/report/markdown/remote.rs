@@ -204,8 +204,8 @@ fn steady(s: &RemoteSteady) -> String {
         "### Steady state: spec edits with every target held\n\n{} edits at {} per second to \
          Manifests spread over the targets (a new `revision`: the ConfigMap and the \
          Deployment's pod template change), {:.0} s; {} not answered, {} without a pass start \
-         in the logs, {} not Ready within two minutes of the last edit. From the edit \
-         sent:\n\n{}",
+         in the logs, {} not Ready within two minutes of the last edit (those count at their \
+         wait below). From the edit sent:\n\n{}",
         s.edits,
         s.rate,
         s.seconds,
@@ -224,13 +224,17 @@ fn steady(s: &RemoteSteady) -> String {
 
 fn drift(d: &RemoteDrift) -> String {
     format!(
-        "### Drift repair on the targets\n\n{} ConfigMaps changed straight on their targets \
-         (one a target, as another field manager); `spec.interval` {:.0} s: {} repaired within \
-         one interval, {} not within one interval and a minute. From the change sent to the \
-         chart's value seen again:\n\n{}",
+        "### Drift repair on the targets\n\n{} of {} picked ConfigMaps changed straight on their \
+         targets (one per Manifest, as another field manager), spread over one interval; \
+         `spec.interval` {:.0} s, and the operator schedules each drift pass 0–10 % later: {} \
+         repaired within one interval, {} within 1.1 intervals, {} not within 1.1 intervals and \
+         a minute (counted at that wait below). From the change sent to the chart's value seen \
+         again:\n\n{}",
         d.changes,
+        d.requested,
         d.interval_seconds,
         d.within_interval,
+        d.within_interval_and_jitter,
         d.not_repaired,
         quantile_table("change to", &[("repair", &d.change_to_repair_seconds)])
     )
