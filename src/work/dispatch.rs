@@ -248,10 +248,10 @@ impl Passes {
         match next {
             Some(Next::After(delay)) => {
                 failures.remove(&key);
-                // Up to 10 % later, so that Manifests created together do not drift-check in
-                // lockstep forever.
+                // Up to 10 % earlier, so that Manifests created together do not drift-check in
+                // lockstep forever, and `spec.interval` stays the longest time between checks.
                 let jitter = (RandomState::new().hash_one(&key) % 1000) as f64 / 10_000.0;
-                self.work.queue.add(key, delay.mul_f64(1.0 + jitter));
+                self.work.queue.add(key, delay.mul_f64(1.0 - jitter));
             }
             Some(Next::Retry(_)) | None => {
                 let count = failures.entry(key.clone()).or_insert(0);
