@@ -464,7 +464,7 @@ pub struct RemoteDrift {
     pub change_to_repair_seconds: Quantiles,
     /// Changes repaired within one interval.
     pub within_interval: u64,
-    /// Changes repaired within 1.1 intervals (the operator's schedule adds up to 10 %).
+    /// Changes repaired within 1.1 intervals (an operator before bd27d37 added up to 10 %).
     pub within_interval_and_jitter: u64,
     /// Changes not repaired within 1.1 intervals and a minute.
     pub not_repaired: u64,

@@ -4,8 +4,8 @@
 //! fleet has put the chart's value back (a watch of those ConfigMaps on each API server). The
 //! changes are spread evenly over one interval, so that they sample every point of the drift
 //! schedule. The fleet finds a change with the Manifest's next drift pass, which the operator
-//! schedules `spec.interval × (1 + 0–10 %)` after the last: the figures to hold it to are one
-//! interval and 1.1 intervals.
+//! schedules `spec.interval × (1 − 0–10 %)` after the last (`× (1 + 0–10 %)` before bd27d37):
+//! the figures are the changes repaired within one interval and within 1.1.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,7 +79,7 @@ pub async fn run(
         progress.say("remote: a watch of the targets' ConfigMaps did not list within a minute");
     }
     let changes = change_all(bed, found, interval).await;
-    // The operator puts each drift pass `interval × (1 + 0–10 %)` after the last.
+    // An operator before bd27d37 put a drift pass up to 10 % past the interval.
     let deadline = Instant::now() + interval.mul_f64(1.1) + GRACE;
     while Instant::now() < deadline && !changes.iter().all(|c| repair_of(&repaired, c).is_some()) {
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -226,8 +226,9 @@ fn drift(d: &RemoteDrift) -> String {
     format!(
         "### Drift repair on the targets\n\n{} of {} picked ConfigMaps changed straight on their \
          targets (one per Manifest, as another field manager), spread over one interval; \
-         `spec.interval` {:.0} s, and the operator schedules each drift pass 0–10 % later: {} \
-         repaired within one interval, {} within 1.1 intervals, {} not within 1.1 intervals and \
+         `spec.interval` {:.0} s (each drift pass comes at most one interval after the last; \
+         up to 10 % later before bd27d37): {} repaired within one interval, {} within 1.1 \
+         intervals, {} not within 1.1 intervals and \
          a minute (counted at that wait below). From the change sent to the chart's value seen \
          again:\n\n{}",
         d.changes,
