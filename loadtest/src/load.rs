@@ -16,7 +16,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use serde_json::{Value, json};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, oneshot};
 
 /// Most requests of the load generator outstanding at once.
 const MAX_IN_FLIGHT: usize = 64;
@@ -299,6 +299,19 @@ impl Load {
 
     /// Watches the Manifests and feeds the tracker until the task is aborted.
     pub fn spawn_watch(&self) -> tokio::task::JoinHandle<()> {
+        self.watch_task(None)
+    }
+
+    /// [`Load::spawn_watch`], returned once its first list is in the tracker (or after two
+    /// minutes): a Ready seen only when a long list ends would be late.
+    pub async fn spawn_watch_listed(&self) -> tokio::task::JoinHandle<()> {
+        let (listed, done) = tokio::sync::oneshot::channel();
+        let watch = self.watch_task(Some(listed));
+        let _ = tokio::time::timeout(Duration::from_secs(120), done).await;
+        watch
+    }
+
+    fn watch_task(&self, mut listed: Option<oneshot::Sender<()>>) -> tokio::task::JoinHandle<()> {
         let api = self.api.clone();
         let tracker = self.tracker.clone();
         let config = watcher::Config::default().labels(&self.selector());
@@ -317,7 +330,12 @@ impl Load {
                         }
                     }
                     watcher::Event::Delete(m) => tracker.seen_gone(&m.name_any(), now),
-                    watcher::Event::Init | watcher::Event::InitDone => {}
+                    watcher::Event::InitDone => {
+                        if let Some(listed) = listed.take() {
+                            let _ = listed.send(());
+                        }
+                    }
+                    watcher::Event::Init => {}
                 }
             }
         })

@@ -435,7 +435,19 @@ mod tests {
                 .map(str::to_owned)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(words(lines[0]), SHARD_COLUMNS);
+        assert_eq!(
+            words(lines[0]),
+            [
+                "SHARD",
+                "OWNER",
+                "DESIRED",
+                "STATE",
+                "EPOCH",
+                "MANIFESTS",
+                "DUE",
+                "SCHEDULED"
+            ]
+        );
         assert_eq!(
             words(lines[1]),
             ["0", "mm-0", "mm-0", "owned", "3", "7", "1", "6"]

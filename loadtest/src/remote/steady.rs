@@ -2,26 +2,22 @@
 //! edits — a new `revision` value, so the ConfigMap and the Deployment's pod template change —
 //! sent at `--edit-rate` per second to Manifests spread over the targets. Each edit is timed
 //! from the moment it is sent to its pass start (the first `reconcile start` of the Manifest's
-//! UID in any replica's log at or after it) and to Ready at its new generation (a watch of the
-//! Manifests). The logs and the harness read the same clock: everything runs on this machine.
+//! UID in any replica's log at or after it) and to Ready at its new generation (the load's own
+//! tracker and watch, as for its updates). The logs and the harness read the same clock:
+//! everything runs on this machine.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 
-use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
-use module_manager::api::{Manifest, State};
+use module_manager::api::Manifest;
 use serde_json::json;
 use test_support::log_check::parse_passes;
 
 use crate::fleet::Fleet;
-use crate::load::Load;
+use crate::load::{Load, Op};
 use crate::measure;
 use crate::options::Options;
 use crate::progress::Progress;
@@ -30,20 +26,15 @@ use crate::results::RemoteSteady;
 /// How long the edits may take to be Ready after the last one was sent.
 const SETTLE: Duration = Duration::from_secs(120);
 
-/// One edit, answered: the Manifest, its new generation, and when the edit was sent.
+/// One edit, answered: the Manifest's UID and when the edit was sent (for the logs' clock).
 struct Edit {
-    name: String,
     uid: String,
-    generation: i64,
-    sent: Instant,
     sent_at: Timestamp,
 }
 
-/// When each Manifest was first seen Ready, by name: the generation and the moment.
-type ReadySeen = Arc<Mutex<HashMap<String, Vec<(i64, Instant)>>>>;
-
 /// Plays the edits on `load`'s Manifests (but those `skipped`: blackholed targets') and times
-/// them; returns the figures and the names edited.
+/// them: to Ready through `load`'s tracker and watch (as its own updates are), to the pass
+/// start through the replicas' logs; returns the figures and the names edited.
 pub async fn run(
     load: &Load,
     fleet: &Fleet,
@@ -58,48 +49,51 @@ pub async fn run(
         names.len(),
         options.edit_rate
     ));
-    let seen = ReadySeen::default();
-    let listed = Arc::new(tokio::sync::Notify::new());
-    let watch = tokio::spawn(watch_ready(
-        load.api().clone(),
-        load.selector(),
-        seen.clone(),
-        listed.clone(),
-    ));
-    // A Ready seen only once a long first list ends would be late: edits start after it.
-    if tokio::time::timeout(SETTLE, listed.notified())
-        .await
-        .is_err()
-    {
-        progress.say("remote: the Manifests' watch did not list within two minutes");
-    }
-    let started = Instant::now();
-    let edits = send(load.api(), &names, options.edit_rate).await;
+    let watch = load.spawn_watch_listed().await;
+    let (started, from) = (Instant::now(), load.elapsed());
+    let edits = send(load, &names, options.edit_rate).await;
+    let to = load.elapsed();
     let deadline = Instant::now() + SETTLE;
-    while Instant::now() < deadline && !edits.iter().all(|e| ready_at(&seen, e).is_some()) {
+    let pending = || {
+        load.tracker
+            .lock()
+            .unwrap()
+            .outstanding(Instant::now())
+            .len()
+    };
+    while Instant::now() < deadline && pending() > 0 {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
     watch.abort();
-    let ready: Vec<Option<f64>> = edits.iter().map(|e| ready_at(&seen, e)).collect();
+    let (to_ready, not_ready) = {
+        let tracker = load.tracker.lock().unwrap();
+        let now = Instant::now();
+        (
+            tracker.convergence_in(from, to, now),
+            tracker.outstanding(now).len(),
+        )
+    };
     let starts = pass_starts(fleet, &edits).await?;
+    let not_started = starts.iter().filter(|s| s.is_none()).count() as u64;
     let steady = RemoteSteady {
         edits: edits.len() as u64,
         failed: (names.len() - edits.len()) as u64,
         rate: options.edit_rate,
         seconds,
-        edit_to_pass_start_seconds: measure::quantiles(&at_least(&edits, &starts, deadline)),
-        edit_to_ready_seconds: measure::quantiles(&at_least(&edits, &ready, deadline)),
-        not_started: starts.iter().filter(|s| s.is_none()).count() as u64,
-        not_ready: ready.iter().filter(|r| r.is_none()).count() as u64,
+        edit_to_pass_start_seconds: measure::quantiles(&at_least(&edits, &starts)),
+        edit_to_ready_seconds: measure::quantiles(&to_ready),
+        not_started,
+        not_ready: not_ready as u64,
     };
     Ok((steady, names))
 }
 
-/// Each edit's latency; one not seen counts as its time until `deadline` (a lower bound), so
-/// that missing ones cannot make a quantile look better than it is.
-fn at_least(edits: &[Edit], latencies: &[Option<f64>], deadline: Instant) -> Vec<f64> {
-    let waited = |edit: &Edit| deadline.saturating_duration_since(edit.sent).as_secs_f64();
+/// Each edit's time to its pass start; one without counts as its time until now (a lower
+/// bound), so that missing ones cannot make a quantile look better than it is.
+fn at_least(edits: &[Edit], latencies: &[Option<f64>]) -> Vec<f64> {
+    let now = Timestamp::now();
+    let waited = |edit: &Edit| now.duration_since(edit.sent_at).as_secs_f64();
     edits
         .iter()
         .zip(latencies)
@@ -128,29 +122,42 @@ pub(super) async fn spread(
     Ok(picked.collect())
 }
 
-/// Sends one edit per name at `rate` per second, each with a revision of its own; returns those
-/// answered (a failed one is left out and counted by the caller).
-async fn send(api: &Api<Manifest>, names: &[String], rate: f64) -> Vec<Edit> {
+/// Sends one edit per name at `rate` per second, each with a revision of its own, through
+/// `load`'s tracker; returns those answered (a failed one is counted by the caller).
+async fn send(load: &Load, names: &[String], rate: f64) -> Vec<Edit> {
     let period = Duration::from_secs_f64(1.0 / rate.clamp(0.01, 1000.0));
     let mut ticks = tokio::time::interval(period);
     let mut sent = Vec::new();
     for (i, name) in names.iter().enumerate() {
         ticks.tick().await;
-        let (api, name) = (api.clone(), name.clone());
+        let (load, name) = (load.clone(), name.clone());
         sent.push(tokio::spawn(async move {
             let patch = json!({"spec": {"values": {"revision": format!("steady-{i}")}}});
-            let (sent, sent_at) = (Instant::now(), Timestamp::now());
-            let answer = api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            let sent_at = Timestamp::now();
+            load.tracker
+                .lock()
+                .unwrap()
+                .sending(&name, Op::Update, Instant::now());
+            let params = PatchParams::default();
+            match load
+                .api()
+                .patch(&name, &params, &Patch::Merge(&patch))
                 .await
-                .ok()?;
-            Some(Edit {
-                uid: answer.uid()?,
-                generation: answer.metadata.generation?,
-                sent,
-                sent_at,
-                name,
-            })
+            {
+                Ok(answer) => {
+                    let generation = answer.metadata.generation.unwrap_or(1);
+                    load.tracker.lock().unwrap().answered(&name, generation);
+                    Some(Edit {
+                        uid: answer.uid()?,
+                        sent_at,
+                    })
+                }
+                Err(e) => {
+                    let mut tracker = load.tracker.lock().unwrap();
+                    tracker.failed(&name, Op::Update, e.to_string());
+                    None
+                }
+            }
         }));
     }
     let mut edits = Vec::new();
@@ -160,45 +167,6 @@ async fn send(api: &Api<Manifest>, names: &[String], rate: f64) -> Vec<Edit> {
         }
     }
     edits
-}
-
-/// Notes every Manifest seen Ready at its generation, with when; `listed` is told once the
-/// first list is done.
-async fn watch_ready(api: Api<Manifest>, selector: String, seen: ReadySeen, listed: Arc<Notify>) {
-    let config = watcher::Config::default().labels(&selector);
-    let mut events = watcher(api, config).default_backoff().boxed();
-    while let Some(event) = events.next().await {
-        let m = match event {
-            Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => m,
-            Ok(watcher::Event::InitDone) => {
-                listed.notify_one();
-                continue;
-            }
-            _ => continue,
-        };
-        let status = m.status.as_ref();
-        let ready = status.and_then(|s| s.state) == Some(State::Ready);
-        let observed = status.and_then(|s| s.observed_generation);
-        if ready && observed == m.metadata.generation {
-            let generation = observed.unwrap_or_default();
-            let mut seen = seen.lock().unwrap();
-            seen.entry(m.name_any())
-                .or_default()
-                .push((generation, Instant::now()));
-        }
-    }
-}
-
-/// Seconds from an edit to its Manifest first seen Ready at (or past) its generation.
-fn ready_at(seen: &ReadySeen, edit: &Edit) -> Option<f64> {
-    let seen = seen.lock().unwrap();
-    let first = seen
-        .get(&edit.name)?
-        .iter()
-        .filter(|(generation, _)| *generation >= edit.generation)
-        .map(|(_, at)| *at)
-        .min()?;
-    Some(first.saturating_duration_since(edit.sent).as_secs_f64())
 }
 
 /// Seconds from each edit to the first pass of its Manifest that started at or after it, in any
