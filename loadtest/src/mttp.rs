@@ -156,7 +156,8 @@ async fn after_the_bursts(
         mttp.idle = Some(idle(setting, phase, held).await?);
     }
     if setting.options.cold_restart {
-        mttp.cold_restart = Some(cold_restart(setting, phase, namespaces).await?);
+        let uids = manifest_uids(setting, namespaces).await?;
+        mttp.cold_restart = Some(cold_restart(setting, phase, uids, "mttp").await?);
     }
     Ok(())
 }
@@ -405,27 +406,44 @@ async fn idle(setting: &Setting<'_>, phase: &Phase, held: u64) -> anyhow::Result
     })
 }
 
-/// Every replica stopped and started again; waits until every Manifest in `namespaces` has a
-/// completed pass in the new processes' logs (or the limit passes).
-async fn cold_restart(
+/// The UIDs of the Manifests in `namespaces`.
+async fn manifest_uids(
     setting: &Setting<'_>,
-    phase: &mut Phase,
     namespaces: &[String],
-) -> anyhow::Result<ColdRestart> {
+) -> anyhow::Result<BTreeSet<String>> {
     let client = setting.cluster.client().await?;
     let mut uids = BTreeSet::new();
     for namespace in namespaces {
-        let list = Api::<Manifest>::namespaced(client.clone(), namespace)
-            .list(&ListParams::default())
-            .await?;
-        uids.extend(list.items.iter().filter_map(|m| m.uid()));
+        let api = Api::<Manifest>::namespaced(client.clone(), namespace);
+        uids.append(&mut uids_of(&api).await?);
     }
+    Ok(uids)
+}
+
+/// The UIDs of the Manifests `api` lists.
+pub(crate) async fn uids_of(api: &Api<Manifest>) -> anyhow::Result<BTreeSet<String>> {
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .context("list the Manifests")?;
+    Ok(list.items.iter().filter_map(|m| m.uid()).collect())
+}
+
+/// Every replica stopped and started again; waits until every Manifest of `uids` has a
+/// completed pass in the new processes' logs (or the limit passes). `scenario` names the
+/// progress line.
+pub(crate) async fn cold_restart(
+    setting: &Setting<'_>,
+    phase: &mut Phase,
+    uids: BTreeSet<String>,
+    scenario: &str,
+) -> anyhow::Result<ColdRestart> {
     let count = uids.len();
     let limit = burst_limit(setting.options.settle_seconds, count).max(Duration::from_secs(
         interval_seconds(&setting.options.drift_interval).unwrap_or(600) + 60,
     ));
     phase.progress.say(format!(
-        "mttp: cold restart of {} replicas holding {count} Manifests",
+        "{scenario}: cold restart of {} replicas holding {count} Manifests",
         phase.replicas
     ));
     let old_logs: BTreeSet<String> = phase.fleet.logs().await?.into_iter().map(|l| l.0).collect();

@@ -188,8 +188,8 @@ pub struct Options {
     /// every drift check.
     #[arg(long, default_value_t = 0, help_heading = "mttp")]
     pub idle_seconds: u64,
-    /// Then stop every replica and start them again: time until every Manifest has been
-    /// reconciled again.
+    /// Then (`mttp`, `remote`) stop every replica and start them again: time until every
+    /// Manifest has been reconciled again.
     #[arg(long, help_heading = "mttp")]
     pub cold_restart: bool,
 

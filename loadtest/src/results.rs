@@ -448,6 +448,9 @@ pub struct Remote {
     /// Objects changed on targets and repaired by the fleet (`--drift-changes`).
     #[serde(default)]
     pub drift: Option<RemoteDrift>,
+    /// The whole fleet restarted at the end (`--cold-restart`).
+    #[serde(default)]
+    pub cold_restart: Option<RemoteColdRestart>,
 }
 
 /// Objects changed on the targets by someone else, and their repair (`remote --drift-changes`).
@@ -539,6 +542,26 @@ pub struct RemoteBurst {
     /// Per replica, passes that found their target busy and went back to the queue.
     #[serde(default)]
     pub target_passes_parked: BTreeMap<String, u64>,
+    /// Per replica, the target clients it holds at the end (`module_manager_target_clients`:
+    /// the clusters it met, one client per kubeconfig Secret key).
+    #[serde(default)]
+    pub target_clients: BTreeMap<String, u64>,
+}
+
+/// Every replica stopped and started again with the fleet holding every target
+/// (`remote --cold-restart`), and what the restart cost the targets.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RemoteColdRestart {
+    pub restart: ColdRestart,
+    /// The fleet's requests on each target from the stop until every Manifest was checked.
+    pub requests_per_target: Spread,
+    pub writes_per_target: Spread,
+    /// The same by verb and resource, all targets.
+    pub requests_by_request: BTreeMap<String, u64>,
+    /// TCP connections opened to each target in that time.
+    pub connections_opened_per_target: Spread,
+    /// Per replica, the target clients it holds when every Manifest was checked.
+    pub target_clients: BTreeMap<String, u64>,
 }
 
 /// The fleet idle on the `remote` targets.

@@ -7,7 +7,8 @@
 //! Manifests hold at most one worker of each replica at any moment, and the others all become
 //! Ready beside it. Ten spec edits after the idle window are each seen to start a pass (in the
 //! replicas' logs) and to become Ready; five ConfigMaps changed on their targets are each seen
-//! put back by the fleet (drift passes every 20 s).
+//! put back by the fleet (drift passes every 20 s). Last the whole fleet restarts, and every
+//! Manifest is checked again by the new processes, each target reached again.
 
 mod common;
 
@@ -23,7 +24,7 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
     let out = tempfile::tempdir().unwrap();
     let dir = common::run_short(
         "remote",
-        "--targets 21 --blackholed-targets 1 --modules-per-target 5 --target-apiservers 2 --target-latency-ms 10 --settle-seconds 120 --idle-seconds 5 --edits 10 --edit-rate 5 --drift-interval 20s --drift-changes 5",
+        "--targets 21 --blackholed-targets 1 --modules-per-target 5 --target-apiservers 2 --target-latency-ms 10 --settle-seconds 120 --idle-seconds 5 --edits 10 --edit-rate 5 --drift-interval 20s --drift-changes 5 --cold-restart",
         out.path(),
     );
     let result = common::passed_results(&dir);
@@ -81,6 +82,19 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
     assert!(repair > 0.0, "{drift}");
     assert_eq!(drift["not_repaired"], 0, "{drift}");
     assert_eq!(drift["change_to_repair_seconds"]["count"], 5, "{drift}");
+    // Each target's client on the replicas that met it: 2 replicas, 21 targets of 5 Manifests
+    // hashed by UID, so together they hold at least one client per target.
+    let clients = burst["target_clients"].as_object().unwrap();
+    let held: Vec<f64> = clients.values().map(|n| number(n, "clients")).collect();
+    assert_eq!(held.len(), 2, "{clients:?}");
+    assert!(held.iter().all(|n| *n <= 21.0), "{clients:?}");
+    assert!(held.iter().sum::<f64>() >= 21.0, "{clients:?}");
+    // The cold restart: every Manifest (the blackholed target's too: their passes end in a
+    // connect error) has a pass in the new processes, and every answering target was reached.
+    let cold = &remote["cold_restart"];
+    assert_eq!(cold["restart"]["checked"], 105, "{cold}");
+    assert!(number(&cold["restart"]["all_checked_seconds"], "checked") > 0.0);
+    assert!(number(&cold["requests_per_target"]["min"], "restart requests") > 0.0);
     assert!(remote["bare_error"].is_null(), "{}", remote["bare_error"]);
     assert!(number(&remote["bare"]["per_second"], "bare") > 0.0);
     assert!(number(&remote["fleet_over_bare"], "ratio") > 0.0);
@@ -92,6 +106,10 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
     assert!(summary.contains("### Steady state"), "{summary}");
     assert!(
         summary.contains("### Drift repair on the targets"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("### Cold restart of 2 replicas"),
         "{summary}"
     );
 }

@@ -28,7 +28,9 @@ use crate::mttp::{self, Setting};
 use crate::options::Options;
 use crate::phase::{self, Cluster, Phase};
 use crate::progress::Progress;
-use crate::results::{Remote, RemoteBurst, RemoteIdle, RunResult, Spread, Violation};
+use crate::results::{
+    Remote, RemoteBurst, RemoteColdRestart, RemoteIdle, RunResult, Spread, Violation,
+};
 use testbed::{Shape, TestBed};
 
 /// Plays `remote`; fills `result.remote` and the phase's common figures. Returns the fleet,
@@ -102,7 +104,8 @@ async fn play(
 ) -> anyhow::Result<Fleet> {
     let options = setting.options;
     let replicas = *options.replicas.last().context("--replicas is empty")?;
-    let phase = Phase::start(setting.cluster, options, "mm", replicas, progress.clone()).await?;
+    let mut phase =
+        Phase::start(setting.cluster, options, "mm", replicas, progress.clone()).await?;
     result.environment.replicas = replicas;
     remote.replicas = replicas;
     let (burst, load) = burst(setting, bed, &phase, remote.manifests as usize).await?;
@@ -133,6 +136,9 @@ async fn play(
         let progress = &phase.progress;
         let drift = drift::run(&load, bed, options, &skipped, progress);
         remote.drift = Some(drift.await?);
+    }
+    if options.cold_restart {
+        remote.cold_restart = Some(cold_restart(setting, bed, &mut phase, &load).await?);
     }
     // Still Ready: with short-lived tokens, only if every renewal reached the fleet in time.
     let not_ready = still_not_ready(&load).await?;
@@ -218,7 +224,7 @@ async fn burst(
     opened_now.truncate(answering);
     let mut open_now = bed.proxy.open();
     open_now.truncate(answering);
-    let (held_max, parked) = target_passes(&phase.probe).await;
+    let gauges = replica_gauges(&phase.probe).await;
     let burst = RemoteBurst {
         all_ready_seconds: timed.burst.seconds,
         per_second: timed.burst.per_second,
@@ -233,8 +239,9 @@ async fn burst(
         connections_opened_per_target: spread(increase(&opened, &opened_now)),
         connections_open_per_target: spread(open_now.into_iter().map(|n| n as f64)),
         blackholed_targets: blackholed as u64,
-        target_passes_held_max: held_max,
-        target_passes_parked: parked,
+        target_passes_held_max: gauges.held_max,
+        target_passes_parked: gauges.parked,
+        target_clients: gauges.clients,
     };
     Ok((burst, load))
 }
@@ -246,9 +253,19 @@ fn blackholed(options: &Options) -> usize {
         .min(options.targets.saturating_sub(1))
 }
 
-/// Per replica: the most passes one target held at once, and the passes parked.
-async fn target_passes(probe: &Probe) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
-    let (mut held, mut parked) = (BTreeMap::new(), BTreeMap::new());
+/// Per replica, from its metrics.
+#[derive(Default)]
+struct ReplicaGauges {
+    /// The most passes one target held at once.
+    held_max: BTreeMap<String, u64>,
+    /// Passes that found their target busy.
+    parked: BTreeMap<String, u64>,
+    /// Target clients cached: the clusters it holds.
+    clients: BTreeMap<String, u64>,
+}
+
+async fn replica_gauges(probe: &Probe) -> ReplicaGauges {
+    let mut gauges = ReplicaGauges::default();
     for ordinal in probe.ordinals().await.unwrap_or_default() {
         let Ok(text) = probe.scrape(ordinal).await else {
             continue;
@@ -256,13 +273,52 @@ async fn target_passes(probe: &Probe) -> (BTreeMap<String, u64>, BTreeMap<String
         let samples = crate::measure::parse_prometheus(&text);
         let member = probe.member(ordinal);
         let value = |name| crate::measure::sum(&samples, name, &[]) as u64;
-        held.insert(
+        gauges.held_max.insert(
             member.clone(),
             value("module_manager_target_passes_held_max"),
         );
-        parked.insert(member, value("module_manager_target_passes_parked_total"));
+        let parked = value("module_manager_target_passes_parked_total");
+        gauges.parked.insert(member.clone(), parked);
+        gauges
+            .clients
+            .insert(member, value("module_manager_target_clients"));
     }
-    (held, parked)
+    gauges
+}
+
+/// Every replica stopped and started again, timed until each Manifest had a pass in the new
+/// processes; with what that cost each target (a new process has no apply records, so its
+/// first pass of a Manifest applies its objects).
+async fn cold_restart(
+    setting: &Setting<'_>,
+    bed: &TestBed,
+    phase: &mut Phase,
+    load: &Load,
+) -> anyhow::Result<RemoteColdRestart> {
+    let uids = mttp::uids_of(load.api()).await?;
+    phase::wait_idle(&phase.probe, &phase.progress).await;
+    let marks = TargetRequests::mark(bed);
+    let opened = bed.proxy.opened();
+    let restart = mttp::cold_restart(setting, phase, uids, "remote").await?;
+    let answering = setting.options.targets - blackholed(setting.options);
+    let mut requests = marks.read(bed).await?;
+    requests.truncate(answering);
+    let mut opened_now = bed.proxy.opened();
+    opened_now.truncate(answering);
+    phase.progress.say(format!(
+        "remote: cold restart: every Manifest checked again after {} s",
+        restart
+            .all_checked_seconds
+            .map_or_else(|| "(not all)".to_owned(), |s| format!("{s:.1}"))
+    ));
+    Ok(RemoteColdRestart {
+        restart,
+        requests_per_target: spread(requests.iter().map(|r| r.total as f64)),
+        writes_per_target: spread(requests.iter().map(writes)),
+        requests_by_request: by_request(&requests),
+        connections_opened_per_target: spread(increase(&opened, &opened_now)),
+        target_clients: replica_gauges(&phase.probe).await.clients,
+    })
 }
 
 /// The fleet idle for `--idle-seconds` with every Manifest Ready.

@@ -3,7 +3,9 @@
 //! kernel picked — forwarded to the API server that holds the target's namespace. The proxy
 //! works on TCP, below TLS: every connection to a target is its own TLS session with the API
 //! server, as it would be with a real cluster. Per target it can add latency (half of the
-//! round trip to each direction) and blackhole it (connections are accepted, and everything
+//! round trip to each direction, and one more round trip before a new connection's first bytes
+//! go upstream: the TCP handshake a real remote cluster costs, which the kernel here answers at
+//! once) and blackhole it (connections are accepted, and everything
 //! sent either way is swallowed: no answer, no reset, like a cluster behind a dropped route).
 //! It counts connections per target (opened ever, open now).
 
@@ -132,14 +134,16 @@ async fn accept(
             let endpoint = &endpoints[index];
             endpoint.opened.fetch_add(1, Ordering::Relaxed);
             endpoint.open.fetch_add(1, Ordering::Relaxed);
-            forward(client, endpoint, one_way).await;
+            let handshake = Instant::now() + one_way * 2;
+            forward(client, endpoint, one_way, handshake).await;
             endpoint.open.fetch_sub(1, Ordering::Relaxed);
         });
     }
 }
 
-/// Forwards one connection until both directions ended.
-async fn forward(client: TcpStream, endpoint: &Endpoint, one_way: Duration) {
+/// Forwards one connection until both directions ended; nothing goes upstream before
+/// `handshake` (its TCP handshake's round trip after the accept).
+async fn forward(client: TcpStream, endpoint: &Endpoint, one_way: Duration, handshake: Instant) {
     let _ = client.set_nodelay(true);
     let upstream = if endpoint.blackholed.load(Ordering::SeqCst) {
         None
@@ -156,8 +160,18 @@ async fn forward(client: TcpStream, endpoint: &Endpoint, one_way: Duration) {
     let (upstream_read, upstream_write) = upstream.into_split();
     let blackholed = &endpoint.blackholed;
     tokio::join!(
-        pipe(client_read, upstream_write, one_way, blackholed),
-        pipe(upstream_read, client_write, one_way, blackholed),
+        pipe(
+            client_read,
+            upstream_write,
+            (handshake, one_way),
+            blackholed
+        ),
+        pipe(
+            upstream_read,
+            client_write,
+            (Instant::now(), one_way),
+            blackholed
+        ),
     );
 }
 
@@ -166,12 +180,13 @@ async fn swallow(mut stream: TcpStream) {
     while matches!(stream.read(&mut buffer).await, Ok(n) if n > 0) {}
 }
 
-/// One direction: what is read is written `delay` later, in order; while `blackholed` it is
-/// dropped instead. At the reader's end the writer is shut down (a half close).
+/// One direction: what is read is written `delay` after it was read (or after `not_before`,
+/// if later), in order; while `blackholed` it is dropped instead. At the reader's end the
+/// writer is shut down (a half close).
 async fn pipe(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
-    delay: Duration,
+    (not_before, delay): (Instant, Duration),
     blackholed: &AtomicBool,
 ) {
     let (send, mut receive) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT_CHUNKS);
@@ -185,7 +200,7 @@ async fn pipe(
             if blackholed.load(Ordering::SeqCst) {
                 continue;
             }
-            let due = Instant::now() + delay;
+            let due = Instant::now().max(not_before) + delay;
             if send.send((due, buffer[..n].to_vec())).await.is_err() {
                 break;
             }
@@ -263,6 +278,40 @@ mod tests {
         assert!(
             silent.await.is_err(),
             "a connection blackholed while open answered"
+        );
+    }
+
+    /// With a round trip set, a request's answer comes two round trips after the connect: one
+    /// for the TCP handshake (which the kernel answers at once here, so the proxy holds the
+    /// first bytes for it), one for the request itself. Paused time: the figure is the proxy's
+    /// schedule, not the machine's speed.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_connection_pays_its_handshake_round_trip() {
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = echo.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = echo.accept().await.unwrap();
+            let (mut r, mut w) = stream.split();
+            let _ = tokio::io::copy(&mut r, &mut w).await;
+        });
+        let round_trip = Duration::from_millis(100);
+        let proxy = Proxy::start(&[upstream], round_trip).await.unwrap();
+        let started = Instant::now();
+        let mut stream = TcpStream::connect(proxy.addresses[0]).await.unwrap();
+        let mut answer = [0; 4];
+        stream.write_all(b"ping").await.unwrap();
+        stream.read_exact(&mut answer).await.unwrap();
+        let first = started.elapsed();
+        assert!(first >= round_trip * 2, "first answer after {first:?}");
+        // Later requests on the open connection pay one round trip.
+        let again = Instant::now();
+        stream.write_all(b"pong").await.unwrap();
+        stream.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"pong");
+        let second = again.elapsed();
+        assert!(
+            second >= round_trip && second < round_trip * 2,
+            "second answer after {second:?}"
         );
     }
 }

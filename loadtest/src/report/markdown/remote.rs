@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use super::format::{Align, MISSING, quantile_table, rate, ratio, seconds, table};
-use crate::results::{Remote, RemoteBurst, RemoteDrift, RemoteIdle, RemoteSteady, Spread};
+use crate::results::{
+    Remote, RemoteBurst, RemoteColdRestart, RemoteDrift, RemoteIdle, RemoteSteady, Spread,
+};
 
 pub(super) fn section(r: &Remote) -> String {
     let mut parts = vec![
@@ -44,6 +46,7 @@ pub(super) fn section(r: &Remote) -> String {
     parts.extend(r.idle.as_ref().map(idle));
     parts.extend(r.steady.as_ref().map(steady));
     parts.extend(r.drift.as_ref().map(drift));
+    parts.extend(r.cold_restart.as_ref().map(cold_restart));
     parts.join("\n\n")
 }
 
@@ -94,23 +97,54 @@ fn burst(b: &RemoteBurst) -> String {
 
 /// The blackholed targets and the passes one target held at once, per replica.
 fn target_passes(b: &RemoteBurst) -> String {
-    let per_replica = |values: &BTreeMap<String, u64>| {
-        if values.is_empty() {
-            return MISSING.to_owned();
-        }
-        values
-            .iter()
-            .map(|(replica, n)| format!("{replica} {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     format!(
         "Targets blackholed from the start: {} (their Manifests are not timed). Most passes \
          one target held at once (`--target-passes` bounds it): {}; passes that found their \
-         target busy and went back to the queue: {}.",
+         target busy and went back to the queue: {}. Target clients held at the end (the \
+         clusters each replica met): {}.",
         b.blackholed_targets,
         per_replica(&b.target_passes_held_max),
         per_replica(&b.target_passes_parked),
+        per_replica(&b.target_clients),
+    )
+}
+
+/// `replica value, …` (or `–`).
+fn per_replica(values: &BTreeMap<String, u64>) -> String {
+    if values.is_empty() {
+        return MISSING.to_owned();
+    }
+    values
+        .iter()
+        .map(|(replica, n)| format!("{replica} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The fleet restarted while holding every target, and what that cost the targets.
+fn cold_restart(c: &RemoteColdRestart) -> String {
+    let r = &c.restart;
+    let checked = r
+        .all_checked_seconds
+        .map_or_else(|| MISSING.to_owned(), |s| format!("{s:.1}"));
+    format!(
+        "### Cold restart of {} replicas holding {} Manifests\n\nEvery replica ready again \
+         after {:.1} s; every Manifest checked again (a completed pass in the new processes' \
+         logs) after {checked} s; {} of {} checked, {} passes. Target clients held then: \
+         {}.\n\n{}\n\nBy request, all targets: {}",
+        r.replicas,
+        r.manifests,
+        r.ready_seconds,
+        r.checked,
+        r.manifests,
+        r.passes,
+        per_replica(&c.target_clients),
+        per_target(&[
+            ("requests", &c.requests_per_target),
+            ("writes", &c.writes_per_target),
+            ("connections opened", &c.connections_opened_per_target),
+        ]),
+        verbs(&BTreeMap::new(), &c.requests_by_request),
     )
 }
 
