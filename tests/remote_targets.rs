@@ -1197,10 +1197,102 @@ async fn the_targets_view_shows_which_targets_fail_and_why() {
     assert_eq!(kept, ["bad-token", "missing", "closed"]);
     let table = targets_table(&answer, k8s_openapi::jiff::Timestamp::now());
     assert!(
-        table.contains("4 targets, 6 Manifests; 3 failing (TargetAuthError 1, TargetError 1, TargetUnreachable 1); 1 with a credential due"),
+        table.contains("4 targets, 6 Manifests; 3 failing (TargetAuthError 1, TargetError 1, TargetUnreachable 1); 1 with a credential due; 0 throttled"),
         "{table}"
     );
     assert!(table.contains("(due)"), "{table}");
+
+    budget_use_is_added_up_over_the_members(&h, &viewer).await;
+}
+
+/// Issue 29 item 6, requests used against the budget: each replica publishes its busiest
+/// targets' requests and waits of the last minute on its membership Lease (a real Lease here,
+/// written by a real renewal), and `GET /v1/targets` adds them up over the live members. The
+/// first member publishes what this process's real requests to the `good` target counted; a
+/// second publishes a use of its own with waits. (Against an answer that took one member's
+/// figures, or none, the sums fail.) Run after the view test above: one view at a time per
+/// process.
+async fn budget_use_is_added_up_over_the_members(h: &Harness, viewer: &str) {
+    use module_manager::admin::TargetsAnswer;
+    use module_manager::apply::budget::TargetUse;
+    use module_manager::cli::{TARGETS_TIMEOUT, fetch_within, targets_table};
+    use module_manager::shard::membership::{
+        MAX_PUBLISHED_TARGETS, MemberLoad, MemberState, Membership, MembershipConfig,
+    };
+    // What this process's requests to the target counted.
+    let busiest = h.ctx.targets.budgets().busiest(MAX_PUBLISHED_TARGETS);
+    let counted = busiest.iter().find(|u| u.secret == "good").cloned();
+    let counted = counted.unwrap_or_else(|| panic!("no use of `good` counted: {busiest:?}"));
+    assert!(counted.requests >= 4, "two installs: {counted:?}");
+    assert!(
+        !busiest.iter().any(|u| u.secret == "missing"),
+        "{busiest:?}"
+    );
+
+    let config = |replica: &str| MembershipConfig {
+        namespace: h.ns.clone(),
+        fleet: "budget-use".into(),
+        replica: replica.into(),
+        lease_duration: Duration::from_secs(30),
+        renew_interval: Duration::from_secs(1),
+    };
+    let other = TargetUse {
+        requests: 5,
+        waits: 2,
+        ..counted.clone()
+    };
+    for (replica, targets) in [("mm-0", busiest.clone()), ("mm-1", vec![other])] {
+        let load = MemberLoad {
+            targets,
+            ..Default::default()
+        };
+        let member = Membership::new(h.local.clone(), config(replica));
+        assert!(member.renew(MemberState::Active, Some(&load)).await);
+    }
+    let mut observer = Membership::new(h.local.clone(), config("observer"));
+    observer.observe().await;
+    let members = observer.view();
+    assert_eq!(members.live().len(), 2, "{members:?}");
+
+    let url = common::admin_server_seeing(&h.local, Default::default(), members).await;
+    let path = format!("/v1/targets?namespace={}", h.ns);
+    let answer: TargetsAnswer = fetch_within(
+        &url,
+        http::Method::GET,
+        &path,
+        Some(viewer),
+        TARGETS_TIMEOUT,
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.budget_per_minute, 3000, "the default 50 requests/s");
+    assert_eq!(answer.budget_listed_per_replica, 20);
+    assert_eq!(answer.throttled, 1, "{answer:#?}");
+    let row = |secret: &str| answer.rows.iter().find(|r| r.secret == secret).unwrap();
+    let used = row("good")
+        .budget
+        .clone()
+        .expect("the good target's budget use");
+    assert_eq!(
+        (
+            used.requests_per_minute,
+            used.waits_per_minute,
+            used.replicas
+        ),
+        (counted.requests + 5, counted.waits + 2, 2),
+        "{used:?}"
+    );
+    assert!((used.used - used.requests_per_minute as f64 / 3000.0).abs() < 1e-9);
+    assert_eq!(row("missing").budget, None, "no client, no requests");
+    let table = targets_table(&answer, k8s_openapi::jiff::Timestamp::now());
+    let shown = format!(
+        "{} ({:.0}%), {} waited",
+        used.requests_per_minute,
+        used.used * 100.0,
+        used.waits_per_minute
+    );
+    assert!(table.contains(&shown), "{table}");
+    assert!(table.contains("; 1 throttled"), "{table}");
 }
 
 /// `127.0.0.1:<port>` of an `https://127.0.0.1:<port>` server.

@@ -40,7 +40,7 @@ pub use names::{is_dns_label, is_dns_subdomain};
 pub use reviews::{ReviewLimits, Reviews};
 pub use server::{ServeLimits, Source, serve};
 pub use state::{AdminState, DRAIN_PATH, TARGETS_PATH};
-pub use targets::{TargetRow, TargetsAnswer};
+pub use targets::{BudgetUse, TargetRow, TargetsAnswer};
 pub use upstream::{API_TIMEOUT, MAX_API_CALLS, Pool};
 
 use errors::error;

@@ -8,6 +8,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use super::reviews::Reviews;
+use crate::apply::budget::BudgetSettings;
 use crate::shard::fleet::FleetView;
 use crate::shard::membership::Members;
 use crate::work::caches::Work;
@@ -34,6 +35,8 @@ pub struct AdminState {
     pub reviews: Arc<Reviews>,
     /// The fleet's `--manifest-selector`: the Manifests `GET /v1/targets` looks at.
     pub manifest_selector: Option<String>,
+    /// Each remote target's fleet-wide request budget (`--target-qps`, `--target-burst`).
+    pub target_budget: BudgetSettings,
 }
 
 /// The path the drain switch is authorized on (`nonResourceURLs` in a ClusterRole).

@@ -13,8 +13,10 @@ use kube::ResourceExt;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{Manifest, State as ManifestState};
+use crate::apply::budget::BudgetSettings;
 use crate::apply::credential::Validity;
 use crate::apply::target::{SecretKey, secret_key};
+use crate::shard::membership::Members;
 
 /// The longest Ready message a row keeps (a failure's message names the server and the error).
 const MESSAGE_CHARS: usize = 512;
@@ -38,6 +40,30 @@ pub struct TargetsAnswer {
     /// Rows left out by the limit.
     #[serde(default)]
     pub rows_omitted: u64,
+    /// Targets whose requests waited for their budget in the last minute on some replica.
+    #[serde(default)]
+    pub throttled: u64,
+    /// The fleet-wide request budget of one target per minute (`--target-qps` × 60).
+    #[serde(default)]
+    pub budget_per_minute: u64,
+    /// How many targets each replica publishes its budget use of (its busiest): a target
+    /// without `budget` used less on each replica than the least it listed.
+    #[serde(default)]
+    pub budget_listed_per_replica: u64,
+}
+
+/// A target's use of its request budget, added up over the replicas that list it among their
+/// busiest targets (each publishes its own on its membership Lease with each renewal).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BudgetUse {
+    /// Requests in the last minute.
+    pub requests_per_minute: u64,
+    /// Requests that waited for a token in the last minute.
+    pub waits_per_minute: u64,
+    /// The replicas that listed it.
+    pub replicas: u64,
+    /// `requests_per_minute` ÷ the fleet-wide budget of a minute.
+    pub used: f64,
 }
 
 /// One target.
@@ -74,6 +100,9 @@ pub struct TargetRow {
     pub credential_due: bool,
     /// Why the Secret gave no server (missing, no such key, refused kubeconfig).
     pub secret_problem: Option<String>,
+    /// Its use of the request budget (`None`: no replica listed it among its busiest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetUse>,
 }
 
 /// What a target's kubeconfig Secret says: its server and credential, or why it says nothing.
@@ -171,6 +200,7 @@ impl Targets {
     pub fn answer(
         self,
         secrets: &BTreeMap<SecretKey, SecretFacts>,
+        uses: &BTreeMap<SecretKey, BudgetUse>,
         now: SystemTime,
         failing_only: bool,
         limit: usize,
@@ -207,6 +237,9 @@ impl Targets {
                 None => {}
             }
             answer.expiring += u64::from(row.credential_due);
+            row.budget = uses.get(&key).cloned();
+            answer.throttled +=
+                u64::from(row.budget.as_ref().is_some_and(|b| b.waits_per_minute > 0));
             if !failing_only || row.reason.is_some() || row.credential_due {
                 rows.push(row);
             }
@@ -234,6 +267,39 @@ impl Targets {
     }
 }
 
+/// Each target's budget use over the fleet: what the live members published (`members`), with
+/// `budget` the fleet-wide one.
+pub fn budget_uses(members: &Members, budget: BudgetSettings) -> BTreeMap<SecretKey, BudgetUse> {
+    let per_minute = budget.qps * 60.0;
+    let mut uses: BTreeMap<SecretKey, BudgetUse> = BTreeMap::new();
+    let published = members
+        .members
+        .iter()
+        .filter(|m| m.live)
+        .filter_map(|m| m.load.as_ref());
+    for load in published {
+        for used in &load.targets {
+            let key = SecretKey {
+                namespace: used.namespace.clone(),
+                name: used.secret.clone(),
+                key: used.key.clone(),
+            };
+            let total = uses.entry(key).or_default();
+            total.requests_per_minute += used.requests;
+            total.waits_per_minute += used.waits;
+            total.replicas += 1;
+        }
+    }
+    for total in uses.values_mut() {
+        total.used = if per_minute > 0.0 {
+            total.requests_per_minute as f64 / per_minute
+        } else {
+            0.0
+        };
+    }
+    uses
+}
+
 /// `text` cut to [`MESSAGE_CHARS`] characters (an ellipsis marks the cut).
 pub(super) fn cut(text: &str) -> String {
     match text.char_indices().nth(MESSAGE_CHARS) {
@@ -251,6 +317,8 @@ mod tests {
 
     use super::*;
     use crate::api::ManifestStatus;
+    use crate::apply::budget::TargetUse;
+    use crate::shard::membership::{MemberLoad, MemberView};
 
     fn at(seconds: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + seconds).unwrap()
@@ -350,7 +418,7 @@ mod tests {
         }
         let keys: Vec<&str> = targets.keys().map(|k| k.name.as_str()).collect();
         assert_eq!(keys, ["a", "b", "c", "d"]);
-        let answer = targets.answer(&secrets(), now(), false, 1000);
+        let answer = targets.answer(&secrets(), &BTreeMap::new(), now(), false, 1000);
         assert_eq!(
             (answer.targets, answer.manifests, answer.failing),
             (4, 8, 2)
@@ -393,6 +461,78 @@ mod tests {
         );
     }
 
+    /// A member publishing its busiest targets (`(secret, requests, waits)`).
+    fn publishing(name: &str, live: bool, targets: &[(&str, u64, u64)]) -> MemberView {
+        let targets = targets
+            .iter()
+            .map(|&(secret, requests, waits)| TargetUse {
+                namespace: "kcp".into(),
+                secret: secret.into(),
+                key: "kubeconfig".into(),
+                requests,
+                waits,
+            })
+            .collect();
+        MemberView {
+            name: name.into(),
+            live,
+            unchanged_for_seconds: 1.0,
+            state: Default::default(),
+            load: Some(MemberLoad {
+                targets,
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn budget_use_is_added_up_over_the_live_members_that_publish_it() {
+        let members = Members {
+            members: vec![
+                publishing("mm-0", true, &[("a", 1200, 30), ("b", 60, 0)]),
+                publishing("mm-1", true, &[("a", 1800, 0)]),
+                // Gone: what it published last no longer counts.
+                publishing("mm-2", false, &[("a", 9000, 900), ("c", 10, 0)]),
+            ],
+            ..Default::default()
+        };
+        let budget = BudgetSettings {
+            qps: 50.0,
+            burst: 100,
+        };
+        let uses = budget_uses(&members, budget);
+        assert_eq!(
+            uses.keys().cloned().collect::<Vec<_>>(),
+            [key("a"), key("b")]
+        );
+        let a = &uses[&key("a")];
+        assert_eq!(
+            (a.requests_per_minute, a.waits_per_minute, a.replicas),
+            (3000, 30, 2)
+        );
+        assert_eq!(a.used, 1.0, "3000 of 50 × 60 a minute");
+        assert_eq!(uses[&key("b")].used, 60.0 / 3000.0);
+
+        let mut targets = Targets::default();
+        for name in ["a", "b", "d"] {
+            targets.add(&manifest(
+                name,
+                Some(name),
+                Some(ManifestState::Ready),
+                "Ready",
+                1,
+            ));
+        }
+        let answer = targets.answer(&secrets(), &uses, now(), false, 1000);
+        assert_eq!(answer.throttled, 1, "only a waited");
+        let budgets: Vec<Option<u64>> = answer
+            .rows
+            .iter()
+            .map(|r| r.budget.as_ref().map(|b| b.requests_per_minute))
+            .collect();
+        assert_eq!(budgets, [Some(3000), Some(60), None]);
+    }
+
     #[test]
     fn only_the_failing_and_expiring_targets_are_kept_when_asked() {
         let mut again = Targets::default();
@@ -409,19 +549,21 @@ mod tests {
         ] {
             again.add(&m);
         }
-        let failing = again.clone().answer(&secrets(), now(), true, 1000);
+        let failing = again
+            .clone()
+            .answer(&secrets(), &BTreeMap::new(), now(), true, 1000);
         let kept: Vec<&str> = failing.rows.iter().map(|r| r.secret.as_str()).collect();
         assert_eq!(kept, ["b", "a"]);
         assert_eq!((failing.targets, failing.rows_omitted), (3, 0));
         let mut stale = manifest("e2", Some("e"), Some(ManifestState::Ready), "Ready", 10);
         stale.metadata.generation = Some(2);
         again.add(&stale);
-        let limited = again.answer(&secrets(), now(), false, 2);
+        let limited = again.answer(&secrets(), &BTreeMap::new(), now(), false, 2);
         assert_eq!((limited.rows.len(), limited.rows_omitted), (2, 1));
         let everything = {
             let mut all = Targets::default();
             all.add(&stale);
-            all.answer(&secrets(), now(), false, 10)
+            all.answer(&secrets(), &BTreeMap::new(), now(), false, 10)
         };
         assert_eq!(
             everything.rows[0].not_ready,

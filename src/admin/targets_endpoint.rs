@@ -20,11 +20,12 @@ use super::errors::{ApiError, error};
 use super::names::{is_dns_label, is_dns_subdomain};
 use super::server::Source;
 use super::state::{AdminState, TARGETS_PATH};
-use super::targets::{SecretFacts, Targets, TargetsAnswer, cut};
+use super::targets::{SecretFacts, Targets, TargetsAnswer, budget_uses, cut};
 use super::upstream::{Pool, api_call, api_permit};
 use crate::api::Manifest;
 use crate::apply::kubeconfig::{parse, validate};
 use crate::apply::target::SecretKey;
+use crate::shard::membership::MAX_PUBLISHED_TARGETS;
 
 /// Manifests per page (the watches list 100 at a time too): a page is what the view holds of
 /// the Manifests at once.
@@ -105,7 +106,11 @@ pub(super) async fn targets(
         let targets = fold(&client, &state, query.namespace.as_deref(), page).await?;
         let keys: Vec<SecretKey> = targets.keys().cloned().collect();
         let secrets = secret_facts(&client, keys).await;
-        let answer = targets.answer(&secrets, SystemTime::now(), query.failing, limit);
+        let uses = budget_uses(&state.members.borrow(), state.target_budget);
+        let now = SystemTime::now();
+        let mut answer = targets.answer(&secrets, &uses, now, query.failing, limit);
+        answer.budget_per_minute = (state.target_budget.qps * 60.0).round() as u64;
+        answer.budget_listed_per_replica = MAX_PUBLISHED_TARGETS as u64;
         Ok::<_, ApiError>(answer)
     };
     match tokio::time::timeout(DEADLINE, view).await {

@@ -21,6 +21,7 @@ pub(crate) fn state(registry: Registry, members: Members) -> AdminState {
         client: None,
         reviews: Arc::default(),
         manifest_selector: None,
+        target_budget: Default::default(),
     }
 }
 
@@ -50,6 +51,7 @@ pub(crate) fn member(
             in_flight,
             manifests,
             shards: BTreeMap::new(),
+            targets: Vec::new(),
         }),
     }
 }

@@ -98,6 +98,92 @@ impl Share {
     }
 }
 
+/// Requests granted and requests that waited for a token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub requests: u64,
+    pub waits: u64,
+}
+
+/// A minute as such.
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// A target's use of its budget over the last minute (pure: the caller gives the time): counts
+/// per whole minute since `started`, and the last minute estimated as the current minute's
+/// counts plus the previous minute's share of the window that still overlaps it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UseWindow {
+    started: Instant,
+    current: Counts,
+    previous: Counts,
+}
+
+impl UseWindow {
+    /// Nothing used yet, the first minute starting at `now`.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            started: now,
+            current: Counts::default(),
+            previous: Counts::default(),
+        }
+    }
+
+    /// Moves to the minute `now` is in.
+    fn roll(&mut self, now: Instant) {
+        let minutes = now.saturating_duration_since(self.started).as_secs() / 60;
+        if minutes == 0 {
+            return;
+        }
+        self.previous = if minutes == 1 {
+            self.current
+        } else {
+            Counts::default()
+        };
+        self.current = Counts::default();
+        self.started += MINUTE * minutes as u32;
+    }
+
+    /// Adds `counts` at `now`.
+    pub fn record(&mut self, now: Instant, counts: Counts) {
+        self.roll(now);
+        self.current.requests += counts.requests;
+        self.current.waits += counts.waits;
+    }
+
+    /// The requests and waits of the minute before `now` (estimated).
+    pub fn last_minute(&self, now: Instant) -> Counts {
+        let mut window = self.clone();
+        window.roll(now);
+        let elapsed = now.saturating_duration_since(window.started).as_secs_f64() / 60.0;
+        let earlier = |n: u64| (n as f64 * (1.0 - elapsed).max(0.0)).round() as u64;
+        Counts {
+            requests: window.current.requests + earlier(window.previous.requests),
+            waits: window.current.waits + earlier(window.previous.waits),
+        }
+    }
+}
+
+/// A target's use of its budget on one replica, as the replica publishes it on its membership
+/// Lease (for the busiest targets only: `GET /v1/targets` adds them up over the fleet).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TargetUse {
+    /// The kubeconfig Secret's namespace.
+    #[serde(rename = "ns")]
+    pub namespace: String,
+    /// The Secret.
+    #[serde(rename = "s")]
+    pub secret: String,
+    /// Its key.
+    #[serde(rename = "k")]
+    pub key: String,
+    /// Requests in the last minute.
+    #[serde(rename = "r")]
+    pub requests: u64,
+    /// Requests that waited for a token in the last minute.
+    #[serde(rename = "w")]
+    pub waits: u64,
+}
+
 /// One target's budget on this replica.
 #[derive(Debug)]
 pub struct TargetBudget {
@@ -106,18 +192,41 @@ pub struct TargetBudget {
     bucket: Mutex<TokenBucket>,
     /// Requests that waited for a token (`module_manager_target_budget_waits_total`).
     waits: Counter,
+    /// The requests and waits of the last minute or two.
+    used: Mutex<UseWindow>,
 }
 
 impl TargetBudget {
     /// A full budget.
     pub fn new(settings: BudgetSettings, share: Share, waits: Counter) -> Self {
         let (_, capacity) = Self::limits(settings, share.get());
+        let now = Instant::now();
         Self {
             settings,
             share,
-            bucket: Mutex::new(TokenBucket::full(capacity, Instant::now())),
+            bucket: Mutex::new(TokenBucket::full(capacity, now)),
             waits,
+            used: Mutex::new(UseWindow::new(now)),
         }
+    }
+
+    /// The requests granted and the requests that waited in the last minute.
+    pub fn last_minute(&self, now: Instant) -> Counts {
+        self.used_now().last_minute(now)
+    }
+
+    fn used_now(&self) -> std::sync::MutexGuard<'_, UseWindow> {
+        self.used.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a request that waited for its token (once per request).
+    fn waited(&self) {
+        self.waits.inc();
+        let waited = Counts {
+            requests: 0,
+            waits: 1,
+        };
+        self.used_now().record(Instant::now(), waited);
     }
 
     /// The rate and capacity of a replica holding `share` of the fleet, but at least
@@ -131,11 +240,22 @@ impl TargetBudget {
         (rate, capacity)
     }
 
-    /// Takes a token now, or says how long until one is.
+    /// Takes a token now (and counts the request), or says how long until one is.
     fn take(&self) -> Result<(), Duration> {
         let (rate, capacity) = Self::limits(self.settings, self.share.get());
-        let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
-        bucket.take(Instant::now(), rate, capacity)
+        let now = Instant::now();
+        let taken = {
+            let mut bucket = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+            bucket.take(now, rate, capacity)
+        };
+        if taken.is_ok() {
+            let granted = Counts {
+                requests: 1,
+                waits: 0,
+            };
+            self.used_now().record(now, granted);
+        }
+        taken
     }
 }
 
@@ -202,7 +322,7 @@ where
                 Err(wait) => {
                     if !self.waited {
                         self.waited = true;
-                        self.budget.waits.inc();
+                        self.budget.waited();
                     }
                     self.sleep = Some(Box::pin(tokio::time::sleep(wait)));
                 }
@@ -242,6 +362,50 @@ mod tests {
             assert_eq!(bucket.take(quiet, 2.0, 3.0), Ok(()));
         }
         assert!(bucket.take(quiet, 2.0, 3.0).is_err());
+    }
+
+    #[test]
+    fn the_last_minute_counts_this_minute_and_what_overlaps_of_the_previous() {
+        let start = Instant::now();
+        let mut window = UseWindow::new(start);
+        let one = |requests, waits| Counts { requests, waits };
+        window.record(start, one(60, 6));
+        window.record(start + Duration::from_secs(59), one(40, 4));
+        assert_eq!(
+            window.last_minute(start + Duration::from_secs(59)),
+            one(100, 10)
+        );
+        // A quarter into the next minute: three quarters of the previous one still count.
+        let quarter = start + Duration::from_secs(75);
+        window.record(quarter, one(10, 0));
+        assert_eq!(window.last_minute(quarter), one(85, 8));
+        // Two minutes later: only the previous minute's 10, at the start of this one.
+        let later = start + Duration::from_secs(120);
+        assert_eq!(window.last_minute(later), one(10, 0));
+        // Quiet for longer: nothing.
+        assert_eq!(
+            window.last_minute(start + Duration::from_secs(300)),
+            one(0, 0)
+        );
+        window.record(start + Duration::from_secs(300), one(1, 1));
+        assert_eq!(
+            window.last_minute(start + Duration::from_secs(301)),
+            one(1, 1)
+        );
+        // A clock going back counts into the current minute.
+        assert_eq!(window.last_minute(start), one(1, 1));
+    }
+
+    #[test]
+    fn a_budget_counts_its_granted_requests_and_its_waits() {
+        let settings = BudgetSettings { qps: 1.0, burst: 2 };
+        let budget = TargetBudget::new(settings, Share::default(), Counter::default());
+        assert!(budget.take().is_ok());
+        assert!(budget.take().is_ok());
+        assert!(budget.take().is_err());
+        budget.waited();
+        let counts = budget.last_minute(Instant::now());
+        assert_eq!((counts.requests, counts.waits), (2, 1));
     }
 
     #[test]

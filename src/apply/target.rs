@@ -27,7 +27,7 @@ use kube::config::KubeConfigOptions;
 use kube::{Client, Config, ResourceExt};
 
 use crate::api::Manifest;
-use crate::apply::budget::{BudgetLayer, BudgetSettings, Share, TargetBudget};
+use crate::apply::budget::{BudgetLayer, BudgetSettings, Counts, Share, TargetBudget, TargetUse};
 use crate::apply::credential::Validity;
 use crate::apply::kubeconfig::{ValidKubeconfig, parse, validate};
 use crate::apply::listed;
@@ -289,6 +289,53 @@ pub struct SecretKey {
     pub key: String,
 }
 
+/// Each target's request budget on this replica, by Secret key: shared by the clients built
+/// from it, with when it was last given to one.
+#[derive(Clone, Default)]
+pub struct Budgets(Arc<Mutex<BudgetMap>>);
+
+/// Budgets by Secret key, with when each was last given to a client.
+type BudgetMap = HashMap<SecretKey, (Arc<TargetBudget>, Instant)>;
+
+impl Budgets {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BudgetMap> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The `most` targets that used their budget most in the last minute (requests, then
+    /// waits; those that used none are left out).
+    pub fn busiest(&self, most: usize) -> Vec<TargetUse> {
+        let now = Instant::now();
+        let used: Vec<(SecretKey, Counts)> = self
+            .lock()
+            .iter()
+            .map(|(key, (budget, _))| (key.clone(), budget.last_minute(now)))
+            .collect();
+        busiest(used, most)
+    }
+}
+
+/// The `most` entries of `used` with the most requests, then waits (ties: by key); none
+/// without either.
+pub fn busiest(mut used: Vec<(SecretKey, Counts)>, most: usize) -> Vec<TargetUse> {
+    used.retain(|(_, c)| c.requests + c.waits > 0);
+    used.sort_by(|(ka, a), (kb, b)| {
+        (b.requests, b.waits)
+            .cmp(&(a.requests, a.waits))
+            .then(ka.cmp(kb))
+    });
+    used.truncate(most);
+    used.into_iter()
+        .map(|(key, c)| TargetUse {
+            namespace: key.namespace,
+            secret: key.name,
+            key: key.key,
+            requests: c.requests,
+            waits: c.waits,
+        })
+        .collect()
+}
+
 /// Which cache entries to drop at `now`: those unused for longer than `idle`, then the least
 /// recently used until at most `max` remain.
 pub fn to_evict<K: Clone>(
@@ -354,7 +401,7 @@ pub struct TargetClients {
     /// client could be built (a target
     /// whose discovery fails — a 429 from an overloaded one, a 401 — gets no fresh bucket with
     /// each new client); dropped after [`TargetSettings::idle`] unused.
-    budgets: Mutex<HashMap<SecretKey, (Arc<TargetBudget>, Instant)>>,
+    budgets: Budgets,
     /// This replica's share of the fleet, which scales each target's budget (installed by the
     /// controller from its shard ownership).
     share: Share,
@@ -385,7 +432,7 @@ impl TargetClients {
             metrics,
             entries,
             applied: Mutex::default(),
-            budgets: Mutex::default(),
+            budgets: Budgets::default(),
             share: Share::default(),
             pruned_at: Mutex::new(Instant::now()),
             watched: Arc::default(),
@@ -417,6 +464,11 @@ impl TargetClients {
         &self.share
     }
 
+    /// The targets' request budgets on this replica (a handle: their use is published).
+    pub fn budgets(&self) -> Budgets {
+        self.budgets.clone()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SecretKey, Entry>> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -432,7 +484,7 @@ impl TargetClients {
         }
         let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
         applied.retain(|_, (_, records)| records.strong_count() > 0);
-        let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut budgets = self.budgets.lock();
         // Held by a client (besides this map), or given to one recently.
         budgets.retain(|_, (budget, used)| {
             Arc::strong_count(budget) > 1
@@ -509,7 +561,7 @@ impl TargetClients {
 
     /// The request budget of `key`'s clients: the one kept for it, else a full one.
     fn budget_of(&self, key: &SecretKey) -> Arc<TargetBudget> {
-        let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut budgets = self.budgets.lock();
         let (budget, used) = budgets.entry(key.clone()).or_insert_with(|| {
             let budget = TargetBudget::new(
                 self.settings.budget,
@@ -942,5 +994,42 @@ mod tests {
         // Nothing idle, under the bound: nothing.
         assert!(to_evict(&entries, at(60), 4, idle).is_empty());
         assert_eq!(to_evict(&entries, at(60), 3, idle), ["a"]);
+    }
+
+    #[test]
+    fn the_busiest_targets_are_those_with_the_most_requests_then_waits() {
+        let key = |name: &str| SecretKey {
+            namespace: "ns".into(),
+            name: name.into(),
+            key: "kubeconfig".into(),
+        };
+        let counts = |requests, waits| Counts { requests, waits };
+        let used = vec![
+            (key("quiet"), counts(0, 0)),
+            (key("b"), counts(30, 0)),
+            (key("a"), counts(30, 0)),
+            (key("throttled"), counts(30, 12)),
+            (key("busy"), counts(90, 0)),
+            (key("few"), counts(1, 0)),
+        ];
+        let names =
+            |uses: Vec<TargetUse>| -> Vec<String> { uses.into_iter().map(|u| u.secret).collect() };
+        assert_eq!(
+            names(busiest(used.clone(), 4)),
+            ["busy", "throttled", "a", "b"]
+        );
+        // The unused never, even with room.
+        assert_eq!(names(busiest(used, 10)).len(), 5);
+        let top = busiest(vec![(key("t"), counts(7, 2))], 1);
+        assert_eq!(
+            top,
+            [TargetUse {
+                namespace: "ns".into(),
+                secret: "t".into(),
+                key: "kubeconfig".into(),
+                requests: 7,
+                waits: 2,
+            }]
+        );
     }
 }

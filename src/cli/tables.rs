@@ -3,7 +3,8 @@
 use k8s_openapi::jiff::Timestamp;
 
 use crate::admin::{
-    DrainAnswer, ManifestAnswer, ManifestSource, QueueAnswer, ShardsAnswer, TargetsAnswer,
+    BudgetUse, DrainAnswer, ManifestAnswer, ManifestSource, QueueAnswer, ShardsAnswer,
+    TargetsAnswer,
 };
 use crate::shard::fleet::{ShardStatus, ShardView};
 use crate::shard::membership::{MemberState, Members};
@@ -321,6 +322,7 @@ pub fn targets_table(answer: &TargetsAnswer, now: Timestamp) -> String {
             "REASON",
             "FAILING FOR",
             "CREDENTIAL EXPIRES IN",
+            "REQUESTS/MIN",
             "MESSAGE",
         ]
         .map(String::from)
@@ -354,6 +356,7 @@ pub fn targets_table(answer: &TargetsAnswer, now: Timestamp) -> String {
             row.failing_since
                 .map_or_else(|| "-".to_owned(), |s| age(Some(s), now)),
             or_dash(expires),
+            or_dash(row.budget.as_ref().map(budget_use)),
             message.map_or_else(|| "-".to_owned(), |m| shortened(m, 80)),
         ]
     }));
@@ -367,7 +370,7 @@ pub fn targets_table(answer: &TargetsAnswer, now: Timestamp) -> String {
         .map(|(reason, n)| format!("{reason} {n}"))
         .collect();
     out += &format!(
-        "{} targets, {} Manifests; {} failing{}; {} with a credential due\n",
+        "{} targets, {} Manifests; {} failing{}; {} with a credential due; {} throttled\n",
         answer.targets,
         answer.manifests,
         answer.failing,
@@ -377,8 +380,20 @@ pub fn targets_table(answer: &TargetsAnswer, now: Timestamp) -> String {
             format!(" ({})", reasons.join(", "))
         },
         answer.expiring,
+        answer.throttled,
     );
     out
+}
+
+/// A target's requests of the last minute, as a share of its budget, and those that waited:
+/// `1800 (60%), 12 waited`.
+fn budget_use(used: &BudgetUse) -> String {
+    let share = format!("{} ({:.0}%)", used.requests_per_minute, used.used * 100.0);
+    if used.waits_per_minute > 0 {
+        format!("{share}, {} waited", used.waits_per_minute)
+    } else {
+        share
+    }
 }
 
 #[cfg(test)]

@@ -136,6 +136,7 @@ pub async fn start(
         client: Some(client),
         reviews: Arc::default(),
         manifest_selector: config.manifest_selector.clone(),
+        target_budget: config.targets.budget,
     };
     serve_admin(config.admin_address, admin).await?;
     Ok(Replica {

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::apply::budget::TargetUse;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
@@ -200,10 +201,17 @@ pub struct MemberLoad {
     /// annotation must stay small).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub shards: BTreeMap<u32, ShardLoad>,
+    /// The remote targets that used their request budget most on this member in the last
+    /// minute (at most [`MAX_PUBLISHED_TARGETS`]): `GET /v1/targets` adds them up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<TargetUse>,
 }
 
 /// At most this many shards' loads are published per member.
 pub const MAX_PUBLISHED_SHARDS: usize = 4096;
+
+/// At most this many targets' budget use is published per member (about 100 bytes each).
+pub const MAX_PUBLISHED_TARGETS: usize = 20;
 
 /// A member as the admin API shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -9,9 +9,12 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::api::Manifest;
+use crate::apply::target::Budgets;
 use crate::shard::fleet::LocalWork;
 use crate::shard::label::{LabelState, Route, label_state, route};
-use crate::shard::membership::{MAX_PUBLISHED_SHARDS, MemberLoad, ShardLoad};
+use crate::shard::membership::{
+    MAX_PUBLISHED_SHARDS, MAX_PUBLISHED_TARGETS, MemberLoad, ShardLoad,
+};
 use crate::shard::{SHARD_LABEL, ShardCount};
 use crate::work::queue::{QueueKey, WorkQueue};
 use crate::work::seen::Seen;
@@ -80,6 +83,8 @@ pub struct Work {
     pub(super) labelled: Store<Manifest>,
     pub(super) unlabelled: Store<Manifest>,
     pub(super) shards: ShardCount,
+    /// The remote targets' request budgets (their use is published with the load).
+    pub(super) budgets: Budgets,
 }
 
 impl Work {
@@ -182,6 +187,7 @@ impl LocalWork for Work {
             in_flight: snapshot.in_flight as u64,
             manifests: cached.len() as u64,
             shards,
+            targets: self.budgets.busiest(MAX_PUBLISHED_TARGETS),
         }
     }
 }

@@ -111,6 +111,7 @@ impl Controller {
             labelled,
             unlabelled,
             shards: ctx.shards,
+            budgets: ctx.targets.budgets(),
         };
         Self {
             ctx,

@@ -553,18 +553,28 @@ pub async fn admin_token(client: &Client, ns: &str, name: &str, grant: Grant) ->
 
 /// The admin server on a loopback port with `client` behind it and `reviews`: its URL.
 pub async fn admin_server(client: &Client, reviews: module_manager::admin::Reviews) -> String {
+    admin_server_seeing(client, reviews, Default::default()).await
+}
+
+/// [`admin_server`], its replica seeing the fleet's `members`.
+pub async fn admin_server_seeing(
+    client: &Client,
+    reviews: module_manager::admin::Reviews,
+    members: module_manager::shard::membership::Members,
+) -> String {
     use module_manager::admin::{AdminState, ServeLimits};
     use tokio::sync::watch;
     let state = AdminState {
         registry: std::sync::Arc::new(module_manager::telemetry::metrics::registry()),
         synced: std::sync::Arc::default(),
-        members: watch::channel(Default::default()).1,
+        members: watch::channel(members).1,
         fleet: watch::channel(Default::default()).1,
         work: None,
         drain: watch::channel(false).0,
         client: Some(client.clone()),
         reviews: std::sync::Arc::new(reviews),
         manifest_selector: None,
+        target_budget: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
