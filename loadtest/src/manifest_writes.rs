@@ -47,6 +47,8 @@ pub struct Shape<'a> {
     pub interval: &'a str,
     /// `metadata.labels`.
     pub labels: &'a BTreeMap<String, String>,
+    /// More fields of `spec` (a remote target's `target` and `targetNamespace`).
+    pub more_spec: Option<&'a Value>,
 }
 
 /// For each of `releases` (as many at once as it says), the `writes` of one install ([module
@@ -61,27 +63,14 @@ pub async fn bare_with_manifest_writes(
 ) -> anyhow::Result<Burst> {
     let work = prepare(client, namespace, releases).await?;
     let parallelism = releases.parallelism;
-    let manifests: Api<Manifest> = Api::namespaced(client.clone(), namespace);
-    let events = Publisher::new(
-        client.clone(),
-        Reporter {
-            controller: OWNER.to_owned(),
-            instance: None,
-        },
-    );
+    let local = LocalWrites::new(client, namespace);
     let started = Instant::now();
     let mut installs = stream::iter(work)
         .map(|(release, objects)| {
-            let (manifests, events) = (&manifests, &events);
+            let local = &local;
             async move {
-                let install = Install {
-                    manifests,
-                    events,
-                    release: &release,
-                    writes,
-                };
-                install
-                    .run(shape, &objects)
+                local
+                    .install(&release, writes, shape, &objects)
                     .await
                     .with_context(|| format!("release {release}"))
             }
@@ -91,6 +80,46 @@ pub async fn bare_with_manifest_writes(
         done?;
     }
     Ok(burst(parallelism, releases.names.len(), started.elapsed()))
+}
+
+/// Where the Manifests of the installs are written, and their Events.
+pub struct LocalWrites {
+    manifests: Api<Manifest>,
+    events: Publisher,
+}
+
+impl LocalWrites {
+    /// Manifests in `namespace` of `client`'s cluster.
+    pub fn new(client: &kube::Client, namespace: &str) -> Self {
+        Self {
+            manifests: Api::namespaced(client.clone(), namespace),
+            events: Publisher::new(
+                client.clone(),
+                Reporter {
+                    controller: OWNER.to_owned(),
+                    instance: None,
+                },
+            ),
+        }
+    }
+
+    /// One install's `writes` ([module docs](self)): the Manifest `name`, and `objects`
+    /// applied wherever they were prepared (a remote target's, for `remote`).
+    pub(crate) async fn install(
+        &self,
+        name: &str,
+        writes: Writes,
+        shape: &Shape<'_>,
+        objects: &[Prepared],
+    ) -> anyhow::Result<()> {
+        let install = Install {
+            manifests: &self.manifests,
+            events: &self.events,
+            release: name,
+            writes,
+        };
+        install.run(shape, objects).await
+    }
 }
 
 /// Which requests a release sends.
@@ -214,7 +243,7 @@ async fn look(objects: &[Prepared]) -> anyhow::Result<()> {
 
 /// The Manifest the fleet's bursts create for `release`.
 fn manifest(release: &str, shape: &Shape<'_>) -> Manifest {
-    let value = json!({
+    let mut value = json!({
         "apiVersion": "modulemanager.io/v1alpha1",
         "kind": "Manifest",
         "metadata": {"name": release, "labels": shape.labels},
@@ -225,6 +254,14 @@ fn manifest(release: &str, shape: &Shape<'_>) -> Manifest {
             "interval": shape.interval,
         }
     });
+    for (field, more) in shape
+        .more_spec
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        value["spec"][field] = more.clone();
+    }
     serde_json::from_value(value).expect("a valid Manifest")
 }
 

@@ -825,6 +825,7 @@ impl<'a> BaselinePaths<'a> {
             chart: &chart,
             interval: &self.options.drift_interval,
             labels: &labels,
+            more_spec: None,
         };
         let objects = self.objects(&namespace).await?;
         crate::manifest_writes::bare_with_manifest_writes(

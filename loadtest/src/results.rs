@@ -431,6 +431,19 @@ pub struct Remote {
     pub bare_error: Option<String>,
     /// The fleet's Manifests per second ÷ the bare client's.
     pub fleet_over_bare: Option<f64>,
+    /// The second baseline: the bare client also sending the Manifest's minimum writes on the
+    /// local cluster per release (create, claim, inventory, `Ready`).
+    #[serde(default)]
+    pub bare_with_manifest_writes: Option<Burst>,
+    #[serde(default)]
+    pub bare_with_manifest_writes_error: Option<String>,
+    /// The fleet's Manifests per second ÷ that baseline's.
+    #[serde(default)]
+    pub fleet_over_minimum: Option<f64>,
+    /// That baseline's Manifests per second ÷ the bare client's: what the Manifest's own
+    /// writes cost on this machine, whatever the operator.
+    #[serde(default)]
+    pub minimum_over_bare: Option<f64>,
     /// Lifetime of each target's token; the harness renews them at half their life.
     #[serde(default)]
     pub token_seconds: i64,

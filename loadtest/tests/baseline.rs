@@ -255,6 +255,7 @@ async fn send(writes: Writes, prefix: &str) -> (ApiRequestMetrics, Client, Strin
         chart: &chart_spec,
         interval: "10m",
         labels: &labels,
+        more_spec: None,
     };
     let releases = baseline::Releases {
         objects_template: &template,

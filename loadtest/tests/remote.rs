@@ -8,7 +8,8 @@
 //! Ready beside it. Ten spec edits after the idle window are each seen to start a pass (in the
 //! replicas' logs) and to become Ready; five ConfigMaps changed on their targets are each seen
 //! put back by the fleet (drift passes every 20 s). Last the whole fleet restarts, and every
-//! Manifest is checked again by the new processes, each target reached again.
+//! Manifest is checked again by the new processes, each target reached again. The baselines:
+//! the bare client per target, and the same with the Manifest's minimum writes.
 
 mod common;
 
@@ -98,6 +99,17 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
     assert!(remote["bare_error"].is_null(), "{}", remote["bare_error"]);
     assert!(number(&remote["bare"]["per_second"], "bare") > 0.0);
     assert!(number(&remote["fleet_over_bare"], "ratio") > 0.0);
+    // The second baseline: the applies with the Manifest's minimum writes on the local cluster.
+    let writes = &remote["bare_with_manifest_writes_error"];
+    assert!(writes.is_null(), "{writes}");
+    assert!(
+        number(
+            &remote["bare_with_manifest_writes"]["per_second"],
+            "minimum"
+        ) > 0.0
+    );
+    assert!(number(&remote["fleet_over_minimum"], "fleet / minimum") > 0.0);
+    assert!(number(&remote["minimum_over_bare"], "minimum / bare") > 0.0);
     let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
     assert!(
         summary.contains("## Remote: 105 Manifests on 21 targets"),

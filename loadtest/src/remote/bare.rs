@@ -1,8 +1,11 @@
-//! The `remote` scenario's same-run baseline: a bare client doing per target what the fleet
+//! The `remote` scenario's same-run baselines: a bare client doing per target what the fleet
 //! does — a client of its own built from the target's kubeconfig (through the same proxy: its
 //! own connection, TLS session and credential), discovery of the chart's kinds on that target,
 //! and a server-side apply of every release's objects into the target's namespace — and
-//! nothing else (no Manifest, no status, no readiness wait).
+//! nothing else (no Manifest, no status, no readiness wait); and the same client also sending
+//! the Manifest's minimum writes on the local cluster per release ([`Writes::Minimum`]: its
+//! create, the claim, the inventory, one `Ready` status), which bounds what any fleet that keeps
+//! the Manifest's contract can reach on this machine.
 
 use std::time::Instant;
 
@@ -14,26 +17,38 @@ use serde_json::Value;
 
 use super::testbed::Target;
 use crate::baseline::{self, FIELD_MANAGER, Releases, TEMPLATE_RELEASE};
+use crate::manifest_writes::{LocalWrites, Shape, Writes};
 use crate::results::Burst;
 
-/// Applies `modules` releases (`b0`, `b1`… — not the fleet's names) of `template` (the chart
-/// rendered as [`TEMPLATE_RELEASE`]) to every target, `parallelism` targets at once; timed from
-/// the first client built to the last answer. The first error fails the whole, naming the
-/// target.
+/// The Manifest writes of [`apply`]'s second baseline: where, and what the Manifests look like
+/// (their `spec.target` is filled per target).
+pub struct ManifestWrites<'a> {
+    pub local: LocalWrites,
+    pub chart: &'a Value,
+    pub interval: &'a str,
+    pub labels: &'a std::collections::BTreeMap<String, String>,
+}
+
+/// Applies `modules` releases (`b0`, `b1`… — not the fleet's names; `m0`… with `writes`) of
+/// `template` (the chart rendered as [`TEMPLATE_RELEASE`]) to every target, `parallelism`
+/// targets at once, each release with the Manifest's minimum `writes` if given; timed from the
+/// first client built to the last answer. The first error fails the whole, naming the target.
 pub async fn apply(
     targets: &[Target],
     template: &[Value],
     modules: usize,
     parallelism: usize,
+    writes: Option<&ManifestWrites<'_>>,
 ) -> anyhow::Result<Burst> {
-    let names: Vec<String> = (0..modules).map(|i| format!("b{i}")).collect();
+    let prefix = if writes.is_some() { "m" } else { "b" };
+    let names: Vec<String> = (0..modules).map(|i| format!("{prefix}{i}")).collect();
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let started = Instant::now();
     let mut targets_done = stream::iter(targets)
         .map(|target| {
             let (names, params) = (&names, &params);
             async move {
-                apply_to(target, template, names, params)
+                apply_to(target, template, names, params, writes)
                     .await
                     .with_context(|| format!("target {}", target.name))
             }
@@ -54,6 +69,7 @@ async fn apply_to(
     template: &[Value],
     names: &[String],
     params: &PatchParams,
+    writes: Option<&ManifestWrites<'_>>,
 ) -> anyhow::Result<()> {
     let client = client(&target.kubeconfig()).await?;
     let releases = Releases {
@@ -62,13 +78,33 @@ async fn apply_to(
         names,
         parallelism: 1,
     };
+    // As the fleet's Manifests name their target (`load.rs`).
+    let more_spec = serde_json::json!({
+        "target": {"kubeconfigSecretRef": {"name": target.name}},
+        "targetNamespace": target.name,
+    });
     for (release, objects) in baseline::prepare(&client, &target.name, &releases).await? {
-        for object in objects {
-            object
-                .apply(params)
-                .await
-                .with_context(|| format!("release {release}"))?;
-        }
+        let Some(writes) = writes else {
+            for object in objects {
+                object
+                    .apply(params)
+                    .await
+                    .with_context(|| format!("release {release}"))?;
+            }
+            continue;
+        };
+        let shape = Shape {
+            chart: writes.chart,
+            interval: writes.interval,
+            labels: writes.labels,
+            more_spec: Some(&more_spec),
+        };
+        let name = format!("{}-{release}", target.name);
+        writes
+            .local
+            .install(&name, Writes::Minimum, &shape, &objects)
+            .await
+            .with_context(|| format!("release {release}"))?;
     }
     Ok(())
 }

@@ -81,7 +81,7 @@ pub async fn run(
         Ok(mut fleet) => {
             fleet.shutdown().await;
             if !options.no_baselines {
-                baseline(&bed, options, &mut remote, progress).await;
+                baselines(cluster, &bed, options, &mut remote, progress).await;
             }
             result.remote = Some(remote);
             bed.stop();
@@ -354,44 +354,85 @@ async fn idle(setting: &Setting<'_>, bed: &TestBed, phase: &Phase) -> anyhow::Re
     })
 }
 
-/// The bare client on the same targets, with the fleet stopped.
-async fn baseline(bed: &TestBed, options: &Options, remote: &mut Remote, progress: &Progress) {
+/// The bare clients on the same targets, with the fleet stopped: the objects' applies alone,
+/// then with the Manifest's minimum writes on the local cluster.
+async fn baselines(
+    cluster: &Cluster<'_>,
+    bed: &TestBed,
+    options: &Options,
+    remote: &mut Remote,
+    progress: &Progress,
+) {
     let parallelism = remote.replicas as usize * options.concurrency;
-    progress.say(format!(
-        "baseline: a bare client per target applying {} releases each, {parallelism} targets at once",
-        options.modules_per_target
-    ));
-    let outcome = async {
-        let chart = phase::repo(options).join(&options.chart);
-        let helm = testenv::Tools::locate()?.helm;
-        let template = crate::baseline::render_chart(
-            &helm,
-            &chart,
-            crate::baseline::TEMPLATE_RELEASE,
-            "template",
-            &json!({"revision": 0}),
-        )
-        .await?;
-        bare::apply(
-            &bed.targets[..bed.targets.len() - blackholed(options)],
-            &template,
-            options.modules_per_target,
-            parallelism,
-        )
-        .await
-    }
-    .await;
-    match outcome {
-        Ok(burst) => {
-            remote.fleet_over_bare =
-                (burst.per_second > 0.0).then(|| remote.burst.per_second / burst.per_second);
-            remote.bare = Some(burst);
+    let template = match template(options).await {
+        Ok(template) => template,
+        Err(e) => {
+            progress.say(format!("baseline failed: {e:#}"));
+            remote.bare_error = Some(format!("{e:#}"));
+            return;
         }
+    };
+    let targets = &bed.targets[..bed.targets.len() - blackholed(options)];
+    let modules = options.modules_per_target;
+    progress.say(format!(
+        "baseline: a bare client per target applying {modules} releases each, {parallelism} targets at once"
+    ));
+    match bare::apply(targets, &template, modules, parallelism, None).await {
+        Ok(burst) => remote.bare = Some(burst),
         Err(e) => {
             progress.say(format!("baseline failed: {e:#}"));
             remote.bare_error = Some(format!("{e:#}"));
         }
     }
+    progress.say(format!(
+        "baseline: the same with the Manifest's minimum writes on the local cluster, {parallelism} targets at once"
+    ));
+    let with_writes = async {
+        let client = cluster.client().await?;
+        let namespace = phase::new_namespace(cluster, &client, "remote-writes").await?;
+        let chart = phase::chart_spec(options)?;
+        let labels = BTreeMap::from([("loadtest-run".to_owned(), namespace.clone())]);
+        let writes = bare::ManifestWrites {
+            local: crate::manifest_writes::LocalWrites::new(&client, &namespace),
+            chart: &chart,
+            interval: &options.drift_interval,
+            labels: &labels,
+        };
+        bare::apply(targets, &template, modules, parallelism, Some(&writes)).await
+    };
+    match with_writes.await {
+        Ok(burst) => remote.bare_with_manifest_writes = Some(burst),
+        Err(e) => {
+            progress.say(format!("baseline with the Manifest's writes failed: {e:#}"));
+            remote.bare_with_manifest_writes_error = Some(format!("{e:#}"));
+        }
+    }
+    let rate = |b: &Option<crate::results::Burst>| b.as_ref().map(|b| b.per_second);
+    let over = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let (fleet, minimum) = (
+        Some(remote.burst.per_second),
+        rate(&remote.bare_with_manifest_writes),
+    );
+    remote.fleet_over_bare = over(fleet, rate(&remote.bare));
+    remote.fleet_over_minimum = over(fleet, minimum);
+    remote.minimum_over_bare = over(minimum, rate(&remote.bare));
+}
+
+/// The chart's objects rendered once, as the baselines apply them per release.
+async fn template(options: &Options) -> anyhow::Result<Vec<serde_json::Value>> {
+    let chart = phase::repo(options).join(&options.chart);
+    let helm = testenv::Tools::locate()?.helm;
+    crate::baseline::render_chart(
+        &helm,
+        &chart,
+        crate::baseline::TEMPLATE_RELEASE,
+        "template",
+        &json!({"revision": 0}),
+    )
+    .await
 }
 
 /// Where the targets' API servers' audit logs end.

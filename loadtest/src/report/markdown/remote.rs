@@ -207,11 +207,31 @@ fn bare(r: &Remote) -> String {
         (None, Some(e)) => format!("not measured: {e}"),
         (None, None) => "not run (`--no-baselines`)".to_owned(),
     };
+    let writes = match (
+        &r.bare_with_manifest_writes,
+        &r.bare_with_manifest_writes_error,
+    ) {
+        (Some(b), _) => format!(
+            "{:.1} s, {} Manifests/s; the fleet ÷ this client: **{}**; this client ÷ the bare \
+             client: {}",
+            b.seconds,
+            rate(b.per_second),
+            r.fleet_over_minimum
+                .map_or_else(|| MISSING.to_owned(), ratio),
+            r.minimum_over_bare
+                .map_or_else(|| MISSING.to_owned(), ratio),
+        ),
+        (None, Some(e)) => format!("not measured: {e}"),
+        (None, None) => "not run".to_owned(),
+    };
     format!(
         "### Baseline: a bare client per target (same run, the fleet stopped)\n\n\
          A client built from each target's kubeconfig (its own connection and credential through \
          the same proxy) discovers the chart's kinds and server-side applies the releases' \
-         objects, and nothing else (no Manifest, status or rollout wait): {body}"
+         objects, and nothing else (no Manifest, status or rollout wait): {body}\n\n\
+         The same client also sending, per release, the Manifest's minimum writes on the local \
+         cluster (its create, the claim, the inventory, one `Ready` status: what any operator \
+         keeping the Manifest's contract sends): {writes}"
     )
 }
 
