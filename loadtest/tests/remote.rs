@@ -90,8 +90,8 @@ fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
     assert_eq!(held.len(), 2, "{clients:?}");
     assert!(held.iter().all(|n| *n <= 21.0), "{clients:?}");
     assert!(held.iter().sum::<f64>() >= 21.0, "{clients:?}");
-    // The cold restart: every Manifest (the blackholed target's too: their passes end in a
-    // connect error) has a pass in the new processes, and every answering target was reached.
+    // The cold restart: every Manifest (the blackholed target's too: their passes end when
+    // their requests time out) has a pass in the new processes, and every answering target was reached.
     let cold = &remote["cold_restart"];
     assert_eq!(cold["restart"]["checked"], 105, "{cold}");
     assert!(number(&cold["restart"]["all_checked_seconds"], "checked") > 0.0);

@@ -59,9 +59,17 @@ pub(super) async fn metrics(
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
 }
 
-/// Every member with a membership Lease, live or not, as this replica sees it.
+/// Every member with a membership Lease, live or not, as this replica sees it; without the
+/// targets' budget use the members publish (it names Secrets across namespaces: only the
+/// authorized `GET /v1/targets` shows it).
 pub(super) async fn members(State(state): State<AdminState>) -> Json<Members> {
-    Json(state.members.borrow().clone())
+    let mut members = state.members.borrow().clone();
+    for member in &mut members.members {
+        if let Some(load) = &mut member.load {
+            load.targets.clear();
+        }
+    }
+    Json(members)
 }
 
 /// The fleet-wide shard view.
@@ -313,6 +321,41 @@ mod tests {
             serde_json::from_str::<serde_json::Value>(&body).unwrap(),
             json!({"members": [{"name": "module-manager-0", "live": true, "unchanged_for_seconds": 1.5, "state": "active"}], "self_renewed": true})
         );
+    }
+
+    /// `/v1/members` is not authenticated: the targets' budget use that members publish
+    /// (Secret names across namespaces) is left out of it, the rest of the load kept.
+    #[tokio::test]
+    async fn members_never_show_the_targets_they_publish() {
+        let load = crate::shard::membership::MemberLoad {
+            queued: 3,
+            targets: vec![crate::apply::budget::TargetUse {
+                namespace: "tenant-a".into(),
+                secret: "cluster-secret-name".into(),
+                key: "kubeconfig".into(),
+                requests: 40,
+                waits: 1,
+            }],
+            ..Default::default()
+        };
+        let members = Members {
+            members: vec![MemberView {
+                name: "module-manager-0".into(),
+                live: true,
+                unchanged_for_seconds: 1.5,
+                state: Default::default(),
+                load: Some(load),
+            }],
+            self_renewed: true,
+            renewed_at: None,
+        };
+        let app = router(state(crate::telemetry::metrics::registry(), members));
+        let (status, _, body) = get(app, "/v1/members").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(!body.contains("cluster-secret-name"), "{body}");
+        assert!(!body.contains("tenant-a"), "{body}");
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["members"][0]["load"]["queued"], 3, "{body}");
     }
 
     #[tokio::test]

@@ -396,16 +396,27 @@ mod tests {
         assert_eq!(window.last_minute(start), one(1, 1));
     }
 
-    #[test]
-    fn a_budget_counts_its_granted_requests_and_its_waits() {
-        let settings = BudgetSettings { qps: 1.0, burst: 2 };
-        let budget = TargetBudget::new(settings, Share::default(), Counter::default());
-        assert!(budget.take().is_ok());
-        assert!(budget.take().is_ok());
-        assert!(budget.take().is_err());
-        budget.waited();
+    /// Through the tower service, as kube's client drives it: each request is counted once
+    /// when granted, and a request that waited for its token counts one wait however often
+    /// it was polled. (A token every 500 ms: the second request waits.)
+    #[tokio::test]
+    async fn a_budget_counts_each_granted_request_and_each_request_that_waited() {
+        use tower::ServiceExt;
+        let settings = BudgetSettings { qps: 2.0, burst: 1 };
+        let budget = Arc::new(TargetBudget::new(
+            settings,
+            Share::default(),
+            Counter::default(),
+        ));
+        let inner = tower::service_fn(|n: u32| async move { Ok::<_, std::convert::Infallible>(n) });
+        let mut service = BudgetLayer(budget.clone()).layer(inner);
+        for n in 0..2 {
+            let answer = service.ready().await.unwrap().call(n).await.unwrap();
+            assert_eq!(answer, n);
+        }
         let counts = budget.last_minute(Instant::now());
         assert_eq!((counts.requests, counts.waits), (2, 1));
+        assert_eq!(budget.waits.get(), 1);
     }
 
     #[test]

@@ -302,8 +302,9 @@ impl Budgets {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The `most` targets that used their budget most in the last minute (requests, then
-    /// waits; those that used none are left out).
+    /// The `most` targets that pressed on their budget most in the last minute: those whose
+    /// requests waited first (most waits first), then by requests; those that used none are
+    /// left out.
     pub fn busiest(&self, most: usize) -> Vec<TargetUse> {
         let now = Instant::now();
         let used: Vec<(SecretKey, Counts)> = self
@@ -315,13 +316,14 @@ impl Budgets {
     }
 }
 
-/// The `most` entries of `used` with the most requests, then waits (ties: by key); none
-/// without either.
+/// The `most` entries of `used` with the most waits, then requests (ties: by key); none
+/// without either. Waits first: a throttled target is always published, however many busier
+/// ones never waited.
 pub fn busiest(mut used: Vec<(SecretKey, Counts)>, most: usize) -> Vec<TargetUse> {
     used.retain(|(_, c)| c.requests + c.waits > 0);
     used.sort_by(|(ka, a), (kb, b)| {
-        (b.requests, b.waits)
-            .cmp(&(a.requests, a.waits))
+        (b.waits, b.requests)
+            .cmp(&(a.waits, a.requests))
             .then(ka.cmp(kb))
     });
     used.truncate(most);
@@ -997,7 +999,7 @@ mod tests {
     }
 
     #[test]
-    fn the_busiest_targets_are_those_with_the_most_requests_then_waits() {
+    fn the_busiest_targets_are_the_throttled_then_those_with_the_most_requests() {
         let key = |name: &str| SecretKey {
             namespace: "ns".into(),
             name: name.into(),
@@ -1014,10 +1016,12 @@ mod tests {
         ];
         let names =
             |uses: Vec<TargetUse>| -> Vec<String> { uses.into_iter().map(|u| u.secret).collect() };
+        // A target that waited is listed before busier ones that did not.
         assert_eq!(
             names(busiest(used.clone(), 4)),
-            ["busy", "throttled", "a", "b"]
+            ["throttled", "busy", "a", "b"]
         );
+        assert_eq!(names(busiest(used.clone(), 1)), ["throttled"]);
         // The unused never, even with room.
         assert_eq!(names(busiest(used, 10)).len(), 5);
         let top = busiest(vec![(key("t"), counts(7, 2))], 1);
