@@ -347,6 +347,7 @@ async fn burst(
         .filter(|b| b.replicas == replicas)
         .map(|b| b.manifests)
         .sum();
+    let (first, half) = crate::phase::first_and_half(&timed.ready_since_start);
     let burst = MttpBurst {
         replicas,
         cpu_per_replica: options.cpu_per_replica,
@@ -355,6 +356,8 @@ async fn burst(
         all_ready_seconds: timed.burst.seconds,
         per_second: timed.burst.per_second,
         create_to_ready_seconds: measure::quantiles(&timed.latencies),
+        first_ready_seconds: first,
+        half_ready_seconds: half,
         fleet_cpu_seconds: measured.fleet_cpu,
         cpu_seconds_per_manifest: measured.fleet_cpu / n,
         control_plane_cpu_seconds_per_manifest: (!setting.control_plane.is_empty())

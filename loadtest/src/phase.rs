@@ -631,6 +631,8 @@ pub struct TimedBurst {
     pub burst: Burst,
     /// Create → Ready of each Manifest, seconds.
     pub latencies: Vec<f64>,
+    /// From the first create to each Manifest's Ready, seconds, in order.
+    pub ready_since_start: Vec<f64>,
     /// Where the Manifests are.
     pub namespace: String,
 }
@@ -704,16 +706,18 @@ pub async fn timed_load_burst(
                 .join("; ")
         );
     }
-    let (last, latencies) = {
+    let (last, latencies, ready_since_start) = {
         let tracker = load.tracker.lock().unwrap();
-        let last = tracker
+        let first_sent = tracker.done.iter().map(|d| d.sent).fold(f64::MAX, f64::min);
+        let mut ready: Vec<f64> = tracker
             .done
             .iter()
-            .map(|d| d.sent + d.seconds)
-            .fold(0.0, f64::max)
-            - tracker.done.iter().map(|d| d.sent).fold(f64::MAX, f64::min);
+            .map(|d| d.sent + d.seconds - first_sent)
+            .collect();
+        ready.sort_by(f64::total_cmp);
+        let last = ready.last().copied().unwrap_or(0.0);
         let latencies = tracker.done.iter().map(|d| d.seconds).collect();
-        (last, latencies)
+        (last, latencies, ready)
     };
     let seconds = if last.is_finite() && last > 0.0 {
         last
@@ -727,8 +731,19 @@ pub async fn timed_load_burst(
             per_second: count as f64 / seconds,
         },
         latencies,
+        ready_since_start,
         namespace,
     })
+}
+
+/// When the first Manifest and half of them were Ready, from the first create (`ready`: each
+/// one's, in order).
+pub fn first_and_half(ready: &[f64]) -> (Option<f64>, Option<f64>) {
+    let half = ready.len().div_ceil(2);
+    (
+        ready.first().copied(),
+        half.checked_sub(1).and_then(|i| ready.get(i).copied()),
+    )
 }
 
 /// The paths without a fleet for one burst size: `count` releases (`r00000`…), each path

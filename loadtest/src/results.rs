@@ -295,6 +295,11 @@ pub struct MttpBurst {
     pub per_second: f64,
     /// Create → Ready of each Manifest.
     pub create_to_ready_seconds: Quantiles,
+    /// From the first create to the first Manifest Ready, and to half of them Ready.
+    #[serde(default)]
+    pub first_ready_seconds: Option<f64>,
+    #[serde(default)]
+    pub half_ready_seconds: Option<f64>,
     /// CPU of the replicas' process trees (module-manager, the renderer, helm) over the burst.
     pub fleet_cpu_seconds: f64,
     pub cpu_seconds_per_manifest: f64,
@@ -525,6 +530,11 @@ pub struct RemoteBurst {
     pub all_ready_seconds: f64,
     pub per_second: f64,
     pub create_to_ready_seconds: Quantiles,
+    /// From the first create to the first Manifest Ready, and to half of them Ready.
+    #[serde(default)]
+    pub first_ready_seconds: Option<f64>,
+    #[serde(default)]
+    pub half_ready_seconds: Option<f64>,
     /// CPU of the replicas' process trees.
     pub fleet_cpu_seconds: f64,
     pub peak_rss_mib: BTreeMap<String, f64>,

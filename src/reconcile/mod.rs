@@ -47,8 +47,8 @@ use crate::telemetry::metrics::ResultLabels;
 pub use context::{Context, DependencyRules, PASS_DEADLINE, PassLimits};
 pub use error::ReconcileError;
 pub use finalizer::FINALIZER;
-use pass::Progress;
 pub use pass::{Next, progress_requeue};
+use pass::{Pass, Progress};
 use records::Stored;
 pub use relabel::relabel;
 pub use written::LastWrites;
@@ -171,10 +171,11 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
         Ok(None) => (Next::Idle, PassResult::Done),
         Ok(Some(pass)) => {
             let result = PassResult::of(&pass.outcome);
+            let next = next_after(&pass);
             let written =
                 records::write_status(&manifest, &stored, ctx, fence, &pass.outcome, pass.facts);
             match written.await {
-                Ok(()) => (Next::After(pass.requeue), result),
+                Ok(()) => (next, result),
                 Err(e) => retry(e),
             }
         }
@@ -182,6 +183,15 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
             let (manifest, stored) = (&manifest, &stored);
             failed(manifest, stored, ctx, fence, (interval, &progress), error).await
         }
+    }
+}
+
+/// When to look again after a successful pass: its work goes on while it is in progress.
+fn next_after(pass: &Pass) -> Next {
+    if matches!(pass.outcome.state, State::Processing | State::Deleting) {
+        Next::Continue(pass.requeue)
+    } else {
+        Next::After(pass.requeue)
     }
 }
 

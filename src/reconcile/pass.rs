@@ -54,6 +54,9 @@ pub(super) fn rolling_out_for(status: &ManifestStatus, now: Timestamp) -> Durati
 pub enum Next {
     /// Reconcile again after this long.
     After(Duration),
+    /// The pass's work goes on (a rollout it looks at again, a deletion waiting for its
+    /// objects): look again after this long, taking turns with fresh work in the queue.
+    Continue(Duration),
     /// The pass failed transiently: back off.
     Retry(ReconcileError),
     /// Nothing to do until the Manifest changes.

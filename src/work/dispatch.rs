@@ -23,7 +23,7 @@ use crate::reconcile::{Context, Next, reconcile, relabel};
 use crate::shard::fence::{Fence, Ownership};
 use crate::shard::label::Route;
 use crate::work::caches::{Key, Work};
-use crate::work::queue::{WorkQueue, backoff};
+use crate::work::queue::{Class, WorkQueue, backoff};
 use crate::work::target_gate::TargetGate;
 
 /// Numbers reconcile passes within this process (`reconcile_id` on every log line of a pass).
@@ -230,7 +230,7 @@ impl Passes {
         .catch_unwind();
         let next = pass.await.ok();
         let result = match &next {
-            Some(Next::After(_)) => "requeue",
+            Some(Next::After(_) | Next::Continue(_)) => "requeue",
             Some(Next::Retry(_)) => "retry",
             Some(Next::Idle) => "idle",
             None => "panicked",
@@ -252,6 +252,10 @@ impl Passes {
                 // lockstep forever, and `spec.interval` stays the longest time between checks.
                 let jitter = (RandomState::new().hash_one(&key) % 1000) as f64 / 10_000.0;
                 self.work.queue.add(key, delay.mul_f64(1.0 - jitter));
+            }
+            Some(Next::Continue(delay)) => {
+                failures.remove(&key);
+                self.work.queue.add_as(key, delay, Class::Continuing);
             }
             Some(Next::Retry(_)) | None => {
                 let count = failures.entry(key.clone()).or_insert(0);

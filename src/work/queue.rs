@@ -7,6 +7,12 @@
 //! (the backlog). Keys in flight are counted apart, and so are the keys *scheduled* for a later
 //! time (the drift re-check of every Ready Manifest, a retry after its backoff): an idle replica
 //! has depth 0 however many Manifests it owns.
+//!
+//! Due keys come out in two classes, taking turns while both have some: [`Class::Continuing`]
+//! (a pass whose work goes on — a rollout it looks at again, a deletion waiting for its objects)
+//! and [`Class::Fresh`] (everything else: new Manifests, changes, drift checks, retries), each
+//! in order of due time. So a Manifest that has started is not queued behind thousands of first
+//! passes, and first passes get every other worker however many rollouts are being watched.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -91,14 +97,26 @@ pub struct WorkQueue<K> {
 /// A heap entry: due time, insertion sequence (FIFO among equal times), key.
 type Entry<K> = Reverse<(Instant, u64, K)>;
 
+/// Which turn a due key waits for ([module docs](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// New work: a new or changed Manifest, a drift check, a retry.
+    Fresh,
+    /// A pass's work going on: the next look at a rollout, a deletion's wait.
+    Continuing,
+}
+
 struct QueueState<K> {
-    /// When each queued key is due (the earliest requested).
-    due: HashMap<K, Instant>,
-    /// Due times in order; entries that no longer match `due` are stale and skipped.
-    heap: BinaryHeap<Entry<K>>,
+    /// When each queued key is due (the earliest requested), and its class.
+    due: HashMap<K, (Instant, Class)>,
+    /// Due times in order, per class; entries that no longer match `due` are stale and skipped.
+    fresh: BinaryHeap<Entry<K>>,
+    continuing: BinaryHeap<Entry<K>>,
     /// Keys being worked on now.
     in_flight: HashSet<K>,
     sequence: u64,
+    /// Whose turn it is when both classes have a due key.
+    continuing_next: bool,
     closed: bool,
 }
 
@@ -114,9 +132,11 @@ impl<K: QueueKey> WorkQueue<K> {
     pub fn new(metrics: QueueMetrics) -> Self {
         let state = Arc::new(Mutex::new(QueueState {
             due: HashMap::new(),
-            heap: BinaryHeap::new(),
+            fresh: BinaryHeap::new(),
+            continuing: BinaryHeap::new(),
             in_flight: HashSet::new(),
             sequence: 0,
+            continuing_next: false,
             closed: false,
         }));
         let weak = Arc::downgrade(&state);
@@ -124,7 +144,7 @@ impl<K: QueueKey> WorkQueue<K> {
             weak.upgrade().map_or((0, 0), |state| {
                 let state = state.lock().unwrap_or_else(|e| e.into_inner());
                 let now = Instant::now();
-                let due = state.due.values().filter(|at| **at <= now).count();
+                let due = state.due.values().filter(|(at, _)| *at <= now).count();
                 (due as u64, (state.due.len() - due) as u64)
             })
         });
@@ -139,18 +159,23 @@ impl<K: QueueKey> WorkQueue<K> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `key` after `delay` (at most a year). A key already queued keeps the earlier of
-    /// the two times.
+    /// Queues `key` as fresh work after `delay` (at most a year). A key already queued keeps
+    /// the earlier of the two times (and that time's class).
     pub fn add(&self, key: K, delay: Duration) {
+        self.add_as(key, delay, Class::Fresh);
+    }
+
+    /// Queues `key` after `delay` in `class`, as [`WorkQueue::add`].
+    pub fn add_as(&self, key: K, delay: Duration, class: Class) {
         let at = Instant::now() + delay.min(Duration::from_secs(365 * 24 * 3600));
         let mut state = self.lock();
-        if state.due.get(&key).is_some_and(|due| *due <= at) {
+        if state.due.get(&key).is_some_and(|(due, _)| *due <= at) {
             return;
         }
-        state.due.insert(key.clone(), at);
+        state.due.insert(key.clone(), (at, class));
         state.sequence += 1;
         let sequence = state.sequence;
-        state.heap.push(Reverse((at, sequence, key)));
+        state.heap_of(class).push(Reverse((at, sequence, key)));
         drop(state);
         self.wake.notify_one();
     }
@@ -231,7 +256,7 @@ impl<K: QueueKey> WorkQueue<K> {
         let state = self.lock();
         let mut shards: BTreeMap<u32, ShardQueue> = BTreeMap::new();
         let mut total = ShardQueue::default();
-        for (key, at) in &state.due {
+        for (key, (at, _)) in &state.due {
             shards.entry(key.shard()).or_default().count(*at, now);
             total.count(*at, now);
         }
@@ -255,33 +280,73 @@ impl<K: QueueKey> WorkQueue<K> {
 }
 
 impl<K: QueueKey> QueueState<K> {
+    fn heap_of(&mut self, class: Class) -> &mut BinaryHeap<Entry<K>> {
+        match class {
+            Class::Fresh => &mut self.fresh,
+            Class::Continuing => &mut self.continuing,
+        }
+    }
+
     /// The first due key not in flight with how long it waited since due, or the instant to
-    /// wait for (`None`: nothing queued).
+    /// wait for (`None`: nothing queued). The classes take turns while both have a due key.
     fn pop_due(&mut self) -> Result<(K, Duration), Option<Instant>> {
         let now = Instant::now();
         let mut deferred = Vec::new();
-        let result = loop {
-            let Some(Reverse((at, sequence, key))) = self.heap.pop() else {
-                break Err(None);
-            };
-            if self.due.get(&key) != Some(&at) {
-                continue; // stale: moved earlier
+        let fresh = self.first_due(Class::Fresh, now, &mut deferred);
+        let continuing = self.first_due(Class::Continuing, now, &mut deferred);
+        let picked = match (fresh, continuing) {
+            (Ok(fresh), Ok(continuing)) => {
+                let (picked, other, class) = if self.continuing_next {
+                    (continuing, fresh, Class::Fresh)
+                } else {
+                    (fresh, continuing, Class::Continuing)
+                };
+                self.heap_of(class).push(other);
+                Ok(picked)
             }
-            if at > now {
-                self.heap.push(Reverse((at, sequence, key)));
-                break Err(Some(at));
-            }
-            if self.in_flight.contains(&key) {
-                deferred.push(Reverse((at, sequence, key)));
-                continue;
-            }
-            self.due.remove(&key);
-            self.in_flight.insert(key.clone());
-            break Ok((key, now.saturating_duration_since(at)));
+            (Ok(fresh), Err(_)) => Ok(fresh),
+            (Err(_), Ok(continuing)) => Ok(continuing),
+            (Err(a), Err(b)) => Err(a.into_iter().chain(b).min()),
         };
         // Keys whose worker is still busy wait for `done`, which wakes the queue.
-        self.heap.extend(deferred);
-        result
+        for (class, entry) in deferred {
+            self.heap_of(class).push(entry);
+        }
+        let Reverse((at, _, key)) = picked?;
+        let class = self
+            .due
+            .remove(&key)
+            .map_or(Class::Fresh, |(_, class)| class);
+        self.continuing_next = class == Class::Fresh;
+        self.in_flight.insert(key.clone());
+        Ok((key, now.saturating_duration_since(at)))
+    }
+
+    /// The first due entry of `class` not in flight, popped (stale entries dropped, those in
+    /// flight added to `deferred`); or when the first of that class is due (`None`: none).
+    fn first_due(
+        &mut self,
+        class: Class,
+        now: Instant,
+        deferred: &mut Vec<(Class, Entry<K>)>,
+    ) -> Result<Entry<K>, Option<Instant>> {
+        loop {
+            let Some(Reverse((at, sequence, key))) = self.heap_of(class).pop() else {
+                return Err(None);
+            };
+            if self.due.get(&key) != Some(&(at, class)) {
+                continue; // stale: moved earlier, or to the other class
+            }
+            if at > now {
+                self.heap_of(class).push(Reverse((at, sequence, key)));
+                return Err(Some(at));
+            }
+            if self.in_flight.contains(&key) {
+                deferred.push((class, Reverse((at, sequence, key))));
+                continue;
+            }
+            return Ok(Reverse((at, sequence, key)));
+        }
     }
 }
 
@@ -312,6 +377,48 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::from_secs(1));
         assert_eq!(queue.next().await, Some("b"));
         assert_eq!(start.elapsed(), Duration::from_secs(2));
+        assert!(queue.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn continuing_and_fresh_keys_take_turns_each_in_due_order() {
+        let queue = WorkQueue::default();
+        // A burst of first passes, and two Manifests whose rollouts are looked at again.
+        for key in ["f1", "f2", "f3", "f4"] {
+            queue.add(key, Duration::ZERO);
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        queue.add_as("c2", Duration::from_millis(1), Class::Continuing);
+        queue.add_as("c1", Duration::ZERO, Class::Continuing);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let mut order = Vec::new();
+        while let Ok(Some(key)) = tokio::time::timeout(Duration::from_secs(1), queue.next()).await {
+            order.push(key);
+            queue.done(&key);
+        }
+        // Not behind every first pass (FIFO by due time would give f1 f2 f3 f4 c1 c2), and the
+        // first passes get every other worker.
+        assert_eq!(order, ["f1", "c1", "f2", "c2", "f3", "f4"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_keeps_the_class_of_its_earliest_time() {
+        let queue = WorkQueue::default();
+        queue.add("f", Duration::ZERO);
+        queue.add_as("k", Duration::from_secs(5), Class::Continuing);
+        // A change of k now: fresh work, due now.
+        queue.add("k", Duration::ZERO);
+        // A later continuing request does not move it.
+        queue.add_as("k", Duration::from_secs(9), Class::Continuing);
+        queue.add_as("c", Duration::ZERO, Class::Continuing);
+        let mut order = Vec::new();
+        for _ in 0..3 {
+            let key = queue.next().await.unwrap();
+            order.push(key);
+            queue.done(&key);
+        }
+        // f (fresh), c (continuing's turn), k (fresh, its earliest time's class).
+        assert_eq!(order, ["f", "c", "k"]);
         assert!(queue.is_empty());
     }
 

@@ -225,10 +225,13 @@ async fn burst(
     let mut open_now = bed.proxy.open();
     open_now.truncate(answering);
     let gauges = replica_gauges(&phase.probe).await;
+    let (first, half) = phase::first_and_half(&timed.ready_since_start);
     let burst = RemoteBurst {
         all_ready_seconds: timed.burst.seconds,
         per_second: timed.burst.per_second,
         create_to_ready_seconds: crate::measure::quantiles(&timed.latencies),
+        first_ready_seconds: first,
+        half_ready_seconds: half,
         fleet_cpu_seconds: measured.fleet_cpu,
         peak_rss_mib: measured.peak_rss_mib,
         sockets: sockets(&phase.probe).await,

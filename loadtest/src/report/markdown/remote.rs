@@ -74,6 +74,8 @@ fn burst(b: &RemoteBurst) -> String {
     let sockets = b.sockets.values().copied().max();
     table(
         &[
+            "first Ready (s)",
+            "half Ready (s)",
             "all Ready (s)",
             "Manifests/s",
             "Ready p50 (s)",
@@ -82,8 +84,10 @@ fn burst(b: &RemoteBurst) -> String {
             "peak RSS per replica (MiB)",
             "sockets per replica (most)",
         ],
-        &[Align::Right; 7],
+        &[Align::Right; 9],
         vec![vec![
+            optional_seconds(b.first_ready_seconds),
+            optional_seconds(b.half_ready_seconds),
             format!("{:.1}", b.all_ready_seconds),
             rate(b.per_second),
             seconds(b.create_to_ready_seconds.p50),
@@ -146,6 +150,10 @@ fn cold_restart(c: &RemoteColdRestart) -> String {
         ]),
         verbs(&BTreeMap::new(), &c.requests_by_request),
     )
+}
+
+fn optional_seconds(v: Option<f64>) -> String {
+    v.map_or_else(|| MISSING.to_owned(), |v| format!("{v:.1}"))
 }
 
 fn optional(v: Option<f64>) -> String {
