@@ -53,10 +53,7 @@ struct Ran {
 /// Runs `program args`, with `KUBECONFIG` set, bounded by [`COMMAND_LIMIT`].
 async fn run_program(program: &Path, args: &[&str], kubeconfig: &Path, path: Option<&Path>) -> Ran {
     let mut command = tokio::process::Command::new(program);
-    command
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .kill_on_drop(true);
+    command.args(args).env("KUBECONFIG", kubeconfig);
     if let Some(dir) = path {
         let joined = std::env::join_paths(std::iter::once(dir.to_owned()).chain(
             std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
@@ -64,14 +61,15 @@ async fn run_program(program: &Path, args: &[&str], kubeconfig: &Path, path: Opt
         .unwrap();
         command.env("PATH", joined);
     }
-    let output = tokio::time::timeout(COMMAND_LIMIT, command.output())
+    ran(command).await
+}
+
+/// Runs `command` to its end, bounded by [`COMMAND_LIMIT`].
+async fn ran(mut command: tokio::process::Command) -> Ran {
+    let shown = format!("{command:?}");
+    let output = tokio::time::timeout(COMMAND_LIMIT, command.kill_on_drop(true).output())
         .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} {args:?}: no exit within {COMMAND_LIMIT:?}",
-                program.display()
-            )
-        })
+        .unwrap_or_else(|_| panic!("{shown}: no exit within {COMMAND_LIMIT:?}"))
         .unwrap();
     Ran {
         code: output.status.code().unwrap_or(-1),
@@ -489,6 +487,50 @@ fn render_flags() -> Vec<String> {
     flags
 }
 
+/// `diff` with no render flag (as the README runs it) finds the renderer `hack/build-tools.sh`
+/// built for this checkout, with nothing on `PATH`; with an empty cache it names every place it
+/// tried.
+async fn the_build_renderer_is_found_without_a_flag(h: &Harness) {
+    let nothing = tempfile::tempdir().unwrap();
+    let diff = |cache: &Path| {
+        let binary = PathBuf::from(env!("CARGO_BIN_EXE_module-manager"));
+        let mut command = tokio::process::Command::new(binary);
+        let root = repo().display().to_string();
+        command
+            .args(["diff", "catalog", "-n", &h.ns, "--chart-root", &root])
+            .env("KUBECONFIG", &h.kubeconfig)
+            .env("PATH", nothing.path())
+            .env("MODULE_MANAGER_CACHE", cache);
+        for flag in [
+            "MODULE_MANAGER_RENDER_BACKEND",
+            "MODULE_MANAGER_RENDERER",
+            "MODULE_MANAGER_HELM",
+        ] {
+            command.env_remove(flag);
+        }
+        ran(command)
+    };
+    let found = diff(&testenv::tools::cache_root()).await;
+    assert_eq!(
+        (found.code, found.stdout.as_str()),
+        (0, "No changes.\n"),
+        "{}",
+        found.stderr
+    );
+    let missing = diff(nothing.path()).await;
+    assert_eq!(missing.code, 2, "{}", missing.stderr);
+    let cached = nothing.path().join("tools/renderer-");
+    assert!(
+        missing
+            .stderr
+            .starts_with("error: find the renderer: no renderer or helm found; tried:\n  ")
+            && missing.stderr.contains(&cached.display().to_string())
+            && missing.stderr.contains("make tools"),
+        "{}",
+        missing.stderr
+    );
+}
+
 #[tokio::test]
 async fn diff_lists_exactly_a_values_change_a_drift_and_a_prune_and_changes_nothing() {
     let h = start("cli-diff").await;
@@ -501,6 +543,7 @@ async fn diff_lists_exactly_a_values_change_a_drift_and_a_prune_and_changes_noth
         args
     };
     assert_eq!(h.mm_ok(&diff(&[]), 0).await, "No changes.\n");
+    the_build_renderer_is_found_without_a_flag(&h).await;
     // Suspended, so that no pass repairs what the diff is to show.
     h.mm_ok(&["suspend", "catalog"], 0).await;
     common::patch_spec(

@@ -5,6 +5,7 @@
 pub mod client;
 pub mod connect;
 pub mod diff;
+pub mod locate;
 pub mod manifests;
 pub mod tables;
 pub mod views;
