@@ -153,8 +153,20 @@ async fn get_describe_and_the_requests_change_exactly_their_field() {
     );
     let row: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(&row[..2], ["catalog", "True"], "{table}");
-    assert!(lines[1].contains(test_support::context::REPLICA), "{table}");
+    // The path chart's version, from examples/charts/catalog-v1/Chart.yaml (the working
+    // directory is the checkout, the default --chart-root).
+    assert_eq!(
+        row[row.len() - 3..row.len() - 1],
+        ["1.0.0", test_support::context::REPLICA],
+        "{table}"
+    );
     assert_eq!(lines.len(), 2, "{table}");
+    // Where the chart cannot be read: a dash.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let root = elsewhere.path().display().to_string();
+    let unread = h.mm_ok(&["get", "--chart-root", &root], 0).await;
+    let row: Vec<&str> = unread.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[row.len() - 3], "-", "{unread}");
     let one: Value =
         serde_json::from_str(&h.mm_ok(&["get", "catalog", "-o", "json"], 0).await).unwrap();
     assert_eq!(one["metadata"]["name"], "catalog");
@@ -174,7 +186,7 @@ async fn get_describe_and_the_requests_change_exactly_their_field() {
     let described = h.mm_ok(&["describe", "catalog"], 0).await;
     for expected in [
         "Name:             catalog\n".to_owned(),
-        "Chart:            path examples/charts/catalog-v1\n".to_owned(),
+        "Chart:            path examples/charts/catalog-v1, version 1.0.0\n".to_owned(),
         format!(
             "Inventory:\n  ConfigMap/{0}/catalog-legacy-settings\n  ConfigMap/{0}/catalog-settings\n",
             h.ns
