@@ -729,3 +729,121 @@ async fn diff_lists_the_hooks_an_upgrade_would_run_and_the_pass_runs_them() {
     assert_eq!(hook.data.unwrap()["version"], "2");
     assert_eq!(h.mm_ok(&args, 0).await, "No changes.\n");
 }
+
+/// A `module-manager get … -w` process and the lines it printed so far.
+struct Watching {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    printed: Vec<String>,
+}
+
+impl Watching {
+    async fn start(h: &Harness, args: &[&str]) -> Self {
+        let binary = PathBuf::from(env!("CARGO_BIN_EXE_module-manager"));
+        let mut child = tokio::process::Command::new(binary)
+            .args(args)
+            .args(["-w", "-n", &h.ns])
+            .env("KUBECONFIG", &h.kubeconfig)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        Self {
+            child,
+            lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
+            printed: Vec::new(),
+        }
+    }
+
+    /// The next line, `None` at the end of the output or when none comes within `limit`.
+    async fn next(&mut self, limit: Duration) -> Option<String> {
+        let line = tokio::time::timeout(limit, self.lines.next_line()).await;
+        let line = line.ok()?.unwrap()?;
+        self.printed.push(line.clone());
+        Some(line)
+    }
+
+    /// Reads lines until one whose words start with `words`.
+    async fn until(&mut self, words: &[&str]) -> String {
+        loop {
+            match self.next(COMMAND_LIMIT).await {
+                Some(line)
+                    if line
+                        .split_whitespace()
+                        .take(words.len())
+                        .eq(words.iter().copied()) =>
+                {
+                    return line;
+                }
+                Some(_) => {}
+                None => panic!("no row {words:?}; printed:\n{}", self.printed.join("\n")),
+            }
+        }
+    }
+
+    /// Interrupts it as Ctrl-C does; it must end at once, by the signal. Answers every line
+    /// it printed.
+    async fn interrupt(mut self) -> Vec<String> {
+        let pid = self.child.id().unwrap() as libc::pid_t;
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+        let status = tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .expect("get -w still runs 10 s after SIGINT")
+            .unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGINT)
+        );
+        while self.next(Duration::from_secs(10)).await.is_some() {}
+        self.printed
+    }
+}
+
+#[tokio::test]
+async fn get_watch_prints_the_table_then_a_row_per_change_until_interrupted() {
+    let h = start("cli-watch").await;
+    h.ready_catalog("1h").await;
+    let mut all = Watching::start(&h, &["get"]).await;
+    let mut one = Watching::start(&h, &["get", "catalog"]).await;
+    // The table, as `get` prints it (the chart version from Chart.yaml), then nothing while
+    // nothing changes: the watch's own first list prints no row again.
+    for watching in [&mut all, &mut one] {
+        let header = watching.next(COMMAND_LIMIT).await.unwrap();
+        assert!(header.starts_with("NAME "), "{header}");
+        let row = watching.until(&["catalog", "True"]).await;
+        assert!(row.contains(" 1.0.0 "), "{row}");
+        let quiet = watching.next(Duration::from_secs(3)).await;
+        assert_eq!(quiet, None, "a row while nothing changed");
+    }
+    // A change of catalog: a row.
+    let label = json!({"metadata": {"labels": {"watched": "yes"}}});
+    h.manifests
+        .patch("catalog", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    all.until(&["catalog", "True"]).await;
+    one.until(&["catalog", "True"]).await;
+    // A new Manifest: its rows until it is Ready, aligned with the table's columns.
+    let other = common::manifest(
+        &h.ns,
+        "other",
+        common::chart_spec("other", "examples/charts/catalog-v1", json!({})),
+    );
+    common::create_manifest(&h.manifests, &other).await;
+    let ready = all.until(&["other", "True"]).await;
+    assert!(ready.contains(" 1.0.0 "), "{ready}");
+    // A deletion: the row of its last state (Deleting).
+    common::delete_and_wait(&h.manifests, "other", COMMAND_LIMIT).await;
+    let printed = all.interrupt().await;
+    assert!(
+        printed.iter().filter(|l| l.starts_with("other ")).count() >= 2,
+        "{printed:#?}"
+    );
+    // The named watch follows its Manifest only.
+    let printed = one.interrupt().await;
+    assert!(
+        printed.iter().all(|l| !l.starts_with("other ")),
+        "{printed:#?}"
+    );
+}

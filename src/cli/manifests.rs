@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::connect::{Connection, KubeArgs, api_error, connect};
 use super::views::{Output, describe_manifest, encoded, event_time, manifests_table};
+use super::watch::follow;
 use crate::api::{Manifest, ManifestStatus, RECONCILE_REQUESTED_AT, RESET_REQUESTED_AT, State};
 use crate::source::local_chart_version;
 
@@ -32,6 +33,10 @@ pub struct GetArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t)]
     pub output: Output,
+    /// After the table, print a row each time a Manifest changes, until interrupted (as
+    /// `kubectl get -w`).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
     /// Directory local chart paths (`spec.chart.path`) resolve under, to show a path chart's
     /// version from its `Chart.yaml` (as the operator's `--chart-root`).
     #[arg(long, default_value = ".")]
@@ -136,8 +141,13 @@ async fn listed(api: &Api<Manifest>, args: &GetArgs, namespace: &str) -> anyhow:
     listed_as(&as_list, args.output, items)
 }
 
-/// `get`: a table (or `-o json|yaml`: the Manifest, or a `List` of them).
+/// `get`: a table (or `-o json|yaml`: the Manifest, or a `List` of them); with `--watch`, the
+/// table, then a row per change until interrupted.
 pub async fn get(args: GetArgs) -> anyhow::Result<String> {
+    anyhow::ensure!(
+        !args.watch || args.output == Output::Table,
+        "get --watch prints a table: -o json and -o yaml are not supported with it"
+    );
     let Connection { client, namespace } = connect(&args.kube).await?;
     let api: Api<Manifest> = if args.all_namespaces {
         Api::all(client)
@@ -149,12 +159,23 @@ pub async fn get(args: GetArgs) -> anyhow::Result<String> {
         Listed::Encoded(text) => return Ok(text),
     };
     let version = path_version(&args.chart_root);
-    Ok(manifests_table(
+    let table = manifests_table(&manifests, args.all_namespaces, Timestamp::now(), &version);
+    if !args.watch {
+        return Ok(table);
+    }
+    let mut out = std::io::stdout();
+    std::io::Write::write_all(&mut out, table.as_bytes())?;
+    let name = args.name.as_deref();
+    follow(
+        api,
+        name,
         &manifests,
         args.all_namespaces,
-        Timestamp::now(),
         &version,
-    ))
+        &mut out,
+    )
+    .await?;
+    Ok(String::new())
 }
 
 /// The latest Events about `manifest` (by UID), oldest first.

@@ -9,6 +9,7 @@ pub mod locate;
 pub mod manifests;
 pub mod tables;
 pub mod views;
+pub mod watch;
 
 pub use client::{FETCH_TIMEOUT, MAX_RESPONSE_BODY, TARGETS_TIMEOUT, fetch, fetch_within};
 pub use tables::{
