@@ -97,7 +97,12 @@ pub async fn manifest_command(command: ManifestCommand) -> ExitCode {
 #[derive(clap::Args)]
 pub struct AdminArgs {
     /// The replica's admin API.
-    #[arg(long, default_value = "http://127.0.0.1:9440", global = true)]
+    #[arg(
+        long,
+        env = "MODULE_MANAGER_ADMIN_URL",
+        default_value = "http://127.0.0.1:9440",
+        global = true
+    )]
     url: String,
     /// Output format: the table, or the admin API's answer as JSON or YAML.
     #[arg(short = 'o', long, value_enum, default_value_t, global = true)]
