@@ -501,15 +501,16 @@ fn render_flags() -> Vec<String> {
 
 /// `diff` with no render flag (as the README runs it) finds the renderer `hack/build-tools.sh`
 /// built for this checkout, with nothing on `PATH`; with an empty cache it names every place it
-/// tried.
+/// tried; a renderer named that does not exist is named in the error.
 async fn the_build_renderer_is_found_without_a_flag(h: &Harness) {
     let nothing = tempfile::tempdir().unwrap();
-    let diff = |cache: &Path| {
+    let diff = |cache: &Path, extra: &[&str]| {
         let binary = PathBuf::from(env!("CARGO_BIN_EXE_module-manager"));
         let mut command = tokio::process::Command::new(binary);
         let root = repo().display().to_string();
         command
             .args(["diff", "catalog", "-n", &h.ns, "--chart-root", &root])
+            .args(extra)
             .env("KUBECONFIG", &h.kubeconfig)
             .env("PATH", nothing.path())
             .env("MODULE_MANAGER_CACHE", cache);
@@ -522,14 +523,14 @@ async fn the_build_renderer_is_found_without_a_flag(h: &Harness) {
         }
         ran(command)
     };
-    let found = diff(&testenv::tools::cache_root()).await;
+    let found = diff(&testenv::tools::cache_root(), &[]).await;
     assert_eq!(
         (found.code, found.stdout.as_str()),
         (0, "No changes.\n"),
         "{}",
         found.stderr
     );
-    let missing = diff(nothing.path()).await;
+    let missing = diff(nothing.path(), &[]).await;
     assert_eq!(missing.code, 2, "{}", missing.stderr);
     let cached = nothing.path().join("tools/renderer-");
     assert!(
@@ -540,6 +541,15 @@ async fn the_build_renderer_is_found_without_a_flag(h: &Harness) {
             && missing.stderr.contains("make tools"),
         "{}",
         missing.stderr
+    );
+    let named = diff(nothing.path(), &["--renderer", "/nonexistent/renderer"]).await;
+    assert_eq!(named.code, 2, "{}", named.stderr);
+    assert!(
+        named
+            .stderr
+            .starts_with("error: start the renderer /nonexistent/renderer: "),
+        "{}",
+        named.stderr
     );
 }
 

@@ -8,7 +8,7 @@ use kube::api::Api;
 use kube::runtime::events::Reporter;
 
 use super::connect::{Connection, KubeArgs, api_error, connect};
-use super::locate::{Kind, Places, Wanted, choose, exists};
+use super::locate::{Kind, Places, Wanted, binary, choose, exists};
 use super::views::{Output, diff_text, encoded};
 use crate::api::Manifest;
 use crate::apply::Cluster;
@@ -63,9 +63,10 @@ pub fn backend(args: &DiffArgs, places: &Places) -> anyhow::Result<Backend> {
 /// private helm home (`home`), default limits.
 async fn context(args: &DiffArgs, client: kube::Client, home: PathBuf) -> anyhow::Result<Context> {
     let backend = backend(args, &Places::of_this_process())?;
+    let shown = binary(&backend).display().to_string();
     let renderer = HelmRenderer::start(backend, home, RenderLimits::default(), Default::default())
         .await
-        .map_err(|e| anyhow::anyhow!("start the renderer: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("start the renderer {shown}: {e}"))?;
     let chart_root = args
         .chart_root
         .canonicalize()

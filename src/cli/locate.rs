@@ -156,7 +156,8 @@ pub fn choose(
     }
 }
 
-fn binary(backend: &Backend) -> &Path {
+/// The binary `backend` runs.
+pub fn binary(backend: &Backend) -> &Path {
     match backend {
         Backend::Renderer(path) | Backend::Helm(path) => path,
     }
