@@ -53,10 +53,7 @@ struct Ran {
 /// Runs `program args`, with `KUBECONFIG` set, bounded by [`COMMAND_LIMIT`].
 async fn run_program(program: &Path, args: &[&str], kubeconfig: &Path, path: Option<&Path>) -> Ran {
     let mut command = tokio::process::Command::new(program);
-    command
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .kill_on_drop(true);
+    command.args(args).env("KUBECONFIG", kubeconfig);
     if let Some(dir) = path {
         let joined = std::env::join_paths(std::iter::once(dir.to_owned()).chain(
             std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
@@ -64,14 +61,15 @@ async fn run_program(program: &Path, args: &[&str], kubeconfig: &Path, path: Opt
         .unwrap();
         command.env("PATH", joined);
     }
-    let output = tokio::time::timeout(COMMAND_LIMIT, command.output())
+    ran(command).await
+}
+
+/// Runs `command` to its end, bounded by [`COMMAND_LIMIT`].
+async fn ran(mut command: tokio::process::Command) -> Ran {
+    let shown = format!("{command:?}");
+    let output = tokio::time::timeout(COMMAND_LIMIT, command.kill_on_drop(true).output())
         .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} {args:?}: no exit within {COMMAND_LIMIT:?}",
-                program.display()
-            )
-        })
+        .unwrap_or_else(|_| panic!("{shown}: no exit within {COMMAND_LIMIT:?}"))
         .unwrap();
     Ran {
         code: output.status.code().unwrap_or(-1),
@@ -155,8 +153,20 @@ async fn get_describe_and_the_requests_change_exactly_their_field() {
     );
     let row: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(&row[..2], ["catalog", "True"], "{table}");
-    assert!(lines[1].contains(test_support::context::REPLICA), "{table}");
+    // The path chart's version, from examples/charts/catalog-v1/Chart.yaml (the working
+    // directory is the checkout, the default --chart-root).
+    assert_eq!(
+        row[row.len() - 3..row.len() - 1],
+        ["1.0.0", test_support::context::REPLICA],
+        "{table}"
+    );
     assert_eq!(lines.len(), 2, "{table}");
+    // Where the chart cannot be read: a dash.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let root = elsewhere.path().display().to_string();
+    let unread = h.mm_ok(&["get", "--chart-root", &root], 0).await;
+    let row: Vec<&str> = unread.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[row.len() - 3], "-", "{unread}");
     let one: Value =
         serde_json::from_str(&h.mm_ok(&["get", "catalog", "-o", "json"], 0).await).unwrap();
     assert_eq!(one["metadata"]["name"], "catalog");
@@ -176,7 +186,7 @@ async fn get_describe_and_the_requests_change_exactly_their_field() {
     let described = h.mm_ok(&["describe", "catalog"], 0).await;
     for expected in [
         "Name:             catalog\n".to_owned(),
-        "Chart:            path examples/charts/catalog-v1\n".to_owned(),
+        "Chart:            path examples/charts/catalog-v1, version 1.0.0\n".to_owned(),
         format!(
             "Inventory:\n  ConfigMap/{0}/catalog-legacy-settings\n  ConfigMap/{0}/catalog-settings\n",
             h.ns
@@ -489,6 +499,60 @@ fn render_flags() -> Vec<String> {
     flags
 }
 
+/// `diff` with no render flag (as the README runs it) finds the renderer `hack/build-tools.sh`
+/// built for this checkout, with nothing on `PATH`; with an empty cache it names every place it
+/// tried; a renderer named that does not exist is named in the error.
+async fn the_build_renderer_is_found_without_a_flag(h: &Harness) {
+    let nothing = tempfile::tempdir().unwrap();
+    let diff = |cache: &Path, extra: &[&str]| {
+        let binary = PathBuf::from(env!("CARGO_BIN_EXE_module-manager"));
+        let mut command = tokio::process::Command::new(binary);
+        let root = repo().display().to_string();
+        command
+            .args(["diff", "catalog", "-n", &h.ns, "--chart-root", &root])
+            .args(extra)
+            .env("KUBECONFIG", &h.kubeconfig)
+            .env("PATH", nothing.path())
+            .env("MODULE_MANAGER_CACHE", cache);
+        for flag in [
+            "MODULE_MANAGER_RENDER_BACKEND",
+            "MODULE_MANAGER_RENDERER",
+            "MODULE_MANAGER_HELM",
+        ] {
+            command.env_remove(flag);
+        }
+        ran(command)
+    };
+    let found = diff(&testenv::tools::cache_root(), &[]).await;
+    assert_eq!(
+        (found.code, found.stdout.as_str()),
+        (0, "No changes.\n"),
+        "{}",
+        found.stderr
+    );
+    let missing = diff(nothing.path(), &[]).await;
+    assert_eq!(missing.code, 2, "{}", missing.stderr);
+    let cached = nothing.path().join("tools/renderer-");
+    assert!(
+        missing
+            .stderr
+            .starts_with("error: find the renderer: no renderer or helm found; tried:\n  ")
+            && missing.stderr.contains(&cached.display().to_string())
+            && missing.stderr.contains("make tools"),
+        "{}",
+        missing.stderr
+    );
+    let named = diff(nothing.path(), &["--renderer", "/nonexistent/renderer"]).await;
+    assert_eq!(named.code, 2, "{}", named.stderr);
+    assert!(
+        named
+            .stderr
+            .starts_with("error: start the renderer /nonexistent/renderer: "),
+        "{}",
+        named.stderr
+    );
+}
+
 #[tokio::test]
 async fn diff_lists_exactly_a_values_change_a_drift_and_a_prune_and_changes_nothing() {
     let h = start("cli-diff").await;
@@ -501,6 +565,7 @@ async fn diff_lists_exactly_a_values_change_a_drift_and_a_prune_and_changes_noth
         args
     };
     assert_eq!(h.mm_ok(&diff(&[]), 0).await, "No changes.\n");
+    the_build_renderer_is_found_without_a_flag(&h).await;
     // Suspended, so that no pass repairs what the diff is to show.
     h.mm_ok(&["suspend", "catalog"], 0).await;
     common::patch_spec(
@@ -673,4 +738,122 @@ async fn diff_lists_the_hooks_an_upgrade_would_run_and_the_pass_runs_them() {
     let hook = h.config_maps().get("ledger-migrate").await.unwrap();
     assert_eq!(hook.data.unwrap()["version"], "2");
     assert_eq!(h.mm_ok(&args, 0).await, "No changes.\n");
+}
+
+/// A `module-manager get … -w` process and the lines it printed so far.
+struct Watching {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    printed: Vec<String>,
+}
+
+impl Watching {
+    async fn start(h: &Harness, args: &[&str]) -> Self {
+        let binary = PathBuf::from(env!("CARGO_BIN_EXE_module-manager"));
+        let mut child = tokio::process::Command::new(binary)
+            .args(args)
+            .args(["-w", "-n", &h.ns])
+            .env("KUBECONFIG", &h.kubeconfig)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        Self {
+            child,
+            lines: tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout)),
+            printed: Vec::new(),
+        }
+    }
+
+    /// The next line, `None` at the end of the output or when none comes within `limit`.
+    async fn next(&mut self, limit: Duration) -> Option<String> {
+        let line = tokio::time::timeout(limit, self.lines.next_line()).await;
+        let line = line.ok()?.unwrap()?;
+        self.printed.push(line.clone());
+        Some(line)
+    }
+
+    /// Reads lines until one whose words start with `words`.
+    async fn until(&mut self, words: &[&str]) -> String {
+        loop {
+            match self.next(COMMAND_LIMIT).await {
+                Some(line)
+                    if line
+                        .split_whitespace()
+                        .take(words.len())
+                        .eq(words.iter().copied()) =>
+                {
+                    return line;
+                }
+                Some(_) => {}
+                None => panic!("no row {words:?}; printed:\n{}", self.printed.join("\n")),
+            }
+        }
+    }
+
+    /// Interrupts it as Ctrl-C does; it must end at once, by the signal. Answers every line
+    /// it printed.
+    async fn interrupt(mut self) -> Vec<String> {
+        let pid = self.child.id().unwrap() as libc::pid_t;
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+        let status = tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .expect("get -w still runs 10 s after SIGINT")
+            .unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGINT)
+        );
+        while self.next(Duration::from_secs(10)).await.is_some() {}
+        self.printed
+    }
+}
+
+#[tokio::test]
+async fn get_watch_prints_the_table_then_a_row_per_change_until_interrupted() {
+    let h = start("cli-watch").await;
+    h.ready_catalog("1h").await;
+    let mut all = Watching::start(&h, &["get"]).await;
+    let mut one = Watching::start(&h, &["get", "catalog"]).await;
+    // The table, as `get` prints it (the chart version from Chart.yaml), then nothing while
+    // nothing changes: the watch's own first list prints no row again.
+    for watching in [&mut all, &mut one] {
+        let header = watching.next(COMMAND_LIMIT).await.unwrap();
+        assert!(header.starts_with("NAME "), "{header}");
+        let row = watching.until(&["catalog", "True"]).await;
+        assert!(row.contains(" 1.0.0 "), "{row}");
+        let quiet = watching.next(Duration::from_secs(3)).await;
+        assert_eq!(quiet, None, "a row while nothing changed");
+    }
+    // A change of catalog: a row.
+    let label = json!({"metadata": {"labels": {"watched": "yes"}}});
+    h.manifests
+        .patch("catalog", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    all.until(&["catalog", "True"]).await;
+    one.until(&["catalog", "True"]).await;
+    // A new Manifest: its rows until it is Ready, aligned with the table's columns.
+    let other = common::manifest(
+        &h.ns,
+        "other",
+        common::chart_spec("other", "examples/charts/catalog-v1", json!({})),
+    );
+    common::create_manifest(&h.manifests, &other).await;
+    let ready = all.until(&["other", "True"]).await;
+    assert!(ready.contains(" 1.0.0 "), "{ready}");
+    // A deletion: the row of its last state (Deleting).
+    common::delete_and_wait(&h.manifests, "other", COMMAND_LIMIT).await;
+    let printed = all.interrupt().await;
+    assert!(
+        printed.iter().filter(|l| l.starts_with("other ")).count() >= 2,
+        "{printed:#?}"
+    );
+    // The named watch follows its Manifest only.
+    let printed = one.interrupt().await;
+    assert!(
+        printed.iter().all(|l| !l.starts_with("other ")),
+        "{printed:#?}"
+    );
 }

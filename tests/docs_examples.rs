@@ -2,16 +2,22 @@
 //! Argo CD health check — run as written (`bash -e`, with `kubectl` and `module-manager` on
 //! `PATH`) against the real kube-apiserver, with the pipeline reconciling in-process. Only the
 //! namespace (`apps`, `argocd`) is replaced by the test's own.
+//!
+//! And the README's commands after `make run`, as written, against a fleet of two real replica
+//! processes: only the namespace `default` and the second replica's port are replaced, and
+//! `cargo run` runs the binaries this build made (a `cargo` on `PATH` that knows just those
+//! two `cargo run` lines).
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::api::{Api, PostParams};
-use module_manager::api::State;
+use module_manager::api::{Manifest, State};
 use serde_json::json;
+use test_support::fleet::{LocalFleet, ReplicaSettings};
 use test_support::repo;
 
 /// The longest one example may take (its own waits are shorter; a loaded CI machine).
@@ -43,8 +49,8 @@ fn code_blocks_of_a_section_are_found_in_order() {
     assert_eq!(sh_blocks(doc, "B"), ["three\n"]);
 }
 
-/// A directory for `PATH` with `module-manager` (this build), `kubectl`, and `helm` for the
-/// diff's renderer.
+/// A directory for `PATH` with `module-manager` (this build) and `kubectl`; no helm or renderer:
+/// `diff` finds the renderer `hack/build-tools.sh` built, as it does for a user of a checkout.
 fn tools_dir() -> tempfile::TempDir {
     let tools = testenv::Tools::locate().expect("tools built");
     let dir = tempfile::tempdir().unwrap();
@@ -60,15 +66,14 @@ fn tools_dir() -> tempfile::TempDir {
             PathBuf::from(env!("CARGO_BIN_EXE_module-manager")),
         ),
         ("kubectl", kubectl),
-        ("helm", tools.helm.clone()),
     ] {
         std::os::unix::fs::symlink(target, dir.path().join(name)).unwrap();
     }
     dir
 }
 
-/// Runs one example with `bash -e` in `cwd`: its exit code and output.
-async fn run(example: &str, cwd: &Path, tools: &Path, kubeconfig: &Path) -> (i32, String) {
+/// Runs one example with `bash -e` in `cwd`: its exit code, stdout and stderr.
+async fn run(example: &str, cwd: &Path, tools: &Path, kubeconfig: &Path) -> (i32, String, String) {
     let path = std::env::join_paths(std::iter::once(tools.to_owned()).chain(
         std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
     ))
@@ -84,12 +89,11 @@ async fn run(example: &str, cwd: &Path, tools: &Path, kubeconfig: &Path) -> (i32
         .await
         .unwrap_or_else(|_| panic!("no exit within {EXAMPLE_LIMIT:?}:\n{example}"))
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.code().unwrap_or(-1), text)
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
 }
 
 #[tokio::test]
@@ -139,8 +143,8 @@ async fn the_operations_examples_run_as_written() {
                 .replace("-n apps", &format!("-n {}", h.ns))
                 .replace("ns=apps", &format!("ns={}", h.ns))
                 .replace("-n argocd", &format!("-n {}", h.ns));
-            let (code, output) = run(&example, cwd.path(), tools.path(), &kubeconfig).await;
-            assert_eq!(code, 0, "{title}: exit {code}\n{example}\n{output}");
+            let (code, out, err) = run(&example, cwd.path(), tools.path(), &kubeconfig).await;
+            assert_eq!(code, 0, "{title}: exit {code}\n{example}\n{out}{err}");
             ran += 1;
         }
     }
@@ -162,4 +166,165 @@ async fn the_operations_examples_run_as_written() {
             .unwrap_or_default()
             .contains_key("resource.customizations.health.modulemanager.io_Manifest")
     );
+}
+
+/// The README's block of commands to try after `make run` (it starts `export KUBECONFIG=`).
+fn readme_commands(readme: &str) -> String {
+    let start = readme
+        .find("```bash\nexport KUBECONFIG=")
+        .expect("the README's block after make run")
+        + "```bash\n".len();
+    let block = &readme[start..];
+    block[..block.find("\n```").expect("a closed code block") + 1].to_owned()
+}
+
+/// `cargo` for the README's commands: `cargo run -q -p testenv --bin testenv -- status` prints
+/// the test's kubeconfig, `cargo run -q --bin module-manager -- …` runs this build's binary;
+/// anything else fails.
+const CARGO_RUN: &str = r#"#!/usr/bin/env bash
+case "$*" in
+  "run -q -p testenv --bin testenv -- status") echo "$KUBECONFIG_OF_TEST" ;;
+  "run -q --bin module-manager -- "*) shift 5; exec module-manager "$@" ;;
+  *) echo "cargo (test stand-in): not a README command: $*" >&2; exit 127 ;;
+esac
+"#;
+
+/// A fleet of two replica processes reconciling the Manifests of `ns` labelled for it, and the
+/// directory of their logs.
+async fn readme_fleet(
+    client: &kube::Client,
+    kubeconfig: &Path,
+    ns: &str,
+) -> (LocalFleet, tempfile::TempDir) {
+    let logs = tempfile::Builder::new()
+        .prefix("readme-fleet-")
+        .tempdir()
+        .unwrap();
+    let settings = ReplicaSettings {
+        binary: env!("CARGO_BIN_EXE_module-manager").into(),
+        chart_root: repo(),
+        helm: testenv::Tools::locate().unwrap().helm,
+        shards: 16,
+        concurrency: 2,
+        lease_duration_seconds: 6,
+        renew_interval_seconds: 1,
+        renew_deadline_seconds: 4,
+        restart_grace_seconds: 30,
+        handover_timeout_seconds: Some(5),
+        statefulset: true,
+        manifest_selector: format!("readme-test={ns}"),
+        extra_args: Vec::new(),
+        log_dir: logs.path().to_owned(),
+    };
+    let mut fleet = LocalFleet::create(client, kubeconfig, ns, "module-manager", 2, settings)
+        .await
+        .unwrap();
+    for ordinal in 0..2 {
+        fleet.start(ordinal).unwrap();
+    }
+    (fleet, logs)
+}
+
+/// The Manifest `web` of `ns` as in examples/manifests/ (but a chart of ConfigMaps: no kubelet
+/// runs pods here), labelled for the fleet, Ready; and the namespace's `default`
+/// ServiceAccount, which the README's token is for.
+async fn ready_web(client: &kube::Client, ns: &str) {
+    let manifests: Api<Manifest> = Api::namespaced(client.clone(), ns);
+    let mut web = common::manifest(
+        ns,
+        "web",
+        json!({"module": "web", "chart": {"path": "examples/charts/catalog-v1"}, "interval": "1h"}),
+    );
+    web.metadata.labels = Some([("readme-test".to_owned(), ns.to_owned())].into());
+    common::create_manifest(&manifests, &web).await;
+    common::wait_state(&manifests, "web", State::Ready, Duration::from_secs(120)).await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    common::wait_until(
+        "the default ServiceAccount",
+        Duration::from_secs(60),
+        async || accounts.get_opt("default").await.unwrap().is_some(),
+    )
+    .await;
+}
+
+/// The README's commands for namespace `ns` and the fleet's admin ports, each after a line
+/// `>>> <command>` on stdout (to tell their outputs apart); and how many there are.
+fn readme_script(ns: &str, kubeconfig: &Path, admin: [u16; 2]) -> (String, usize) {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let commands = readme_commands(&readme)
+        .replace("-n default", &format!("-n {ns}"))
+        .replace("manifest default web", &format!("manifest {ns} web"))
+        .replace(
+            "--serviceaccount=default:",
+            &format!("--serviceaccount={ns}:"),
+        )
+        .replace("localhost:9441", &format!("localhost:{}", admin[1]));
+    let mut script = format!(
+        "export KUBECONFIG_OF_TEST={} MODULE_MANAGER_ADMIN_URL=http://127.0.0.1:{}\n",
+        kubeconfig.display(),
+        admin[0]
+    );
+    let commands: Vec<&str> = commands.lines().filter(|l| !l.trim().is_empty()).collect();
+    for command in &commands {
+        script += &format!("echo '>>> {}'\n{command}\n", command.replace('\'', ""));
+    }
+    (script, commands.len())
+}
+
+/// What each README command must print (`ns`: the namespace of `web`).
+fn check_readme_output(command: &str, output: &str, ns: &str) {
+    let expected: &[&str] = match command {
+        c if c.starts_with("kubectl get manifests") => &["NAMESPACE"],
+        c if c.contains("admin shards") => &["SHARD", "module-manager-0", "module-manager-1"],
+        c if c.contains("admin queue") => &["module-manager-0"],
+        c if c.starts_with("kubectl create") => &["created"],
+        c if c.contains("admin manifest") => &["module-manager-", "Ready"],
+        c if c.contains(" get -A") => &["CHART VERSION", " 1.0.0 "],
+        c if c.contains(" diff web") => &["No changes.\n"],
+        c if c.starts_with("curl") => &["\"shards\""],
+        _ => &[],
+    };
+    for text in expected {
+        assert!(
+            output.contains(text),
+            "{command}: no {text:?} in:\n{output}"
+        );
+    }
+    let web_row = output
+        .lines()
+        .any(|l| l.split_whitespace().take(2).eq([ns, "web"]));
+    if command.contains("get manifests -A") || command.contains(" get -A") {
+        assert!(web_row, "{command}: no row of {ns}/web in:\n{output}");
+    }
+}
+
+#[tokio::test]
+async fn the_readme_commands_run_as_written() {
+    let control_plane = common::control_plane().await;
+    let client = control_plane.client().await.unwrap();
+    let ns = control_plane.namespace(&client, "readme").await.unwrap();
+    let kubeconfig = control_plane.kubeconfig().to_owned();
+    let (fleet, _logs) = readme_fleet(&client, &kubeconfig, &ns).await;
+    ready_web(&client, &ns).await;
+    let tools = tools_dir();
+    let cargo = tools.path().join("cargo");
+    std::fs::write(&cargo, CARGO_RUN).unwrap();
+    let mut mode = std::fs::metadata(&cargo).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut mode, 0o755);
+    std::fs::set_permissions(&cargo, mode).unwrap();
+    let admin = [0, 1].map(|ordinal| fleet.replicas()[&ordinal].admin);
+    let (script, count) = readme_script(&ns, &kubeconfig, admin);
+    // $KUBECONFIG comes from the README's own first line.
+    let (code, stdout, stderr) =
+        run(&script, &repo(), tools.path(), Path::new("/nonexistent")).await;
+    assert_eq!(code, 0, "{script}\n{stdout}\n{stderr}");
+    let ran: Vec<(&str, &str)> = stdout
+        .split(">>> ")
+        .skip(1)
+        .map(|section| section.split_once('\n').unwrap_or((section, "")))
+        .collect();
+    assert_eq!(ran.len(), count, "{stdout}");
+    for (command, output) in ran {
+        check_readme_output(command, output, &ns);
+    }
 }

@@ -8,6 +8,7 @@ use kube::api::Api;
 use kube::runtime::events::Reporter;
 
 use super::connect::{Connection, KubeArgs, api_error, connect};
+use super::locate::{Kind, Places, Wanted, binary, choose, exists};
 use super::views::{Output, diff_text, encoded};
 use crate::api::Manifest;
 use crate::apply::Cluster;
@@ -17,18 +18,6 @@ use crate::reconcile::Context;
 use crate::reconcile::preview::preview;
 use crate::render::{Backend, HelmRenderer, RenderLimits};
 use crate::source::{Limits, RemoteCharts, RemoteConfig};
-
-/// The renderer binary's name, looked for next to this executable.
-const RENDERER_NAME: &str = "module-manager-renderer";
-
-/// `--render-backend` of `diff` (as the operator's flag).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum DiffBackend {
-    /// The renderer child (`--renderer`).
-    Renderer,
-    /// `helm template` (`--helm`).
-    Helm,
-}
 
 /// `diff NAME`, with the operator's chart and render flags.
 #[derive(clap::Args, Debug)]
@@ -46,41 +35,38 @@ pub struct DiffArgs {
     /// the temporary directory).
     #[arg(long)]
     pub chart_cache_dir: Option<PathBuf>,
-    /// What renders: `renderer` or `helm` (default: the renderer next to this executable if
-    /// there is one, else helm).
-    #[arg(long, value_enum)]
-    pub render_backend: Option<DiffBackend>,
-    /// The renderer binary (default: `module-manager-renderer` next to this executable).
-    #[arg(long)]
+    /// What renders: `renderer` or `helm` (default: the first found of the renderer, then of
+    /// helm, beside this executable, where `hack/build-tools.sh` builds it, on `PATH`).
+    #[arg(long, env = "MODULE_MANAGER_RENDER_BACKEND", value_enum)]
+    pub render_backend: Option<Kind>,
+    /// The renderer binary (default: looked for as `--render-backend` says).
+    #[arg(long, env = "MODULE_MANAGER_RENDERER")]
     pub renderer: Option<PathBuf>,
-    /// The helm binary.
-    #[arg(long, default_value = "helm")]
-    pub helm: PathBuf,
+    /// The helm binary (default: looked for as `--render-backend` says).
+    #[arg(long, env = "MODULE_MANAGER_HELM")]
+    pub helm: Option<PathBuf>,
     #[command(flatten)]
     pub kube: KubeArgs,
 }
 
-/// The backend the flags choose: explicit, else the renderer next to `exe` when it exists,
-/// else helm.
-pub fn backend(args: &DiffArgs, exe: Option<PathBuf>) -> Backend {
-    let beside = exe
-        .and_then(|exe| Some(exe.parent()?.join(RENDERER_NAME)))
-        .filter(|path| path.is_file());
-    let renderer = args.renderer.clone().or(beside);
-    match (args.render_backend, renderer) {
-        (Some(DiffBackend::Helm), _) | (None, None) => Backend::Helm(args.helm.clone()),
-        (_, Some(renderer)) => Backend::Renderer(renderer),
-        (Some(DiffBackend::Renderer), None) => Backend::Renderer(RENDERER_NAME.into()),
-    }
+/// The backend the flags choose, else the one found ([`choose`]) in `places`.
+pub fn backend(args: &DiffArgs, places: &Places) -> anyhow::Result<Backend> {
+    let wanted = Wanted {
+        kind: args.render_backend,
+        renderer: args.renderer.clone(),
+        helm: args.helm.clone(),
+    };
+    choose(&wanted, places, exists).map_err(|e| anyhow::anyhow!("find the renderer: {e}"))
 }
 
 /// A reconcile Context on the caller's client: no impersonation, the chosen renderer in a
 /// private helm home (`home`), default limits.
 async fn context(args: &DiffArgs, client: kube::Client, home: PathBuf) -> anyhow::Result<Context> {
-    let backend = backend(args, std::env::current_exe().ok());
+    let backend = backend(args, &Places::of_this_process())?;
+    let shown = binary(&backend).display().to_string();
     let renderer = HelmRenderer::start(backend, home, RenderLimits::default(), Default::default())
         .await
-        .map_err(|e| anyhow::anyhow!("start the renderer: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("start the renderer {shown}: {e}"))?;
     let chart_root = args
         .chart_root
         .canonicalize()
@@ -157,33 +143,31 @@ mod tests {
     }
 
     #[test]
-    fn the_renderer_beside_the_executable_is_the_default_else_helm() {
-        let dir = tempfile::tempdir().unwrap();
-        let exe = dir.path().join("module-manager");
-        // No renderer beside it: helm.
-        assert_eq!(
-            backend(&args(&[]), Some(exe.clone())),
-            Backend::Helm("helm".into())
-        );
-        std::fs::write(dir.path().join(RENDERER_NAME), "").unwrap();
-        assert_eq!(
-            backend(&args(&[]), Some(exe.clone())),
-            Backend::Renderer(dir.path().join(RENDERER_NAME))
-        );
+    fn the_flags_name_the_backend_and_nothing_found_names_the_step() {
+        let none = Places::default();
         assert_eq!(
             backend(
                 &args(&["--render-backend", "helm", "--helm", "/bin/helm"]),
-                Some(exe.clone())
-            ),
+                &none
+            )
+            .unwrap(),
             Backend::Helm("/bin/helm".into())
         );
         assert_eq!(
-            backend(&args(&["--renderer", "/opt/r"]), None),
+            backend(&args(&["--renderer", "/opt/r"]), &none).unwrap(),
             Backend::Renderer("/opt/r".into())
         );
-        assert_eq!(
-            backend(&args(&["--render-backend", "renderer"]), None),
-            Backend::Renderer(RENDERER_NAME.into())
+        let empty = tempfile::tempdir().unwrap();
+        let places = Places {
+            path: vec![empty.path().to_owned()],
+            ..Places::default()
+        };
+        let error = backend(&args(&["--render-backend", "renderer"]), &places).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("find the renderer: no renderer found; tried:"),
+            "{error}"
         );
     }
 }

@@ -1,17 +1,21 @@
 //! `get`, `describe`, `reconcile`, `suspend`, `resume`, `retry`: Manifests on the cluster in the
 //! kubeconfig, read and changed as the caller (flux's `get/reconcile/suspend/resume` for Manifests).
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
+use serde::Serialize;
 use serde_json::json;
 
 use super::connect::{Connection, KubeArgs, api_error, connect};
 use super::views::{Output, describe_manifest, encoded, event_time, manifests_table};
+use super::watch::follow;
 use crate::api::{Manifest, ManifestStatus, RECONCILE_REQUESTED_AT, RESET_REQUESTED_AT, State};
+use crate::source::local_chart_version;
 
 /// Most Events `describe` shows (the latest).
 const EVENTS_SHOWN: usize = 20;
@@ -29,6 +33,14 @@ pub struct GetArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t)]
     pub output: Output,
+    /// After the table, print a row each time a Manifest changes, until interrupted (as
+    /// `kubectl get -w`).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+    /// Directory local chart paths (`spec.chart.path`) resolve under, to show a path chart's
+    /// version from its `Chart.yaml` (as the operator's `--chart-root`).
+    #[arg(long, default_value = ".")]
+    pub chart_root: PathBuf,
     #[command(flatten)]
     pub kube: KubeArgs,
 }
@@ -41,6 +53,10 @@ pub struct DescribeArgs {
     /// Output format (`json`/`yaml`: the Manifest and its Events).
     #[arg(short = 'o', long, value_enum, default_value_t)]
     pub output: Output,
+    /// Directory local chart paths (`spec.chart.path`) resolve under, to show a path chart's
+    /// version from its `Chart.yaml` (as the operator's `--chart-root`).
+    #[arg(long, default_value = ".")]
+    pub chart_root: PathBuf,
     #[command(flatten)]
     pub kube: KubeArgs,
 }
@@ -79,48 +95,87 @@ fn what(namespace: &str, name: &str) -> String {
     format!("Manifest {namespace}/{name}")
 }
 
-/// `get`: a table (or `-o json|yaml`: the Manifest, or a `List` of them).
+/// The version a path chart's `Chart.yaml` under `root` says, where this process can read it.
+fn path_version(root: &Path) -> impl Fn(&str) -> Option<String> {
+    move |path| local_chart_version(path, root)
+}
+
+/// What `get` prints: a table of Manifests, or the text of `-o json|yaml`.
+enum Listed {
+    Manifests(Vec<Manifest>),
+    Encoded(String),
+}
+
+/// `value` as `-o` asks, else the table of `manifests`.
+fn listed_as(
+    value: &impl Serialize,
+    output: Output,
+    manifests: Vec<Manifest>,
+) -> anyhow::Result<Listed> {
+    Ok(match encoded(value, output)? {
+        Some(text) => Listed::Encoded(text),
+        None => Listed::Manifests(manifests),
+    })
+}
+
+/// The Manifest `get` names, or those of its namespace (or of all).
+async fn listed(api: &Api<Manifest>, args: &GetArgs, namespace: &str) -> anyhow::Result<Listed> {
+    if let Some(name) = &args.name {
+        let manifest = api
+            .get(name)
+            .await
+            .map_err(|e| api_error("get", &what(namespace, name), e))?;
+        return listed_as(&manifest, args.output, vec![manifest.clone()]);
+    }
+    let scope = if args.all_namespaces {
+        "all namespaces".to_owned()
+    } else {
+        format!("namespace {namespace}")
+    };
+    let items = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| api_error("list", &format!("Manifests of {scope}"), e))?
+        .items;
+    let as_list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    listed_as(&as_list, args.output, items)
+}
+
+/// `get`: a table (or `-o json|yaml`: the Manifest, or a `List` of them); with `--watch`, the
+/// table, then a row per change until interrupted.
 pub async fn get(args: GetArgs) -> anyhow::Result<String> {
+    anyhow::ensure!(
+        !args.watch || args.output == Output::Table,
+        "get --watch prints a table: -o json and -o yaml are not supported with it"
+    );
     let Connection { client, namespace } = connect(&args.kube).await?;
     let api: Api<Manifest> = if args.all_namespaces {
         Api::all(client)
     } else {
         Api::namespaced(client, &namespace)
     };
-    let manifests = match &args.name {
-        Some(name) => {
-            let manifest = api
-                .get(name)
-                .await
-                .map_err(|e| api_error("get", &what(&namespace, name), e))?;
-            if let Some(text) = encoded(&manifest, args.output)? {
-                return Ok(text);
-            }
-            vec![manifest]
-        }
-        None => {
-            let scope = if args.all_namespaces {
-                "all namespaces".to_owned()
-            } else {
-                format!("namespace {namespace}")
-            };
-            let list = api
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| api_error("list", &format!("Manifests of {scope}"), e))?;
-            let items = list.items;
-            let as_list = json!({"apiVersion": "v1", "kind": "List", "items": items});
-            if let Some(text) = encoded(&as_list, args.output)? {
-                return Ok(text);
-            }
-            items
-        }
+    let manifests = match listed(&api, &args, &namespace).await? {
+        Listed::Manifests(manifests) => manifests,
+        Listed::Encoded(text) => return Ok(text),
     };
-    Ok(manifests_table(
+    let version = path_version(&args.chart_root);
+    let table = manifests_table(&manifests, args.all_namespaces, Timestamp::now(), &version);
+    if !args.watch {
+        return Ok(table);
+    }
+    let mut out = std::io::stdout();
+    std::io::Write::write_all(&mut out, table.as_bytes())?;
+    let name = args.name.as_deref();
+    follow(
+        api,
+        name,
         &manifests,
         args.all_namespaces,
-        Timestamp::now(),
-    ))
+        &version,
+        &mut out,
+    )
+    .await?;
+    Ok(String::new())
 }
 
 /// The latest Events about `manifest` (by UID), oldest first.
@@ -156,7 +211,13 @@ pub async fn describe(args: DescribeArgs) -> anyhow::Result<String> {
     if let Some(text) = encoded(&both, args.output)? {
         return Ok(text);
     }
-    Ok(describe_manifest(&manifest, &events, Timestamp::now()))
+    let version = path_version(&args.chart_root);
+    Ok(describe_manifest(
+        &manifest,
+        &events,
+        Timestamp::now(),
+        &version,
+    ))
 }
 
 /// Merge-patches one Manifest; its error names the step.

@@ -5,9 +5,11 @@
 pub mod client;
 pub mod connect;
 pub mod diff;
+pub mod locate;
 pub mod manifests;
 pub mod tables;
 pub mod views;
+pub mod watch;
 
 pub use client::{FETCH_TIMEOUT, MAX_RESPONSE_BODY, TARGETS_TIMEOUT, fetch, fetch_within};
 pub use tables::{
@@ -95,7 +97,12 @@ pub async fn manifest_command(command: ManifestCommand) -> ExitCode {
 #[derive(clap::Args)]
 pub struct AdminArgs {
     /// The replica's admin API.
-    #[arg(long, default_value = "http://127.0.0.1:9440", global = true)]
+    #[arg(
+        long,
+        env = "MODULE_MANAGER_ADMIN_URL",
+        default_value = "http://127.0.0.1:9440",
+        global = true
+    )]
     url: String,
     /// Output format: the table, or the admin API's answer as JSON or YAML.
     #[arg(short = 'o', long, value_enum, default_value_t, global = true)]

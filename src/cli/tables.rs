@@ -11,8 +11,14 @@ use crate::shard::membership::{MemberState, Members};
 
 /// Rows as aligned columns, two spaces apart, without trailing blanks.
 pub(super) fn columns(rows: &[Vec<String>]) -> String {
+    let widths = column_widths(rows);
+    rows.iter().map(|row| aligned(row, &widths)).collect()
+}
+
+/// The width of each column of `rows`: its widest cell.
+pub(super) fn column_widths(rows: &[Vec<String>]) -> Vec<usize> {
     let count = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..count)
+    (0..count)
         .map(|i| {
             rows.iter()
                 .filter_map(|r| r.get(i))
@@ -20,20 +26,23 @@ pub(super) fn columns(rows: &[Vec<String>]) -> String {
                 .max()
                 .unwrap_or(0)
         })
-        .collect();
-    let mut out = String::new();
-    for row in rows {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            if i > 0 {
-                line += "  ";
-            }
-            line += &format!("{cell:<width$}", width = widths[i]);
+        .collect()
+}
+
+/// One row padded to `widths` (a cell wider than its column pushes the rest right), two spaces
+/// apart, without trailing blanks, and a newline.
+pub(super) fn aligned(row: &[String], widths: &[usize]) -> String {
+    let mut line = String::new();
+    for (i, cell) in row.iter().enumerate() {
+        if i > 0 {
+            line += "  ";
         }
-        out += line.trim_end();
-        out.push('\n');
+        let width = widths.get(i).copied().unwrap_or(0);
+        line += &format!("{cell:<width$}");
     }
-    out
+    let mut line = line.trim_end().to_owned();
+    line.push('\n');
+    line
 }
 
 /// An age as kubectl prints it: `42s`, `5m`, `3h`, `12d`.

@@ -7,6 +7,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::tables::{age, columns, or_dash, shortened};
+
+/// The `version` of a path chart's `Chart.yaml` (`spec.chart.path` → version), where this
+/// process can read it.
+pub type PathVersion<'a> = &'a dyn Fn(&str) -> Option<String>;
 use crate::api::{InventoryEntry, Manifest, ManifestStatus};
 use crate::plan::describe;
 use crate::plan::diff::{Diff, FieldChange, ObjectChange};
@@ -45,42 +49,76 @@ fn ready(status: Option<&ManifestStatus>) -> (String, String) {
         )
 }
 
-/// `get`: NAME, READY, STATUS (the Ready message), CHART VERSION, OWNER, AGE — with NAMESPACE
-/// first across namespaces — as the CRD's printer columns show them.
-pub fn manifests_table(manifests: &[Manifest], all_namespaces: bool, now: Timestamp) -> String {
+/// The chart version a row shows: `spec.chart.version`, else the version of a path chart's
+/// `Chart.yaml` (`path_version`), else `-`.
+pub fn chart_version(manifest: &Manifest, path_version: PathVersion) -> String {
+    let chart = &manifest.spec.chart;
+    or_dash((chart.version.clone()).or_else(|| chart.path.as_deref().and_then(path_version)))
+}
+
+/// The header of `get`: NAME, READY, STATUS, CHART VERSION, OWNER, AGE (NAMESPACE first across
+/// namespaces).
+pub fn manifests_header(all_namespaces: bool) -> Vec<String> {
     let mut header = vec!["NAME", "READY", "STATUS", "CHART VERSION", "OWNER", "AGE"];
     if all_namespaces {
         header.insert(0, "NAMESPACE");
     }
-    let mut rows = vec![header.into_iter().map(String::from).collect::<Vec<_>>()];
-    for manifest in manifests {
-        let status = manifest.status.as_ref();
-        let (ready, message) = ready(status);
-        let mut row = vec![
-            manifest.name_any(),
-            ready,
-            shortened(&message, STATUS_WIDTH),
-            or_dash(manifest.spec.chart.version.as_deref()),
-            or_dash(status.and_then(|s| s.owner.as_deref())),
-            age(manifest.creation_timestamp().map(|t| t.0), now),
-        ];
-        if all_namespaces {
-            row.insert(0, manifest.namespace().unwrap_or_default());
-        }
-        rows.push(row);
+    header.into_iter().map(String::from).collect()
+}
+
+/// One row of `get` (see [`manifests_header`]).
+pub fn manifest_row(
+    manifest: &Manifest,
+    all_namespaces: bool,
+    now: Timestamp,
+    path_version: PathVersion,
+) -> Vec<String> {
+    let status = manifest.status.as_ref();
+    let (ready, message) = ready(status);
+    let mut row = vec![
+        manifest.name_any(),
+        ready,
+        shortened(&message, STATUS_WIDTH),
+        chart_version(manifest, path_version),
+        or_dash(status.and_then(|s| s.owner.as_deref())),
+        age(manifest.creation_timestamp().map(|t| t.0), now),
+    ];
+    if all_namespaces {
+        row.insert(0, manifest.namespace().unwrap_or_default());
     }
+    row
+}
+
+/// `get`: NAME, READY, STATUS (the Ready message), CHART VERSION, OWNER, AGE — with NAMESPACE
+/// first across namespaces — as the CRD's printer columns show them, and the version of a path
+/// chart.
+pub fn manifests_table(
+    manifests: &[Manifest],
+    all_namespaces: bool,
+    now: Timestamp,
+    path_version: PathVersion,
+) -> String {
     if manifests.is_empty() {
         return "No Manifests found.\n".into();
     }
+    let mut rows = vec![manifests_header(all_namespaces)];
+    rows.extend(
+        manifests
+            .iter()
+            .map(|m| manifest_row(m, all_namespaces, now, path_version)),
+    );
     columns(&rows)
 }
 
 /// Where the chart comes from, in one line.
-fn chart_source(manifest: &Manifest) -> String {
+fn chart_source(manifest: &Manifest, path_version: PathVersion) -> String {
     let chart = &manifest.spec.chart;
     let version = chart.version.as_deref().map(|v| format!(" {v}"));
     match (&chart.path, &chart.repository, &chart.oci) {
-        (Some(path), _, _) => format!("path {path}"),
+        (Some(path), _, _) => match path_version(path) {
+            Some(version) => format!("path {path}, version {version}"),
+            None => format!("path {path}"),
+        },
         (_, Some(repository), _) => format!(
             "{} from {repository}{}",
             chart.name.as_deref().unwrap_or("?"),
@@ -104,12 +142,12 @@ fn entries(title: &str, ids: &[InventoryEntry], out: &mut String) {
 }
 
 /// The spec in a few lines.
-fn spec_section(manifest: &Manifest, out: &mut String) {
+fn spec_section(manifest: &Manifest, path_version: PathVersion, out: &mut String) {
     let spec = &manifest.spec;
     let namespace = manifest.namespace().unwrap_or_default();
     let lines = [
         ("Module", spec.module.clone()),
-        ("Chart", chart_source(manifest)),
+        ("Chart", chart_source(manifest, path_version)),
         (
             "Release",
             spec.release_name
@@ -205,15 +243,20 @@ fn status_section(status: &ManifestStatus, out: &mut String) {
 }
 
 /// `describe`: the spec, the status (conditions, last operation, hook run, inventory) and the
-/// recent Events of the Manifest, oldest first.
-pub fn describe_manifest(manifest: &Manifest, events: &[Event], now: Timestamp) -> String {
+/// recent Events of the Manifest, oldest first; a path chart with its `Chart.yaml`'s version.
+pub fn describe_manifest(
+    manifest: &Manifest,
+    events: &[Event],
+    now: Timestamp,
+    path_version: PathVersion,
+) -> String {
     let mut out = format!(
         "Name:             {}\nNamespace:        {}\nAge:              {}\n",
         manifest.name_any(),
         manifest.namespace().unwrap_or_default(),
         age(manifest.creation_timestamp().map(|t| t.0), now)
     );
-    spec_section(manifest, &mut out);
+    spec_section(manifest, path_version, &mut out);
     match &manifest.status {
         Some(status) if !ManifestStatus::is_unwritten(Some(status)) => {
             status_section(status, &mut out);
@@ -342,6 +385,39 @@ mod tests {
         "2026-12-02T03:00:00Z".parse().unwrap()
     }
 
+    /// No path chart's `Chart.yaml` readable.
+    fn none(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn a_path_chart_shows_its_chart_yaml_version_else_a_dash() {
+        let mut web = manifest("web", ready_status("ready"));
+        web.spec.chart = serde_json::from_value(json!({"path": "charts/web"})).unwrap();
+        let read = |path: &str| (path == "charts/web").then(|| "0.4.1".to_owned());
+        let table = manifests_table(std::slice::from_ref(&web), false, now(), &read);
+        let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(
+            row[row.len() - 3..],
+            ["0.4.1", "module-manager-1", "2h"],
+            "{table}"
+        );
+        let unread = manifest_row(&web, false, now(), &none);
+        assert_eq!(unread[3], "-");
+        let described = describe_manifest(&web, &[], now(), &read);
+        assert!(
+            described.contains("Chart:            path charts/web, version 0.4.1\n"),
+            "{described}"
+        );
+        let described = describe_manifest(&web, &[], now(), &none);
+        assert!(
+            described.contains("Chart:            path charts/web\n"),
+            "{described}"
+        );
+        // A repository chart shows its spec's version, whatever a path would say.
+        assert_eq!(chart_version(&manifest("api", Value::Null), &read), "1.2.3");
+    }
+
     #[test]
     fn get_prints_the_printer_columns() {
         let long = "x".repeat(300);
@@ -349,7 +425,7 @@ mod tests {
             manifest("web", ready_status("all 3 objects ready")),
             manifest("api", ready_status(&long)),
         ];
-        let table = manifests_table(&rows, false, now());
+        let table = manifests_table(&rows, false, now(), &none);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(
             lines[0].split_whitespace().collect::<Vec<_>>(),
@@ -371,13 +447,13 @@ mod tests {
             "{table}"
         );
         assert!(!lines[2].contains(&"x".repeat(101)));
-        let across = manifests_table(&rows[..1], true, now());
+        let across = manifests_table(&rows[..1], true, now(), &none);
         assert!(
             across.lines().nth(1).unwrap().starts_with("apps       web"),
             "{across}"
         );
         let unreconciled = manifest("new", Value::Null);
-        let row = manifests_table(&[unreconciled], false, now());
+        let row = manifests_table(&[unreconciled], false, now(), &none);
         assert_eq!(
             row.lines()
                 .nth(1)
@@ -386,7 +462,10 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["new", "-", "1.2.3", "-", "2h"]
         );
-        assert_eq!(manifests_table(&[], false, now()), "No Manifests found.\n");
+        assert_eq!(
+            manifests_table(&[], false, now(), &none),
+            "No Manifests found.\n"
+        );
     }
 
     #[test]
@@ -421,7 +500,7 @@ mod tests {
             "reportingController": "module-manager", "reportingInstance": "module-manager-1",
             "action": "Reconcile"}))
         .unwrap();
-        let text = describe_manifest(&manifest("web", status), &[event], now());
+        let text = describe_manifest(&manifest("web", status), &[event], now(), &none);
         for expected in [
             "Name:             web\n",
             "Chart:            web from https://charts.example 1.2.3\n",
@@ -438,12 +517,12 @@ mod tests {
                 "{expected:?} missing from:\n{text}"
             );
         }
-        let fresh = describe_manifest(&manifest("new", Value::Null), &[], now());
+        let fresh = describe_manifest(&manifest("new", Value::Null), &[], now(), &none);
         assert!(fresh.contains("Status:           <none yet"), "{fresh}");
         assert!(fresh.ends_with("Events: <none>\n"), "{fresh}");
         // As the API server serves a new Manifest: the CRD's default status.
         let served = manifest("new", json!({"observedGeneration": -1}));
-        let served = describe_manifest(&served, &[], now());
+        let served = describe_manifest(&served, &[], now(), &none);
         assert!(served.contains("Status:           <none yet"), "{served}");
     }
 

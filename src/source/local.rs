@@ -79,7 +79,7 @@ fn digest_directory(dir: &Path, limits: Limits) -> Result<String, ContentError> 
 }
 
 /// Reads a regular file of at most `max` bytes (a device or FIFO is refused, not read).
-fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, ContentError> {
+pub(super) fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, ContentError> {
     let shown = path.display().to_string();
     let io = |source| ContentError::Io {
         path: shown.clone(),

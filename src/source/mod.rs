@@ -14,6 +14,7 @@ use crate::api::ChartSource;
 
 mod archive;
 mod chart;
+mod chart_version;
 mod error;
 mod local;
 pub mod remote;
@@ -21,6 +22,7 @@ pub mod version;
 pub mod yaml;
 
 pub use self::chart::{ContentError, Limits, ResolvedChart};
+pub use self::chart_version::local_chart_version;
 pub use self::error::SourceError;
 use self::local::resolve_path;
 pub use remote::{

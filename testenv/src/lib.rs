@@ -10,6 +10,7 @@
 mod control_plane;
 mod pki;
 mod process;
+pub mod renderer_key;
 pub mod tools;
 
 use std::path::PathBuf;

@@ -2,21 +2,15 @@
 
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
 use crate::Error;
+use crate::renderer_key::pinned;
 
 /// `hack/versions.env`, the one place the tool versions are pinned.
 const VERSIONS_ENV: &str = include_str!("../../hack/versions.env");
 
 /// Reads `KEY=value` from `hack/versions.env`.
 pub fn pinned_version(key: &str) -> &'static str {
-    VERSIONS_ENV
-        .lines()
-        .filter_map(|line| line.split_once('='))
-        .find(|(k, _)| k.trim() == key)
-        .map(|(_, v)| v.trim())
-        .unwrap_or_else(|| panic!("hack/versions.env has no {key}"))
+    pinned(VERSIONS_ENV, key).unwrap_or_else(|| panic!("hack/versions.env has no {key}"))
 }
 
 /// The root of module-manager's cache: `$MODULE_MANAGER_CACHE`, else `$HOME/.cache/module-manager`.
@@ -109,23 +103,10 @@ pub fn renderer_source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../renderer")
 }
 
-/// The renderer's cache key, as `renderer_key` in `hack/build-tools.sh` computes it: the first 16
-/// hex digits of the sha256 of `HELM_VERSION=<v>` and, for each `*.go`, `go.mod` and `go.sum` of
-/// `src` in byte order, its name and the sha256 of its contents (one per line).
+/// The renderer's cache key for the pinned helm ([`crate::renderer_key::renderer_key`]).
 pub fn renderer_key(src: &Path) -> Result<String, Error> {
-    let read = |path: &Path| std::fs::read(path).map_err(|_| Error::ToolMissing(path.to_owned()));
-    let mut names: Vec<String> = std::fs::read_dir(src)
-        .map_err(|_| Error::ToolMissing(src.to_owned()))?
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter(|name| name.ends_with(".go") || name == "go.mod" || name == "go.sum")
-        .collect();
-    names.sort();
-    let mut listing = format!("HELM_VERSION={}\n", pinned_version("HELM_VERSION"));
-    for name in names {
-        let digest = Sha256::digest(read(&src.join(&name))?);
-        listing.push_str(&format!("{name}\n{digest:x}\n"));
-    }
-    Ok(format!("{:x}", Sha256::digest(listing.as_bytes()))[..16].to_owned())
+    crate::renderer_key::renderer_key(src, pinned_version("HELM_VERSION"))
+        .map_err(Error::ToolMissing)
 }
 
 #[cfg(test)]
