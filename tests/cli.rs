@@ -750,14 +750,24 @@ struct Watching {
 impl Watching {
     async fn start(h: &Harness, args: &[&str]) -> Self {
         let binary = PathBuf::from(env!("CARGO_BIN_EXE_module-manager"));
-        let mut child = tokio::process::Command::new(binary)
+        let mut command = tokio::process::Command::new(binary);
+        command
             .args(args)
             .args(["-w", "-n", &h.ns])
             .env("KUBECONFIG", &h.kubeconfig)
             .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+            .kill_on_drop(true);
+        // As an interactive shell starts it: SIGINT at its default. A test run started in the
+        // background of a non-interactive shell inherits SIGINT ignored (POSIX), and so would
+        // the child; Ctrl-C then could not end it (seen in a CI run started with `&`).
+        // SAFETY: `signal` is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         Self {
             child,

@@ -224,6 +224,8 @@ fn mttp_run() -> RunResult {
         all_ready_seconds: seconds,
         per_second: manifests as f64 / seconds,
         create_to_ready_seconds: quantiles(manifests, seconds / 2.0),
+        first_ready_seconds: Some(seconds / 50.0),
+        half_ready_seconds: Some(seconds / 2.0 + 1.0),
         cpu_seconds_per_manifest: 0.052,
         control_plane_cpu_seconds_per_manifest: Some(0.081),
         api_requests_per_manifest: 31.5,
@@ -296,7 +298,7 @@ fn markdown_has_the_mttp_bursts_baselines_ratios_idle_and_restart() {
     assert_contains(&md, "## MTTP");
     assert_contains(
         &md,
-        "| 3 × 0.5 core | 500 | 500 | 100.0 | 5.0 | 50.000 | 150.000 | 0.052 | 0.081 | 31.5 | 22.3 | 2.50 | 77.3 |",
+        "| 3 × 0.5 core | 500 | 500 | 2.0 | 51.0 | 100.0 | 5.0 | 50.000 | 150.000 | 0.052 | 0.081 | 31.5 | 22.3 | 2.50 | 77.3 |",
     );
     assert_contains(
         &md,
