@@ -1,7 +1,7 @@
 //! `get -w`: after the table, a row each time a Manifest changes or is deleted, as `kubectl get
 //! -w` prints them, until interrupted (Ctrl-C). A kube-runtime watcher follows the Manifests
 //! (re-listing after a lost watch); [`Seen`] keeps one resourceVersion per live Manifest, so
-//! that a re-list prints only what changed, and nothing else is kept.
+//! that a re-list prints only what changed.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -104,9 +104,16 @@ pub async fn follow(
         config = config.fields(&format!("metadata.name={name}"));
     }
     let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+    // Until the watch has listed once, an error ends the command (no `watch` permission, no
+    // CRD: retrying would print the same error forever, where `kubectl get -w` exits 1).
+    let mut listed = false;
     while let Some(event) = events.next().await {
         let manifest = match event {
-            Ok(event) => seen.row_for(event),
+            Ok(event) => {
+                listed |= matches!(event, watcher::Event::InitDone);
+                seen.row_for(event)
+            }
+            Err(error) if !listed => anyhow::bail!("watch the Manifests: {error}"),
             Err(error) => {
                 eprintln!("error: watch the Manifests (retrying): {error}");
                 None

@@ -186,9 +186,17 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
     }
 }
 
-/// When to look again after a successful pass: its work goes on while it is in progress.
+/// When to look again after a successful pass: its work goes on while it is in progress (a
+/// rollout, a hook, a deletion waiting for its objects) — but a wait for other Manifests
+/// (dependencies, dependents) is a poll, not work of its own: fresh work, which its
+/// dependencies' first passes must not wait behind (they are woken when those change).
 fn next_after(pass: &Pass) -> Next {
-    if matches!(pass.outcome.state, State::Processing | State::Deleting) {
+    let waits_for_others = matches!(
+        pass.outcome.reason,
+        Reason::DependencyNotReady | Reason::DependentsExist
+    );
+    let in_progress = matches!(pass.outcome.state, State::Processing | State::Deleting);
+    if in_progress && !waits_for_others {
         Next::Continue(pass.requeue)
     } else {
         Next::After(pass.requeue)

@@ -24,7 +24,14 @@ pub fn local_chart_version(spec_path: &str, root: &Path) -> Option<String> {
         return None;
     }
     let text = if path.is_dir() {
-        read_bounded(&path.join("Chart.yaml"), CHART_YAML_MAX).ok()?
+        let chart_yaml = path.join("Chart.yaml");
+        // Not a link (the operator refuses them: it could lead out of the root), not empty
+        // (files of /proc say 0 bytes, and some block when read).
+        let meta = std::fs::symlink_metadata(&chart_yaml).ok()?;
+        if !meta.is_file() || meta.len() == 0 {
+            return None;
+        }
+        read_bounded(&chart_yaml, CHART_YAML_MAX).ok()?
     } else {
         archived_chart_yaml(&path)?
     };
@@ -33,10 +40,13 @@ pub fn local_chart_version(spec_path: &str, root: &Path) -> Option<String> {
 
 /// The `<top>/Chart.yaml` of the `.tgz` at `path`, unpacking at most [`UNPACKED_MAX`] bytes.
 fn archived_chart_yaml(path: &Path) -> Option<Vec<u8>> {
-    if !std::fs::metadata(path).ok()?.is_file() {
-        return None; // a FIFO would block
+    let meta = std::fs::metadata(path).ok()?;
+    // A FIFO would block, and so may a file of /proc (which says 0 bytes); the compressed bytes
+    // read are at most the file's size as it was, the unpacked ones at most UNPACKED_MAX.
+    if !meta.is_file() || meta.len() == 0 {
+        return None;
     }
-    let file = std::fs::File::open(path).ok()?;
+    let file = std::fs::File::open(path).ok()?.take(meta.len());
     let unpacked = flate2::read::GzDecoder::new(file).take(UNPACKED_MAX);
     let mut archive = tar::Archive::new(unpacked);
     for entry in archive.entries().ok()? {
@@ -143,5 +153,30 @@ mod tests {
         // Outside the root, although it exists.
         let inner = root.path().join("charts");
         assert_eq!(local_chart_version("../web-2.0.0.tgz", &inner), None);
+    }
+
+    /// A `Chart.yaml` that is a link (here to a file outside the root) is not followed, and an
+    /// empty one (as every file of /proc says) is not read.
+    #[test]
+    fn a_linked_or_empty_chart_yaml_is_not_read() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(
+            outside.path().join("Chart.yaml"),
+            "version: 6.6.6
+",
+        )
+        .unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let linked = root.path().join("linked");
+        std::fs::create_dir_all(&linked).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("Chart.yaml"), linked.join("Chart.yaml"))
+            .unwrap();
+        let empty = root.path().join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        std::fs::write(empty.join("Chart.yaml"), "").unwrap();
+        std::fs::write(root.path().join("empty.tgz"), "").unwrap();
+        for path in ["linked", "empty", "empty.tgz"] {
+            assert_eq!(local_chart_version(path, root.path()), None, "{path}");
+        }
     }
 }

@@ -255,6 +255,9 @@ impl Passes {
             }
             Some(Next::Continue(delay)) => {
                 failures.remove(&key);
+                // The same jitter: Manifests started together do not look again in lockstep.
+                let jitter = (RandomState::new().hash_one(&key) % 1000) as f64 / 10_000.0;
+                let delay = delay.mul_f64(1.0 - jitter);
                 self.work.queue.add_as(key, delay, Class::Continuing);
             }
             Some(Next::Retry(_)) | None => {
