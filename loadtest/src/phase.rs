@@ -299,7 +299,13 @@ impl Phase {
                 let _ = std::fs::remove_dir_all(log_dir(&self.namespace));
             }
         }
-        let report = log_check::check_with_pauses(&logs, &uids, &self.pauses);
+        let renew_deadline = Duration::from_secs(options.renew_deadline_seconds);
+        let report = log_check::check_with_pauses(&logs, &uids, &self.pauses, renew_deadline);
+        if !report.overlaps.is_empty() {
+            // What the overlapping passes logged, for whoever reads a failed run (CI prints
+            // stderr; the logs themselves are gone).
+            eprintln!("{}", overlap_lines(&logs, &report, &self.pauses));
+        }
 
         let mut violations = checks::overlaps(&report);
         violations.extend(checks::not_converged(
@@ -372,6 +378,35 @@ impl Phase {
 }
 
 /// Where local replicas of the phase in `namespace` log (one file per process start).
+/// The log lines of the first few overlapping passes, with their replicas' pauses.
+fn overlap_lines(
+    logs: &[(String, String)],
+    report: &log_check::Report,
+    pauses: &BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
+) -> String {
+    let mut out = Vec::new();
+    for overlap in report.overlaps.iter().take(3) {
+        out.push(format!("overlap of {}:", overlap.uid));
+        for (replica, id) in [&overlap.first, &overlap.second] {
+            out.push(format!(
+                "  {replica} #{id}, paused {:?}",
+                pauses.get(replica)
+            ));
+            let id_field = format!("\"reconcile_id\":{id}");
+            let lines = logs.iter().flat_map(|(_, log)| log.lines()).filter(|line| {
+                line.contains(&overlap.uid)
+                    && line.contains(replica.as_str())
+                    && line
+                        .split(&id_field)
+                        .nth(1)
+                        .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()))
+            });
+            out.extend(lines.take(20).map(|l| format!("    {l}")));
+        }
+    }
+    out.join("\n")
+}
+
 fn log_dir(namespace: &str) -> PathBuf {
     std::env::temp_dir()
         .join(format!("loadtest-logs-{}", std::process::id()))

@@ -37,6 +37,8 @@ pub struct Pass {
     pub end: Option<Timestamp>,
     /// The `result` field of the end line, if any.
     pub result: Option<String>,
+    /// The pass logged `stopping the pass: …`: its fence check failed and it wrote nothing more.
+    pub fenced: bool,
 }
 
 /// Two passes of the same Manifest whose time intervals intersect.
@@ -130,7 +132,12 @@ pub fn parse_passes(replica_log: &str) -> Vec<Pass> {
 /// Two passes of the same uid overlap when their intervals `[start, end]` intersect; intervals
 /// that merely touch (one ends when the other starts) do not.
 pub fn check(logs: &[(String, String)], expected_uids: &BTreeSet<String>) -> Report {
-    check_with_pauses(logs, expected_uids, &BTreeMap::new())
+    check_with_pauses(
+        logs,
+        expected_uids,
+        &BTreeMap::new(),
+        std::time::Duration::MAX,
+    )
 }
 
 /// [`check`], knowing when replicas were paused: `pauses` maps a replica name to the windows
@@ -138,10 +145,18 @@ pub fn check(logs: &[(String, String)], expected_uids: &BTreeSet<String>) -> Rep
 /// recorded them. A stopped process executes nothing, so a pass does not count as running
 /// during its replica's pauses; before and after them it does (a pass resumed after its shard
 /// was taken over overlaps the new owner's passes only if it still runs when they do).
+///
+/// One exception: a pause at least `renew_deadline` long lapses the replica's fence (its
+/// deadline is on the monotonic clock, which runs on while the process is stopped), so a pass
+/// resumed after it can write nothing until a renewal and a shard round give the shard back
+/// (every write is preceded by a fence check). A pass that resumed from such a pause and then
+/// logged its fence stop wrote nothing after the pause: that piece is not compared. A pass that
+/// resumed and went on to its end without a fence stop is compared as before.
 pub fn check_with_pauses(
     logs: &[(String, String)],
     expected_uids: &BTreeSet<String>,
     pauses: &BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
+    renew_deadline: std::time::Duration,
 ) -> Report {
     let mut intervals: BTreeMap<&str, Vec<Interval<'_>>> = BTreeMap::new();
     let mut parsed = Vec::with_capacity(logs.len());
@@ -164,7 +179,12 @@ pub fn check_with_pauses(
                 }
             };
             let windows = pauses.get(&pass.replica).map_or(&[][..], Vec::as_slice);
-            for (start, end) in running(pass.start, end, windows) {
+            let mut pieces = running(pass.start, end, windows);
+            if pass.fenced && lapsed_during(pass.start, end, windows, renew_deadline) {
+                // Stopped by its fence after a lapsing pause: only the piece before it ran.
+                pieces.retain(|(start, _)| *start == pass.start);
+            }
+            for (start, end) in pieces {
                 intervals
                     .entry(pass.uid.as_str())
                     .or_default()
@@ -251,6 +271,22 @@ fn running(
     pieces
 }
 
+/// Whether a pause at least `renew_deadline` long fell within `[start, end]`.
+fn lapsed_during(
+    start: Timestamp,
+    end: Timestamp,
+    paused: &[(Timestamp, Timestamp)],
+    renew_deadline: std::time::Duration,
+) -> bool {
+    paused.iter().any(|(stopped, resumed)| {
+        let long = resumed
+            .duration_since(*stopped)
+            .try_into()
+            .is_ok_and(|length: std::time::Duration| length >= renew_deadline);
+        long && *stopped >= start && *resumed <= end
+    })
+}
+
 /// One log, parsed.
 struct ParsedLog {
     passes: Vec<Pass>,
@@ -279,9 +315,10 @@ fn parse_log(log: &str) -> ParsedLog {
             continue;
         };
         last = Some(last.map_or(timestamp, |l| l.max(timestamp)));
-        let is_start = match parsed.message.as_deref() {
-            Some("reconcile start") => true,
-            Some("reconcile end") => false,
+        let kind = match parsed.message.as_deref() {
+            Some("reconcile start") => Kind::Start,
+            Some("reconcile end") => Kind::End,
+            Some(m) if m.starts_with(FENCE_STOP) => Kind::FenceStop,
             _ => continue,
         };
         let Some(span) = reconcile_span(parsed.spans) else {
@@ -293,7 +330,11 @@ fn parse_log(log: &str) -> ParsedLog {
             continue;
         };
         let key = (replica, reconcile_id);
-        if is_start {
+        if kind == Kind::FenceStop {
+            if let Some(index) = unclosed.get(&key) {
+                passes[*index].fenced = true;
+            }
+        } else if kind == Kind::Start {
             // An earlier unclosed start for this key stays open: its process restarted.
             unclosed.insert(key.clone(), passes.len());
             passes.push(Pass {
@@ -303,6 +344,7 @@ fn parse_log(log: &str) -> ParsedLog {
                 start: timestamp,
                 end: None,
                 result: None,
+                fenced: false,
             });
         } else if let Some(index) = unclosed.remove(&key) {
             passes[index].end = Some(timestamp);
@@ -310,6 +352,17 @@ fn parse_log(log: &str) -> ParsedLog {
         }
     }
     ParsedLog { passes, last }
+}
+
+/// The message a pass logs when its fence check fails (`reconcile::fenced`).
+const FENCE_STOP: &str = "stopping the pass: ";
+
+/// The lines of a pass this module reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Start,
+    End,
+    FenceStop,
 }
 
 /// The `reconcile` span of a line (innermost first), or else any span with the pass's fields.
@@ -476,19 +529,73 @@ mod tests {
             "without the pause: overlap"
         );
         let paused = BTreeMap::from([("r1".to_owned(), vec![(at(2), at(28))])]);
-        let report = check_with_pauses(&logs, &uids, &paused);
+        let report = check_with_pauses(&logs, &uids, &paused, LAPSE);
         assert!(report.is_clean(), "{report}");
         // Resumed while r2's pass still runs: an overlap again, reported once.
         let paused = BTreeMap::from([("r1".to_owned(), vec![(at(2), at(15))])]);
-        let report = check_with_pauses(&logs, &uids, &paused);
+        let report = check_with_pauses(&logs, &uids, &paused, LAPSE);
         assert_eq!(report.overlaps.len(), 1, "{report}");
         // Another replica's pause changes nothing for r1.
         let paused = BTreeMap::from([("r3".to_owned(), vec![(at(2), at(28))])]);
-        assert_eq!(check_with_pauses(&logs, &uids, &paused).overlaps.len(), 1);
+        assert_eq!(
+            check_with_pauses(&logs, &uids, &paused, LAPSE)
+                .overlaps
+                .len(),
+            1
+        );
         assert_eq!(
             running(at(0), at(30), &[(at(2), at(28)), (at(29), at(40))]).len(),
             2
         );
+    }
+
+    /// The renew deadline the pause tests assume.
+    const LAPSE: std::time::Duration = std::time::Duration::from_secs(3);
+
+    #[test]
+    fn a_pass_stopped_by_its_fence_after_a_lapsing_pause_ran_only_before_it() {
+        // r1's pass starts at 0, r1 is stopped 2..15, resumes while r2's pass (10..20) runs and
+        // logs its fence stop at 17.
+        let fence_stop = line(
+            17,
+            "stopping the pass: shard 17 is no longer owned",
+            "u",
+            "r1",
+            1,
+        );
+        let r2 = log("r2", &[start(10, "u", "r2", 1), end(20, "u", "r2", 1)]);
+        let fenced = vec![
+            log(
+                "r1",
+                &[
+                    start(0, "u", "r1", 1),
+                    fence_stop.clone(),
+                    end(18, "u", "r1", 1),
+                ],
+            ),
+            r2.clone(),
+        ];
+        let passes = parse_passes(&fenced[0].1);
+        assert!(passes[0].fenced, "{passes:?}");
+        let uids = BTreeSet::from(["u".to_owned()]);
+        let paused = BTreeMap::from([("r1".to_owned(), vec![(at(2), at(15))])]);
+        let report = check_with_pauses(&fenced, &uids, &paused, LAPSE);
+        assert!(report.is_clean(), "{report}");
+        // The same pass without its fence stop went on after the pause: an overlap.
+        let unfenced = vec![
+            log("r1", &[start(0, "u", "r1", 1), end(18, "u", "r1", 1)]),
+            r2.clone(),
+        ];
+        let report = check_with_pauses(&unfenced, &uids, &paused, LAPSE);
+        assert_eq!(report.overlaps.len(), 1, "{report}");
+        // A pause shorter than the renew deadline lapses nothing: the piece after it is compared
+        // even though the pass was stopped by its fence later.
+        let short = BTreeMap::from([("r1".to_owned(), vec![(at(9), at(11))])]);
+        let report = check_with_pauses(&fenced, &uids, &short, LAPSE);
+        assert_eq!(report.overlaps.len(), 1, "{report}");
+        // A fenced pass that was never paused is compared whole.
+        let report = check(&fenced, &uids);
+        assert_eq!(report.overlaps.len(), 1, "{report}");
     }
 
     fn uids(list: &[&str]) -> BTreeSet<String> {
@@ -521,6 +628,7 @@ mod tests {
                 start: "2026-11-30T13:01:02.123456Z".parse().unwrap(),
                 end: Some("2026-11-30T13:01:02.223456Z".parse().unwrap()),
                 result: Some("ready".into()),
+                fenced: false,
             }]
         );
     }
