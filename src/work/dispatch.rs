@@ -246,19 +246,19 @@ impl Passes {
     fn schedule(&self, key: Key, next: Option<Next>) {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         match next {
-            Some(Next::After(delay)) => {
+            Some(next @ (Next::After(delay) | Next::Continue(delay))) => {
                 failures.remove(&key);
-                // Up to 10 % earlier, so that Manifests created together do not drift-check in
-                // lockstep forever, and `spec.interval` stays the longest time between checks.
+                // Up to 10 % earlier, so that Manifests created together do not drift-check (or
+                // look at their rollouts) in lockstep forever, and `spec.interval` stays the
+                // longest time between checks.
                 let jitter = (RandomState::new().hash_one(&key) % 1000) as f64 / 10_000.0;
-                self.work.queue.add(key, delay.mul_f64(1.0 - jitter));
-            }
-            Some(Next::Continue(delay)) => {
-                failures.remove(&key);
-                // The same jitter: Manifests started together do not look again in lockstep.
-                let jitter = (RandomState::new().hash_one(&key) % 1000) as f64 / 10_000.0;
-                let delay = delay.mul_f64(1.0 - jitter);
-                self.work.queue.add_as(key, delay, Class::Continuing);
+                let class = match next {
+                    Next::Continue(_) => Class::Continuing,
+                    _ => Class::Fresh,
+                };
+                self.work
+                    .queue
+                    .add_as(key, delay.mul_f64(1.0 - jitter), class);
             }
             Some(Next::Retry(_)) | None => {
                 let count = failures.entry(key.clone()).or_insert(0);
