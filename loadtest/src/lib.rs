@@ -20,6 +20,7 @@ pub mod baseline;
 pub mod cgroup;
 pub mod checks;
 pub mod fleet;
+pub mod gate;
 pub mod load;
 pub mod manifest_writes;
 pub mod measure;

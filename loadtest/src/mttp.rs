@@ -24,8 +24,8 @@ use crate::options::Options;
 use crate::phase::{self, Cluster, Phase};
 use crate::progress::Progress;
 use crate::results::{
-    ColdRestart, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio, PATH_BARE_APPLY, PATH_HELM,
-    PATH_MANIFEST_WRITES, PATH_MINIMUM_WRITES, RunResult,
+    ColdRestart, GateOutcome, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio,
+    PATH_BARE_APPLY, PATH_HELM, PATH_MANIFEST_WRITES, PATH_MINIMUM_WRITES, RunResult,
 };
 
 /// The fleet sizes to measure, in order: one replica first when the baselines run and the list
@@ -140,8 +140,49 @@ pub async fn run(
         }
     }
     mttp.ratios = ratios(&mttp, *options.replicas.last().unwrap_or(&1));
+    if let Some(path) = &options.gate {
+        let outcome = gate(path, options.gate_update, &mttp.bursts)?;
+        let detail = |f: &String| format!("{f} (against {})", outcome.baseline);
+        result
+            .violations
+            .extend(outcome.findings.iter().map(|f| crate::results::Violation {
+                checker: "counter-regression".into(),
+                detail: detail(f),
+            }));
+        mttp.gate = Some(outcome);
+    }
     result.mttp = Some(mttp);
     Ok(fleet)
+}
+
+/// `--gate`: the bursts' counters compared with the baseline in `path`, or written to it.
+fn gate(path: &std::path::Path, update: bool, bursts: &[MttpBurst]) -> anyhow::Result<GateOutcome> {
+    let shown = path.display().to_string();
+    if update {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let baseline = crate::gate::baseline_of(bursts, &crate::gate::command_line(&args));
+        let text = serde_json::to_string_pretty(&baseline)? + "\n";
+        std::fs::write(path, text).with_context(|| format!("write the gate's baseline {shown}"))?;
+        let counters = baseline.bursts.values().map(BTreeMap::len).sum();
+        return Ok(GateOutcome {
+            baseline: shown,
+            updated: true,
+            counters,
+            findings: Vec::new(),
+        });
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("read the gate's baseline {shown}"))?;
+    let baseline: crate::gate::Baseline = serde_json::from_str(&text)
+        .with_context(|| format!("parse the gate's baseline {shown}"))?;
+    let findings = crate::gate::compare(&baseline, bursts)
+        .map_err(|e| anyhow::anyhow!("the gate's baseline {shown}: {e}"))?;
+    Ok(GateOutcome {
+        baseline: shown,
+        updated: false,
+        counters: baseline.bursts.values().map(BTreeMap::len).sum(),
+        findings: findings.iter().map(ToString::to_string).collect(),
+    })
 }
 
 /// The idle window and the cold restart, on the last fleet.
@@ -182,6 +223,8 @@ fn describe(b: &MttpBurst) -> String {
 struct Reading {
     cpu: f64,
     passes: f64,
+    renders: f64,
+    watch_events: f64,
     rss_mib: BTreeMap<String, f64>,
 }
 
@@ -195,6 +238,10 @@ async fn read_fleet(probe: &Probe) -> Reading {
             .map(|text| measure::parse_prometheus(&text));
         if let Some(samples) = &samples {
             reading.passes += measure::sum(samples, "module_manager_reconcile_passes_total", &[]);
+            reading.renders +=
+                measure::sum(samples, "module_manager_render_cache_misses_total", &[]);
+            reading.watch_events +=
+                measure::sum(samples, "module_manager_manifest_watch_events_total", &[]);
         }
         if let Some((cpu, rss)) = probe.usage(ordinal, samples.as_deref()) {
             reading.cpu += cpu;
@@ -230,6 +277,8 @@ pub(crate) struct Measured {
     pub(crate) fleet_cpu: f64,
     pub(crate) control_plane_cpu: f64,
     pub(crate) passes: f64,
+    pub(crate) renders: f64,
+    pub(crate) watch_events: f64,
     pub(crate) apiserver: (Vec<measure::PromSample>, Vec<measure::PromSample>),
     pub(crate) clients: Option<BTreeMap<String, ClientRequests>>,
     pub(crate) peak_rss_mib: BTreeMap<String, f64>,
@@ -285,6 +334,8 @@ pub(crate) async fn close_window(
         fleet_cpu: (fleet.cpu - window.fleet.cpu).max(0.0),
         control_plane_cpu: control_plane - window.control_plane,
         passes: (fleet.passes - window.fleet.passes).max(0.0),
+        renders: (fleet.renders - window.fleet.renders).max(0.0),
+        watch_events: (fleet.watch_events - window.fleet.watch_events).max(0.0),
         apiserver: (window.apiserver, apiserver),
         clients,
         peak_rss_mib,
@@ -369,7 +420,18 @@ async fn burst(
         operator_requests_per_manifest: operator.map(|_| per),
         operator_by_verb_per_manifest: by_verb,
         operator_by_resource_per_manifest: by_resource,
+        operator_by_request_per_manifest: operator
+            .flatten()
+            .map(|r| {
+                r.by_request
+                    .iter()
+                    .map(|(k, v)| (k.clone(), *v as f64 / n))
+                    .collect()
+            })
+            .unwrap_or_default(),
         passes_per_manifest: measured.passes / n,
+        renders_per_manifest: Some(measured.renders / n),
+        manifest_watch_events_per_manifest: Some(measured.watch_events / n),
         peak_rss_mib: measured.peak_rss_mib,
     };
     Ok((burst, timed.namespace))

@@ -192,6 +192,15 @@ pub struct Options {
     /// Manifest has been reconciled again.
     #[arg(long, help_heading = "mttp")]
     pub cold_restart: bool,
+    /// Compare the run's per-Manifest counters (requests by verb, passes, renders, watch
+    /// events) and peak memory with the baseline in this file, and fail the run (checker
+    /// `counter-regression`) beyond ±5 % (`loadtest/src/gate.rs`). Times are never gated.
+    #[arg(long, help_heading = "mttp")]
+    pub gate: Option<std::path::PathBuf>,
+    /// With `--gate`: write the run's counters to that file instead of comparing (the new
+    /// baseline, committed after review).
+    #[arg(long, requires = "gate", help_heading = "mttp")]
+    pub gate_update: bool,
 
     // ---- remote ----
     /// Remote clusters (each a namespace on one of the target API servers, with its own

@@ -278,6 +278,22 @@ pub struct Mttp {
     pub idle: Option<IdleFigures>,
     /// Every replica stopped and started again (`--cold-restart`).
     pub cold_restart: Option<ColdRestart>,
+    /// The counters compared with `--gate`'s baseline, or written to it.
+    #[serde(default)]
+    pub gate: Option<GateOutcome>,
+}
+
+/// What `--gate` did (`crate::gate`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct GateOutcome {
+    /// The baseline file.
+    pub baseline: String,
+    /// The run's counters were written to it (`--gate-update`) instead of compared.
+    pub updated: bool,
+    /// Counters compared (or written).
+    pub counters: usize,
+    /// The counters beyond the tolerance, each with both values.
+    pub findings: Vec<String>,
 }
 
 /// One burst: `manifests` created at once on a fleet of `replicas`, until all are Ready.
@@ -317,8 +333,18 @@ pub struct MttpBurst {
     pub operator_requests_per_manifest: Option<f64>,
     pub operator_by_verb_per_manifest: BTreeMap<String, f64>,
     pub operator_by_resource_per_manifest: BTreeMap<String, f64>,
+    /// The same by verb and resource (`patch deployments`).
+    #[serde(default)]
+    pub operator_by_request_per_manifest: BTreeMap<String, f64>,
     /// Reconcile passes per Manifest (the replicas' counter).
     pub passes_per_manifest: f64,
+    /// Renders per Manifest (the replicas' `module_manager_render_cache_misses_total`).
+    #[serde(default)]
+    pub renders_per_manifest: Option<f64>,
+    /// Manifests the replicas' Manifest watches received, per Manifest
+    /// (`module_manager_manifest_watch_events_total`, every replica).
+    #[serde(default)]
+    pub manifest_watch_events_per_manifest: Option<f64>,
     /// Highest RSS per replica (process tree, the renderer included) seen during the burst.
     pub peak_rss_mib: BTreeMap<String, f64>,
 }

@@ -149,6 +149,8 @@ pub struct QueueMetrics {
     pub in_flight: Gauge,
     /// How long a key waited between being due and being handed to a worker.
     pub wait: Histogram,
+    /// Manifests received from this replica's Manifest watches (what feeds the queue), by watch.
+    pub watch_events: Family<WatchLabels, Counter>,
 }
 
 impl Default for QueueMetrics {
@@ -157,6 +159,7 @@ impl Default for QueueMetrics {
             counts: QueueCounts::default(),
             in_flight: Gauge::default(),
             wait: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            watch_events: Family::default(),
         }
     }
 }
@@ -275,6 +278,14 @@ impl QueueMetrics {
     /// Registers under `queue_…` in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
+        registry.register(
+            "manifest_watch_events",
+            "Manifests received from this replica's Manifest watches (initial lists and deletions included), by watch: shard or stray",
+            metrics.watch_events.clone(),
+        );
+        for watch in ["shard", "stray"] {
+            let _ = metrics.watch_events.get_or_create(&WatchLabels { watch });
+        }
         let sub = registry.sub_registry_with_prefix("queue");
         sub.register_collector(Box::new(metrics.counts.clone()));
         sub.register(
@@ -586,6 +597,13 @@ pub struct ManifestMetrics {
     pub oldest_deletion: Gauge<f64, AtomicU64>,
     /// Manifests that failed, by how (stalled or retrying) and the Ready condition's reason.
     pub failing: Family<FailingLabels, Gauge>,
+}
+
+/// Which Manifest watch an event came from.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabels {
+    /// `shard` (the owned shards' labels) or `stray` (Manifests without a valid shard label).
+    pub watch: &'static str,
 }
 
 /// How a Manifest fails, as metric labels: `Stalled=True` or `Reconciling=True` with reason

@@ -146,6 +146,7 @@ impl Controller {
         let dependents = feed_dependents(api.clone(), ownership.clone(), work.clone());
         let manifests = feed_queue(
             api,
+            config.metrics.watch_events.clone(),
             config.selector.clone(),
             ownership.clone(),
             work.clone(),

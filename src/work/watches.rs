@@ -18,11 +18,14 @@ use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::{WatchStreamExt, watcher};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 
 use crate::api::Manifest;
 use crate::shard::SHARD_LABEL;
 use crate::shard::fence::{Ownership, Watched};
 use crate::shard::label::{owned_selector, stray_selector};
+use crate::telemetry::metrics::WatchLabels;
 use crate::work::caches::{Candidates, Work};
 use crate::work::seen::Seen;
 
@@ -68,6 +71,7 @@ fn watch_with(api: &Api<Manifest>, selector: Option<String>) -> Events {
 /// requeue: drift repair runs on the reconcile's own schedule.
 pub(super) async fn feed_queue(
     api: Api<Manifest>,
+    events: Family<WatchLabels, Counter>,
     base: Option<String>,
     ownership: Arc<Ownership>,
     work: Work,
@@ -81,6 +85,8 @@ pub(super) async fn feed_queue(
     let mut feed = Feed {
         synced: [owned.shards.as_ref().is_some_and(BTreeSet::is_empty), false],
         api,
+        events: ["shard", "stray"]
+            .map(|watch| events.get_or_create(&WatchLabels { watch }).clone()),
         base,
         ownership,
         work,
@@ -113,6 +119,8 @@ pub(super) async fn feed_queue(
 /// The state of the watch loop; per-watch arrays are indexed labelled (0), unlabelled (1).
 struct Feed {
     api: Api<Manifest>,
+    /// Manifests received, per watch (`module_manager_manifest_watch_events_total`).
+    events: [Counter; 2],
     base: Option<String>,
     ownership: Arc<Ownership>,
     work: Work,
@@ -182,6 +190,11 @@ impl Feed {
             }
         };
         self.writers[stream].apply_watcher_event(&event);
+        if let watcher::Event::Apply(_) | watcher::Event::InitApply(_) | watcher::Event::Delete(_) =
+            &event
+        {
+            self.events[stream].inc();
+        }
         match &event {
             watcher::Event::Apply(manifest) => {
                 self.applied(manifest);

@@ -37,7 +37,16 @@ pub fn run_loadtest(args: &[&str], out: &std::path::Path) -> PathBuf {
         .arg(out)
         .status()
         .expect("run loadtest");
-    assert!(status.success(), "loadtest {args:?} exited with {status}");
+    if !status.success() {
+        // The violations, when the run got as far as writing its results.
+        let violations = std::fs::read_dir(out)
+            .ok()
+            .and_then(|mut dirs| dirs.next())
+            .and_then(|dir| std::fs::read_to_string(dir.ok()?.path().join("results.json")).ok())
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+            .map(|result| result["violations"].to_string());
+        panic!("loadtest {args:?} exited with {status}; violations: {violations:?}");
+    }
     std::fs::read_dir(out)
         .unwrap()
         .next()

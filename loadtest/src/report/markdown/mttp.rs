@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use super::format::{Align, MISSING, descending, rate, ratio, seconds, table};
 use crate::results::{
-    ColdRestart, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio, PATH_BARE_APPLY, PATH_HELM,
-    PATH_MANIFEST_WRITES, PATH_MINIMUM_WRITES,
+    ColdRestart, GateOutcome, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio,
+    PATH_BARE_APPLY, PATH_HELM, PATH_MANIFEST_WRITES, PATH_MINIMUM_WRITES,
 };
 
 /// Resources listed per burst in the fleet's requests; the rest are summed up.
@@ -31,6 +31,7 @@ pub(super) fn section(m: &Mttp) -> String {
     }
     parts.extend(m.idle.as_ref().map(idle));
     parts.extend(m.cold_restart.as_ref().map(cold_restart));
+    parts.extend(m.gate.as_ref().map(gate));
     parts.join("\n\n")
 }
 
@@ -275,6 +276,28 @@ fn idle(i: &IdleFigures) -> String {
         i.seconds,
         i.drift_interval,
         table(&["", ""], &[Align::Left, Align::Right], rows)
+    )
+}
+
+fn gate(g: &GateOutcome) -> String {
+    let verdict = if g.updated {
+        format!("{} counters written as the new baseline.", g.counters)
+    } else if g.findings.is_empty() {
+        format!("{} counters compared: all within bounds.", g.counters)
+    } else {
+        let lines: Vec<String> = g.findings.iter().map(|f| format!("- {f}")).collect();
+        format!(
+            "{} counters compared; beyond bounds:\n\n{}",
+            g.counters,
+            lines.join("\n")
+        )
+    };
+    format!(
+        "### Counter gate (`{}`)\n\nPer-Manifest counts and peak RSS against the stored baseline, \
+         ±{:.0} % (below one per Manifest also ±{} per Manifest); times are not gated. {verdict}",
+        g.baseline,
+        crate::gate::TOLERANCE * 100.0,
+        crate::gate::FLOOR_PER_MANIFEST,
     )
 }
 
