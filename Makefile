@@ -9,15 +9,20 @@ TESTENV := $(CARGO) run --quiet -p testenv --bin testenv --
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-setup: tools ## Everything the tests and the demo need: the pinned Rust toolchain, the tools, promtool, docker-registry, gpg, cargo-deny and cargo-cyclonedx
+setup: tools ## Everything the tests need: the pinned Rust toolchain, the tools, promtool, docker-registry, gpg, cargo-deny and cargo-cyclonedx
 	@hack/ensure-rust.sh >/dev/null
 	@hack/ensure-promtool.sh >/dev/null
 	@hack/ensure-docker-registry.sh >/dev/null
 	@hack/ensure-gnupg.sh >/dev/null
 	@hack/ensure-cargo-tools.sh >/dev/null
 
-tools: ## Build the pinned kube-apiserver, kube-controller-manager, etcd, helm, kwok, kustomize and cosign (cached in ~/.cache/module-manager)
+tools: ## Build the pinned etcd, helm, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, kustomize, cosign and the renderer (cached in ~/.cache/module-manager)
 	@hack/build-tools.sh >/dev/null
+
+# Only what `make run` needs (the test-only tools are `setup`'s); each tool is announced on stderr.
+demo-setup: ## What the demo needs, nothing more: the pinned Rust toolchain, etcd, the control plane, kwok, the renderer, the operator
+	@hack/ensure-rust.sh >/dev/null
+	@hack/build-tools.sh demo >/dev/null
 
 build: ## Build the workspace
 	$(CARGO) build --workspace --all-targets
@@ -66,7 +71,7 @@ IMAGE ?= module-manager
 release: setup ## Build a release into dist/: `make release VERSION=x.y.z [IMAGE=registry/module-manager]` (docs/development.md)
 	@VERSION="$(VERSION)" IMAGE="$(IMAGE)" hack/release.sh
 
-cluster-up: setup ## Start a local control plane with the CRDs installed; prints the kubeconfig path
+cluster-up: demo-setup ## Start a local control plane with the CRDs installed; prints the kubeconfig path
 	@$(TESTENV) up --crds crds/manifest.yaml
 
 cluster-down: ## Stop the operator started by `make run` and the local control plane
@@ -77,4 +82,4 @@ cluster-down: ## Stop the operator started by `make run` and the local control p
 run: cluster-up ## The demo: control plane, CRDs, the operator and the example Manifests
 	@hack/demo.sh
 
-.PHONY: help setup tools build crds verify-crds fmt lint test bench measure-fleet loadtest release cluster-up cluster-down run
+.PHONY: help setup tools demo-setup build crds verify-crds fmt lint test bench measure-fleet loadtest release cluster-up cluster-down run

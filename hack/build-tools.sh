@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# Builds the pinned kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, helm, kwok,
-# kustomize and cosign from their Go modules, and the renderer from renderer/,
-# into a versioned cache outside the repository. Idempotent: a tool whose binary is present and
-# reports the pinned version is not rebuilt.
+# Builds the pinned tools from their Go modules, and the renderer from renderer/, into a versioned
+# cache outside the repository. Idempotent: a tool whose binary is present and reports the pinned
+# version is not rebuilt.
 #
-#   hack/build-tools.sh            build what is missing, print the tool directory
-#   MODULE_MANAGER_CACHE=/x ...    use another cache root (default $HOME/.cache/module-manager)
+#   hack/build-tools.sh                 every tool the tests use: etcd, helm, kube-apiserver,
+#                                       kube-controller-manager, kube-scheduler, kubectl, kwok,
+#                                       kustomize, cosign, the renderer
+#   hack/build-tools.sh demo            only what `make run` needs: etcd, the three Kubernetes
+#                                       binaries the demo starts, kwok, the renderer, and (cargo)
+#                                       the operator, its demo client and testenv
+#   hack/build-tools.sh renderer-path   where the renderer of this checkout is (or will be) cached
+#   MODULE_MANAGER_CACHE=/x ...         use another cache root (default $HOME/.cache/module-manager)
+#
+# Each tool is announced on stderr with what it is, then "cached" or how long its build took, and
+# a total at the end; stdout is the tool directory only (callers capture it).
 #
 # Why wrapper modules: k8s.io/kubernetes and etcd's server module carry replace directives, so
 # `go install pkg@version` refuses them; a main module that requires them and replaces each
@@ -63,14 +71,15 @@ kubernetes_ldflags() {
   echo "$ldf"
 }
 
+have_kubernetes() {
+  local v=$KUBERNETES_VERSION dir="$tools/kubernetes-v$KUBERNETES_VERSION"
+  has_version "$dir/kube-apiserver" "v$v" --version &&
+    has_version "$dir/kube-controller-manager" "v$v" --version &&
+    has_version "$dir/kube-scheduler" "v$v" --version
+}
+
 build_kubernetes() {
   local v=$KUBERNETES_VERSION minor staging_v dir="$tools/kubernetes-v$KUBERNETES_VERSION"
-  if has_version "$dir/kube-apiserver" "v$v" --version &&
-     has_version "$dir/kube-controller-manager" "v$v" --version &&
-     has_version "$dir/kube-scheduler" "v$v" --version; then
-    log "kubernetes v$v: cached"; return
-  fi
-  log "kubernetes v$v: building kube-apiserver, kube-controller-manager and kube-scheduler"
   minor=$(echo "$v" | cut -d. -f2)
   staging_v="v0.${v#1.}"
   local w="$work/kubernetes-v$v"
@@ -91,10 +100,10 @@ build_kubernetes() {
 # kubectl, from the same wrapper module and version (in its own build directory, so that the
 # cached control-plane binaries are not rebuilt): tests run `kubectl module-manager …` (the
 # plugin) and `kubectl wait` with it.
+have_kubectl() { has_version "$tools/kubernetes-v$KUBERNETES_VERSION/kubectl" "v$KUBERNETES_VERSION" version --client; }
+
 build_kubectl() {
   local v=$KUBERNETES_VERSION dir="$tools/kubernetes-v$KUBERNETES_VERSION"
-  if has_version "$dir/kubectl" "v$v" version --client; then log "kubectl v$v: cached"; return; fi
-  log "kubectl v$v: building"
   local w="$work/kubectl-v$v" ldf
   kubernetes_wrapper "$w" "$v" "v0.${v#1.}"
   go get "k8s.io/kubernetes/cmd/kubectl@v$v"
@@ -105,10 +114,10 @@ build_kubectl() {
   has_version "$dir/kubectl" "v$v" version --client || { log "kubectl does not report v$v"; exit 1; }
 }
 
+have_etcd() { has_version "$tools/etcd-v$ETCD_VERSION/etcd" "$ETCD_VERSION" --version; }
+
 build_etcd() {
   local v=$ETCD_VERSION dir="$tools/etcd-v$ETCD_VERSION"
-  if has_version "$dir/etcd" "$v" --version; then log "etcd v$v: cached"; return; fi
-  log "etcd v$v: building"
   local w="$work/etcd-v$v"
   rm -rf "$w"; mkdir -p "$w"; cd "$w"
   go mod init local/etcdbuild >/dev/null 2>&1
@@ -119,10 +128,10 @@ build_etcd() {
   has_version "$dir/etcd" "$v" --version || { log "etcd does not report $v"; exit 1; }
 }
 
+have_helm() { has_version "$tools/helm-v$HELM_VERSION/helm" "v$HELM_VERSION" version --short; }
+
 build_helm() {
   local v=$HELM_VERSION dir="$tools/helm-v$HELM_VERSION"
-  if has_version "$dir/helm" "v$v" version --short; then log "helm v$v: cached"; return; fi
-  log "helm v$v: building"
   local major=${v%%.*}
   mkdir -p "$dir"
   GOBIN="$dir" go install -trimpath \
@@ -135,10 +144,12 @@ build_helm() {
 # machines (the demo and the load test). Its stage definitions (node ready + lease heartbeat,
 # pod ready/complete/delete: kwok's "fast" set) come from the same module and are written to
 # stages.yaml beside the binary.
+have_kwok() {
+  has_version "$tools/kwok-v$KWOK_VERSION/kwok" "v$KWOK_VERSION" --version && [ -s "$tools/kwok-v$KWOK_VERSION/stages.yaml" ]
+}
+
 build_kwok() {
   local v=$KWOK_VERSION dir="$tools/kwok-v$KWOK_VERSION"
-  if has_version "$dir/kwok" "v$v" --version && [ -s "$dir/stages.yaml" ]; then log "kwok v$v: cached"; return; fi
-  log "kwok v$v: building"
   mkdir -p "$dir"
   GOBIN="$dir" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@v$v"
   has_version "$dir/kwok" "v$v" --version || { log "kwok does not report v$v"; exit 1; }
@@ -154,10 +165,10 @@ build_kwok() {
 
 # kustomize renders the deploy/ manifests (tests/deploy.rs checks them against the API server).
 # A plain `go install`: its module has no replace directives.
+have_kustomize() { has_version "$tools/kustomize-v$KUSTOMIZE_VERSION/kustomize" "v$KUSTOMIZE_VERSION" version; }
+
 build_kustomize() {
   local v=$KUSTOMIZE_VERSION dir="$tools/kustomize-v$KUSTOMIZE_VERSION"
-  if has_version "$dir/kustomize" "v$v" version; then log "kustomize v$v: cached"; return; fi
-  log "kustomize v$v: building"
   local major=${v%%.*}
   mkdir -p "$dir"
   GOBIN="$dir" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kustomize/kustomize/v$major@v$v"
@@ -166,10 +177,10 @@ build_kustomize() {
 
 # cosign signs charts in the signature tests (tests/chart_sources.rs, spec.chart.verify). A plain
 # `go install`: its module has no replace directives. The -X sets what `cosign version` prints.
+have_cosign() { has_version "$tools/cosign-v$COSIGN_VERSION/cosign" "v$COSIGN_VERSION" version; }
+
 build_cosign() {
   local v=$COSIGN_VERSION dir="$tools/cosign-v$COSIGN_VERSION"
-  if has_version "$dir/cosign" "v$v" version; then log "cosign v$v: cached"; return; fi
-  log "cosign v$v: building"
   local major=${v%%.*}
   mkdir -p "$dir"
   GOBIN="$dir" go install -trimpath -ldflags "-s -w -X sigs.k8s.io/release-utils/version.gitVersion=v$v" \
@@ -190,15 +201,16 @@ renderer_key() {
   } | sha256sum | cut -c1-16
 }
 
+renderer_dir() { echo "$tools/renderer-$(renderer_key "$here/../renderer")"; }
+
+have_renderer() { has_version "$(renderer_dir)/module-manager-renderer" "v$HELM_VERSION" --version; }
+
 build_renderer() {
-  local src="$here/../renderer" key dir want
-  key=$(renderer_key "$src")
-  dir="$tools/renderer-$key"
-  if has_version "$dir/module-manager-renderer" "v$HELM_VERSION" --version; then log "renderer $key: cached"; return; fi
+  local src="$here/../renderer" dir want
+  dir=$(renderer_dir)
   want="helm.sh/helm/v${HELM_VERSION%%.*} v$HELM_VERSION"
   grep -qF "$want" "$src/go.mod" || {
     log "renderer/go.mod does not require $want (run: cd renderer && go get helm.sh/helm/v${HELM_VERSION%%.*}@v$HELM_VERSION && go mod tidy)"; exit 1; }
-  log "renderer $key: building"
   mkdir -p "$dir"
   # The same -X as build_helm: .Capabilities.HelmVersion must read the same in both backends.
   (cd "$src" && go build -mod=readonly -trimpath \
@@ -208,19 +220,73 @@ build_renderer() {
   has_version "$dir/module-manager-renderer" "v$HELM_VERSION" --version || { log "the renderer does not report v$HELM_VERSION"; exit 1; }
 }
 
+# The operator, the demo's client (examples/demo.rs) and testenv's CLI, as hack/demo.sh and
+# `make cluster-up` run them (debug, into $CARGO_TARGET_DIR or target/): the demo set only, so that
+# its announcements and total cover the whole first-run build. Cargo decides what is stale, so
+# this step has no have_operator and is neither "cached" nor counted as built; an up-to-date build
+# takes about a second.
+build_operator() {
+  cd "$here/.."
+  ${CARGO:-cargo} build --bin module-manager --example demo
+  ${CARGO:-cargo} build -p testenv --bin testenv
+}
+
 # `hack/build-tools.sh renderer-path`: where the renderer of this checkout is (or will be) cached.
 if [ "${1:-}" = renderer-path ]; then
   echo "$tools/renderer-$(renderer_key "$here/../renderer")/module-manager-renderer"; exit 0
 fi
 
+# human_duration SECONDS: 42s, 3m07s.
+human_duration() {
+  if [ "$1" -lt 60 ]; then echo "${1}s"; else printf '%dm%02ds\n' $(($1 / 60)) $(($1 % 60)); fi
+}
+
+# Each tool's name in the announcements, and what it is.
+declare -A label what
+label[etcd]="etcd v$ETCD_VERSION"
+what[etcd]="the control plane's store"
+label[helm]="helm v$HELM_VERSION"
+what[helm]="the helm CLI, the reference renderer of the tests and benchmarks"
+label[kubernetes]="kube-apiserver, kube-controller-manager, kube-scheduler v$KUBERNETES_VERSION"
+what[kubernetes]="the local control plane"
+label[kubectl]="kubectl v$KUBERNETES_VERSION"
+what[kubectl]="the tests' kubectl (the plugin, kubectl wait, the docs' examples)"
+label[kwok]="kwok v$KWOK_VERSION"
+what[kwok]="simulated nodes and kubelets, so that workloads roll out"
+label[kustomize]="kustomize v$KUSTOMIZE_VERSION"
+what[kustomize]="renders deploy/ in tests/deploy.rs"
+label[cosign]="cosign v$COSIGN_VERSION"
+what[cosign]="signs the charts of the signature tests"
+label[renderer]="renderer (helm v$HELM_VERSION)"
+what[renderer]="the operator's chart renderer, Helm's engine (renderer/)"
+label[operator]="module-manager, examples/demo.rs, testenv"
+what[operator]="the operator and the demo's programs (cargo build)"
+
+built=0 cached=0
+# step NAME: announces the tool with what it is, then runs build_NAME (in a subshell, its output
+# on stderr) unless have_NAME finds the tool cached, and says how long the build took.
+step() {
+  local name=$1 t0
+  local announce="${label[$name]}: ${what[$name]}"
+  if ! declare -F "have_$name" >/dev/null; then
+    log "$announce (building what changed…)"
+  elif "have_$name"; then
+    log "$announce (cached)"; cached=$((cached + 1)); return
+  else
+    log "$announce (building…)"; built=$((built + 1))
+  fi
+  t0=$(date +%s)
+  ( "build_$name" ) >&2
+  log "${label[$name]}: built in $(human_duration $(( $(date +%s) - t0 )))"
+}
+
+selection=${1:-all}
+case "$selection" in
+  all) steps="etcd helm kubernetes kubectl kwok kustomize cosign renderer" ;;
+  demo) steps="etcd kubernetes kwok renderer operator" ;;
+  *) echo "usage: hack/build-tools.sh [all | demo | renderer-path]" >&2; exit 2 ;;
+esac
 start=$(date +%s)
-build_etcd
-build_helm
-build_kubernetes
-build_kubectl
-build_kwok
-build_kustomize
-build_cosign
-build_renderer
-log "done in $(( $(date +%s) - start ))s"
+for name in $steps; do step "$name"; done
+log "$selection: $built built, $cached cached, $(human_duration $(( $(date +%s) - start ))) in all"
 echo "$tools"

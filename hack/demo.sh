@@ -4,14 +4,15 @@
 # states until they settle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. hack/versions.env
 
-tools=$(hack/build-tools.sh 2>/dev/null)
+# What the demo runs (`make run` has built it already: its announcements are shown only on failure).
+if ! out=$(hack/build-tools.sh demo 2>&1 >/dev/null); then
+  printf '%s\n' "$out" >&2; exit 1
+fi
 state_dir=${MODULE_MANAGER_CACHE:-$HOME/.cache/module-manager}/cluster
 KUBECONFIG=$(cargo run --quiet -p testenv --bin testenv -- status)
 export KUBECONFIG
 
-cargo build --quiet --bin module-manager --example demo
 bin=${CARGO_TARGET_DIR:-target}/debug
 # A fleet of three replicas (admin APIs on 127.0.0.1:9440, :9441, :9442) splitting the shards.
 # Without a StatefulSet every live member counts, and a stopped replica hands its shards over.
@@ -33,7 +34,6 @@ for i in $(seq 0 $((replicas - 1))); do
   setsid "$bin/module-manager" run \
     --replica "module-manager-$i" \
     --chart-root . \
-    --helm "$tools/helm-v$HELM_VERSION/helm" \
     --renderer "$(hack/build-tools.sh renderer-path)" \
     --helm-home "$state_dir/helm-$i" \
     --admin-address "127.0.0.1:$((admin_port + i))" \

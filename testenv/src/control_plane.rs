@@ -103,7 +103,7 @@ impl ControlPlane {
     /// Starts etcd and kube-apiserver (and kube-controller-manager if asked), waits for
     /// `/readyz`, and installs the CRDs.
     pub async fn start(options: Options) -> Result<Self, Error> {
-        let tools = Tools::locate()?;
+        let tools = Tools::locate_control_plane()?;
         // Ports are picked by binding :0 and releasing; another process may take one in between.
         // That shows up as "address already in use" and is worth another attempt.
         let mut attempt = 0;

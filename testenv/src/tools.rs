@@ -50,8 +50,34 @@ pub struct Tools {
 }
 
 impl Tools {
-    /// Finds every pinned binary in the cache, or says which is missing and how to build it.
+    /// Finds every pinned binary the tests need in the cache (the control plane's, helm and the
+    /// renderer), or says which is missing and how to build it.
     pub fn locate() -> Result<Self, Error> {
+        let found = Self::paths()?;
+        require(&[
+            &found.kube_apiserver,
+            &found.kube_controller_manager,
+            &found.etcd,
+            &found.helm,
+            &found.renderer,
+        ])?;
+        Ok(found)
+    }
+
+    /// Like [`Tools::locate`], but requires only the control plane's binaries: what
+    /// [`crate::ControlPlane::start`] runs. `make run` builds no helm (`hack/build-tools.sh demo`).
+    pub fn locate_control_plane() -> Result<Self, Error> {
+        let found = Self::paths()?;
+        require(&[
+            &found.kube_apiserver,
+            &found.kube_controller_manager,
+            &found.etcd,
+        ])?;
+        Ok(found)
+    }
+
+    /// Where each pinned binary is in the cache, present or not.
+    fn paths() -> Result<Self, Error> {
         let tools = cache_root().join("tools");
         let k8s = tools.join(format!(
             "kubernetes-v{}",
@@ -83,18 +109,15 @@ impl Tools {
                 .join(format!("cosign-v{}", pinned_version("COSIGN_VERSION")))
                 .join("cosign"),
         };
-        for path in [
-            &found.kube_apiserver,
-            &found.kube_controller_manager,
-            &found.etcd,
-            &found.helm,
-            &found.renderer,
-        ] {
-            if !path.is_file() {
-                return Err(Error::ToolMissing(path.clone()));
-            }
-        }
         Ok(found)
+    }
+}
+
+/// Fails with the first of `paths` that is not a file.
+fn require(paths: &[&PathBuf]) -> Result<(), Error> {
+    match paths.iter().find(|path| !path.is_file()) {
+        Some(missing) => Err(Error::ToolMissing((*missing).to_path_buf())),
+        None => Ok(()),
     }
 }
 
