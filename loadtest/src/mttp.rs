@@ -141,6 +141,10 @@ pub async fn run(
     }
     mttp.ratios = ratios(&mttp, *options.replicas.last().unwrap_or(&1));
     if let Some(path) = &options.gate {
+        anyhow::ensure!(
+            !options.gate_update || result.violations.is_empty(),
+            "--gate-update: the run failed its checks, so its counters are no baseline"
+        );
         let outcome = gate(path, options.gate_update, &mttp.bursts)?;
         let detail = |f: &String| format!("{f} (against {})", outcome.baseline);
         result
@@ -225,6 +229,9 @@ struct Reading {
     passes: f64,
     renders: f64,
     watch_events: f64,
+    fence_lapses: f64,
+    /// Replicas whose metrics could not be read (their counters are missing from the sums).
+    scrape_failures: u32,
     rss_mib: BTreeMap<String, f64>,
 }
 
@@ -242,6 +249,9 @@ async fn read_fleet(probe: &Probe) -> Reading {
                 measure::sum(samples, "module_manager_render_cache_misses_total", &[]);
             reading.watch_events +=
                 measure::sum(samples, "module_manager_manifest_watch_events_total", &[]);
+            reading.fence_lapses += measure::sum(samples, "module_manager_fence_lapses_total", &[]);
+        } else {
+            reading.scrape_failures += 1;
         }
         if let Some((cpu, rss)) = probe.usage(ordinal, samples.as_deref()) {
             reading.cpu += cpu;
@@ -279,6 +289,8 @@ pub(crate) struct Measured {
     pub(crate) passes: f64,
     pub(crate) renders: f64,
     pub(crate) watch_events: f64,
+    pub(crate) fence_lapses: f64,
+    pub(crate) scrape_failures: u32,
     pub(crate) apiserver: (Vec<measure::PromSample>, Vec<measure::PromSample>),
     pub(crate) clients: Option<BTreeMap<String, ClientRequests>>,
     pub(crate) peak_rss_mib: BTreeMap<String, f64>,
@@ -336,6 +348,8 @@ pub(crate) async fn close_window(
         passes: (fleet.passes - window.fleet.passes).max(0.0),
         renders: (fleet.renders - window.fleet.renders).max(0.0),
         watch_events: (fleet.watch_events - window.fleet.watch_events).max(0.0),
+        fence_lapses: (fleet.fence_lapses - window.fleet.fence_lapses).max(0.0),
+        scrape_failures: fleet.scrape_failures + window.fleet.scrape_failures,
         apiserver: (window.apiserver, apiserver),
         clients,
         peak_rss_mib,
@@ -432,6 +446,8 @@ async fn burst(
         passes_per_manifest: measured.passes / n,
         renders_per_manifest: Some(measured.renders / n),
         manifest_watch_events_per_manifest: Some(measured.watch_events / n),
+        fence_lapses: measured.fence_lapses as u64,
+        scrape_failures: measured.scrape_failures,
         peak_rss_mib: measured.peak_rss_mib,
     };
     Ok((burst, timed.namespace))

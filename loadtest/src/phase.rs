@@ -377,7 +377,6 @@ impl Phase {
     }
 }
 
-/// Where local replicas of the phase in `namespace` log (one file per process start).
 /// The log lines of the first few overlapping passes, with their replicas' pauses.
 fn overlap_lines(
     logs: &[(String, String)],
@@ -407,6 +406,7 @@ fn overlap_lines(
     out.join("\n")
 }
 
+/// Where local replicas of the phase in `namespace` log (one file per process start).
 fn log_dir(namespace: &str) -> PathBuf {
     std::env::temp_dir()
         .join(format!("loadtest-logs-{}", std::process::id()))

@@ -345,6 +345,13 @@ pub struct MttpBurst {
     /// (`module_manager_manifest_watch_events_total`, every replica).
     #[serde(default)]
     pub manifest_watch_events_per_manifest: Option<f64>,
+    /// Times a replica's fence lapsed during the burst (`module_manager_fence_lapses_total`;
+    /// each restarts its shard watch and stops its passes, so the burst's counts are disturbed).
+    #[serde(default)]
+    pub fence_lapses: u64,
+    /// Replica scrapes that failed at the burst's start or end (their counters are missing).
+    #[serde(default)]
+    pub scrape_failures: u32,
     /// Highest RSS per replica (process tree, the renderer included) seen during the burst.
     pub peak_rss_mib: BTreeMap<String, f64>,
 }

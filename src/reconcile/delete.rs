@@ -97,6 +97,9 @@ pub(super) async fn delete(
     };
     fence.check()?;
     publish(manifest, ctx, EventType::Normal, reason.as_str(), &note).await;
+    // The Event may have taken a while (or the process was stopped meanwhile): check again
+    // before the last write.
+    fence.check()?;
     finalizer::release(manifest, ctx).await?;
     Ok(None)
 }
@@ -119,6 +122,9 @@ async fn release_target_gone(
     tracing::warn!("{note}");
     fence.check()?;
     publish(manifest, ctx, EventType::Warning, "TargetGone", &note).await;
+    // The Event may have taken a while (or the process was stopped meanwhile): check again
+    // before the last write.
+    fence.check()?;
     finalizer::release(manifest, ctx).await?;
     Ok(None)
 }

@@ -37,8 +37,11 @@ pub struct Pass {
     pub end: Option<Timestamp>,
     /// The `result` field of the end line, if any.
     pub result: Option<String>,
-    /// The pass logged `stopping the pass: …`: its fence check failed and it wrote nothing more.
-    pub fenced: bool,
+    /// The shard the pass ran for (the span's `shard`).
+    pub shard: Option<u64>,
+    /// When the pass logged that its fence check failed (`stopping the pass: …` or `not writing
+    /// the error status: …`): it wrote nothing after that check.
+    pub fenced: Option<Timestamp>,
 }
 
 /// Two passes of the same Manifest whose time intervals intersect.
@@ -146,12 +149,15 @@ pub fn check(logs: &[(String, String)], expected_uids: &BTreeSet<String>) -> Rep
 /// during its replica's pauses; before and after them it does (a pass resumed after its shard
 /// was taken over overlaps the new owner's passes only if it still runs when they do).
 ///
-/// One exception: a pause at least `renew_deadline` long lapses the replica's fence (its
-/// deadline is on the monotonic clock, which runs on while the process is stopped), so a pass
-/// resumed after it can write nothing until a renewal and a shard round give the shard back
-/// (every write is preceded by a fence check). A pass that resumed from such a pause and then
-/// logged its fence stop wrote nothing after the pause: that piece is not compared. A pass that
-/// resumed and went on to its end without a fence stop is compared as before.
+/// One exception, for a pass frozen while its shard moved: a pause at least `renew_deadline`
+/// long lapses the replica's fence (its deadline is on the monotonic clock, which runs on while
+/// the process is stopped). When another replica's log shows it acquiring the pass's shard
+/// after that pause began, and the pass then logged its fence stop, the pass could pass no
+/// fence check after the pause (the shard's epoch moved on), so it started no write after it:
+/// its pieces from that pause on are not compared. What it cannot rule out is a write that had
+/// passed its fence check when the pause hit and is sent after it (docs/sharding.md's window of
+/// a late write), which a log cannot show. A pass that resumed and went on without a fence stop,
+/// or whose shard no one else acquired, is compared as before.
 pub fn check_with_pauses(
     logs: &[(String, String)],
     expected_uids: &BTreeSet<String>,
@@ -165,7 +171,15 @@ pub fn check_with_pauses(
     }
     let mut report = Report::default();
     let mut completed = BTreeSet::new();
-    for log in &parsed {
+    for (index, log) in parsed.iter().enumerate() {
+        // Shards acquired by the other logs' replicas, and when.
+        let others = || {
+            parsed
+                .iter()
+                .enumerate()
+                .filter(move |(i, _)| *i != index)
+                .flat_map(|(_, other)| other.acquired.iter())
+        };
         for pass in &log.passes {
             report.passes += 1;
             let end = match pass.end {
@@ -180,9 +194,9 @@ pub fn check_with_pauses(
             };
             let windows = pauses.get(&pass.replica).map_or(&[][..], Vec::as_slice);
             let mut pieces = running(pass.start, end, windows);
-            if pass.fenced && lapsed_during(pass.start, end, windows, renew_deadline) {
-                // Stopped by its fence after a lapsing pause: only the piece before it ran.
-                pieces.retain(|(start, _)| *start == pass.start);
+            if let Some(stopped) = frozen_while_moved(pass, end, windows, renew_deadline, others())
+            {
+                pieces.retain(|(_, piece_end)| *piece_end <= stopped);
             }
             for (start, end) in pieces {
                 intervals
@@ -271,31 +285,41 @@ fn running(
     pieces
 }
 
-/// Whether a pause at least `renew_deadline` long fell within `[start, end]`.
-fn lapsed_during(
-    start: Timestamp,
+/// When the pause began that froze `pass` while its shard moved (see [`check_with_pauses`]):
+/// the first pause within the pass at least `renew_deadline` long after whose start another
+/// replica acquired the pass's shard, before the pass logged its fence stop.
+fn frozen_while_moved<'a>(
+    pass: &Pass,
     end: Timestamp,
     paused: &[(Timestamp, Timestamp)],
     renew_deadline: std::time::Duration,
-) -> bool {
-    paused.iter().any(|(stopped, resumed)| {
+    mut others: impl Iterator<Item = &'a (u64, Timestamp)>,
+) -> Option<Timestamp> {
+    let (fenced, shard) = (pass.fenced?, pass.shard?);
+    let (stopped, _) = paused.iter().find(|(stopped, resumed)| {
         let long = resumed
             .duration_since(*stopped)
             .try_into()
             .is_ok_and(|length: std::time::Duration| length >= renew_deadline);
-        long && *stopped >= start && *resumed <= end
-    })
+        long && *stopped >= pass.start && *resumed <= end && *resumed <= fenced
+    })?;
+    others
+        .any(|(acquired, at)| *acquired == shard && at >= stopped && *at <= fenced)
+        .then_some(*stopped)
 }
 
 /// One log, parsed.
 struct ParsedLog {
     passes: Vec<Pass>,
+    /// Shards this log's replica acquired (`shard acquired`, a takeover or not), and when.
+    acquired: Vec<(u64, Timestamp)>,
     /// The last timestamp of any JSON line of the log.
     last: Option<Timestamp>,
 }
 
 fn parse_log(log: &str) -> ParsedLog {
     let mut passes: Vec<Pass> = Vec::new();
+    let mut acquired = Vec::new();
     let mut last: Option<Timestamp> = None;
     // (replica, reconcile_id) -> index in `passes` of the unclosed start.
     let mut unclosed: HashMap<(String, u64), usize> = HashMap::new();
@@ -318,7 +342,11 @@ fn parse_log(log: &str) -> ParsedLog {
         let kind = match parsed.message.as_deref() {
             Some("reconcile start") => Kind::Start,
             Some("reconcile end") => Kind::End,
-            Some(m) if m.starts_with(FENCE_STOP) => Kind::FenceStop,
+            Some(m) if FENCE_STOPS.iter().any(|stop| m.starts_with(stop)) => Kind::FenceStop,
+            Some(m) if m.starts_with(SHARD_ACQUIRED) => {
+                acquired.extend(parsed.shard.map(|shard| (shard, timestamp)));
+                continue;
+            }
             _ => continue,
         };
         let Some(span) = reconcile_span(parsed.spans) else {
@@ -332,7 +360,7 @@ fn parse_log(log: &str) -> ParsedLog {
         let key = (replica, reconcile_id);
         if kind == Kind::FenceStop {
             if let Some(index) = unclosed.get(&key) {
-                passes[*index].fenced = true;
+                passes[*index].fenced.get_or_insert(timestamp);
             }
         } else if kind == Kind::Start {
             // An earlier unclosed start for this key stays open: its process restarted.
@@ -344,18 +372,27 @@ fn parse_log(log: &str) -> ParsedLog {
                 start: timestamp,
                 end: None,
                 result: None,
-                fenced: false,
+                shard: span.shard,
+                fenced: None,
             });
         } else if let Some(index) = unclosed.remove(&key) {
             passes[index].end = Some(timestamp);
             passes[index].result = parsed.result;
         }
     }
-    ParsedLog { passes, last }
+    ParsedLog {
+        passes,
+        acquired,
+        last,
+    }
 }
 
-/// The message a pass logs when its fence check fails (`reconcile::fenced`).
-const FENCE_STOP: &str = "stopping the pass: ";
+/// The messages a pass logs when its fence check fails (`reconcile::fenced`, and
+/// `reconcile::failed` before an error status).
+const FENCE_STOPS: [&str; 2] = ["stopping the pass: ", "not writing the error status: "];
+
+/// The message of a shard round that acquired a shard (`shard::leases`; the field `shard`).
+const SHARD_ACQUIRED: &str = "shard acquired";
 
 /// The lines of a pass this module reads.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -382,6 +419,8 @@ struct Line {
     timestamp: Option<String>,
     message: Option<String>,
     result: Option<String>,
+    /// An event's `shard` field (a shard round's lines).
+    shard: Option<u64>,
     spans: Vec<SpanFields>,
 }
 
@@ -396,6 +435,16 @@ struct SpanFields {
     uid: Option<String>,
     replica: Option<String>,
     reconcile_id: Option<u64>,
+    shard: Option<u64>,
+}
+
+/// A number field, or a string holding one.
+fn number(value: Value) -> Option<u64> {
+    match value {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
 }
 
 /// A string field; other scalars are taken in their JSON form, `null` as absent.
@@ -422,6 +471,7 @@ impl<'de> Deserialize<'de> for Line {
                         "timestamp" => line.timestamp = string(map.next_value()?),
                         "message" => line.message = string(map.next_value()?),
                         "result" => line.result = string(map.next_value()?),
+                        "shard" => line.shard = number(map.next_value()?),
                         "spans" => line.spans = map.next_value()?,
                         _ => {
                             map.next_value::<IgnoredAny>()?;
@@ -450,13 +500,8 @@ impl<'de> Deserialize<'de> for SpanFields {
                         "name" => span.names.extend(string(map.next_value()?)),
                         "uid" => span.uid = string(map.next_value()?),
                         "replica" => span.replica = string(map.next_value()?),
-                        "reconcile_id" => {
-                            span.reconcile_id = match map.next_value()? {
-                                Value::Number(n) => n.as_u64(),
-                                Value::String(s) => s.parse().ok(),
-                                _ => None,
-                            }
-                        }
+                        "reconcile_id" => span.reconcile_id = number(map.next_value()?),
+                        "shard" => span.shard = number(map.next_value()?),
                         _ => {
                             map.next_value::<IgnoredAny>()?;
                         }
@@ -552,10 +597,18 @@ mod tests {
     /// The renew deadline the pause tests assume.
     const LAPSE: std::time::Duration = std::time::Duration::from_secs(3);
 
+    /// r2 acquiring shard 17 at `second` (a shard round's line, no reconcile span).
+    fn acquired(second: u32) -> String {
+        format!(
+            r#"{{"timestamp":"{}","level":"INFO","message":"shard acquired (takeover)","shard":17,"epoch":4,"from":"r1","target":"module_manager::shard::leases"}}"#,
+            ts(second)
+        )
+    }
+
     #[test]
-    fn a_pass_stopped_by_its_fence_after_a_lapsing_pause_ran_only_before_it() {
-        // r1's pass starts at 0, r1 is stopped 2..15, resumes while r2's pass (10..20) runs and
-        // logs its fence stop at 17.
+    fn a_pass_frozen_while_its_shard_moved_and_then_fenced_ran_only_before_the_pause() {
+        // r1's pass (shard 17) starts at 0; r1 is stopped 2..15; r2 takes shard 17 over at 12
+        // and runs a pass 13..20; r1 resumes and logs its fence stop at 17.
         let fence_stop = line(
             17,
             "stopping the pass: shard 17 is no longer owned",
@@ -563,39 +616,69 @@ mod tests {
             "r1",
             1,
         );
-        let r2 = log("r2", &[start(10, "u", "r2", 1), end(20, "u", "r2", 1)]);
-        let fenced = vec![
-            log(
-                "r1",
-                &[
-                    start(0, "u", "r1", 1),
-                    fence_stop.clone(),
-                    end(18, "u", "r1", 1),
-                ],
-            ),
-            r2.clone(),
-        ];
-        let passes = parse_passes(&fenced[0].1);
-        assert!(passes[0].fenced, "{passes:?}");
+        let r1 = |lines: &[String]| log("r1", lines);
+        let fenced = r1(&[
+            start(0, "u", "r1", 1),
+            fence_stop.clone(),
+            end(18, "u", "r1", 1),
+        ]);
+        let r2 = log(
+            "r2",
+            &[acquired(12), start(13, "u", "r2", 1), end(20, "u", "r2", 1)],
+        );
+        let passes = parse_passes(&fenced.1);
+        assert_eq!(
+            (passes[0].fenced, passes[0].shard),
+            (Some(at(17)), Some(17))
+        );
         let uids = BTreeSet::from(["u".to_owned()]);
         let paused = BTreeMap::from([("r1".to_owned(), vec![(at(2), at(15))])]);
-        let report = check_with_pauses(&fenced, &uids, &paused, LAPSE);
+        let logs = vec![fenced.clone(), r2.clone()];
+        let report = check_with_pauses(&logs, &uids, &paused, LAPSE);
         assert!(report.is_clean(), "{report}");
-        // The same pass without its fence stop went on after the pause: an overlap.
-        let unfenced = vec![
-            log("r1", &[start(0, "u", "r1", 1), end(18, "u", "r1", 1)]),
-            r2.clone(),
-        ];
-        let report = check_with_pauses(&unfenced, &uids, &paused, LAPSE);
+        // Without its fence stop the pass went on after the pause: an overlap.
+        let unfenced = r1(&[start(0, "u", "r1", 1), end(18, "u", "r1", 1)]);
+        let report = check_with_pauses(&[unfenced, r2.clone()], &uids, &paused, LAPSE);
         assert_eq!(report.overlaps.len(), 1, "{report}");
-        // A pause shorter than the renew deadline lapses nothing: the piece after it is compared
-        // even though the pass was stopped by its fence later.
+        // No one else acquired the shard (r1 may have held it again after renewing): compared.
+        let r2_without_takeover = log("r2", &[start(13, "u", "r2", 1), end(20, "u", "r2", 1)]);
+        let logs = vec![fenced.clone(), r2_without_takeover];
+        assert_eq!(
+            check_with_pauses(&logs, &uids, &paused, LAPSE)
+                .overlaps
+                .len(),
+            1
+        );
+        // A pause shorter than the renew deadline lapses nothing.
         let short = BTreeMap::from([("r1".to_owned(), vec![(at(9), at(11))])]);
-        let report = check_with_pauses(&fenced, &uids, &short, LAPSE);
-        assert_eq!(report.overlaps.len(), 1, "{report}");
-        // A fenced pass that was never paused is compared whole.
-        let report = check(&fenced, &uids);
-        assert_eq!(report.overlaps.len(), 1, "{report}");
+        let logs = vec![fenced.clone(), r2.clone()];
+        assert_eq!(
+            check_with_pauses(&logs, &uids, &short, LAPSE)
+                .overlaps
+                .len(),
+            1
+        );
+        // Never paused: compared whole.
+        assert_eq!(check(&logs, &uids).overlaps.len(), 1);
+        // A short pause 1..2 and the long one 5..15 (taken over at 12): the pieces before the
+        // long pause are kept, so a pass of r2 at 3..4 overlaps the piece 2..5.
+        let r2_early = log(
+            "r2",
+            &[
+                start(3, "u", "r2", 2),
+                end(4, "u", "r2", 2),
+                acquired(12),
+                start(13, "u", "r2", 1),
+                end(20, "u", "r2", 1),
+            ],
+        );
+        let two = BTreeMap::from([("r1".to_owned(), vec![(at(1), at(2)), (at(5), at(15))])]);
+        let report = check_with_pauses(&[fenced, r2_early], &uids, &two, LAPSE);
+        assert_eq!(
+            report.overlaps,
+            [overlap("u", ("r1", 1), ("r2", 2))],
+            "{report}"
+        );
     }
 
     fn uids(list: &[&str]) -> BTreeSet<String> {
@@ -628,7 +711,8 @@ mod tests {
                 start: "2026-11-30T13:01:02.123456Z".parse().unwrap(),
                 end: Some("2026-11-30T13:01:02.223456Z".parse().unwrap()),
                 result: Some("ready".into()),
-                fenced: false,
+                shard: Some(17),
+                fenced: None,
             }]
         );
     }

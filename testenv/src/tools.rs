@@ -64,8 +64,10 @@ impl Tools {
         Ok(found)
     }
 
-    /// Like [`Tools::locate`], but requires only the control plane's binaries: what
-    /// [`crate::ControlPlane::start`] runs. `make run` builds no helm (`hack/build-tools.sh demo`).
+    /// Like [`Tools::locate`], but requires only etcd, kube-apiserver and
+    /// kube-controller-manager (what [`crate::ControlPlane::start`] always runs; kube-scheduler
+    /// and kwok, which it runs when asked, fail at their spawn if missing). `make run` builds no
+    /// helm (`hack/build-tools.sh demo`).
     pub fn locate_control_plane() -> Result<Self, Error> {
         let found = Self::paths()?;
         require(&[

@@ -1,4 +1,6 @@
 //! Running the `loadtest` binary as a user does, for the tests that go through it.
+//! Each test file uses a part of it.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::Command;
