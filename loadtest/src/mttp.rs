@@ -221,15 +221,21 @@ fn describe(b: &MttpBurst) -> String {
     )
 }
 
+/// The replicas' counters a window reads: passes, renders, Manifests received by the watches,
+/// fence lapses.
+const PASSES: &str = "module_manager_reconcile_passes_total";
+const RENDERS: &str = "module_manager_render_cache_misses_total";
+const WATCH_EVENTS: &str = "module_manager_manifest_watch_events_total";
+const FENCE_LAPSES: &str = "module_manager_fence_lapses_total";
+const FLEET_COUNTERS: [&str; 4] = [PASSES, RENDERS, WATCH_EVENTS, FENCE_LAPSES];
+
 /// The replicas at one moment: CPU of their process trees summed, reconcile passes summed,
 /// RSS per replica (MiB).
 #[derive(Debug, Default)]
 struct Reading {
     cpu: f64,
-    passes: f64,
-    renders: f64,
-    watch_events: f64,
-    fence_lapses: f64,
+    /// [`FLEET_COUNTERS`] summed over the replicas.
+    counters: BTreeMap<&'static str, f64>,
     /// Replicas whose metrics could not be read (their counters are missing from the sums).
     scrape_failures: u32,
     rss_mib: BTreeMap<String, f64>,
@@ -244,12 +250,9 @@ async fn read_fleet(probe: &Probe) -> Reading {
             .ok()
             .map(|text| measure::parse_prometheus(&text));
         if let Some(samples) = &samples {
-            reading.passes += measure::sum(samples, "module_manager_reconcile_passes_total", &[]);
-            reading.renders +=
-                measure::sum(samples, "module_manager_render_cache_misses_total", &[]);
-            reading.watch_events +=
-                measure::sum(samples, "module_manager_manifest_watch_events_total", &[]);
-            reading.fence_lapses += measure::sum(samples, "module_manager_fence_lapses_total", &[]);
+            for name in FLEET_COUNTERS {
+                *reading.counters.entry(name).or_default() += measure::sum(samples, name, &[]);
+            }
         } else {
             reading.scrape_failures += 1;
         }
@@ -286,14 +289,19 @@ pub(crate) struct Measured {
     pub(crate) seconds: f64,
     pub(crate) fleet_cpu: f64,
     pub(crate) control_plane_cpu: f64,
-    pub(crate) passes: f64,
-    pub(crate) renders: f64,
-    pub(crate) watch_events: f64,
-    pub(crate) fence_lapses: f64,
+    /// Increase of each of [`FLEET_COUNTERS`] over the window.
+    pub(crate) counters: BTreeMap<&'static str, f64>,
     pub(crate) scrape_failures: u32,
     pub(crate) apiserver: (Vec<measure::PromSample>, Vec<measure::PromSample>),
     pub(crate) clients: Option<BTreeMap<String, ClientRequests>>,
     pub(crate) peak_rss_mib: BTreeMap<String, f64>,
+}
+
+impl Measured {
+    /// The increase of one of [`FLEET_COUNTERS`].
+    fn counter(&self, name: &str) -> f64 {
+        self.counters.get(name).copied().unwrap_or(0.0)
+    }
 }
 
 pub(crate) async fn open_window(setting: &Setting<'_>, phase: &Phase) -> anyhow::Result<Window> {
@@ -345,10 +353,14 @@ pub(crate) async fn close_window(
         seconds,
         fleet_cpu: (fleet.cpu - window.fleet.cpu).max(0.0),
         control_plane_cpu: control_plane - window.control_plane,
-        passes: (fleet.passes - window.fleet.passes).max(0.0),
-        renders: (fleet.renders - window.fleet.renders).max(0.0),
-        watch_events: (fleet.watch_events - window.fleet.watch_events).max(0.0),
-        fence_lapses: (fleet.fence_lapses - window.fleet.fence_lapses).max(0.0),
+        counters: FLEET_COUNTERS
+            .into_iter()
+            .map(|name| {
+                let before = window.fleet.counters.get(name).copied().unwrap_or(0.0);
+                let after = fleet.counters.get(name).copied().unwrap_or(0.0);
+                (name, (after - before).max(0.0))
+            })
+            .collect(),
         scrape_failures: fleet.scrape_failures + window.fleet.scrape_failures,
         apiserver: (window.apiserver, apiserver),
         clients,
@@ -443,10 +455,10 @@ async fn burst(
                     .collect()
             })
             .unwrap_or_default(),
-        passes_per_manifest: measured.passes / n,
-        renders_per_manifest: Some(measured.renders / n),
-        manifest_watch_events_per_manifest: Some(measured.watch_events / n),
-        fence_lapses: measured.fence_lapses as u64,
+        passes_per_manifest: measured.counter(PASSES) / n,
+        renders_per_manifest: Some(measured.counter(RENDERS) / n),
+        manifest_watch_events_per_manifest: Some(measured.counter(WATCH_EVENTS) / n),
+        fence_lapses: measured.counter(FENCE_LAPSES) as u64,
         scrape_failures: measured.scrape_failures,
         peak_rss_mib: measured.peak_rss_mib,
     };
@@ -481,7 +493,7 @@ async fn idle(setting: &Setting<'_>, phase: &Phase, held: u64) -> anyhow::Result
         operator_by_verb_per_second: by_verb,
         operator_by_resource_per_second: by_resource,
         requests_by_client: measured.clients.as_ref().map(totals).unwrap_or_default(),
-        passes_per_second: measured.passes / measured.seconds,
+        passes_per_second: measured.counter(PASSES) / measured.seconds,
         fleet_cores: measured.fleet_cpu / measured.seconds,
         peak_rss_mib: measured.peak_rss_mib,
     })

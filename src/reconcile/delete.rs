@@ -97,10 +97,7 @@ pub(super) async fn delete(
     };
     fence.check()?;
     publish(manifest, ctx, EventType::Normal, reason.as_str(), &note).await;
-    // The Event may have taken a while (or the process was stopped meanwhile): check again
-    // before the last write.
-    fence.check()?;
-    finalizer::release(manifest, ctx).await?;
+    finalizer::release(manifest, ctx, fence).await?;
     Ok(None)
 }
 
@@ -122,10 +119,7 @@ async fn release_target_gone(
     tracing::warn!("{note}");
     fence.check()?;
     publish(manifest, ctx, EventType::Warning, "TargetGone", &note).await;
-    // The Event may have taken a while (or the process was stopped meanwhile): check again
-    // before the last write.
-    fence.check()?;
-    finalizer::release(manifest, ctx).await?;
+    finalizer::release(manifest, ctx, fence).await?;
     Ok(None)
 }
 

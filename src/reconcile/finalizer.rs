@@ -63,8 +63,14 @@ pub(super) async fn claim(
 }
 
 /// Removes the finalizer (the Manifest goes), guarded by the resourceVersion the decision was
-/// made on.
-pub(super) async fn release(manifest: &Manifest, ctx: &Context) -> Result<(), ReconcileError> {
+/// made on, and by the fence checked right before it: the writes that precede it (an Event)
+/// may have taken a while, or the process may have been stopped meanwhile.
+pub(super) async fn release(
+    manifest: &Manifest,
+    ctx: &Context,
+    fence: &Fence,
+) -> Result<(), ReconcileError> {
+    fence.check()?;
     let finalizers: Vec<String> = manifest
         .finalizers()
         .iter()
