@@ -62,7 +62,7 @@ ARGS ?=
 loadtest: setup ## Load test (docs/loadtest.md): `make loadtest SCENARIO=chaos ARGS="--replicas 4"`; default every scenario
 	$(CARGO) build --release -p module-manager -p loadtest --bins
 	@if [ "$(SCENARIO)" = all ]; then \
-		for s in basic rolling-update rebalance chaos scale-out mttp remote; do \
+		for s in basic rolling-update rebalance chaos scale-out mttp remote hostile; do \
 			$${CARGO_TARGET_DIR:-target}/release/loadtest $$s $(ARGS) || exit $$?; done; \
 	else $${CARGO_TARGET_DIR:-target}/release/loadtest $(SCENARIO) $(ARGS); fi
 

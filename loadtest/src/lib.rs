@@ -13,7 +13,8 @@
 //! - [`mttp`]: the burst scenario (time to all Ready, cost per Manifest, idle, cold restart);
 //!   [`usage`]: a replica's process tree; [`audit`]: requests per client from the audit log;
 //! - [`remote`]: many remote clusters on a few API servers (the test bed, its proxy, the bare
-//!   client per target).
+//!   client per target);
+//! - [`hostile`]: innocent Manifests beside one hostile chart's Manifest, arm by arm.
 
 pub mod audit;
 pub mod baseline;
@@ -21,6 +22,7 @@ pub mod cgroup;
 pub mod checks;
 pub mod fleet;
 pub mod gate;
+pub mod hostile;
 pub mod load;
 pub mod manifest_writes;
 pub mod measure;

@@ -32,6 +32,12 @@ pub enum Scenario {
     /// and credential) created at once, time to all Ready, cost per target; optionally the idle
     /// fleet; a bare client per target as the baseline.
     Remote,
+    /// Issue 31's tenant isolation at the level of whole Manifests: `--innocents` Manifests
+    /// created at once, alone and beside one hostile Manifest of each `--hostile` chart, in
+    /// interleaved arms repeated `--repeats` times; their create→Ready against the same
+    /// repeat's arm without a hostile chart, the renderer child's starts, the hostile
+    /// Manifest's status.
+    Hostile,
 }
 
 impl Scenario {
@@ -45,7 +51,39 @@ impl Scenario {
             Scenario::Smoke => "smoke",
             Scenario::Mttp => "mttp",
             Scenario::Remote => "remote",
+            Scenario::Hostile => "hostile",
         }
+    }
+}
+
+/// The hostile charts of the `hostile` scenario: the test fixtures under
+/// `tests/fixtures/charts/` that attack the shared renderer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostileChart {
+    /// A template that never ends: the render timeout stops it (and the child).
+    Loop,
+    /// Doubles a string until the renderer child's heap limit stops the child.
+    Memory,
+    /// `fail` with a 17 MB message: a template error the renderer caps.
+    FailHuge,
+    /// Asks for 10 GB at once: the child's address-space limit kills it.
+    AddressSpace,
+}
+
+impl HostileChart {
+    pub fn name(self) -> &'static str {
+        match self {
+            HostileChart::Loop => "loop",
+            HostileChart::Memory => "memory",
+            HostileChart::FailHuge => "fail-huge",
+            HostileChart::AddressSpace => "address-space",
+        }
+    }
+
+    /// `spec.chart.path`: under the repository, which is the local replicas' chart root.
+    pub fn path(self) -> String {
+        format!("tests/fixtures/charts/{}", self.name())
     }
 }
 
@@ -236,6 +274,28 @@ pub struct Options {
     /// as another field manager) and time each change to its repair by the fleet (0: none).
     #[arg(long, default_value_t = 0, help_heading = "remote")]
     pub drift_changes: usize,
+
+    // ---- hostile ----
+    /// Innocent Manifests (of `--chart`) created at once in every arm.
+    #[arg(long, default_value_t = 20, help_heading = "hostile")]
+    pub innocents: usize,
+    /// The hostile charts: each arm but the first of a repeat creates one Manifest of one of
+    /// them beside the innocents.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "loop,memory,fail-huge,address-space",
+        help_heading = "hostile"
+    )]
+    pub hostile: Vec<HostileChart>,
+    /// Times the arms are played (no hostile chart, then each of `--hostile`).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..), help_heading = "hostile")]
+    pub repeats: u32,
+    /// Keep each hostile Manifest at least this long after its creation (counting the
+    /// renderer's starts over that time); 0: until its status names its failure.
+    #[arg(long, default_value_t = 0, help_heading = "hostile")]
+    pub hostile_seconds: u64,
 
     // ---- baselines ----
     /// Skip the baselines (on by default for basic, scale-out, smoke and mttp).

@@ -712,7 +712,8 @@ pub fn burst_load(
 }
 
 /// `count` Manifests of `load` created at once, waited for up to `limit`: the time from the
-/// first create to the last Ready, and each Manifest's create → Ready.
+/// first create to the last Ready, and each Manifest's create → Ready. Fails when one is not
+/// Ready by then.
 pub async fn timed_load_burst(
     load: &Load,
     fleet: &Fleet,
@@ -720,13 +721,8 @@ pub async fn timed_load_burst(
     limit: Duration,
     namespace: String,
 ) -> anyhow::Result<TimedBurst> {
-    let watch = load.spawn_watch();
-    tokio::time::sleep(Duration::from_millis(500)).await; // the watch's initial list
-    let start = Instant::now();
-    load.burst(count).await;
-    let outstanding = load.settle(limit).await;
-    let seconds = start.elapsed().as_secs_f64();
-    watch.abort();
+    let (timed, outstanding) =
+        load_burst_beside(load, fleet, count, limit, namespace, async { Ok(()) }).await?;
     if !outstanding.is_empty() {
         let examples = load.not_ready().await.unwrap_or_default();
         anyhow::bail!(
@@ -741,6 +737,31 @@ pub async fn timed_load_burst(
                 .join("; ")
         );
     }
+    Ok(timed)
+}
+
+/// [`timed_load_burst`] with `beside` sent just before the creates (e.g. a Manifest not waited
+/// for: it reaches the fleet's queues first), not failing when some Manifests are not Ready by
+/// `limit`: the figures of those that were, and the operations still outstanding.
+pub async fn load_burst_beside(
+    load: &Load,
+    fleet: &Fleet,
+    count: usize,
+    limit: Duration,
+    namespace: String,
+    beside: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<(TimedBurst, Vec<(String, Op, f64)>)> {
+    let watch = load.spawn_watch();
+    tokio::time::sleep(Duration::from_millis(500)).await; // the watch's initial list
+    let start = Instant::now();
+    if let Err(e) = beside.await {
+        watch.abort();
+        return Err(e);
+    }
+    load.burst(count).await;
+    let outstanding = load.settle(limit).await;
+    let seconds = start.elapsed().as_secs_f64();
+    watch.abort();
     let (last, latencies, ready_since_start) = {
         let tracker = load.tracker.lock().unwrap();
         let first_sent = tracker.done.iter().map(|d| d.sent).fold(f64::MAX, f64::min);
@@ -759,7 +780,7 @@ pub async fn timed_load_burst(
     } else {
         seconds
     };
-    Ok(TimedBurst {
+    let timed = TimedBurst {
         burst: Burst {
             parallelism: fleet.ordinals().await?.len() as u32,
             seconds,
@@ -768,7 +789,8 @@ pub async fn timed_load_burst(
         latencies,
         ready_since_start,
         namespace,
-    })
+    };
+    Ok((timed, outstanding))
 }
 
 /// When the first Manifest and half of them were Ready, from the first create (`ready`: each

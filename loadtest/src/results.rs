@@ -34,6 +34,9 @@ pub struct RunResult {
     /// `remote` only: many targets on a few API servers.
     #[serde(default)]
     pub remote: Option<Remote>,
+    /// `hostile` only: innocent Manifests beside one hostile Manifest, arm by arm.
+    #[serde(default)]
+    pub hostile: Option<Hostile>,
     /// Present when baselines ran.
     pub baselines: Option<Baselines>,
     /// Why the baselines could not be measured, when they failed.
@@ -636,4 +639,80 @@ pub struct RemoteIdle {
     /// Cores the fleet used on average.
     pub fleet_cores: f64,
     pub peak_rss_mib: BTreeMap<String, f64>,
+}
+
+/// `hostile`: innocent Manifests created at once, alone and beside one hostile Manifest
+/// (issue 31's targets at the level of whole Manifests).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Hostile {
+    pub replicas: u32,
+    /// Innocent Manifests per arm.
+    pub innocents: u64,
+    /// The innocents' chart.
+    pub chart: String,
+    pub repeats: u32,
+    /// `--hostile-seconds`: how long each hostile Manifest was kept at least.
+    pub hostile_seconds: u64,
+    /// In the order played: per repeat, the arm without a hostile chart, then one per chart.
+    pub arms: Vec<HostileArm>,
+}
+
+/// One arm: the innocents (and, just before them, the hostile Manifest, if any) created in a
+/// fresh namespace, deleted again at its end.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct HostileArm {
+    /// From 1.
+    pub repeat: u32,
+    /// The hostile chart (`loop`, `memory`, `fail-huge`, `address-space`); `None`: the arm
+    /// without one, the repeat's baseline.
+    pub hostile: Option<String>,
+    pub innocents: u64,
+    /// Innocents seen Ready within the limit (`--settle-seconds` + 0.2 s per Manifest).
+    pub innocents_ready: u64,
+    /// Innocents not Ready at the limit, with their state (at most 10).
+    #[serde(default)]
+    pub not_ready: Vec<String>,
+    /// Create → Ready of the innocents that became Ready.
+    pub create_to_ready_seconds: Quantiles,
+    /// The innocents' p99 ÷ the p99 of the same repeat's arm without a hostile chart.
+    pub p99_over_no_hostile: Option<f64>,
+    /// Renderer children started during the arm, all replicas
+    /// (`module_manager_render_child_starts_total`); `None` when the replicas do not export it
+    /// (the helm backend) or a scrape failed.
+    pub renderer_starts: Option<u64>,
+    /// Renders sent to a child again because it stopped under them
+    /// (`module_manager_render_child_resends_total`): with a hostile chart that kills the
+    /// child, more than 1 means innocent renders were in flight at a death.
+    pub renders_resent: Option<u64>,
+    /// From the creates to the end of the arm (the hostile Manifest kept `--hostile-seconds`):
+    /// the time the renderer's starts are counted over.
+    pub seconds: f64,
+    /// The hostile Manifest at the end of the arm.
+    pub hostile_status: Option<HostileStatus>,
+    /// The arm's Manifests not gone within the limit after their deletion.
+    #[serde(default)]
+    pub not_deleted: Vec<String>,
+}
+
+/// The hostile Manifest's status, and whether it names the chart's failure.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostileStatus {
+    /// `status.state`.
+    pub state: Option<String>,
+    /// `Ready` condition: status, reason.
+    pub ready: Option<String>,
+    pub ready_reason: Option<String>,
+    /// `Stalled` condition's status (`True`: waits for a change; otherwise retried).
+    pub stalled: Option<String>,
+    /// `Reconciling` condition's reason (`ProgressingWithRetry` while a transient error is
+    /// retried).
+    pub reconciling_reason: Option<String>,
+    /// The `Ready` condition's message, at most 200 bytes (its start).
+    pub message: String,
+    /// What the status must say for this chart (`crate::hostile`).
+    pub expected: String,
+    /// Whether it did at the end of the arm.
+    pub names_failure: bool,
+    /// From the creates until the status first named the failure.
+    pub named_after_seconds: Option<f64>,
 }

@@ -1,5 +1,6 @@
 //! One run: set up a fleet and its load ([`Phase`]), play the scenario ([`crate::scenario`], or
-//! the burst of [`crate::mttp`]), wait for the last effects, check, measure, run the baselines.
+//! the bursts of [`crate::mttp`], [`crate::remote`] or [`crate::hostile`]), wait for the last
+//! effects, check, measure, run the baselines.
 
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use crate::phase::{
 };
 use crate::progress::Progress;
 use crate::results::{Baselines, Burst, Environment, RunResult};
-use crate::{mttp, remote, scenario};
+use crate::{hostile, mttp, remote, scenario};
 
 /// Runs `scenario` on `cluster` and returns its result (not yet written anywhere).
 pub async fn execute(
@@ -98,6 +99,8 @@ pub async fn execute(
         mttp::run(&cluster, options, &mut result, &progress).await?
     } else if scenario == Scenario::Remote {
         remote::run(&cluster, options, &mut result, &progress).await?
+    } else if scenario == Scenario::Hostile {
+        hostile::run(&cluster, options, &mut result, &progress).await?
     } else {
         let mut phase = Phase::start(&cluster, options, "mm", first, progress.clone()).await?;
         let extra = scenario::play(scenario, &mut phase, options, &mut result.fleet).await?;

@@ -41,6 +41,7 @@ pub async fn play(
         Scenario::ScaleOut => anyhow::bail!("scale-out is played by scale_out"),
         Scenario::Mttp => anyhow::bail!("mttp is played by mttp::run"),
         Scenario::Remote => anyhow::bail!("remote is played by remote::run"),
+        Scenario::Hostile => anyhow::bail!("hostile is played by hostile::run"),
     }
 }
 

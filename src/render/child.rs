@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
@@ -26,10 +27,19 @@ pub struct RendererState {
     pub pid: Option<u32>,
     /// Renders sent to it and not answered yet.
     pub in_flight: usize,
-    /// Children started so far (the first included).
+    /// Children started so far (the first included): `module_manager_render_child_starts_total`.
     pub starts: u64,
-    /// Renders sent again because their child died under them.
+    /// Renders sent again because their child died under them:
+    /// `module_manager_render_child_resends_total`.
     pub retries: u64,
+}
+
+/// What a [`ChildRenderer`] counts, as exported (the render metrics' `child_…` counters).
+pub(super) struct ChildCounters {
+    /// Children started (the first included).
+    pub(super) starts: Counter,
+    /// Renders sent again because their child died under them.
+    pub(super) retries: Counter,
 }
 
 /// The renderer's exit status when its heap outgrew `--memory-limit` (`renderer/limits.go`).
@@ -259,19 +269,21 @@ pub(super) struct ChildRenderer {
     next_id: AtomicU64,
     /// Unexpected deaths (and failed starts) since the last answer: the restart backoff.
     deaths_in_a_row: Arc<AtomicU32>,
-    starts: AtomicU64,
-    retries: AtomicU64,
+    counters: ChildCounters,
 }
 
 impl ChildRenderer {
     /// Starts the child (it must answer its hello); returns the backend and the helm version.
+    /// Its starts and resends are counted in `counters`.
     pub(super) async fn start(
         binary: PathBuf,
         home: PathBuf,
         limits: RenderLimits,
+        counters: ChildCounters,
     ) -> Result<(Self, String), RenderError> {
         let deaths_in_a_row = Arc::new(AtomicU32::new(0));
         let (live, version) = spawn(&binary, &home, &limits, &deaths_in_a_row).await?;
+        counters.starts.inc();
         let backend = Self {
             binary,
             home,
@@ -280,8 +292,7 @@ impl ChildRenderer {
             turns: Arc::new(RwLock::new(())),
             next_id: AtomicU64::new(1),
             deaths_in_a_row,
-            starts: AtomicU64::new(1),
-            retries: AtomicU64::new(0),
+            counters,
         };
         Ok((backend, version))
     }
@@ -293,8 +304,8 @@ impl ChildRenderer {
         RendererState {
             pid: live.and_then(|l| l.pid),
             in_flight: live.map_or(0, |l| lock(&l.pending).waiting.len()),
-            starts: self.starts.load(Ordering::Relaxed),
-            retries: self.retries.load(Ordering::Relaxed),
+            starts: self.counters.starts.get(),
+            retries: self.counters.retries.get(),
         }
     }
 
@@ -316,7 +327,7 @@ impl ChildRenderer {
                 AfterDeath::Fail(error) => return Err(error),
                 AfterDeath::Again(next) => {
                     tracing::info!(death = ?stopped.death, in_flight = stopped.in_flight, alone = next == Mode::Alone, release = %request.release, "renderer stopped during a render; sending it again");
-                    self.retries.fetch_add(1, Ordering::Relaxed);
+                    self.counters.retries.inc();
                     mode = next;
                 }
             }
@@ -407,7 +418,7 @@ impl ChildRenderer {
         let (live, _) = spawned.inspect_err(|_| {
             self.deaths_in_a_row.fetch_add(1, Ordering::Relaxed);
         })?;
-        self.starts.fetch_add(1, Ordering::Relaxed);
+        self.counters.starts.inc();
         tracing::info!(pid = ?live.pid, "renderer started");
         *current = Some(live.clone());
         Ok(live)

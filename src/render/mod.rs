@@ -90,7 +90,12 @@ impl HelmRenderer {
             }
             Backend::Renderer(binary) => {
                 let binary = on_path(&binary, std::env::var_os("PATH").as_deref());
-                let (child, version) = child::ChildRenderer::start(binary, home, limits).await?;
+                let counters = child::ChildCounters {
+                    starts: metrics.child_starts.clone(),
+                    retries: metrics.child_resends.clone(),
+                };
+                let (child, version) =
+                    child::ChildRenderer::start(binary, home, limits, counters).await?;
                 (Engine::Child(child), version)
             }
         };

@@ -97,6 +97,11 @@ pub struct RenderMetrics {
     pub helm_duration: Histogram,
     /// helm runs that failed (chart or machine).
     pub helm_failures: Counter,
+    /// Renderer children started (renderer backend): the first at startup, then every start
+    /// after a child died (memory limit, crash) or was stopped (a render past its timeout).
+    pub child_starts: Counter,
+    /// Renders sent to the renderer child again because the child stopped under them.
+    pub child_resends: Counter,
 }
 
 impl Default for RenderMetrics {
@@ -106,6 +111,8 @@ impl Default for RenderMetrics {
             cache_misses: Counter::default(),
             helm_duration: Histogram::new(exponential_buckets(0.01, 2.0, 12)),
             helm_failures: Counter::default(),
+            child_starts: Counter::default(),
+            child_resends: Counter::default(),
         }
     }
 }
@@ -134,6 +141,16 @@ impl RenderMetrics {
             "helm_failures",
             "helm template runs that failed",
             metrics.helm_failures.clone(),
+        );
+        sub.register(
+            "child_starts",
+            "Renderer children started: the first, then each start after a child died or was stopped",
+            metrics.child_starts.clone(),
+        );
+        sub.register(
+            "child_resends",
+            "Renders sent to the renderer child again because the child stopped under them",
+            metrics.child_resends.clone(),
         );
         metrics
     }

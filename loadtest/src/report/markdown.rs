@@ -9,6 +9,7 @@ use crate::results::{
 use super::charts;
 
 mod format;
+mod hostile;
 mod mttp;
 mod remote;
 
@@ -26,8 +27,10 @@ pub fn markdown(result: &RunResult) -> String {
         Some(title(result)),
         Some(environment(&result.environment, &result.parameters)),
         Some(violations(&result.violations)),
-        // `mttp` and `remote` send no steady load: their bursts are in their own sections.
-        ((result.mttp.is_none() && result.remote.is_none()) || result.throughput.operations > 0)
+        // `mttp`, `remote` and `hostile` send no steady load: their bursts are in their own
+        // sections.
+        ((result.mttp.is_none() && result.remote.is_none() && result.hostile.is_none())
+            || result.throughput.operations > 0)
             .then(|| throughput(&result.throughput)),
         latency(&result.latency),
         replicas(&result.replicas),
@@ -36,6 +39,7 @@ pub fn markdown(result: &RunResult) -> String {
         capacity(&result.capacity),
         result.mttp.as_ref().map(mttp::section),
         result.remote.as_ref().map(remote::section),
+        result.hostile.as_ref().map(hostile::section),
         result.baselines.as_ref().map(baselines),
         result
             .baselines_error

@@ -211,6 +211,7 @@ fn full() -> RunResult {
         timeline: (0..24).map(sample).collect(),
         mttp: None,
         remote: None,
+        hostile: None,
     }
 }
 
@@ -343,6 +344,97 @@ fn the_mttp_chart_is_drawn() {
     let written = render(&mttp_run(), dir.path(), Text::Omitted).unwrap();
     assert_eq!(file_names(&written), ["mttp.png"]);
     assert_png(&written[0], 1200);
+}
+
+/// A `hostile` run: two repeats of the arm without a hostile chart, `memory` and `loop`.
+fn hostile_run() -> RunResult {
+    let arm = |repeat, hostile: Option<&str>, p99: f64, starts, seconds| HostileArm {
+        repeat,
+        hostile: hostile.map(str::to_owned),
+        innocents: 20,
+        innocents_ready: 20,
+        create_to_ready_seconds: Quantiles {
+            count: 20,
+            p50: Some(p99 / 2.0),
+            p99: Some(p99),
+            ..Default::default()
+        },
+        renderer_starts: Some(starts),
+        renders_resent: Some(0),
+        seconds,
+        hostile_status: hostile.map(|chart| HostileStatus {
+            state: Some("Error".into()),
+            ready: Some("False".into()),
+            ready_reason: Some("RenderError".into()),
+            stalled: Some((chart == "memory").to_string()),
+            message: format!("render: {chart} | failed"),
+            expected: "x".into(),
+            names_failure: chart == "memory",
+            named_after_seconds: Some(1.25),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut arms = vec![
+        arm(1, None, 1.0, 0, 3.0),
+        arm(1, Some("memory"), 1.5, 2, 620.0),
+        arm(1, Some("loop"), 2.5, 11, 640.0),
+        arm(2, None, 2.0, 0, 3.0),
+        arm(2, Some("memory"), 2.0, 1, 610.0),
+        arm(2, Some("loop"), 3.0, 10, 630.0),
+    ];
+    arms[3].innocents_ready = 19;
+    crate::hostile::judge::set_ratios(&mut arms);
+    RunResult {
+        scenario: "hostile".to_owned(),
+        hostile: Some(Hostile {
+            replicas: 3,
+            innocents: 20,
+            chart: "loadtest/charts/podinfo-like".into(),
+            repeats: 2,
+            hostile_seconds: 600,
+            arms,
+        }),
+        ..RunResult::default()
+    }
+}
+
+#[test]
+fn markdown_has_every_hostile_arm_and_the_targets() {
+    let md = markdown(&hostile_run());
+    assert_contains(&md, "## Hostile charts beside innocent Manifests");
+    assert_contains(
+        &md,
+        "| 1 | none | 20/20 | 0.500 | 1.000 | 1.00× | 0 | 0 | 3 | – | – | – | – |",
+    );
+    assert_contains(
+        &md,
+        "| 1 | memory | 20/20 | 0.750 | 1.500 | 1.50× | 2 | 0 | 620 | Error · Ready False RenderError · Stalled true · – | `render: memory \\| failed` | 1.250 | yes |",
+    );
+    assert_contains(&md, "| 2 | none | 19/20 **not all** |");
+    assert_contains(
+        &md,
+        "| 2 | loop | 20/20 | 1.500 | 3.000 | 1.50× | 10 | 0 | 630 |",
+    );
+    assert_contains(&md, "| **no** |");
+    // memory: 1.5 and 1.0, within 2×; loop: 2.5 and 1.5, not; 11 starts in a 640 s arm.
+    assert_contains(&md, "| memory | 1.50×, 1.00× | 1.50× | yes | 2, 1 | yes |");
+    assert_contains(
+        &md,
+        "| loop | 2.50×, 1.50× | 2.50× | **no** | 11, 10 | **no** |",
+    );
+    assert!(!md.contains("## Throughput"), "no steady load:\n{md}");
+}
+
+#[test]
+fn the_restart_target_is_judged_only_on_arms_of_ten_minutes() {
+    let mut run = hostile_run();
+    run.hostile.as_mut().unwrap().arms[1].seconds = 40.0;
+    let md = markdown(&run);
+    assert_contains(
+        &md,
+        "| memory | 1.50×, 1.00× | 1.50× | yes | 2, 1 | – (arms of 40 s: needs `--hostile-seconds 600`) |",
+    );
 }
 
 /// What a run that measured nothing looks like.
