@@ -14,7 +14,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -71,22 +70,15 @@ impl Fleet {
             .disable_cleanup(std::env::var_os("FLEET_KEEP_LOGS").is_some())
             .tempdir()
             .unwrap();
-        let settings = ReplicaSettings {
-            binary: env!("CARGO_BIN_EXE_module-manager").into(),
-            chart_root: test_support::repo(),
-            helm: testenv::Tools::locate().unwrap().helm,
-            shards: SHARDS, // extra args may override
-            concurrency: 8,
-            lease_duration_seconds: LEASE_SECONDS,
-            renew_interval_seconds: 1,
-            renew_deadline_seconds: 3,
-            restart_grace_seconds: 30,
-            handover_timeout_seconds: Some(5),
-            statefulset: true,
-            manifest_selector: format!("fleet-test={name}"),
-            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
-            log_dir: logs.path().to_owned(),
-        };
+        let replica_args = extra_args.iter().map(|a| a.to_string()).collect();
+        // Lease 4 s, renew 1 s, deadline 3 s (LEASE_SECONDS); extra args may override `--shards`.
+        let settings = ReplicaSettings::short(
+            env!("CARGO_BIN_EXE_module-manager").into(),
+            name,
+            SHARDS,
+            replica_args,
+            logs.path().to_owned(),
+        );
         let local = LocalFleet::create(
             &client,
             control_plane.kubeconfig(),
@@ -185,36 +177,17 @@ impl Fleet {
     }
 
     async fn create_manifests_from(&self, first: usize, count: usize) {
-        let api = self.manifests();
-        for i in first..first + count {
-            let manifest: Manifest = serde_json::from_value(json!({
-                "apiVersion": "modulemanager.io/v1alpha1",
-                "kind": "Manifest",
-                "metadata": {"name": format!("m{i}"), "labels": {"fleet-test": self.name}},
-                "spec": {
-                    "module": "tiny",
-                    "chart": {"path": "tests/fixtures/charts/tiny"},
-                    "values": {"n": 0},
-                    "interval": "1h"
-                }
-            }))
+        let numbers = first..first + count;
+        test_support::fleet::create_tiny_manifests(&self.manifests(), &self.name, numbers)
+            .await
             .unwrap();
-            api.create(&PostParams::default(), &manifest).await.unwrap();
-        }
     }
 
     /// Changes every Manifest's values (a new generation each must reconcile).
     async fn touch_all(&self, n: u64) {
-        let api = self.manifests();
-        for manifest in api.list(&ListParams::default()).await.unwrap() {
-            api.patch(
-                &manifest.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"values": {"n": n}}})),
-            )
+        test_support::fleet::touch_all(&self.manifests(), n)
             .await
             .unwrap();
-        }
     }
 
     /// A fleet of 3 replicas (no extra argument) with the shards assigned and `manifests`
@@ -276,28 +249,9 @@ impl Fleet {
 
     /// Every shard Lease as (holder, epoch).
     async fn holders(&self) -> BTreeMap<u32, (Option<String>, i32)> {
-        let prefix = format!("{}-shard-", self.name);
-        Api::<Lease>::namespaced(self.client.clone(), &self.namespace)
-            .list(&ListParams::default().labels(&format!(
-                "modulemanager.io/fleet={},modulemanager.io/lease=shard",
-                self.name
-            )))
+        test_support::fleet::shard_holders(&self.client, &self.namespace, &self.name)
             .await
             .unwrap()
-            .items
-            .into_iter()
-            .filter_map(|lease| {
-                let shard = lease.name_any().strip_prefix(&prefix)?.parse().ok()?;
-                let spec = lease.spec.unwrap_or_default();
-                Some((
-                    shard,
-                    (
-                        spec.holder_identity.filter(|h| !h.is_empty()),
-                        spec.lease_transitions.unwrap_or(0),
-                    ),
-                ))
-            })
-            .collect()
     }
 
     /// Waits until the shard Leases name exactly the assignment over ordinals `0..n`.
@@ -768,6 +722,40 @@ async fn the_checker_catches_replicas_that_ignore_ownership() {
     assert!(
         !report.overlaps.is_empty(),
         "two replicas ignoring ownership must be caught: {report}"
+    );
+}
+
+/// This binary's API server runs without the feature gate `ShardedListAndWatch`: a replica told
+/// `--server-side-sharding on` refuses to start, saying why; one told `auto` takes the label
+/// path (its Manifest carries the shard label). (`tests/server_sharding.rs` runs the gate on.)
+#[tokio::test]
+async fn without_the_feature_gate_server_side_sharding_on_refuses_to_start_and_auto_uses_labels() {
+    let _serial = SERIAL.lock().await;
+    let mut refused = Fleet::new("gate-on", 1, &["--server-side-sharding", "on"]).await;
+    let mut replica = refused.local.take(0).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while replica.process.check_running().is_ok() {
+        assert!(Instant::now() < deadline, "still running without the gate");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let logs = refused.logs();
+    assert!(
+        logs.iter()
+            .any(|(_, log)| log.contains("does not honour shardSelector")),
+        "the error says why: {logs:?}"
+    );
+
+    let auto = Fleet::new("gate-auto", 1, &["--server-side-sharding", "auto"]).await;
+    auto.create_manifests(1).await;
+    auto.wait_ready("auto without the gate").await;
+    let manifest = auto.manifests().get("m0").await.unwrap();
+    let shard = ShardCount::new(SHARDS)
+        .unwrap()
+        .shard_of(&manifest.uid().unwrap());
+    assert_eq!(
+        manifest.labels().get(module_manager::shard::SHARD_LABEL),
+        Some(&shard.to_string()),
+        "the label path"
     );
 }
 

@@ -76,6 +76,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 // Requests per client (the fleet's apart from the others'): `mttp` only, the
                 // log costs the API server a little per request.
                 audit_log: scenario == Scenario::Mttp,
+                feature_gates: options.feature_gates.clone(),
                 ..Default::default()
             })
             .await

@@ -125,6 +125,11 @@ pub struct Options {
         help_heading = "Fleet"
     )]
     pub replica_args: Vec<String>,
+    /// A kube-apiserver feature gate to turn on in the local control plane (repeatable), e.g.
+    /// `--feature-gate ShardedListAndWatch` with `--replica-arg=--server-side-sharding=on`
+    /// (server-side sharded watches, docs/sharding.md).
+    #[arg(long = "feature-gate", help_heading = "Fleet")]
+    pub feature_gates: Vec<String>,
     /// Fault injection: start local replicas without `--statefulset`, as a Deployment would
     /// run them: every graceful shutdown is then a leave that hands the shards over, so a
     /// rolling update moves them.

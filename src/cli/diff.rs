@@ -88,6 +88,7 @@ async fn context(args: &DiffArgs, client: kube::Client, home: PathBuf) -> anyhow
             .map_err(|e| anyhow::anyhow!("open the chart cache: {e}"))?,
         replica: "module-manager-diff".into(),
         shards: crate::shard::ShardCount::DEFAULT,
+        shard_filter: Default::default(),
         reporter: Reporter {
             controller: "module-manager".into(),
             instance: None,

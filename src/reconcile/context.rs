@@ -14,6 +14,7 @@ use crate::apply::target::TargetClients;
 use crate::plan::PlanLimits;
 use crate::render::HelmRenderer;
 use crate::shard::ShardCount;
+use crate::shard::server::ShardFilter;
 use crate::source::{Limits, RemoteCharts};
 use crate::telemetry::metrics::{QueueCounts, ReconcileMetrics};
 
@@ -42,6 +43,9 @@ pub struct Context {
     /// The fleet's number of virtual shards (a Manifest's shard is stamped as a label and
     /// written to `status.shard`).
     pub shards: ShardCount,
+    /// How the Manifest watches select this replica's shards: on the label path a claim stamps
+    /// the shard label; with the API server's filter (`--server-side-sharding`) nothing does.
+    pub shard_filter: ShardFilter,
     /// Who publishes Events (controller and replica).
     pub reporter: Reporter,
     /// Pipeline metrics.

@@ -43,9 +43,9 @@ pub(super) async fn install(
     progress: &mut Progress,
 ) -> Result<Option<Pass>, ReconcileError> {
     let uid = manifest.uid().unwrap_or_default();
-    let shard = ctx.shards.shard_of(&uid).to_string();
-    if finalizer::needs_claim(manifest, &shard) {
-        finalizer::claim(manifest, ctx, fence, &shard).await?;
+    let label = finalizer::shard_label(manifest, ctx);
+    if finalizer::needs_claim(manifest, label.as_deref()) {
+        finalizer::claim(manifest, ctx, fence, label.as_deref()).await?;
     }
     // Nothing is installed or upgraded before every dependency is Ready.
     if let Some(waiting) = dependencies::wait(manifest, ctx, fence, interval).await? {

@@ -36,7 +36,7 @@ mod written;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 
 use crate::api::{Manifest, State};
 use crate::plan::status::{Operation, Outcome, Reason};
@@ -223,10 +223,10 @@ async fn current(
     if ctx.written.holds_last_write(cached, fence.epoch()) {
         return Ok(Some(cached.clone()));
     }
-    let shard = ctx.shards.shard_of(&cached.uid().unwrap_or_default());
+    let label = finalizer::shard_label(cached, ctx);
     let claims = cached.meta().deletion_timestamp.is_none() && !cached.spec.suspend;
-    if claims && finalizer::needs_claim(cached, &shard.to_string()) {
-        match finalizer::claim(cached, ctx, fence, &shard.to_string()).await {
+    if claims && finalizer::needs_claim(cached, label.as_deref()) {
+        match finalizer::claim(cached, ctx, fence, label.as_deref()).await {
             Ok(claimed) => return Ok(Some(claimed)),
             // Changed or deleted since the cache saw it: read it.
             Err(ReconcileError::WriteMetadata(kube::Error::Api(status)))

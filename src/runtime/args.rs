@@ -13,6 +13,7 @@ use crate::render::{Backend, RenderLimits};
 use crate::shard::ShardCount;
 use crate::shard::fleet::FleetConfig;
 use crate::shard::membership::MembershipConfig;
+use crate::shard::server::ServerSharding;
 use crate::source::{Cidr, RemoteConfig};
 use crate::telemetry::LogFormat;
 
@@ -150,6 +151,12 @@ pub struct RunArgs {
     /// several fleets can split the Manifests without overlap.
     #[arg(long)]
     pub manifest_selector: Option<String>,
+    /// Whether the API server selects each replica's Manifests by shard from their UIDs
+    /// (`shardSelector`: Kubernetes 1.36+ with the alpha feature gate `ShardedListAndWatch`)
+    /// instead of the shard label: `off` (the label), `auto` (probed at startup), `on` (startup
+    /// fails without it). The same in every replica of a fleet.
+    #[arg(long, value_enum, default_value_t = ServerSharding::Off)]
+    pub server_side_sharding: ServerSharding,
     /// How long shutdown waits for reconciles in flight.
     #[arg(long, default_value_t = 10)]
     pub drain_timeout_seconds: u64,
@@ -266,6 +273,8 @@ pub struct RuntimeConfig {
     pub drain_timeout: Duration,
     /// Reconcile only Manifests matching this label selector.
     pub manifest_selector: Option<String>,
+    /// `--server-side-sharding`.
+    pub server_side_sharding: ServerSharding,
     /// How long a hook may run unless its annotation says otherwise.
     pub hook_timeout: Duration,
     /// Membership, shards and their timing.
@@ -353,6 +362,7 @@ impl RunArgs {
             cross_namespace_dependencies,
             drain_timeout: Duration::from_secs(self.drain_timeout_seconds),
             manifest_selector: self.manifest_selector,
+            server_side_sharding: self.server_side_sharding,
             hook_timeout: Duration::from_secs(self.hook_timeout_seconds),
             fleet: FleetConfig {
                 membership: MembershipConfig {

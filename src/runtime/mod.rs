@@ -39,12 +39,13 @@ pub async fn run(config: RuntimeConfig) -> anyhow::Result<()> {
     if let Some(selector) = &config.manifest_selector {
         start::check_selector(&client, selector).await?;
     }
+    let shard_filter = start::shard_filter(&client, config.server_side_sharding).await?;
     let charts = start::charts(&config, metrics.render.clone()).await?;
     if let Some(name) = &config.fleet.statefulset {
         let namespace = &config.fleet.membership.namespace;
         statefulset::check(&client, namespace, name, &config.replica).await?;
     }
-    let replica = start::start(config, client, charts, metrics, registry).await?;
+    let replica = start::start(config, client, charts, metrics, registry, shard_filter).await?;
     // SIGTERM: the controller stops dispatching and drains its passes; then the fleet loop
     // either keeps the shards (restart) or hands them over (leave).
     replica.controller.run(shutdown::signal()).await?;

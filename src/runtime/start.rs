@@ -24,6 +24,7 @@ use crate::shard::fence::{Ownership, Watched};
 use crate::shard::fleet::{Exit, Fleet, FleetView};
 use crate::shard::label::owned_objects;
 use crate::shard::membership::Members;
+use crate::shard::server::{self, ServerSharding, ShardFilter};
 use crate::source::{Limits, RemoteCharts};
 use crate::telemetry::metrics::{Metrics, RenderMetrics};
 use crate::work::controller::{Controller, ControllerConfig};
@@ -35,6 +36,23 @@ pub async fn check_selector(client: &kube::Client, selector: &str) -> anyhow::Re
         .await
         .map_err(|e| anyhow::anyhow!("--manifest-selector {selector:?}: {e}"))?;
     Ok(())
+}
+
+/// How the Manifest watches select this replica's shards: `--server-side-sharding`, after
+/// asking the API server whether it honours `shardSelector` (unless `off`).
+pub async fn shard_filter(
+    client: &kube::Client,
+    mode: ServerSharding,
+) -> anyhow::Result<ShardFilter> {
+    let honoured = match mode {
+        ServerSharding::Off => None,
+        ServerSharding::Auto | ServerSharding::On => Some(server::probe(client).await.map_err(|e| {
+            anyhow::anyhow!("--server-side-sharding: probing the API server (a list of Manifests with a shardSelector): {e}")
+        })?),
+    };
+    let filter = server::decide(mode, honoured).map_err(anyhow::Error::msg)?;
+    tracing::info!(?mode, ?honoured, ?filter, "shard filter");
+    Ok(filter)
 }
 
 /// Where charts come from and how they are rendered.
@@ -84,6 +102,7 @@ pub async fn start(
     charts: Charts,
     metrics: Metrics,
     registry: Registry,
+    shard_filter: ShardFilter,
 ) -> anyhow::Result<Replica> {
     let controller_config = ControllerConfig {
         concurrency: config.concurrency,
@@ -103,7 +122,15 @@ pub async fn start(
         ownership.clone()
     };
     let selection = object_selection(config.fleet.shards, &controller_ownership);
-    let ctx = context(&config, client.clone(), charts, &metrics, selection).await?;
+    let ctx = context(
+        &config,
+        client.clone(),
+        charts,
+        &metrics,
+        selection,
+        shard_filter,
+    )
+    .await?;
     let synced = controller_config.synced.clone();
     let census_ownership = controller_ownership.clone();
     let controller = Controller::new(ctx, controller_config, controller_ownership);
@@ -154,6 +181,7 @@ async fn context(
     charts: Charts,
     metrics: &Metrics,
     selection: Selection,
+    shard_filter: ShardFilter,
 ) -> anyhow::Result<Arc<Context>> {
     let reporter = Reporter {
         controller: "module-manager".into(),
@@ -175,6 +203,7 @@ async fn context(
         remote_charts: charts.remote,
         replica: config.replica.clone(),
         shards: config.fleet.shards,
+        shard_filter,
         metrics: metrics.reconcile.clone(),
         hook_timeout: config.hook_timeout,
         tenancy: tenancy(config)

@@ -8,6 +8,8 @@ pub mod label;
 pub mod leases;
 pub mod membership;
 pub mod ownership;
+pub mod ranges;
+pub mod server;
 
 pub use assignment::assign;
 pub use hash::ShardCount;

@@ -15,6 +15,7 @@ use crate::shard::label::{LabelState, Route, label_state, route};
 use crate::shard::membership::{
     MAX_PUBLISHED_SHARDS, MAX_PUBLISHED_TARGETS, MemberLoad, ShardLoad,
 };
+use crate::shard::server::ShardFilter;
 use crate::shard::{SHARD_LABEL, ShardCount};
 use crate::work::queue::{QueueKey, WorkQueue};
 use crate::work::seen::Seen;
@@ -83,6 +84,8 @@ pub struct Work {
     pub(super) labelled: Store<Manifest>,
     pub(super) unlabelled: Store<Manifest>,
     pub(super) shards: ShardCount,
+    /// How the watches select this replica's shards (by label, or by the API server).
+    pub(super) filter: ShardFilter,
     /// The remote targets' request budgets (their use is published with the load).
     pub(super) budgets: Budgets,
 }
@@ -127,11 +130,16 @@ impl Work {
         self.shards
     }
 
-    /// The keys a Manifest may be queued under, by what its shard label says.
+    /// The keys a Manifest may be queued under, by what its shard label says. With the API
+    /// server's filter the label is not read: the UID's shard is the only key (nothing relabels).
     pub(super) fn candidates(&self, manifest: &Manifest) -> Option<Candidates> {
         let key = self.key_of(manifest)?;
-        let label = manifest.labels().get(SHARD_LABEL).map(String::as_str);
-        let state = label_state(label, key.shard, self.shards);
+        let state = if self.filter.labels() {
+            let label = manifest.labels().get(SHARD_LABEL).map(String::as_str);
+            label_state(label, key.shard, self.shards)
+        } else {
+            LabelState::Correct
+        };
         Some(Candidates { key, state })
     }
 

@@ -6,6 +6,8 @@
 //! the stray watch `modulemanager.io/shard notin (0,…,S-1)` (new Manifests, whose owner stamps
 //! the label in its first pass, and labels naming no shard). A Manifest whose label names
 //! another valid shard is queued by that shard's owner, under that shard, to be relabelled.
+//! With the API server's filter (`--server-side-sharding`), the shard watch asks for the owned
+//! shards' UID hash ranges instead and there is no stray watch nor relabelling.
 //! Ownership is checked on every event, when a key is dispatched, and by the pass's fence before
 //! every write. A third watch, of the ConfigMaps and Secrets labelled `modulemanager.io/watch=true`
 //! (`sources.rs`), queues the Manifests that read one that changed; a fourth, of the Manifests
@@ -33,7 +35,7 @@ use crate::work::queue::WorkQueue;
 use crate::work::secret_versions::feed_secret_versions;
 use crate::work::sources::feed_sources;
 use crate::work::target_gate::TargetGate;
-use crate::work::watches::feed_queue;
+use crate::work::watches::{Scope, feed_queue};
 
 /// How the controller runs.
 #[derive(Clone, Debug)]
@@ -111,6 +113,7 @@ impl Controller {
             labelled,
             unlabelled,
             shards: ctx.shards,
+            filter: ctx.shard_filter,
             budgets: ctx.targets.budgets(),
         };
         Self {
@@ -143,9 +146,13 @@ impl Controller {
             Some(namespace) => Api::<Manifest>::namespaced(ctx.client.clone(), namespace),
             None => Api::<Manifest>::all(ctx.client.clone()),
         };
-        let dependents = feed_dependents(api.clone(), ownership.clone(), work.clone());
+        let dependents = feed_dependents(api, ownership.clone(), work.clone());
+        let scope = Scope {
+            client: ctx.client.clone(),
+            namespace: config.namespace.clone(),
+        };
         let manifests = feed_queue(
-            api,
+            scope,
             config.metrics.watch_events.clone(),
             config.selector.clone(),
             ownership.clone(),

@@ -1,11 +1,13 @@
-//! Watches: the two label-selected watches of Manifests, the caches they fill and the queue
+//! Watches: the two shard-selected watches of Manifests, the caches they fill and the queue
 //! they feed.
 //!
-//! `modulemanager.io/shard in (<owned>)` is restarted whenever the owned set changes, so the
-//! cache and the event stream scale with this replica's share; the stray watch
+//! On the label path, `modulemanager.io/shard in (<owned>)` is restarted whenever the owned set
+//! changes, so the cache and the event stream scale with this replica's share; the stray watch
 //! (`shard::label::stray_selector`) sees new Manifests, whose owner stamps the label in its first
 //! pass, and labels naming no shard. Which replica acts on a Manifest whose label is wrong:
-//! `shard::label::route`.
+//! `shard::label::route`. With the API server's filter (`shard::server`), the shard watch asks
+//! for the owned shards' hash ranges (`shardSelector`, restarted the same way) and there is no
+//! stray watch: the server selects by UID, which every Manifest has from its creation.
 
 use std::collections::BTreeSet;
 use std::pin::Pin;
@@ -14,10 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
@@ -25,6 +27,8 @@ use crate::api::Manifest;
 use crate::shard::SHARD_LABEL;
 use crate::shard::fence::{Ownership, Watched};
 use crate::shard::label::{owned_selector, stray_selector};
+use crate::shard::ranges::{ServerSelection, server_selection};
+use crate::shard::server::{ShardFilter, with_shard_selector};
 use crate::telemetry::metrics::WatchLabels;
 use crate::work::caches::{Candidates, Work};
 use crate::work::seen::Seen;
@@ -55,13 +59,33 @@ fn slim(manifest: &mut Manifest) {
     }
 }
 
-fn watch_with(api: &Api<Manifest>, selector: Option<String>) -> Events {
-    match selector {
-        Some(selector) => watcher(api.clone(), watcher::Config::default().labels(&selector))
-            .default_backoff()
-            .modify(slim)
-            .boxed(),
-        None => futures::stream::pending().boxed(),
+/// The Manifests `api` lists that match `labels` (every one when `None`).
+fn watch(api: Api<Manifest>, labels: Option<&str>) -> Events {
+    let config = match labels {
+        Some(labels) => watcher::Config::default().labels(labels),
+        None => watcher::Config::default(),
+    };
+    watcher(api, config).default_backoff().modify(slim).boxed()
+}
+
+/// No watch: nothing to select.
+fn nothing() -> Events {
+    futures::stream::pending().boxed()
+}
+
+/// Where the Manifests are watched: the client and the namespace (every one when `None`).
+#[derive(Clone)]
+pub(super) struct Scope {
+    pub(super) client: Client,
+    pub(super) namespace: Option<String>,
+}
+
+impl Scope {
+    fn api(&self, client: Client) -> Api<Manifest> {
+        match &self.namespace {
+            Some(namespace) => Api::namespaced(client, namespace),
+            None => Api::all(client),
+        }
     }
 }
 
@@ -70,7 +94,7 @@ fn watch_with(api: &Api<Manifest>, selector: Option<String>) -> Events {
 /// ([`Seen::wants_pass_after`]), and its shard is owned here. Status-only writes (ours) do not
 /// requeue: drift repair runs on the reconcile's own schedule.
 pub(super) async fn feed_queue(
-    api: Api<Manifest>,
+    scope: Scope,
     events: Family<WatchLabels, Counter>,
     base: Option<String>,
     ownership: Arc<Ownership>,
@@ -80,11 +104,19 @@ pub(super) async fn feed_queue(
 ) {
     let mut watched = ownership.subscribe();
     let owned = watched.borrow_and_update().clone();
-    let unlabelled_selector = stray_selector(base.as_deref(), work.shards());
-    let mut unlabelled = watch_with(&api, Some(unlabelled_selector));
+    let labels = work.filter.labels();
+    let mut unlabelled = if labels {
+        let stray = stray_selector(base.as_deref(), work.shards());
+        watch(scope.api(scope.client.clone()), Some(&stray))
+    } else {
+        nothing()
+    };
     let mut feed = Feed {
-        synced: [owned.shards.as_ref().is_some_and(BTreeSet::is_empty), false],
-        api,
+        synced: [
+            owned.shards.as_ref().is_some_and(BTreeSet::is_empty),
+            !labels,
+        ],
+        scope,
         events: ["shard", "stray"]
             .map(|watch| events.get_or_create(&WatchLabels { watch }).clone()),
         base,
@@ -118,7 +150,7 @@ pub(super) async fn feed_queue(
 
 /// The state of the watch loop; per-watch arrays are indexed labelled (0), unlabelled (1).
 struct Feed {
-    api: Api<Manifest>,
+    scope: Scope,
     /// Manifests received, per watch (`module_manager_manifest_watch_events_total`).
     events: [Counter; 2],
     base: Option<String>,
@@ -140,14 +172,23 @@ struct Feed {
 impl Feed {
     /// The shard watch of the shards owned now.
     fn shard_watch(&self) -> Events {
-        watch_with(
-            &self.api,
-            owned_selector(
-                SHARD_LABEL,
-                self.base.as_deref(),
-                self.owned.shards.as_ref(),
-            ),
-        )
+        let base = self.base.as_deref();
+        let owned = self.owned.shards.as_ref();
+        let client = &self.scope.client;
+        match self.work.filter {
+            ShardFilter::Labels => match owned_selector(SHARD_LABEL, base, owned) {
+                Some(selector) => watch(self.scope.api(client.clone()), Some(&selector)),
+                None => nothing(),
+            },
+            ShardFilter::Server => match server_selection(owned, self.work.shards()) {
+                ServerSelection::Nothing => nothing(),
+                ServerSelection::Everything => watch(self.scope.api(client.clone()), base),
+                ServerSelection::Ranges(selector) => {
+                    let ranged = with_shard_selector(client, &selector);
+                    watch(self.scope.api(ranged), base)
+                }
+            },
+        }
     }
 
     /// The owned shards changed (or not): re-filters the queue and returns the new shard watch.

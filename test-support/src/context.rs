@@ -152,6 +152,7 @@ impl ContextBuilder {
                 self.chart_cache,
             )))?,
             shards: module_manager::shard::ShardCount::DEFAULT,
+            shard_filter: Default::default(),
             reporter: Reporter {
                 controller: "module-manager".into(),
                 instance: Some(self.replica.clone()),

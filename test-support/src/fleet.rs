@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use module_manager::api::Manifest;
 use serde_json::json;
 
 /// The flags every replica of a local fleet gets (besides its name and admin address).
@@ -41,6 +43,36 @@ pub struct ReplicaSettings {
     pub extra_args: Vec<String>,
     /// Directory for the replicas' logs (one file per process start).
     pub log_dir: PathBuf,
+}
+
+impl ReplicaSettings {
+    /// The fleet tests' settings: lease 4 s, renewed every 1 s, deadline 3 s, restart grace
+    /// 30 s, handover 5 s, 8 workers, `--statefulset`, `shards` shards, the Manifests labelled
+    /// `fleet-test=<fleet>`, the repository as chart root, then `extra_args`.
+    pub fn short(
+        binary: PathBuf,
+        fleet: &str,
+        shards: u32,
+        extra_args: Vec<String>,
+        log_dir: PathBuf,
+    ) -> Self {
+        Self {
+            binary,
+            chart_root: crate::repo(),
+            helm: testenv::Tools::locate().expect("tools").helm,
+            shards,
+            concurrency: 8,
+            lease_duration_seconds: 4,
+            renew_interval_seconds: 1,
+            renew_deadline_seconds: 3,
+            restart_grace_seconds: 30,
+            handover_timeout_seconds: Some(5),
+            statefulset: true,
+            manifest_selector: format!("fleet-test={fleet}"),
+            extra_args,
+            log_dir,
+        }
+    }
 }
 
 /// A replica process started by the harness.
@@ -251,6 +283,67 @@ pub async fn set_desired(
         )
         .await
         .context("scale the StatefulSet")?;
+    Ok(())
+}
+
+/// Each shard's (holder, epoch) from the shard Leases of fleet `fleet` in `namespace`.
+pub async fn shard_holders(
+    client: &Client,
+    namespace: &str,
+    fleet: &str,
+) -> anyhow::Result<BTreeMap<u32, (Option<String>, i32)>> {
+    let prefix = format!("{fleet}-shard-");
+    let labels = format!("modulemanager.io/fleet={fleet},modulemanager.io/lease=shard");
+    let leases = Api::<Lease>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&labels))
+        .await
+        .context("list the shard Leases")?;
+    Ok(leases
+        .items
+        .into_iter()
+        .filter_map(|lease| {
+            let shard = lease.name_any().strip_prefix(&prefix)?.parse().ok()?;
+            let spec = lease.spec.unwrap_or_default();
+            let holder = spec.holder_identity.filter(|h| !h.is_empty());
+            Some((shard, (holder, spec.lease_transitions.unwrap_or(0))))
+        })
+        .collect())
+}
+
+/// Creates the Manifests `m<i>` for `i` in `numbers`: the `tiny` chart, labelled
+/// `fleet-test=<fleet>` (what the fleet tests' `--manifest-selector` selects).
+pub async fn create_tiny_manifests(
+    api: &Api<Manifest>,
+    fleet: &str,
+    numbers: std::ops::Range<usize>,
+) -> anyhow::Result<()> {
+    for i in numbers {
+        let manifest: Manifest = serde_json::from_value(json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": format!("m{i}"), "labels": {"fleet-test": fleet}},
+            "spec": {
+                "module": "tiny",
+                "chart": {"path": "tests/fixtures/charts/tiny"},
+                "values": {"n": 0},
+                "interval": "1h"
+            }
+        }))?;
+        api.create(&PostParams::default(), &manifest)
+            .await
+            .with_context(|| format!("create m{i}"))?;
+    }
+    Ok(())
+}
+
+/// Sets every Manifest's `spec.values.n` to `n` (a new generation each must reconcile).
+pub async fn touch_all(api: &Api<Manifest>, n: u64) -> anyhow::Result<()> {
+    for manifest in api.list(&ListParams::default()).await? {
+        let patch = Patch::Merge(json!({"spec": {"values": {"n": n}}}));
+        api.patch(&manifest.name_any(), &PatchParams::default(), &patch)
+            .await
+            .with_context(|| format!("change {}", manifest.name_any()))?;
+    }
     Ok(())
 }
 

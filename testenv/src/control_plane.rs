@@ -62,7 +62,14 @@ pub struct Options {
     /// tell the clients' requests apart ([`ControlPlane::audit_log`]). Costs the API server a
     /// little CPU per request; off by default.
     pub audit_log: bool,
+    /// kube-apiserver feature gates to turn on (`--feature-gates=<gate>=true,…`), e.g.
+    /// [`SHARDED_LIST_AND_WATCH`] for server-side sharded watches.
+    pub feature_gates: Vec<String>,
 }
+
+/// The alpha feature gate of the API server's sharded list and watch (KEP-5866, Kubernetes
+/// 1.36): `shardSelector` on list and watch requests.
+pub const SHARDED_LIST_AND_WATCH: &str = "ShardedListAndWatch";
 
 /// The audit policy of [`Options::audit_log`]: every request at level Metadata, logged once
 /// when its response is complete (a watch when it ends).
@@ -196,6 +203,14 @@ impl ControlPlane {
                 files.service_account_key.display()
             ),
         ]);
+        if !options.feature_gates.is_empty() {
+            let gates: Vec<String> = options
+                .feature_gates
+                .iter()
+                .map(|gate| format!("{gate}=true"))
+                .collect();
+            apiserver.arg(format!("--feature-gates={}", gates.join(",")));
+        }
         if options.audit_log {
             let policy = dir.join("audit-policy.yaml");
             write(&policy, AUDIT_POLICY)?;

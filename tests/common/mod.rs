@@ -255,6 +255,19 @@ pub async fn control_plane_with(controllers: Option<&str>) -> &'static testenv::
     .expect("control plane")
 }
 
+/// The control plane shared by this test binary with the Manifest CRD, no controller manager,
+/// and kube-apiserver's feature gates `gates` on (e.g. [`testenv::SHARDED_LIST_AND_WATCH`]).
+/// The first caller's choice holds.
+pub async fn control_plane_with_gates(gates: &[&str]) -> &'static testenv::ControlPlane {
+    testenv::shared(testenv::Options {
+        crd_files: vec![test_support::repo().join("crds/manifest.yaml")],
+        feature_gates: gates.iter().map(|gate| (*gate).to_owned()).collect(),
+        ..Default::default()
+    })
+    .await
+    .expect("control plane")
+}
+
 /// Starts an [`Operator`] as `replica` in a new namespace named after `prefix`.
 pub async fn operator(prefix: &str, replica: &str) -> Operator {
     operator_with(prefix, 2, |context| context.replica(replica)).await

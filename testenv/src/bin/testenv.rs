@@ -32,6 +32,9 @@ enum Command {
         /// Simulated nodes (kube-scheduler + kwok), so that workloads roll out; 0 for none.
         #[arg(long, default_value_t = 2)]
         nodes: usize,
+        /// kube-apiserver feature gates to enable, e.g. `ShardedListAndWatch` (repeatable).
+        #[arg(long = "feature-gate")]
+        feature_gates: Vec<String>,
     },
     /// Stop the control plane and remove its state.
     Down,
@@ -48,6 +51,7 @@ async fn main() -> anyhow::Result<()> {
             crd_files,
             no_controller_manager,
             nodes,
+            feature_gates,
         } => {
             if let Some(running) = running(&state_file) {
                 eprintln!("control plane already running at {}", running.server);
@@ -69,6 +73,7 @@ async fn main() -> anyhow::Result<()> {
                 simulated_nodes: if no_controller_manager { 0 } else { nodes },
                 node_monitor_grace_period: None,
                 audit_log: false,
+                feature_gates,
             };
             let endpoints = ControlPlane::start(options).await?.detach();
             std::fs::write(&state_file, serde_json::to_vec_pretty(&endpoints)?)?;
