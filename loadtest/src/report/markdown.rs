@@ -9,6 +9,7 @@ use crate::results::{
 use super::charts;
 
 mod format;
+mod monitoring;
 mod mttp;
 mod remote;
 
@@ -41,6 +42,7 @@ pub fn markdown(result: &RunResult) -> String {
             .baselines_error
             .as_ref()
             .map(|e| format!("## Baselines\n\nNot measured: {e}")),
+        monitoring::section(result),
         chart_links(result),
     ];
     let mut out = sections

@@ -211,6 +211,7 @@ fn full() -> RunResult {
         timeline: (0..24).map(sample).collect(),
         mttp: None,
         remote: None,
+        monitoring: None,
     }
 }
 
