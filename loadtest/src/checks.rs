@@ -8,6 +8,9 @@
 //! - `unowned-shard`: a shard without a live owner for longer than twice the lease duration;
 //! - `moved-during-rolling-update`: a shard that changed holder, or a Manifest reconciled by
 //!   two different replicas, while the replicas were restarted one by one.
+//!
+//! The dashboards' and alerts' checkers (`empty-panel`, `dashboard`, `alert`) are in
+//! [`crate::prometheus::verdict`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -21,14 +24,14 @@ use crate::results::Violation;
 /// How many findings of one checker are spelled out before "… and N more".
 const LIST_LIMIT: usize = 10;
 
-fn violation(checker: &str, detail: String) -> Violation {
+pub(crate) fn violation(checker: &str, detail: String) -> Violation {
     Violation {
         checker: checker.to_owned(),
         detail,
     }
 }
 
-fn listed<T>(items: &[T], show: impl Fn(&T) -> String) -> String {
+pub(crate) fn listed<T>(items: &[T], show: impl Fn(&T) -> String) -> String {
     let mut text: Vec<String> = items.iter().take(LIST_LIMIT).map(show).collect();
     if items.len() > LIST_LIMIT {
         text.push(format!("… and {} more", items.len() - LIST_LIMIT));

@@ -499,6 +499,20 @@ impl Probe {
         format!("{}-{ordinal}", self.statefulset)
     }
 
+    /// Ordinal → admin port (on 127.0.0.1) of the running local replicas; empty for a
+    /// deployed fleet (its pods are reached through the API server).
+    pub fn admin_ports(&self) -> BTreeMap<u32, u16> {
+        match &self.reach {
+            Reach::Local(endpoints) => endpoints
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(ordinal, (port, _))| (*ordinal, *port))
+                .collect(),
+            Reach::Cluster(_) => BTreeMap::new(),
+        }
+    }
+
     /// GET `path` from replica `ordinal`'s admin API: (status, body).
     pub async fn get(&self, ordinal: u32, path: &str) -> anyhow::Result<(u16, String)> {
         match &self.reach {

@@ -12,6 +12,8 @@
 //!   [`manifest_writes`]: bare apply with the fleet's own requests of an install;
 //! - [`mttp`]: the burst scenario (time to all Ready, cost per Manifest, idle, cold restart);
 //!   [`usage`]: a replica's process tree; [`audit`]: requests per client from the audit log;
+//! - [`prometheus`]: a real Prometheus scraping the fleet; the dashboards' panels and the
+//!   alerts evaluated on what it saw, and their checkers;
 //! - [`remote`]: many remote clusters on a few API servers (the test bed, its proxy, the bare
 //!   client per target);
 //! - [`hostile`]: innocent Manifests beside one hostile chart's Manifest, arm by arm.
@@ -31,6 +33,7 @@ pub mod observe;
 pub mod options;
 pub mod phase;
 pub mod progress;
+pub mod prometheus;
 pub mod remote;
 pub mod report;
 pub mod results;

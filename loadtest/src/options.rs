@@ -329,6 +329,16 @@ pub struct Options {
     #[arg(long, help_heading = "Target")]
     pub repo: Option<PathBuf>,
 
+    // ---- Prometheus ----
+    /// Run without Prometheus: no dashboards drawn, no alerts evaluated (local fleets of
+    /// basic, chaos, rolling-update, rebalance and smoke start one by default).
+    #[arg(long, help_heading = "Prometheus")]
+    pub no_prometheus: bool,
+    /// Prometheus' scrape and rule evaluation interval, seconds (Grafana's datasource
+    /// `timeInterval`: `$__rate_interval` is at least four of it).
+    #[arg(long, default_value_t = 1.0, help_heading = "Prometheus")]
+    pub prometheus_scrape_seconds: f64,
+
     // ---- output ----
     /// Results go to `<out>/<scenario>-<time>/`.
     #[arg(long, default_value = "loadtest-results", help_heading = "Output")]
@@ -367,6 +377,21 @@ impl Options {
     pub fn revive_after(&self) -> u64 {
         self.revive_after_seconds
             .unwrap_or(3 * self.lease_duration_seconds)
+    }
+
+    /// Whether Prometheus watches `scenario`'s fleet (local fleets only: a deployed one has
+    /// its own). `scale-out`, `mttp` and `remote` run several fleets or none under load.
+    pub fn prometheus(&self, scenario: Scenario, local: bool) -> bool {
+        !self.no_prometheus
+            && local
+            && matches!(
+                scenario,
+                Scenario::Basic
+                    | Scenario::Chaos
+                    | Scenario::RollingUpdate
+                    | Scenario::Rebalance
+                    | Scenario::Smoke
+            )
     }
 
     /// Whether the baselines run for `scenario`.

@@ -1,8 +1,10 @@
-//! The report of a run: `results.json`, the Markdown summary `summary.md` and PNG charts.
+//! The report of a run: `results.json`, the Markdown summary `summary.md`, PNG charts, and
+//! the dashboards' panels as PNGs (when Prometheus watched the run).
 
 mod charts;
 mod font;
 mod markdown;
+mod panels;
 #[cfg(test)]
 mod tests;
 
@@ -27,6 +29,9 @@ pub fn write(result: &RunResult, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         write_file(dir, "summary.md", markdown(result))?,
     ];
     written.extend(charts(result, dir)?);
+    if !panels::planned(result).is_empty() {
+        written.extend(panels::render(result, dir, font::Text::available())?);
+    }
     Ok(written)
 }
 

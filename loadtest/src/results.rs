@@ -44,6 +44,89 @@ pub struct RunResult {
     pub baselines_error: Option<String>,
     /// Samples over time (every `sample_interval_seconds`), for the charts.
     pub timeline: Vec<Sample>,
+    /// What a real Prometheus scraping the replicas saw: the dashboards' panels and the alerts
+    /// (local fleets of `basic`, `chaos`, `rolling-update`, `rebalance` and `smoke`).
+    #[serde(default)]
+    pub monitoring: Option<Monitoring>,
+}
+
+/// The dashboards of `deploy/monitoring/dashboards/` and the alerts of
+/// `deploy/monitoring/prometheusrule.yaml`, evaluated by a Prometheus that scraped every replica
+/// during the run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Monitoring {
+    /// `prometheus --version`.
+    pub prometheus: String,
+    pub scrape_interval_seconds: f64,
+    /// The window the panels were queried over: from before the load to the end of the settle
+    /// time, seconds.
+    pub window_seconds: f64,
+    /// Whether the run injected faults (`chaos`): panels declared empty without faults must
+    /// then have data.
+    pub faults: bool,
+    pub dashboards: Vec<DashboardFigures>,
+    pub alerts: Vec<AlertFigures>,
+}
+
+/// One dashboard as Grafana would have shown it over the run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct DashboardFigures {
+    pub file: String,
+    pub uid: String,
+    pub title: String,
+    /// Each template variable's value(s), filled from its own query.
+    pub variables: BTreeMap<String, String>,
+    /// What was wrong with the dashboard as a whole (a variable without values…).
+    pub problems: Vec<String>,
+    pub panels: Vec<PanelFigures>,
+}
+
+/// One panel: its queries' series over the window.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct PanelFigures {
+    pub id: u64,
+    pub title: String,
+    /// The row it is under.
+    pub row: String,
+    /// `timeseries`, `stat`…
+    pub kind: String,
+    /// Grafana unit id (`s`, `ops`, `percentunit`…).
+    pub unit: String,
+    /// What the dashboard declares: `data`, `empty in a clean run`, `empty without faults`.
+    pub expected: String,
+    /// The queries' step.
+    pub step_seconds: f64,
+    /// Series with at least one value (NaN and infinite values dropped).
+    pub series: Vec<PanelSeries>,
+    /// What was wrong with it: a query error, an unknown unit or variable, a foreign
+    /// datasource, a legend naming a label its series lack.
+    pub problems: Vec<String>,
+}
+
+/// One series of a panel.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct PanelSeries {
+    pub ref_id: String,
+    /// The legend Grafana would show.
+    pub legend: String,
+    /// (seconds since the window started, value).
+    pub points: Vec<(f64, f64)>,
+}
+
+/// One alert rule over the run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct AlertFigures {
+    pub name: String,
+    pub group: String,
+    /// `ok` when Prometheus evaluated it without error.
+    pub health: String,
+    #[serde(default)]
+    pub last_error: String,
+    /// Seconds it was pending and firing (rule evaluations in that state × the interval).
+    pub pending_seconds: f64,
+    pub firing_seconds: f64,
+    /// What the scenario expects: `silent` (never firing) or `may fire`.
+    pub expected: String,
 }
 
 /// Where the run ran.

@@ -14,9 +14,10 @@ use serde_json::json;
 use crate::fleet::Fleet;
 use crate::options::{Options, Scenario};
 use crate::phase::{
-    BaselinePaths, Cluster, Phase, now_ts, timed_burst, wait_assignment, wait_idle,
+    BaselinePaths, Cluster, Phase, now_ts, repo, timed_burst, wait_assignment, wait_idle,
 };
 use crate::progress::Progress;
+use crate::prometheus::{Monitor, verdict};
 use crate::results::{Baselines, Burst, Environment, RunResult};
 use crate::{hostile, mttp, remote, scenario};
 
@@ -103,8 +104,28 @@ pub async fn execute(
         hostile::run(&cluster, options, &mut result, &progress).await?
     } else {
         let mut phase = Phase::start(&cluster, options, "mm", first, progress.clone()).await?;
+        let local = matches!(cluster, Cluster::Local(_));
+        let monitor = if options.prometheus(scenario, local) {
+            progress.say("starting Prometheus (the dashboards and alerts)");
+            let scrape = Duration::from_secs_f64(options.prometheus_scrape_seconds.max(0.1));
+            Some(Monitor::start(&repo(options), &phase.probe, &phase.namespace, scrape).await?)
+        } else {
+            None
+        };
         let extra = scenario::play(scenario, &mut phase, options, &mut result.fleet).await?;
-        phase.finish(options, &mut result, extra).await?
+        let fleet = phase.finish(options, &mut result, extra).await?;
+        if let Some(monitor) = monitor {
+            progress.say("evaluating the dashboards' panels and the alerts");
+            let faults = scenario == Scenario::Chaos;
+            let monitoring = monitor
+                .finish(&repo(options), faults)
+                .await
+                .context("evaluate the dashboards and alerts")?;
+            result.violations.extend(verdict::dashboards(&monitoring));
+            result.violations.extend(verdict::alerts(&monitoring));
+            result.monitoring = Some(monitoring);
+        }
+        fleet
     };
     result.passed = result.violations.is_empty();
     let mut fleet = fleet;

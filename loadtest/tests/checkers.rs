@@ -27,6 +27,9 @@ fn short() -> Options {
     o.settle_seconds = 60;
     o.no_baselines = true;
     o.quiet = true;
+    // Prometheus only where a test asks for it (the healthy chaos run): its findings would mix
+    // with the checker's own under a fault.
+    o.no_prometheus = true;
     o
 }
 
@@ -102,8 +105,18 @@ async fn chaos_passes_and_the_unowned_checker_catches_a_fleet_paused_for_too_lon
     options.faults = vec!["pause".into(), "kill".into()];
     options.chaos_interval_seconds = 14;
     options.duration_seconds = 34;
+    // A real Prometheus watches it: every panel not declared empty in a clean run has data and
+    // no alert but the fleet's own fires (the run passing says so).
+    options.no_prometheus = false;
     let healthy = run(Scenario::Chaos, &options).await;
     assert!(healthy.passed, "{:#?}", healthy.violations);
+    let monitoring = healthy
+        .monitoring
+        .as_ref()
+        .expect("Prometheus watched the run");
+    assert!(monitoring.faults);
+    assert!(monitoring.dashboards[0].panels.len() >= 30);
+    options.no_prometheus = true;
     assert!(
         healthy.fleet.takeover_seconds.count >= 1,
         "{:?}",

@@ -11,7 +11,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::font::{Text, font};
+use super::font::Text;
 use crate::results::{Burst, CapacityStep, Mttp, MttpBurst, RunResult, Sample};
 
 /// One chart file.
@@ -79,12 +79,7 @@ pub fn charts(result: &RunResult, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         // Nothing to draw: no font lookup, no warning.
         return Ok(Vec::new());
     }
-    let text = if font().is_some() {
-        Text::Drawn
-    } else {
-        Text::Omitted
-    };
-    render(result, dir, text)
+    render(result, dir, Text::available())
 }
 
 pub(super) fn render(result: &RunResult, dir: &Path, text: Text) -> anyhow::Result<Vec<PathBuf>> {
@@ -127,21 +122,23 @@ fn draw(chart: Chart, result: &RunResult, path: &Path, text: Text) -> anyhow::Re
 
 // --- line panels --------------------------------------------------------------------------
 
-type Area<'b> = DrawingArea<BitMapBackend<'b>, Shift>;
+pub(super) type Area<'b> = DrawingArea<BitMapBackend<'b>, Shift>;
 
 /// One line of a panel.
-struct Line {
+pub(super) struct Line {
     name: String,
     color: RGBColor,
     points: Vec<(f64, f64)>,
 }
 
 /// A line chart on one drawing area.
-struct Panel<'a> {
+pub(super) struct Panel<'a> {
     title: &'a str,
     x_desc: &'a str,
     y_desc: &'a str,
     lines: Vec<Line>,
+    /// The Grafana unit the y axis' values are written in (plain numbers when `None`).
+    pub(super) y_unit: Option<&'a str>,
     /// Horizontal reference lines (SLOs), with a label.
     thresholds: Vec<(f64, String)>,
     /// Vertical marks (events), with a label.
@@ -153,12 +150,13 @@ struct Panel<'a> {
 }
 
 impl<'a> Panel<'a> {
-    fn new(title: &'a str, x_desc: &'a str, y_desc: &'a str, lines: Vec<Line>) -> Self {
+    pub(super) fn new(title: &'a str, x_desc: &'a str, y_desc: &'a str, lines: Vec<Line>) -> Self {
         Panel {
             title,
             x_desc,
             y_desc,
             lines,
+            y_unit: None,
             thresholds: Vec::new(),
             marks: Vec::new(),
             mark_labels: false,
@@ -193,13 +191,18 @@ fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
         .unwrap_or((0.0, 0.0))
 }
 
-fn line_panel(area: &Area<'_>, panel: &Panel<'_>, text: Text) -> anyhow::Result<()> {
+pub(super) fn line_panel(area: &Area<'_>, panel: &Panel<'_>, text: Text) -> anyhow::Result<()> {
     let (x_range, y_range) = (panel.x_range(), panel.y_range());
     let mut chart = text
         .builder(area, panel.title)
         .build_cartesian_2d(x_range.clone(), y_range.clone())?;
+    let unit = panel.y_unit.unwrap_or_default();
+    let in_unit = |v: &f64| crate::prometheus::units::format(unit, *v);
     let mut mesh = chart.configure_mesh();
     mesh.max_light_lines(4);
+    if panel.y_unit.is_some() {
+        mesh.y_label_formatter(&in_unit);
+    }
     if text.drawn() {
         mesh.label_style(Text::style(13))
             .axis_desc_style(Text::style(14))
@@ -277,7 +280,7 @@ fn short(label: &str, max: usize) -> String {
     }
 }
 
-fn line(name: impl Into<String>, color: RGBColor, points: Vec<(f64, f64)>) -> Line {
+pub(super) fn line(name: impl Into<String>, color: RGBColor, points: Vec<(f64, f64)>) -> Line {
     Line {
         name: name.into(),
         color,
@@ -302,7 +305,7 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(23, 190, 207),
 ];
 
-fn palette(i: usize) -> RGBColor {
+pub(super) fn palette(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
 }
 

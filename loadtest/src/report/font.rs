@@ -82,6 +82,15 @@ pub(super) enum Text {
 }
 
 impl Text {
+    /// [`Text::Drawn`] when a font is found (looked for once), else [`Text::Omitted`].
+    pub(super) fn available() -> Self {
+        if font().is_some() {
+            Text::Drawn
+        } else {
+            Text::Omitted
+        }
+    }
+
     pub(super) fn drawn(self) -> bool {
         self == Text::Drawn
     }

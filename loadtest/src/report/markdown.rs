@@ -10,6 +10,7 @@ use super::charts;
 
 mod format;
 mod hostile;
+mod monitoring;
 mod mttp;
 mod remote;
 
@@ -45,6 +46,7 @@ pub fn markdown(result: &RunResult) -> String {
             .baselines_error
             .as_ref()
             .map(|e| format!("## Baselines\n\nNot measured: {e}")),
+        monitoring::section(result),
         chart_links(result),
     ];
     let mut out = sections

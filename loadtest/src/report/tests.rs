@@ -212,6 +212,7 @@ fn full() -> RunResult {
         mttp: None,
         remote: None,
         hostile: None,
+        monitoring: None,
     }
 }
 
