@@ -46,9 +46,15 @@ pub async fn shard_filter(
 ) -> anyhow::Result<ShardFilter> {
     let honoured = match mode {
         ServerSharding::Off => None,
-        ServerSharding::Auto | ServerSharding::On => Some(server::probe(client).await.map_err(|e| {
+        ServerSharding::On => Some(server::probe(client).await.map_err(|e| {
             anyhow::anyhow!("--server-side-sharding: probing the API server (a list of Manifests with a shardSelector): {e}")
         })?),
+        // `auto` never stops a start: a probe that fails (the CRD not yet served, a 429 or 503,
+        // another refusal text) counts as "not honoured", and the label path works everywhere.
+        ServerSharding::Auto => Some(server::probe(client).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "--server-side-sharding=auto: the probe failed; using the shard label");
+            false
+        })),
     };
     let filter = server::decide(mode, honoured).map_err(anyhow::Error::msg)?;
     tracing::info!(?mode, ?honoured, ?filter, "shard filter");
