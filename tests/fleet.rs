@@ -20,7 +20,7 @@ use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::shard::{ShardCount, assign};
 use serde_json::{Value, json};
-use test_support::fleet::{LocalFleet, ReplicaSettings, proc_usage};
+use test_support::fleet::{LocalFleet, proc_usage};
 use test_support::log_check;
 
 const SHARDS: u32 = 64;
@@ -63,8 +63,6 @@ impl Fleet {
         })
         .await
         .expect("control plane");
-        let client = control_plane.client().await.unwrap();
-        let namespace = control_plane.namespace(&client, name).await.unwrap();
         let logs = tempfile::Builder::new()
             .prefix(&format!("fleet-{name}-"))
             .disable_cleanup(std::env::var_os("FLEET_KEEP_LOGS").is_some())
@@ -72,24 +70,16 @@ impl Fleet {
             .unwrap();
         let replica_args = extra_args.iter().map(|a| a.to_string()).collect();
         // Lease 4 s, renew 1 s, deadline 3 s (LEASE_SECONDS); extra args may override `--shards`.
-        let settings = ReplicaSettings::short(
+        let (client, namespace, local) = test_support::fleet::start_short(
+            control_plane,
             env!("CARGO_BIN_EXE_module-manager").into(),
             name,
-            SHARDS,
+            (replicas, SHARDS),
             replica_args,
             logs.path().to_owned(),
-        );
-        let local = LocalFleet::create(
-            &client,
-            control_plane.kubeconfig(),
-            &namespace,
-            name,
-            replicas,
-            settings,
         )
-        .await
-        .unwrap();
-        let mut fleet = Self {
+        .await;
+        Self {
             client,
             namespace,
             name: name.to_owned(),
@@ -99,11 +89,7 @@ impl Fleet {
                 .windows(2)
                 .find(|pair| pair[0] == "--shards")
                 .map_or(SHARDS, |pair| pair[1].parse().unwrap()),
-        };
-        for ordinal in 0..replicas {
-            fleet.start(ordinal);
         }
-        fleet
     }
 
     fn member(&self, ordinal: u32) -> String {

@@ -20,7 +20,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::shard::{SHARD_LABEL, ShardCount, assign};
-use test_support::fleet::{LocalFleet, ReplicaSettings};
+use test_support::fleet::LocalFleet;
 use test_support::log_check;
 
 const SHARDS: u32 = 64;
@@ -38,35 +38,27 @@ impl Fleet {
     async fn new(name: &str, replicas: u32) -> Self {
         let control_plane =
             common::control_plane_with_gates(&[testenv::SHARDED_LIST_AND_WATCH]).await;
-        let client = control_plane.client().await.unwrap();
-        let namespace = control_plane.namespace(&client, name).await.unwrap();
         let logs = tempfile::Builder::new()
             .prefix(&format!("server-sharding-{name}-"))
             .disable_cleanup(std::env::var_os("FLEET_KEEP_LOGS").is_some())
             .tempdir()
             .unwrap();
-        let settings = ReplicaSettings::short(
+        let (client, namespace, local) = test_support::fleet::start_short(
+            control_plane,
             env!("CARGO_BIN_EXE_module-manager").into(),
             name,
-            SHARDS,
+            (replicas, SHARDS),
             vec!["--server-side-sharding".into(), "on".into()],
             logs.path().to_owned(),
-        );
-        let kubeconfig = control_plane.kubeconfig();
-        let local = LocalFleet::create(&client, kubeconfig, &namespace, name, replicas, settings)
-            .await
-            .unwrap();
-        let mut fleet = Self {
+        )
+        .await;
+        Self {
             client,
             namespace,
             name: name.to_owned(),
             local,
             _logs: logs,
-        };
-        for ordinal in 0..replicas {
-            fleet.local.start(ordinal).unwrap();
         }
-        fleet
     }
 
     fn manifests(&self) -> Api<Manifest> {

@@ -138,17 +138,16 @@ fn append_query(uri: &Uri, parameter: &str) -> Result<Uri, http::Error> {
     Ok(Uri::from_parts(parts)?)
 }
 
-/// Percent-encodes everything but the unreserved characters of RFC 3986.
+/// Everything but the unreserved characters of RFC 3986 is percent-encoded.
+const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `value` percent-encoded for a query (every byte but the unreserved characters).
 fn encode(value: &str) -> String {
-    let mut encoded = String::with_capacity(value.len() * 3 / 2);
-    for byte in value.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            encoded.push(char::from(byte));
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    encoded
+    percent_encoding::utf8_percent_encode(value, UNRESERVED).to_string()
 }
 
 #[cfg(test)]

@@ -94,6 +94,30 @@ pub struct LocalFleet {
     starts: u32,
 }
 
+/// A fleet with the fleet tests' settings ([`ReplicaSettings::short`]) in a fresh namespace
+/// `name` of `control_plane`, its StatefulSet object created and `replicas` replicas started,
+/// their logs in `log_dir`; with a client of the control plane and the namespace.
+pub async fn start_short(
+    control_plane: &testenv::ControlPlane,
+    binary: PathBuf,
+    name: &str,
+    (replicas, shards): (u32, u32),
+    extra_args: Vec<String>,
+    log_dir: PathBuf,
+) -> (Client, String, LocalFleet) {
+    let client = control_plane.client().await.unwrap();
+    let namespace = control_plane.namespace(&client, name).await.unwrap();
+    let settings = ReplicaSettings::short(binary, name, shards, extra_args, log_dir);
+    let kubeconfig = control_plane.kubeconfig();
+    let mut local = LocalFleet::create(&client, kubeconfig, &namespace, name, replicas, settings)
+        .await
+        .unwrap();
+    for ordinal in 0..replicas {
+        local.start(ordinal).unwrap();
+    }
+    (client, namespace, local)
+}
+
 impl LocalFleet {
     /// Creates the fleet's StatefulSet object (desired `replicas`) in `namespace` and returns
     /// the fleet with no process running yet. The control plane is the caller's.
