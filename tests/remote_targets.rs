@@ -689,6 +689,169 @@ async fn idle_drift_passes_on_a_remote_target_write_nothing_and_repair_what_chan
     );
 }
 
+/// A Deployment's controllers write its status: a new resourceVersion, the same generation.
+/// The drift passes after it apply nothing (issue 29: an idle fleet writes nothing; before,
+/// each status change cost one apply of the Deployment), while an edit of its spec (a new
+/// generation) or of one of its labels is still repaired. The remote cluster runs no
+/// controllers: the test writes the status through the status subresource, as the deployment
+/// controller does.
+#[tokio::test]
+async fn a_workload_whose_status_alone_changed_is_not_applied_again_but_drift_is_repaired() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let h = start("remote-status-only").await;
+    h.put_account_secret("status-only").await;
+    let name = "status-only";
+    h.create(&h.manifest(
+        name,
+        "tests/fixtures/charts/scaled",
+        Some("remote"),
+        json!({"replicas": 1}),
+    ))
+    .await;
+    let deployments = Api::<Deployment>::namespaced(h.remote.clone(), &h.ns);
+    let deployment = || async { deployments.get_opt(name).await.unwrap() };
+    h.wait_until("the Deployment exists on the target", async || {
+        deployment().await.is_some()
+    })
+    .await;
+    // The status the deployment controller would write: `ready` replicas of 1, `message` on
+    // the Available condition (another message is another status, the same readiness), the
+    // new ReplicaSet rolled out.
+    let available = |generation: i64, ready: i64, message: &str| {
+        let up = if ready > 0 { "True" } else { "False" };
+        json!({"status": {
+            "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
+            "readyReplicas": ready, "availableReplicas": ready,
+            "conditions": [
+                {"type": "Available", "status": up, "reason": "MinimumReplicasAvailable", "message": message},
+                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "message": "rolled out"},
+            ],
+        }})
+    };
+    let write_status = async |ready: i64, message: &'static str| {
+        let generation = deployment().await.unwrap().metadata.generation.unwrap();
+        deployments
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(available(generation, ready, message)),
+            )
+            .await
+            .unwrap()
+    };
+    write_status(1, "up").await;
+    h.wait_state(name, State::Ready).await;
+
+    let requests = h.ctx.targets.metrics().requests.clone();
+    let applied = || {
+        requests
+            .sum(|l| l.target == "remote" && l.verb == "apply" && l.resource == "apps/deployments")
+    };
+    let unchanged = || h.ctx.metrics.unchanged.get();
+    // The ConfigMap and the Deployment, both found unchanged by one drift pass.
+    let skipped = unchanged();
+    h.wait_until("a drift pass found both objects unchanged", async || {
+        unchanged() >= skipped + 2
+    })
+    .await;
+
+    let before = applied();
+    let reads = || {
+        requests
+            .sum(|l| l.target == "remote" && l.verb == "get" && l.resource == "apps/deployments")
+    };
+    let reads_before = reads();
+    let rewritten = write_status(1, "still up")
+        .await
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let skipped = unchanged();
+    h.wait_until("two drift passes after the status changed", async || {
+        unchanged() >= skipped + 4
+    })
+    .await;
+    assert_eq!(
+        applied(),
+        before,
+        "a status change alone is no drift: nothing applied"
+    );
+    assert!(
+        reads() > reads_before,
+        "the Deployment was read: {} reads before, {} after, {} unchanged",
+        reads_before,
+        reads(),
+        unchanged()
+    );
+    assert_eq!(
+        deployment()
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+            .unwrap_or_default(),
+        rewritten,
+        "nothing was written to the Deployment"
+    );
+
+    // The workload loses its pods: the next drift pass sees it on what it read.
+    write_status(0, "down").await;
+    h.wait_for(name, "not Ready while its Deployment is unavailable", |m| {
+        m.status.as_ref().and_then(|s| s.state) != Some(State::Ready)
+    })
+    .await;
+    write_status(1, "up").await;
+    h.wait_state(name, State::Ready).await;
+
+    // An edit of its pod template: the spec changes (a new generation), and is repaired. (Not
+    // `kubectl scale`: `spec.replicas` is left to whoever set it, as to an autoscaler.)
+    let before = applied();
+    let image = |d: Deployment| {
+        d.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .clone()
+    };
+    deployments
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+                {"name": "app", "image": "nginx:edited"}
+            ]}}}})),
+        )
+        .await
+        .unwrap();
+    h.wait_until("the edited image is repaired", async || {
+        image(deployment().await.unwrap()).as_deref() == Some("nginx:1.27")
+    })
+    .await;
+    assert!(applied() > before, "the repair applied the Deployment");
+    write_status(1, "up").await;
+    h.wait_state(name, State::Ready).await;
+
+    // One of the module's labels edited: the same generation, and repaired.
+    let before = applied();
+    deployments
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"app.kubernetes.io/name": "edited"}}})),
+        )
+        .await
+        .unwrap();
+    h.wait_until("the edited label is repaired", async || {
+        let labels = deployment()
+            .await
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap_or_default();
+        labels.get("app.kubernetes.io/name").map(String::as_str) == Some("scaled")
+    })
+    .await;
+    assert!(applied() > before, "the repair applied the Deployment");
+}
+
 /// A credential that may not `list` a kind on the target: the refused listing is not asked for
 /// again on every pass (one warning, asked again after 15 minutes), the kind's objects are
 /// applied on every drift pass as before the listings, and drift is still repaired.

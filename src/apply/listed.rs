@@ -3,7 +3,7 @@
 //! ([`Listing`]). There is no watch on a target (it would be one long-lived watch per kind per
 //! kubeconfig): a drift pass lists instead, by the Manifest's UID label, and applies only the
 //! objects whose resourceVersion is not the one its last apply answered with
-//! ([`plan::unchanged::listed_unchanged`](crate::plan::unchanged::listed_unchanged) decides).
+//! ([`plan::unchanged::listed_since`](crate::plan::unchanged::listed_since) decides).
 //! docs/reconcile.md, "Cheap drift passes".
 
 use std::collections::{BTreeSet, HashMap};
@@ -18,7 +18,7 @@ use prometheus_client::metrics::family::Family;
 use super::labels::MANIFEST_UID_LABEL;
 use crate::api::InventoryEntry;
 use crate::plan::Scope;
-use crate::plan::unchanged::{Body, Kind, Name};
+use crate::plan::unchanged::{Body, Found, Kind, Name, Stamp};
 use crate::telemetry::events::shorten;
 use crate::telemetry::metrics::{LISTING_OUTCOMES, ListingLabels};
 
@@ -34,8 +34,9 @@ const MESSAGE_LIMIT: usize = 512;
 /// listings, without a refused request per pass.
 const REFUSED_FOR: Duration = Duration::from_secs(15 * 60);
 
-/// What an apply answered: the object's resourceVersion and the digest of the body sent.
-type Record = (String, Body);
+/// What an apply answered (the object's resourceVersion, UID and generation) and the digest of
+/// the body sent.
+type Record = (Stamp, Body);
 
 /// The applies of one target's client that answered with a version, by kind and name: kept as
 /// long as the client is cached, dropped when an apply fails or the object is deleted.
@@ -76,18 +77,31 @@ impl Applied {
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The apply of `id`, which sent `body`, answered with `version` (`None`: it failed, said
+    /// The apply of `id`, which sent `body`, answered with `stamp` (`None`: it failed, said
     /// nothing, or left a field to another manager: applied again next time).
-    pub(super) fn applied(&self, id: &InventoryEntry, version: Option<&str>, body: Body) {
+    pub(super) fn applied(&self, id: &InventoryEntry, stamp: Option<Stamp>, body: Body) {
         let mut records = self.lock();
         let objects = records.entry(Kind::of(id)).or_default();
-        match version.filter(|v| !v.is_empty()) {
-            Some(version) => {
-                objects.insert(name_of(id), (version.to_owned(), body));
+        match stamp.filter(|s| !s.version.is_empty()) {
+            Some(stamp) => {
+                objects.insert(name_of(id), (stamp, body));
             }
             None => {
                 objects.remove(&name_of(id));
             }
+        }
+    }
+
+    /// `id` was read at `stamp` and found changed in its status only since its last apply
+    /// ([`crate::plan::unchanged::only_status_changed`]): its record moves to that version (the
+    /// digest of the body sent stays), so that the next listing finds it untouched.
+    pub(super) fn refresh(&self, id: &InventoryEntry, stamp: Stamp) {
+        if let Some(record) = self
+            .lock()
+            .get_mut(&Kind::of(id))
+            .and_then(|objects| objects.get_mut(&name_of(id)))
+        {
+            record.0 = stamp;
         }
     }
 
@@ -101,7 +115,7 @@ impl Applied {
     /// A listing of `ids`' kind found `versions`: the records of those it did not find go (the
     /// object was deleted or relabelled by someone; the pass applies it and records it again),
     /// so that nothing is kept of objects gone for good.
-    pub(super) fn settle(&self, ids: &[&InventoryEntry], versions: &HashMap<Name, String>) {
+    pub(super) fn settle(&self, ids: &[&InventoryEntry], versions: &HashMap<Name, Found>) {
         let mut records = self.lock();
         for id in ids {
             let name = name_of(id);
@@ -151,24 +165,23 @@ impl Applied {
     }
 }
 
-/// One pass's look at its objects on a target: for each kind it could list, the
-/// resourceVersion of every object labelled with the Manifest's UID. A kind that was not listed
-/// (no record to compare with, not served, a failed request) is absent: its objects are applied.
+/// One pass's look at its objects on a target: for each kind it could list, what the listing
+/// found of every object labelled with the Manifest's UID. A kind that was not listed (no record
+/// to compare with, not served, a failed request) is absent: its objects are applied.
 #[derive(Debug, Default)]
 pub struct Listing {
-    versions: HashMap<Kind, HashMap<Name, String>>,
+    found: HashMap<Kind, HashMap<Name, Found>>,
 }
 
 impl Listing {
-    /// The version the listing found of `id` (`None`: not listed, or its kind was not).
-    pub fn version(&self, id: &InventoryEntry) -> Option<&str> {
-        let found = self.versions.get(&Kind::of(id))?.get(&name_of(id))?;
-        Some(found.as_str())
+    /// What the listing found of `id` (`None`: not listed, or its kind was not).
+    pub fn found(&self, id: &InventoryEntry) -> Option<&Found> {
+        self.found.get(&Kind::of(id))?.get(&name_of(id))
     }
 
     /// Records what one kind's listing found.
-    pub(super) fn insert(&mut self, kind: Kind, versions: HashMap<Name, String>) {
-        self.versions.insert(kind, versions);
+    pub(super) fn insert(&mut self, kind: Kind, found: HashMap<Name, Found>) {
+        self.found.insert(kind, found);
     }
 }
 
@@ -184,8 +197,8 @@ pub(super) fn scope_of<'a>(ids: &[&'a InventoryEntry], scope: &Scope) -> Option<
 
 /// What one kind's listing found.
 pub(super) enum Listed {
-    /// The resourceVersion of each object labelled with the Manifest's UID.
-    Found(HashMap<Name, String>),
+    /// Each object labelled with the Manifest's UID, as listed.
+    Found(HashMap<Name, Found>),
     /// The target refused it (403).
     Refused,
     /// The target answered with another error (what it said, shortened).
@@ -209,7 +222,7 @@ impl Listed {
     }
 }
 
-/// The resourceVersions of the objects of `resource` labelled with the Manifest `owner_uid`
+/// The objects of `resource` labelled with the Manifest `owner_uid`
 /// (in `namespace`, or cluster-wide): one metadata-only LIST, a consistent read (no
 /// `resourceVersion`: the API server answers as of now, never from an older cache), paged.
 pub(super) async fn list_versions(
@@ -240,11 +253,8 @@ pub(super) async fn list_versions(
             Err(error) => return Listed::Failed(shorten(&error.to_string(), MESSAGE_LIMIT).into()),
         };
         for item in page.items {
-            let name = (
-                item.metadata.namespace.unwrap_or_default(),
-                item.metadata.name.unwrap_or_default(),
-            );
-            versions.insert(name, item.metadata.resource_version.unwrap_or_default());
+            let (name, found) = found_of(item.metadata);
+            versions.insert(name, found);
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
@@ -252,6 +262,31 @@ pub(super) async fn list_versions(
         }
     }
     Listed::Overflow
+}
+
+/// What a listing tells of one object: its name and [`Found`].
+pub(super) fn found_of(meta: kube::api::ObjectMeta) -> (Name, Found) {
+    let stamp = stamp_of(&meta);
+    let name = (
+        meta.namespace.unwrap_or_default(),
+        meta.name.unwrap_or_default(),
+    );
+    let found = Found {
+        stamp,
+        deleting: meta.deletion_timestamp.is_some(),
+        labels: meta.labels.unwrap_or_default(),
+        annotations: meta.annotations.unwrap_or_default(),
+    };
+    (name, found)
+}
+
+/// An object's resourceVersion, UID and generation.
+pub(super) fn stamp_of(meta: &kube::api::ObjectMeta) -> Stamp {
+    Stamp {
+        version: meta.resource_version.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        generation: meta.generation,
+    }
 }
 
 #[cfg(test)]
@@ -268,19 +303,26 @@ mod tests {
         }
     }
 
+    fn at(version: &str) -> Stamp {
+        Stamp {
+            version: version.into(),
+            ..Stamp::default()
+        }
+    }
+
     #[test]
     fn an_apply_is_kept_until_one_fails_or_the_object_is_deleted() {
         let applied = Applied::default();
         let cm = entry("ConfigMap", "a", "c");
-        applied.applied(&cm, Some("7"), [1; 32]);
-        assert_eq!(applied.record(&cm), Some(("7".into(), [1; 32])));
-        applied.applied(&cm, Some("9"), [2; 32]);
-        assert_eq!(applied.record(&cm), Some(("9".into(), [2; 32])));
+        applied.applied(&cm, Some(at("7")), [1; 32]);
+        assert_eq!(applied.record(&cm), Some((at("7"), [1; 32])));
+        applied.applied(&cm, Some(at("9")), [2; 32]);
+        assert_eq!(applied.record(&cm), Some((at("9"), [2; 32])));
         applied.applied(&cm, None, [2; 32]);
         assert_eq!(applied.record(&cm), None, "a failed apply forgets");
-        applied.applied(&cm, Some(""), [2; 32]);
+        applied.applied(&cm, Some(at("")), [2; 32]);
         assert_eq!(applied.record(&cm), None, "an empty version is no record");
-        applied.applied(&cm, Some("10"), [2; 32]);
+        applied.applied(&cm, Some(at("10")), [2; 32]);
         applied.forget(&cm);
         assert!(applied.is_empty());
     }
@@ -292,9 +334,13 @@ mod tests {
             entry("ConfigMap", "a", "kept"),
             entry("ConfigMap", "a", "gone"),
         );
-        applied.applied(&kept, Some("1"), [1; 32]);
-        applied.applied(&gone, Some("2"), [1; 32]);
-        let versions = HashMap::from([(name_of(&kept), "1".to_owned())]);
+        applied.applied(&kept, Some(at("1")), [1; 32]);
+        applied.applied(&gone, Some(at("2")), [1; 32]);
+        let found = Found {
+            stamp: at("1"),
+            ..Found::default()
+        };
+        let versions = HashMap::from([(name_of(&kept), found)]);
         applied.settle(&[&kept, &gone], &versions);
         assert!(applied.record(&kept).is_some());
         assert_eq!(applied.record(&gone), None);

@@ -32,6 +32,7 @@ use kube::{Client, Error as KubeError, ResourceExt};
 
 use crate::api::InventoryEntry;
 use crate::plan::ownership::Guard;
+use crate::plan::unchanged::Since;
 use crate::plan::{RenderedObject, Scope, describe, drift};
 use listed::Listing;
 use serde_json::Value;
@@ -327,25 +328,67 @@ impl Cluster {
         self.followed.as_ref()
     }
 
-    /// Whether `object` is exactly as module-manager's last apply left it, as the watch of its
-    /// kind tells, and that apply sent the body an apply of `object` for the Manifest
-    /// `owner_uid` would send now (`false` when not followed).
-    pub fn unchanged(&self, object: &RenderedObject, owner_uid: &str, listing: &Listing) -> bool {
-        let body = || body_digest(&self.labelled(object, owner_uid));
+    /// What happened to `object` since module-manager's last apply of it, if that apply sent
+    /// the body an apply of `object` for the Manifest `owner_uid` would send now: on the local
+    /// cluster as the watch of its kind tells (untouched or changed), on a remote target as
+    /// `listing` tells ([`crate::plan::unchanged::listed_since`]). `Changed` when not followed.
+    pub fn since_applied(
+        &self,
+        object: &RenderedObject,
+        owner_uid: &str,
+        listing: &Listing,
+    ) -> Since {
+        let sent = self.labelled(object, owner_uid);
+        let body = body_digest(&sent);
         if let Some(applied) = &self.listed {
             let recorded = applied.record(&object.id);
-            let recorded = recorded
-                .as_ref()
-                .map(|(version, sent)| (version.as_str(), sent));
-            return crate::plan::unchanged::listed_unchanged(
-                recorded,
-                listing.version(&object.id),
-                &body(),
+            return crate::plan::unchanged::listed_since(
+                &crate::plan::unchanged::Kind::of(&object.id),
+                recorded.as_ref().map(|(stamp, digest)| (stamp, digest)),
+                listing.found(&object.id),
+                &body,
+                &sent,
             );
         }
-        self.followed
+        let untouched = self
+            .followed
             .as_ref()
-            .is_some_and(|followed| followed.unchanged(&object.id, owner_uid, &body()))
+            .is_some_and(|followed| followed.unchanged(&object.id, owner_uid, &body));
+        if untouched {
+            Since::Untouched
+        } else {
+            Since::Changed
+        }
+    }
+
+    /// On a remote target, `object` read after its listing found only its status changed
+    /// ([`Since::StatusOnly`]): the object as it is now, if it is still changed in its status
+    /// only (checked again on what the read returned), its record then moved to the version
+    /// read, so that the next pass finds it untouched. `None`: apply it (it changed meanwhile,
+    /// is gone, or nothing is recorded).
+    pub async fn read_status_only(
+        &self,
+        object: &RenderedObject,
+        owner_uid: &str,
+    ) -> Result<Option<DynamicObject>, ApplyError> {
+        let Some(applied) = &self.listed else {
+            return Ok(None);
+        };
+        let Some(live) = self.get(&object.id).await? else {
+            return Ok(None);
+        };
+        let sent = self.labelled(object, owner_uid);
+        let kind = crate::plan::unchanged::Kind::of(&object.id);
+        let found = listed::found_of(live.metadata.clone()).1;
+        let still = applied.record(&object.id).is_some_and(|(stamp, digest)| {
+            digest == body_digest(&sent)
+                && crate::plan::unchanged::only_status_changed(&kind, &stamp, &found, &sent)
+        });
+        if !still {
+            return Ok(None);
+        }
+        applied.refresh(&object.id, found.stamp);
+        Ok(Some(live))
     }
 
     /// On a remote target, the versions of the Manifest `owner_uid`'s objects among `ids`, one
@@ -685,15 +728,15 @@ impl Cluster {
         }
         if let (Some(listed), Some(sent)) = (listed, sent) {
             // As above; a listing finds the object by its UID label only.
-            let version = answer
+            let stamp = answer
                 .as_ref()
                 .ok()
                 .filter(|o| {
                     !yielded
                         && o.labels().get(MANIFEST_UID_LABEL).map(String::as_str) == Some(owner_uid)
                 })
-                .and_then(|o| o.metadata.resource_version.as_deref());
-            listed.applied(&object.id, version, sent);
+                .map(|o| listed::stamp_of(&o.metadata));
+            listed.applied(&object.id, stamp, sent);
         }
         match answer {
             Err(KubeError::Api(status)) if guard.is_some() && precondition::refused(&status) => {

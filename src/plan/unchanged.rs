@@ -14,9 +14,10 @@
 //!
 //! [API concepts: resource versions]: https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use kube::runtime::watcher;
+use serde_json::Value;
 
 use crate::api::InventoryEntry;
 
@@ -196,18 +197,123 @@ fn seen(objects: &mut HashMap<Name, Entry>, name: Name, version: Option<String>)
     }
 }
 
-/// Whether an object of a remote target is exactly as module-manager's last apply left it, as a
-/// LIST made in this pass tells (there is no watch on a target): the last apply, which sent
-/// `body`, answered with `recorded`, and the listing found the object at that very version.
-/// An object the listing did not find (deleted, its label removed, its kind not listed), any
-/// other version (any write since), or no record means "apply it".
-pub fn listed_unchanged(
-    recorded: Option<(&str, &Body)>,
-    listed: Option<&str>,
+/// What an apply's answer or a metadata-only listing tells of one object of a remote target:
+/// its resourceVersion, UID and `metadata.generation` (`None` when the kind has none).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stamp {
+    pub version: String,
+    pub uid: String,
+    pub generation: Option<i64>,
+}
+
+/// What a metadata-only listing found of one object: its [`Stamp`], whether it is being
+/// deleted, and its labels and annotations.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Found {
+    pub stamp: Stamp,
+    pub deleting: bool,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The kinds whose API server raises `metadata.generation` on every change of `spec` and of
+/// nothing else but (for Deployments) annotations, and which a client cannot set: read in
+/// Kubernetes 1.36.3 (`pkg/registry/<group>/<kind>/strategy.go`, `PrepareForUpdate`: "Any
+/// changes to the spec increment the generation number"; `apiserver/pkg/registry/rest/update.go`:
+/// "Ensure requests cannot update generation"). Not the HorizontalPodAutoscaler (its generation
+/// is behind a feature gate), nor custom resources (an aggregated API need not follow the rule).
+const GENERATION_FOLLOWS_SPEC: [(&str, &str); 7] = [
+    ("apps", "Deployment"),
+    ("apps", "StatefulSet"),
+    ("apps", "DaemonSet"),
+    ("apps", "ReplicaSet"),
+    ("batch", "Job"),
+    ("batch", "CronJob"),
+    ("policy", "PodDisruptionBudget"),
+];
+
+/// What happened to an object of a remote target since module-manager's last apply of it, as
+/// a LIST made in this pass tells (there is no watch on a target).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Since {
+    /// Nothing was written: it is as the apply left it, still ready if it was.
+    Untouched,
+    /// Only its status, or fields others own, changed ([`only_status_changed`]): an apply would
+    /// change nothing, but its readiness may have changed (read it).
+    StatusOnly,
+    /// Anything else: apply it.
+    Changed,
+}
+
+/// What happened to an object since its last apply, which sent `body` (`sent` is that body as
+/// JSON) and answered with `recorded`, given what the listing `found`:
+/// - [`Since::Untouched`]: found at that very resourceVersion;
+/// - [`Since::StatusOnly`]: found at another, but [`only_status_changed`];
+/// - [`Since::Changed`]: not found (deleted, its label removed, its kind not listed), no
+///   record, another body, or any other change.
+pub fn listed_since(
+    kind: &Kind,
+    recorded: Option<(&Stamp, &Body)>,
+    found: Option<&Found>,
     body: &Body,
-) -> bool {
-    matches!((recorded, listed), (Some((version, sent)), Some(seen))
-        if !version.is_empty() && version == seen && sent == body)
+    sent: &Value,
+) -> Since {
+    let (Some((stamp, digest)), Some(found)) = (recorded, found) else {
+        return Since::Changed;
+    };
+    if stamp.version.is_empty() || digest != body {
+        Since::Changed
+    } else if found.stamp.version == stamp.version {
+        Since::Untouched
+    } else if only_status_changed(kind, stamp, found, sent) {
+        Since::StatusOnly
+    } else {
+        Since::Changed
+    }
+}
+
+/// Whether an object last applied with the body `sent`, whose apply answered with `stamp`, and
+/// found now as `found`, changed in its status (or in fields others own) only: its kind's
+/// generation follows its spec ([`GENERATION_FOLLOWS_SPEC`]), it is the same object (UID), not
+/// being deleted, at the same generation, with every label and annotation the body sets at the
+/// body's value, and the body sets nothing but `spec`, labels and annotations. An apply would
+/// then change nothing (a Deployment whose controllers updated its status).
+pub fn only_status_changed(kind: &Kind, stamp: &Stamp, found: &Found, sent: &Value) -> bool {
+    let follows = GENERATION_FOLLOWS_SPEC.contains(&(kind.group.as_str(), kind.kind.as_str()));
+    follows
+        && !found.deleting
+        && !stamp.uid.is_empty()
+        && found.stamp.uid == stamp.uid
+        && stamp.generation.is_some_and(|g| g >= 1)
+        && found.stamp.generation == stamp.generation
+        && sets_only(sent, &["apiVersion", "kind", "metadata", "spec"])
+        && sets_only(
+            &sent["metadata"],
+            &["name", "namespace", "labels", "annotations"],
+        )
+        && entries_hold(&sent["metadata"]["labels"], &found.labels)
+        && entries_hold(&sent["metadata"]["annotations"], &found.annotations)
+}
+
+/// Whether `value` is an object whose fields are all among `allowed`.
+fn sets_only(value: &Value, allowed: &[&str]) -> bool {
+    value
+        .as_object()
+        .is_some_and(|fields| fields.keys().all(|key| allowed.contains(&key.as_str())))
+}
+
+/// Whether every entry of `wanted` (a JSON object of strings, or absent) is in `live` with the
+/// same value.
+fn entries_hold(wanted: &Value, live: &BTreeMap<String, String>) -> bool {
+    match wanted {
+        Value::Null => true,
+        Value::Object(entries) => entries.iter().all(|(key, value)| {
+            value
+                .as_str()
+                .is_some_and(|v| live.get(key).map(String::as_str) == Some(v))
+        }),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -252,29 +358,182 @@ mod tests {
         state.applied(&id(name), version, BODY);
     }
 
+    fn stamp(version: &str) -> Stamp {
+        Stamp {
+            version: version.into(),
+            uid: "u-1".into(),
+            generation: Some(1),
+        }
+    }
+
+    fn found(version: &str) -> Found {
+        Found {
+            stamp: stamp(version),
+            ..Found::default()
+        }
+    }
+
+    fn deployment_body() -> Value {
+        serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "x", "namespace": "ns", "labels": {"a": "1"}, "annotations": {"b": "2"}},
+            "spec": {"replicas": 1},
+        })
+    }
+
+    /// A Deployment listed after its controllers wrote its status: the apply's answer and the
+    /// listing differ in resourceVersion only.
+    fn status_written() -> Found {
+        Found {
+            stamp: stamp("9"),
+            deleting: false,
+            labels: BTreeMap::from([("a".into(), "1".into()), ("other".into(), "x".into())]),
+            annotations: BTreeMap::from([
+                ("b".into(), "2".into()),
+                ("deployment.kubernetes.io/revision".into(), "1".into()),
+            ]),
+        }
+    }
+
     #[test]
     fn a_listed_object_is_unchanged_only_at_the_recorded_version_and_body() {
         let body = [7; 32];
-        assert!(listed_unchanged(Some(("5", &body)), Some("5"), &body));
+        let (kind, sent) = (Kind::of(&id("x")), deployment_body());
+        let unchanged = |recorded: Option<(&Stamp, &Body)>, found: Option<&Found>, body: &Body| {
+            listed_since(&kind, recorded, found, body, &sent) == Since::Untouched
+        };
+        assert!(unchanged(
+            Some((&stamp("5"), &body)),
+            Some(&found("5")),
+            &body
+        ));
+        let mut elsewhere = found("6");
+        elsewhere.stamp.generation = Some(2);
         assert!(
-            !listed_unchanged(Some(("5", &body)), Some("6"), &body),
+            !unchanged(Some((&stamp("5"), &body)), Some(&elsewhere), &body),
             "written since"
         );
         assert!(
-            !listed_unchanged(Some(("5", &body)), None, &body),
+            !unchanged(Some((&stamp("5"), &body)), None, &body),
             "gone, or not listed"
         );
         assert!(
-            !listed_unchanged(None, Some("5"), &body),
+            !unchanged(None, Some(&found("5")), &body),
             "never applied here"
         );
         assert!(
-            !listed_unchanged(Some(("5", &body)), Some("5"), &[8; 32]),
+            !unchanged(Some((&stamp("5"), &body)), Some(&found("5")), &[8; 32]),
             "another render"
         );
         assert!(
-            !listed_unchanged(Some(("", &body)), Some(""), &body),
+            !unchanged(Some((&stamp(""), &body)), Some(&found("")), &body),
             "no versions"
+        );
+    }
+
+    /// What [`listed_since`] says of a Deployment recorded at version 5 and found as `found`
+    /// (also checking that it agrees with [`only_status_changed`]).
+    fn since(kind: &Kind, found: &Found, sent: &Value) -> Since {
+        let recorded = stamp("5");
+        let since = listed_since(kind, Some((&recorded, &BODY)), Some(found), &BODY, sent);
+        assert_eq!(
+            since == Since::StatusOnly,
+            only_status_changed(kind, &recorded, found, sent)
+        );
+        since
+    }
+
+    #[test]
+    fn a_workload_whose_status_alone_changed_is_read_not_applied() {
+        let (sent, kind) = (deployment_body(), Kind::of(&id("x")));
+        let status_only = |found: &Found| since(&kind, found, &sent) == Since::StatusOnly;
+        assert!(
+            status_only(&status_written()),
+            "status and others' metadata only"
+        );
+        assert_eq!(since(&kind, &found("5"), &sent), Since::Untouched);
+        let recorded = stamp("5");
+        assert_eq!(
+            listed_since(
+                &kind,
+                Some((&recorded, &BODY)),
+                Some(&status_written()),
+                &[9; 32],
+                &sent
+            ),
+            Since::Changed,
+            "another render is applied whatever changed"
+        );
+        let mut scaled = status_written();
+        scaled.stamp.generation = Some(2);
+        assert!(
+            !status_only(&scaled),
+            "its spec changed (kubectl scale, edit)"
+        );
+        let mut replaced = status_written();
+        replaced.stamp.uid = "u-2".into();
+        assert!(
+            !status_only(&replaced),
+            "deleted and created again, generation 1 again"
+        );
+        let mut deleting = status_written();
+        deleting.deleting = true;
+        assert!(!status_only(&deleting), "being deleted");
+        let mut relabelled = status_written();
+        relabelled.labels.insert("a".into(), "edited".into());
+        assert!(!status_only(&relabelled), "one of our labels changed");
+        let mut unlabelled = status_written();
+        unlabelled.labels.remove("a");
+        assert!(!status_only(&unlabelled), "one of our labels removed");
+        let mut annotated = status_written();
+        annotated.annotations.insert("b".into(), "edited".into());
+        assert!(!status_only(&annotated), "one of our annotations changed");
+    }
+
+    #[test]
+    fn only_kinds_whose_generation_follows_their_spec_and_plain_bodies_are_read() {
+        let (sent, kind) = (deployment_body(), Kind::of(&id("x")));
+        let changed =
+            |kind: &Kind, sent: &Value| since(kind, &status_written(), sent) == Since::Changed;
+        let service = Kind {
+            group: String::new(),
+            kind: "Service".into(),
+        };
+        assert!(
+            changed(&service, &sent),
+            "a kind whose generation says nothing"
+        );
+        let hpa = Kind {
+            group: "autoscaling".into(),
+            kind: "HorizontalPodAutoscaler".into(),
+        };
+        assert!(changed(&hpa, &sent), "generation behind a feature gate");
+        let mut owned = sent.clone();
+        owned["metadata"]["ownerReferences"] = serde_json::json!([{"name": "x"}]);
+        assert!(
+            changed(&kind, &owned),
+            "metadata beyond labels and annotations"
+        );
+        let mut with_status = sent.clone();
+        with_status["status"] = serde_json::json!({"replicas": 1});
+        assert!(changed(&kind, &with_status), "a field beside spec");
+        let mut odd = sent.clone();
+        odd["metadata"]["labels"]["a"] = serde_json::json!(1);
+        assert!(changed(&kind, &odd), "a label that is not a string");
+        let unversioned = Stamp {
+            generation: None,
+            ..stamp("5")
+        };
+        assert!(
+            !only_status_changed(&kind, &unversioned, &status_written(), &sent),
+            "no generation recorded"
+        );
+        let mut no_uid = stamp("5");
+        no_uid.uid.clear();
+        assert!(
+            !only_status_changed(&kind, &no_uid, &status_written(), &sent),
+            "no UID recorded"
         );
     }
 

@@ -13,6 +13,7 @@ use crate::apply::ownership::apply_owned;
 use crate::apply::{Cluster, Deletion, FIELD_MANAGER};
 use crate::plan::drift::{self, IgnoreRules};
 use crate::plan::ownership;
+use crate::plan::unchanged::Since;
 use crate::plan::{self, RenderedObject};
 use crate::shard::fence::Fence;
 
@@ -36,8 +37,8 @@ pub(super) struct DriftPass<'a> {
 /// being this Manifest's ([`apply_owned`]: its recorded UID, or — new — that it does not exist
 /// yet); the UIDs it learns go to `learned`. Fields the drift rules ignore are left out once an
 /// object exists, and fields an apply would release are handed over first ([`hand_over`]).
-/// Returns each object applied as the server returned it (not those a drift pass found
-/// unchanged: [`DriftPass::skip_unchanged`]).
+/// Returns each object applied as the server returned it, and each a drift pass found changed in
+/// its status only as read (not those it found untouched: [`DriftPass::skip_unchanged`]).
 #[allow(clippy::too_many_arguments, reason = "the pass's parts, each borrowed")]
 pub(super) async fn apply_all(
     manifest: &Manifest,
@@ -85,9 +86,23 @@ pub(super) async fn apply_all(
             id: object.id.clone(),
             body: std::mem::take(&mut prepared.body),
         };
-        if pass.skip_unchanged && exists && cluster.unchanged(&body, &uid, &listing) {
-            ctx.metrics.unchanged.inc();
-            continue;
+        if pass.skip_unchanged && exists {
+            match cluster.since_applied(&body, &uid, &listing) {
+                Since::Untouched => {
+                    ctx.metrics.unchanged.inc();
+                    continue;
+                }
+                // Its status changed (a workload's controllers): read, not applied, so that its
+                // readiness is judged on what it is now.
+                Since::StatusOnly => {
+                    if let Some(live) = cluster.read_status_only(&body, &uid).await? {
+                        ctx.metrics.unchanged.inc();
+                        applied.push((object.id.clone(), live));
+                        continue;
+                    }
+                }
+                Since::Changed => {}
+            }
         }
         fence.check()?;
         let answer = apply_owned(cluster, &body, &uid, recorded_uid.map(String::as_str)).await?;
