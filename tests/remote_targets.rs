@@ -692,7 +692,8 @@ async fn idle_drift_passes_on_a_remote_target_write_nothing_and_repair_what_chan
 /// A Deployment's controllers write its status: a new resourceVersion, the same generation.
 /// The drift passes after it apply nothing (issue 29: an idle fleet writes nothing; before,
 /// each status change cost one apply of the Deployment), while an edit of its spec (a new
-/// generation) or of one of its labels is still repaired. The remote cluster runs no
+/// generation) or of one of its labels, or a label taken over by another manager, is still
+/// repaired. The remote cluster runs no
 /// controllers: the test writes the status through the status subresource, as the deployment
 /// controller does.
 #[tokio::test]
@@ -821,6 +822,9 @@ async fn a_workload_whose_status_alone_changed_is_not_applied_again_but_drift_is
         )
         .await
         .unwrap();
+    // Its controllers take the edit in at once: Ready at the new generation, so that only the
+    // drift pass can repair it.
+    write_status(1, "up").await;
     h.wait_until("the edited image is repaired", async || {
         image(deployment().await.unwrap()).as_deref() == Some("nginx:1.27")
     })
@@ -850,6 +854,43 @@ async fn a_workload_whose_status_alone_changed_is_not_applied_again_but_drift_is
     })
     .await;
     assert!(applied() > before, "the repair applied the Deployment");
+
+    // Another manager changes the label and sets it back: the value is the module's, the
+    // generation the same, but module-manager no longer owns the label (a later render that
+    // drops it would leave it behind). The next drift pass applies and owns it again.
+    let ours_owns_label = async || {
+        deployment()
+            .await
+            .unwrap()
+            .metadata
+            .managed_fields
+            .unwrap_or_default()
+            .iter()
+            .any(|entry| {
+                entry.manager.as_deref() == Some("module-manager")
+                    && entry.operation.as_deref() == Some("Apply")
+                    && entry.fields_v1.as_ref().is_some_and(|f| {
+                        f.0.pointer("/f:metadata/f:labels/f:app.kubernetes.io~1name")
+                            .is_some()
+                    })
+            })
+    };
+    assert!(ours_owns_label().await, "the apply owns the label");
+    let before = applied();
+    let relabel = |value: &str| json!({"metadata": {"labels": {"app.kubernetes.io/name": value}}});
+    let by_another = PatchParams {
+        field_manager: Some("another-writer".into()),
+        ..PatchParams::default()
+    };
+    for value in ["edited", "scaled"] {
+        deployments
+            .patch(name, &by_another, &Patch::Merge(relabel(value)))
+            .await
+            .unwrap();
+    }
+    h.wait_until("module-manager owns the label again", ours_owns_label)
+        .await;
+    assert!(applied() > before, "the drift pass applied the Deployment");
 }
 
 /// A credential that may not `list` a kind on the target: the refused listing is not asked for

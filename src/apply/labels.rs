@@ -1,5 +1,8 @@
-//! The labels module-manager stamps on the objects it applies: the managing Manifest's UID and,
-//! on the local cluster, its shard.
+//! How module-manager marks the objects it applies: its field manager, and the labels naming
+//! the managing Manifest's UID and, on the local cluster, its shard.
+
+/// The field manager of every write module-manager makes to a module's objects.
+pub const FIELD_MANAGER: &str = "module-manager";
 
 /// The label on every applied object naming the Manifest (by UID) that manages it. Only objects
 /// carrying it are adopted on upgrade, pruned or deleted.

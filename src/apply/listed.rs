@@ -1,8 +1,9 @@
 //! Cheap drift passes on remote targets: what module-manager's applies answered there
 //! ([`Applied`]), and, for one pass, the versions a metadata-only LIST of each kind finds now
 //! ([`Listing`]). There is no watch on a target (it would be one long-lived watch per kind per
-//! kubeconfig): a drift pass lists instead, by the Manifest's UID label, and applies only the
-//! objects whose resourceVersion is not the one its last apply answered with
+//! kubeconfig): a drift pass lists instead, by the Manifest's UID label, skips the objects at
+//! the resourceVersion its last apply answered with, reads the workloads whose status alone
+//! changed, and applies the rest
 //! ([`plan::unchanged::listed_since`](crate::plan::unchanged::listed_since) decides).
 //! docs/reconcile.md, "Cheap drift passes".
 
@@ -15,10 +16,10 @@ use kube::discovery::ApiResource;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use super::labels::MANIFEST_UID_LABEL;
+use super::labels::{FIELD_MANAGER, MANIFEST_UID_LABEL};
 use crate::api::InventoryEntry;
 use crate::plan::Scope;
-use crate::plan::unchanged::{Body, Found, Kind, Name, Stamp};
+use crate::plan::unchanged::{Body, Found, Kind, Name, Stamp, generation_follows_spec};
 use crate::telemetry::events::shorten;
 use crate::telemetry::metrics::{LISTING_OUTCOMES, ListingLabels};
 
@@ -238,6 +239,10 @@ pub(super) async fn list_versions(
     let selector = format!("{MANIFEST_UID_LABEL}={owner_uid}");
     let mut params = ListParams::default().labels(&selector).limit(PAGE);
     let mut versions = HashMap::new();
+    let kind = Kind {
+        group: resource.group.clone(),
+        kind: resource.kind.clone(),
+    };
     for _ in 0..MAX_PAGES {
         let page = match api.list_metadata(&params).await {
             Ok(page) => page,
@@ -253,7 +258,7 @@ pub(super) async fn list_versions(
             Err(error) => return Listed::Failed(shorten(&error.to_string(), MESSAGE_LIMIT).into()),
         };
         for item in page.items {
-            let (name, found) = found_of(item.metadata);
+            let (name, found) = found_of(&kind, item.metadata);
             versions.insert(name, found);
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
@@ -264,9 +269,11 @@ pub(super) async fn list_versions(
     Listed::Overflow
 }
 
-/// What a listing tells of one object: its name and [`Found`].
-pub(super) fn found_of(meta: kube::api::ObjectMeta) -> (Name, Found) {
+/// What a listing of `kind` tells of one object: its name and [`Found`] (its labels and
+/// annotations only where [`generation_follows_spec`] reads them).
+pub(super) fn found_of(kind: &Kind, meta: kube::api::ObjectMeta) -> (Name, Found) {
     let stamp = stamp_of(&meta);
+    let keep = generation_follows_spec(kind);
     let name = (
         meta.namespace.unwrap_or_default(),
         meta.name.unwrap_or_default(),
@@ -274,18 +281,30 @@ pub(super) fn found_of(meta: kube::api::ObjectMeta) -> (Name, Found) {
     let found = Found {
         stamp,
         deleting: meta.deletion_timestamp.is_some(),
-        labels: meta.labels.unwrap_or_default(),
-        annotations: meta.annotations.unwrap_or_default(),
+        labels: meta.labels.filter(|_| keep).unwrap_or_default(),
+        annotations: meta.annotations.filter(|_| keep).unwrap_or_default(),
     };
     (name, found)
 }
 
-/// An object's resourceVersion, UID and generation.
+/// An object's resourceVersion, UID and generation, and the digest of the fields
+/// module-manager's applies own (its `Apply` entry of `managedFields`, of the object itself,
+/// not of a subresource).
 pub(super) fn stamp_of(meta: &kube::api::ObjectMeta) -> Stamp {
+    let ours = meta.managed_fields.iter().flatten().find(|entry| {
+        entry.manager.as_deref() == Some(FIELD_MANAGER)
+            && entry.operation.as_deref() == Some("Apply")
+            && entry.subresource.as_deref().unwrap_or_default().is_empty()
+    });
     Stamp {
         version: meta.resource_version.clone().unwrap_or_default(),
         uid: meta.uid.clone().unwrap_or_default(),
         generation: meta.generation,
+        ours: ours.map(|entry| {
+            use sha2::{Digest, Sha256};
+            let fields = entry.fields_v1.as_ref().map(|f| &f.0);
+            Sha256::digest(serde_json::to_vec(&fields).unwrap_or_default()).into()
+        }),
     }
 }
 

@@ -38,10 +38,7 @@ use listed::Listing;
 use serde_json::Value;
 pub use surface::ApiSurface;
 
-pub use labels::{MANIFEST_SHARD_LABEL, MANIFEST_UID_LABEL};
-
-/// The field manager of every write module-manager makes to a module's objects.
-pub const FIELD_MANAGER: &str = "module-manager";
+pub use labels::{FIELD_MANAGER, MANIFEST_SHARD_LABEL, MANIFEST_UID_LABEL};
 
 /// How old a discovery snapshot [`Cluster::serves`] decides from may be.
 const SERVES_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(1);
@@ -317,7 +314,7 @@ impl Cluster {
     }
 
     /// Records what its applies answer in `followed`, whose watches tell which objects are
-    /// unchanged since ([`Cluster::unchanged`]). The local cluster only: the watches run as the
+    /// unchanged since ([`Cluster::since_applied`]). The local cluster only: the watches run as the
     /// operator.
     pub fn with_followed(self, followed: Option<Arc<watched::Followed>>) -> Self {
         Self { followed, ..self }
@@ -365,30 +362,36 @@ impl Cluster {
     /// ([`Since::StatusOnly`]): the object as it is now, if it is still changed in its status
     /// only (checked again on what the read returned), its record then moved to the version
     /// read, so that the next pass finds it untouched. `None`: apply it (it changed meanwhile,
-    /// is gone, or nothing is recorded).
+    /// is gone, nothing is recorded, or the read failed).
     pub async fn read_status_only(
         &self,
         object: &RenderedObject,
         owner_uid: &str,
-    ) -> Result<Option<DynamicObject>, ApplyError> {
+    ) -> Option<DynamicObject> {
         let Some(applied) = &self.listed else {
-            return Ok(None);
+            return None;
         };
-        let Some(live) = self.get(&object.id).await? else {
-            return Ok(None);
+        // The read only saves an apply: when it fails (a 429, a timeout), the object is applied.
+        let live = match self.get(&object.id).await {
+            Ok(Some(live)) => live,
+            Ok(None) => return None,
+            Err(error) => {
+                tracing::debug!(object = %describe(&object.id), %error, "the read of a workload whose status changed failed; applying it");
+                return None;
+            }
         };
         let sent = self.labelled(object, owner_uid);
         let kind = crate::plan::unchanged::Kind::of(&object.id);
-        let found = listed::found_of(live.metadata.clone()).1;
+        let found = listed::found_of(&kind, live.metadata.clone()).1;
         let still = applied.record(&object.id).is_some_and(|(stamp, digest)| {
             digest == body_digest(&sent)
                 && crate::plan::unchanged::only_status_changed(&kind, &stamp, &found, &sent)
         });
         if !still {
-            return Ok(None);
+            return None;
         }
         applied.refresh(&object.id, found.stamp);
-        Ok(Some(live))
+        Some(live)
     }
 
     /// On a remote target, the versions of the Manifest `owner_uid`'s objects among `ids`, one

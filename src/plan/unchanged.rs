@@ -198,16 +198,21 @@ fn seen(objects: &mut HashMap<Name, Entry>, name: Name, version: Option<String>)
 }
 
 /// What an apply's answer or a metadata-only listing tells of one object of a remote target:
-/// its resourceVersion, UID and `metadata.generation` (`None` when the kind has none).
+/// its resourceVersion, UID and `metadata.generation` (`None` when the kind has none), and a
+/// digest of the fields module-manager's applies own (its `managedFields` entry's `fieldsV1`;
+/// `None` when it has none): another manager taking one of them over changes it, even when
+/// the value stays.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stamp {
     pub version: String,
     pub uid: String,
     pub generation: Option<i64>,
+    pub ours: Option<Body>,
 }
 
 /// What a metadata-only listing found of one object: its [`Stamp`], whether it is being
-/// deleted, and its labels and annotations.
+/// deleted, and its labels and annotations (kept only for the kinds
+/// [`generation_follows_spec`]: nothing else reads them).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Found {
     pub stamp: Stamp,
@@ -231,6 +236,12 @@ const GENERATION_FOLLOWS_SPEC: [(&str, &str); 7] = [
     ("batch", "CronJob"),
     ("policy", "PodDisruptionBudget"),
 ];
+
+/// Whether the API server raises `kind`'s generation on every change of its spec
+/// ([`GENERATION_FOLLOWS_SPEC`]).
+pub fn generation_follows_spec(kind: &Kind) -> bool {
+    GENERATION_FOLLOWS_SPEC.contains(&(kind.group.as_str(), kind.kind.as_str()))
+}
 
 /// What happened to an object of a remote target since module-manager's last apply of it, as
 /// a LIST made in this pass tells (there is no watch on a target).
@@ -275,17 +286,19 @@ pub fn listed_since(
 /// Whether an object last applied with the body `sent`, whose apply answered with `stamp`, and
 /// found now as `found`, changed in its status (or in fields others own) only: its kind's
 /// generation follows its spec ([`GENERATION_FOLLOWS_SPEC`]), it is the same object (UID), not
-/// being deleted, at the same generation, with every label and annotation the body sets at the
-/// body's value, and the body sets nothing but `spec`, labels and annotations. An apply would
-/// then change nothing (a Deployment whose controllers updated its status).
+/// being deleted, at the same generation, module-manager still owns exactly the fields it owned
+/// (the digest of its `managedFields` entry), every label and annotation the body sets is at
+/// the body's value, and the body sets nothing but `spec`, labels and annotations. An apply
+/// would then change nothing (a Deployment whose controllers updated its status).
 pub fn only_status_changed(kind: &Kind, stamp: &Stamp, found: &Found, sent: &Value) -> bool {
-    let follows = GENERATION_FOLLOWS_SPEC.contains(&(kind.group.as_str(), kind.kind.as_str()));
-    follows
+    generation_follows_spec(kind)
         && !found.deleting
         && !stamp.uid.is_empty()
         && found.stamp.uid == stamp.uid
         && stamp.generation.is_some_and(|g| g >= 1)
         && found.stamp.generation == stamp.generation
+        && stamp.ours.is_some()
+        && found.stamp.ours == stamp.ours
         && sets_only(sent, &["apiVersion", "kind", "metadata", "spec"])
         && sets_only(
             &sent["metadata"],
@@ -363,6 +376,7 @@ mod tests {
             version: version.into(),
             uid: "u-1".into(),
             generation: Some(1),
+            ours: Some([3; 32]),
         }
     }
 
@@ -489,6 +503,15 @@ mod tests {
         let mut annotated = status_written();
         annotated.annotations.insert("b".into(), "edited".into());
         assert!(!status_only(&annotated), "one of our annotations changed");
+        let mut taken = status_written();
+        taken.stamp.ours = Some([4; 32]);
+        assert!(
+            !status_only(&taken),
+            "another manager took one of our fields over (the value may be the same)"
+        );
+        let mut unowned = status_written();
+        unowned.stamp.ours = None;
+        assert!(!status_only(&unowned), "our managedFields entry is gone");
     }
 
     #[test]
@@ -534,6 +557,14 @@ mod tests {
         assert!(
             !only_status_changed(&kind, &no_uid, &status_written(), &sent),
             "no UID recorded"
+        );
+        let mut no_fields = stamp("5");
+        no_fields.ours = None;
+        let mut found = status_written();
+        found.stamp.ours = None;
+        assert!(
+            !only_status_changed(&kind, &no_fields, &found, &sent),
+            "no managedFields entry of ours recorded"
         );
     }
 

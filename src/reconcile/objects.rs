@@ -26,7 +26,7 @@ pub(super) struct DriftPass<'a> {
     /// bodies), so only then is an object read to see what it would release.
     pub changed: bool,
     /// A drift pass over the unchanged render of a Ready module, not asked for: objects exactly
-    /// as the last apply left them ([`Cluster::unchanged`]: by the watches on the local cluster,
+    /// as the last apply left them ([`Cluster::since_applied`]: by the watches on the local cluster,
     /// by a listing on a remote target) are not applied again (and, unchanged since that Ready
     /// pass, are still ready).
     pub skip_unchanged: bool,
@@ -95,7 +95,7 @@ pub(super) async fn apply_all(
                 // Its status changed (a workload's controllers): read, not applied, so that its
                 // readiness is judged on what it is now.
                 Since::StatusOnly => {
-                    if let Some(live) = cluster.read_status_only(&body, &uid).await? {
+                    if let Some(live) = cluster.read_status_only(&body, &uid).await {
                         ctx.metrics.unchanged.inc();
                         applied.push((object.id.clone(), live));
                         continue;

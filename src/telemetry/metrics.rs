@@ -34,7 +34,8 @@ pub struct ReconcileMetrics {
     pub duration: Histogram,
     /// Objects server-side applied.
     pub applied: Counter,
-    /// Objects a drift pass did not apply: unchanged since the last apply, as their watch tells.
+    /// Objects a drift pass did not apply: unchanged since the last apply, as their watch (or a
+    /// remote target's listing) tells, or changed in their status only (read instead).
     pub unchanged: Counter,
     /// Objects deleted by pruning or deletion.
     pub deleted: Counter,
@@ -74,7 +75,7 @@ impl ReconcileMetrics {
         );
         sub.register(
             "objects_unchanged",
-            "Objects a drift pass did not apply: unchanged since the last apply, as their watch tells",
+            "Objects a drift pass did not apply: unchanged since the last apply as their watch or listing tells, or changed in their status only (read instead)",
             metrics.unchanged.clone(),
         );
         sub.register(
