@@ -13,12 +13,13 @@ use std::time::Duration;
 use common::condition;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::plan::PlanLimits;
 use module_manager::reconcile::PassLimits;
 use serde_json::{Value, json};
+use test_support::objects;
 
 async fn start(prefix: &str, limits: PassLimits, concurrency: usize) -> Harness {
     Harness(common::operator_with(prefix, concurrency, |context| context.pass_limits(limits)).await)
@@ -68,15 +69,14 @@ impl Harness {
 
     /// Creates a ConfigMap `name` whose `values.yaml` is `yaml`, for `valuesFrom`.
     async fn put_values(&self, name: &str, yaml: String) {
-        let config_map: ConfigMap = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "data": {"values.yaml": yaml},
-        }))
-        .unwrap();
-        self.config_maps()
-            .create(&PostParams::default(), &config_map)
-            .await
-            .unwrap();
+        objects::create_json(
+            &self.config_maps(),
+            json!({
+                "metadata": {"name": name},
+                "data": {"values.yaml": yaml},
+            }),
+        )
+        .await;
     }
 
     fn config_maps(&self) -> Api<ConfigMap> {
@@ -133,11 +133,7 @@ async fn a_values_alias_bomb_is_refused_naming_its_source() {
         rss_kib()
     );
     assert!(
-        h.config_maps()
-            .get_opt("catalog-settings")
-            .await
-            .unwrap()
-            .is_none(),
+        !objects::exists(&h.config_maps(), "catalog-settings").await,
         "nothing is applied"
     );
 }
@@ -209,7 +205,7 @@ async fn a_render_over_the_object_cap_is_refused_and_nothing_is_applied() {
     );
     for name in ["catalog-settings", "catalog-legacy-settings"] {
         assert!(
-            h.config_maps().get_opt(name).await.unwrap().is_none(),
+            !objects::exists(&h.config_maps(), name).await,
             "{name} is not applied"
         );
     }
@@ -242,15 +238,8 @@ async fn a_pass_past_its_deadline_ends_and_frees_its_worker() {
         "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
     }))
     .unwrap();
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "silent"},
-        "stringData": {"kubeconfig": kubeconfig},
-    }))
-    .unwrap();
-    Api::<Secret>::namespaced(h.client.clone(), &h.ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    let secret = json!({"metadata": {"name": "silent"}, "stringData": {"kubeconfig": kubeconfig}});
+    objects::create_json(&Api::<Secret>::namespaced(h.client.clone(), &h.ns), secret).await;
     h.create(
         "stuck",
         json!({
@@ -286,17 +275,16 @@ async fn reader(client: &Client, ns: &str) -> String {
 
 /// The Manifest `web` in `ns`.
 async fn create_web(client: &Client, ns: &str) {
-    let manifest: Manifest = serde_json::from_value(json!({
-        "apiVersion": "modulemanager.io/v1alpha1",
-        "kind": "Manifest",
-        "metadata": {"name": "web", "namespace": ns},
-        "spec": {"module": "web", "chart": {"path": "examples/charts/web"}},
-    }))
-    .unwrap();
-    Api::<Manifest>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &manifest)
-        .await
-        .unwrap();
+    objects::create_json(
+        &Api::<Manifest>::namespaced(client.clone(), ns),
+        json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": "web", "namespace": ns},
+            "spec": {"module": "web", "chart": {"path": "examples/charts/web"}},
+        }),
+    )
+    .await;
 }
 
 /// `GET /v1/manifests/{ns}/{name}` on the admin server with a real API server behind it: no
@@ -371,10 +359,7 @@ async fn junk_tokens_cost_one_token_review_each_and_failures_are_rate_limited() 
     let ns = plane.namespace(&admin, "admin-reviews").await.unwrap();
     create_web(&admin, &ns).await;
     let reader = reader(&admin, &ns).await;
-    let kubeconfig = kube::config::Kubeconfig::read_from(plane.kubeconfig()).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .unwrap();
+    let config = plane.config().await.unwrap();
     let metrics = ApiRequestMetrics::default();
     let client = requests::client(config, &metrics, RequestTarget::Local).unwrap();
     let reviews = || metrics.count("create", "authentication.k8s.io/tokenreviews");

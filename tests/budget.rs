@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{Api, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use module_manager::api::{Manifest, RECONCILE_REQUESTED_AT, State};
 use module_manager::apply::MANIFEST_SHARD_LABEL;
 use module_manager::apply::MANIFEST_UID_LABEL;
@@ -22,6 +21,7 @@ use module_manager::shard::label::owned_objects;
 use module_manager::telemetry::requests::{self, ApiRequestMetrics, RequestLabels, RequestTarget};
 use module_manager::work::controller::{self, ControllerConfig};
 use serde_json::json;
+use test_support::objects;
 
 /// Manifests installed at once.
 const MANIFESTS: u64 = 10;
@@ -57,10 +57,8 @@ impl Parts {
         let admin = control_plane.client().await.unwrap();
         let ns = control_plane.namespace(&admin, "budget").await.unwrap();
         let api = ApiRequestMetrics::default();
-        let kubeconfig = Kubeconfig::read_from(control_plane.kubeconfig()).unwrap();
-        let options = KubeConfigOptions::default();
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options);
-        let client = requests::client(config.await.unwrap(), &api, RequestTarget::Local).unwrap();
+        let config = control_plane.config().await.unwrap();
+        let client = requests::client(config, &api, RequestTarget::Local).unwrap();
         let helm_home = tempfile::tempdir().unwrap();
         let mut context = test_support::context(client, helm_home.path());
         if let Some(selection) = selection {
@@ -372,18 +370,17 @@ async fn a_pass_reads_the_manifest_when_the_cache_does_not_hold_the_last_write()
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rollout_is_looked_at_by_reading_the_workload_not_by_applying_again() {
     let op = Counted::start().await;
-    let manifest: Manifest = serde_json::from_value(json!({
-        "apiVersion": "modulemanager.io/v1alpha1",
-        "kind": "Manifest",
-        "metadata": {"name": "roll", "namespace": op.ns},
-        "spec": {"module": "roll", "interval": "1h", "values": {"replicas": 1},
-                 "chart": {"path": "tests/fixtures/charts/scaled"}},
-    }))
-    .unwrap();
-    op.manifests
-        .create(&PostParams::default(), &manifest)
-        .await
-        .unwrap();
+    objects::create_json(
+        &op.manifests,
+        json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": "roll", "namespace": op.ns},
+            "spec": {"module": "roll", "interval": "1h", "values": {"replicas": 1},
+                     "chart": {"path": "tests/fixtures/charts/scaled"}},
+        }),
+    )
+    .await;
     // No Deployment controller runs: the Deployment waits until the test plays it.
     let limit = Duration::from_secs(60);
     common::wait_state(&op.manifests, "roll", State::Processing, limit).await;
@@ -585,7 +582,7 @@ fn watching(verb: &str, _resource: &str) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_drift_passes_apply_nothing_yet_repair_what_others_changed() {
     use k8s_openapi::api::core::v1::{ConfigMap, Service};
-    use kube::api::{DeleteParams, Patch, PatchParams};
+    use kube::api::{Patch, PatchParams};
     let op = Counted::start().await;
     let ready = |m: &Manifest| m.status.as_ref().and_then(|s| s.state) == Some(State::Ready);
     op.spent(async |op: &Counted| create_all_every(op, "2s").await, ready)
@@ -626,10 +623,7 @@ async fn idle_drift_passes_apply_nothing_yet_repair_what_others_changed() {
         .patch("m-0", &params, &Patch::Merge(&edit))
         .await
         .unwrap();
-    services
-        .delete("m-1", &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::delete(&services, "m-1").await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let data = configmaps
@@ -639,7 +633,7 @@ async fn idle_drift_passes_apply_nothing_yet_repair_what_others_changed() {
             .data
             .unwrap_or_default();
         let restored = data.get("n").map(String::as_str) == Some("0");
-        if restored && services.get_opt("m-1").await.unwrap().is_some() {
+        if restored && objects::exists(&services, "m-1").await {
             break;
         }
         assert!(

@@ -19,9 +19,9 @@ use axum::response::{IntoResponse, Response};
 use common::condition;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use module_manager::api::{
-    ChartSource, ChartVerification, LocalObjectReference, Manifest, State as ModuleState,
+    ChartSource, ChartVerification, LocalObjectReference, State as ModuleState,
     VerificationProvider,
 };
 use module_manager::source::{
@@ -30,6 +30,7 @@ use module_manager::source::{
 };
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use test_support::objects;
 use test_support::repo;
 
 fn sha256(bytes: &[u8]) -> String {
@@ -344,11 +345,7 @@ impl RepoServer {
 
 /// A loopback port nothing listens on.
 fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    objects::free_port()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2511,11 +2508,7 @@ async fn put_secret(h: &Harness, name: &str, data: Value) {
         "stringData": data,
     }))
     .unwrap();
-    let params = PatchParams::apply("chart-sources-test").force();
-    secrets
-        .patch(name, &params, &Patch::Apply(&secret))
-        .await
-        .unwrap();
+    objects::apply(&secrets, "chart-sources-test", &secret).await;
 }
 
 /// Captured log lines of this test process (every test's, at debug level).
@@ -2563,19 +2556,18 @@ async fn a_rotated_credentials_secret_makes_the_manifest_ready_and_no_password_s
     )
     .await;
     let create = async |name: &str, secret: &str| {
-        let manifest: Manifest = serde_json::from_value(json!({
-            "apiVersion": "modulemanager.io/v1alpha1",
-            "kind": "Manifest",
-            "metadata": {"name": name, "namespace": h.ns},
-            "spec": {"module": name, "interval": "1h", "chart": {
-                "repository": repository, "name": "catalog", "version": "1.0.0",
-                "secretRef": {"name": secret}}},
-        }))
-        .unwrap();
-        h.manifests
-            .create(&PostParams::default(), &manifest)
-            .await
-            .unwrap();
+        objects::create_json(
+            &h.manifests,
+            json!({
+                "apiVersion": "modulemanager.io/v1alpha1",
+                "kind": "Manifest",
+                "metadata": {"name": name, "namespace": h.ns},
+                "spec": {"module": name, "interval": "1h", "chart": {
+                    "repository": repository, "name": "catalog", "version": "1.0.0",
+                    "secretRef": {"name": secret}}},
+            }),
+        )
+        .await;
     };
     create("catalog", "repo-creds").await;
     create("orphan", "absent").await;
@@ -3116,25 +3108,18 @@ async fn a_module_installs_only_a_verified_chart() {
     let signed_repository = publish_signed(&server, "signed", "2.0.0", &v2_tgz, Some(&v2_prov));
 
     let h = start("verify").await;
-    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
-        "metadata": {"name": "cosign-signers"},
-        "stringData": {"cosign.pub": our_key},
-    }))
-    .unwrap();
-    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(h.client.clone(), &h.ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    let secrets = Api::<Secret>::namespaced(h.client.clone(), &h.ns);
+    let secret =
+        json!({"metadata": {"name": "cosign-signers"}, "stringData": {"cosign.pub": our_key}});
+    objects::create_json(&secrets, secret).await;
     let keyring = String::from_utf8(signer.public(true)).unwrap();
-    let config_map: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "helm-signers"},
-        "data": {"signers.asc": keyring},
-    }))
-    .unwrap();
-    Api::<ConfigMap>::namespaced(h.client.clone(), &h.ns)
-        .create(&PostParams::default(), &config_map)
-        .await
-        .unwrap();
+    let config_map =
+        json!({"metadata": {"name": "helm-signers"}, "data": {"signers.asc": keyring}});
+    objects::create_json(
+        &Api::<ConfigMap>::namespaced(h.client.clone(), &h.ns),
+        config_map,
+    )
+    .await;
     let cosign_verify = json!({"provider": "cosign", "secretRef": {"name": "cosign-signers"}});
     let oci = |tag: &str| json!({"oci": format!("oci://{}/charts/catalog:{tag}", registry.host), "verify": cosign_verify});
 

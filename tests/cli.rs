@@ -16,6 +16,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use module_manager::api::{Manifest, RECONCILE_REQUESTED_AT, RESET_REQUESTED_AT, State};
 use module_manager::render::Backend;
 use serde_json::{Value, json};
+use test_support::objects;
 use test_support::repo;
 
 /// The longest one command may take (a loaded CI machine; a diff starts a renderer).
@@ -100,25 +101,24 @@ impl Harness {
 
     /// Creates the `catalog` Manifest (chart `catalog-v1`, greeting `hi`) and waits until Ready.
     async fn ready_catalog(&self, interval: &str) -> Manifest {
-        let manifest: Manifest = serde_json::from_value(json!({
-            "apiVersion": "modulemanager.io/v1alpha1",
-            "kind": "Manifest",
-            "metadata": {"name": "catalog", "namespace": self.ns},
-            "spec": {"module": "catalog", "chart": {"path": "examples/charts/catalog-v1"},
-                "values": {"greeting": "hi"}, "interval": interval},
-        }))
-        .unwrap();
-        self.manifests
-            .create(&PostParams::default(), &manifest)
-            .await
-            .unwrap();
-        common::wait_state(
+        objects::create_json(
             &self.manifests,
-            "catalog",
-            State::Ready,
-            Duration::from_secs(90),
+            json!({
+                "apiVersion": "modulemanager.io/v1alpha1",
+                "kind": "Manifest",
+                "metadata": {"name": "catalog", "namespace": self.ns},
+                "spec": {"module": "catalog", "chart": {"path": "examples/charts/catalog-v1"},
+                    "values": {"greeting": "hi"}, "interval": interval},
+            }),
         )
-        .await
+        .await;
+        self.wait_ready("catalog").await
+    }
+
+    /// Waits (90 s) until the Manifest `name` is Ready at its generation.
+    async fn wait_ready(&self, name: &str) -> Manifest {
+        let limit = Duration::from_secs(90);
+        common::wait_state(&self.manifests, name, State::Ready, limit).await
     }
 
     fn config_maps(&self) -> Api<ConfigMap> {
@@ -258,24 +258,16 @@ async fn get_describe_and_the_requests_change_exactly_their_field() {
     let unreadable = h
         .mm(&["get", "--kubeconfig", "/nonexistent/kubeconfig"])
         .await;
-    assert_eq!(unreadable.code, 1);
-    assert!(
-        unreadable
-            .stderr
-            .starts_with("error: read the kubeconfig /nonexistent/kubeconfig: "),
-        "{}",
-        unreadable.stderr
+    assert_failed(
+        &unreadable,
+        1,
+        "error: read the kubeconfig /nonexistent/kubeconfig: ",
     );
     let dir = tempfile::tempdir().unwrap();
     let stranger = token_kubeconfig(&h, dir.path(), "stranger").await;
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_module-manager"));
     let forbidden = run_program(&binary, &["get", "-n", &h.ns], &stranger, None).await;
-    assert_eq!(forbidden.code, 1, "{}", forbidden.stderr);
-    assert!(
-        forbidden.stderr.starts_with("error: list: forbidden: "),
-        "{}",
-        forbidden.stderr
-    );
+    assert_failed(&forbidden, 1, "error: list: forbidden: ");
     assert!(
         forbidden
             .stderr
@@ -350,9 +342,7 @@ async fn grant_manifest_reads(h: &Harness, account: &str) {
 /// A kubeconfig for the control plane as a new ServiceAccount without any role.
 async fn token_kubeconfig(h: &Harness, dir: &Path, account: &str) -> PathBuf {
     let accounts = Api::<ServiceAccount>::namespaced(h.client.clone(), &h.ns);
-    let sa: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
-    accounts.create(&PostParams::default(), &sa).await.unwrap();
+    objects::create_json(&accounts, json!({"metadata": {"name": account}})).await;
     let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
         "spec": {"expirationSeconds": 3600}});
     let answer: TokenRequest = accounts
@@ -377,15 +367,14 @@ async fn reconcile_wait_ends_when_a_pass_echoes_the_request_or_at_its_timeout() 
     let client = control_plane.client().await.unwrap();
     let ns = control_plane.namespace(&client, "cli-wait").await.unwrap();
     let manifests = Api::<Manifest>::namespaced(client.clone(), &ns);
-    let manifest: Manifest = serde_json::from_value(json!({
-        "apiVersion": "modulemanager.io/v1alpha1", "kind": "Manifest",
-        "metadata": {"name": "idle"}, "spec": {"module": "idle", "chart": {"path": "x"}},
-    }))
-    .unwrap();
-    manifests
-        .create(&PostParams::default(), &manifest)
-        .await
-        .unwrap();
+    objects::create_json(
+        &manifests,
+        json!({
+            "apiVersion": "modulemanager.io/v1alpha1", "kind": "Manifest",
+            "metadata": {"name": "idle"}, "spec": {"module": "idle", "chart": {"path": "x"}},
+        }),
+    )
+    .await;
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_module-manager"));
     let kubeconfig = control_plane.kubeconfig();
     let wait = |timeout: &'static str| {
@@ -463,14 +452,16 @@ async fn waited_for_new_request(manifests: &Api<Manifest>, name: &str) -> String
     }
 }
 
+/// Asserts that a command exited with `code` and an error message starting with `start`.
+fn assert_failed(ran: &Ran, code: i32, start: &str) {
+    assert_eq!(ran.code, code, "{}\n{}", ran.stdout, ran.stderr);
+    assert!(ran.stderr.starts_with(start), "{}", ran.stderr);
+}
+
 /// The resourceVersions of the Manifest and the ConfigMaps of the namespace.
 async fn versions(h: &Harness) -> BTreeMap<String, String> {
-    let mut versions: BTreeMap<String, String> = h
-        .config_maps()
-        .list(&Default::default())
+    let mut versions: BTreeMap<String, String> = objects::list(&h.config_maps())
         .await
-        .unwrap()
-        .items
         .iter()
         .map(|cm| (cm.name_any(), cm.resource_version().unwrap()))
         .collect();
@@ -543,13 +534,10 @@ async fn the_build_renderer_is_found_without_a_flag(h: &Harness) {
         missing.stderr
     );
     let named = diff(nothing.path(), &["--renderer", "/nonexistent/renderer"]).await;
-    assert_eq!(named.code, 2, "{}", named.stderr);
-    assert!(
-        named
-            .stderr
-            .starts_with("error: start the renderer /nonexistent/renderer: "),
-        "{}",
-        named.stderr
+    assert_failed(
+        &named,
+        2,
+        "error: start the renderer /nonexistent/renderer: ",
     );
 }
 
@@ -666,13 +654,7 @@ async fn diff_lists_exactly_a_values_change_a_drift_and_a_prune_and_changes_noth
     )
     .await;
     assert_eq!(waited.code, 0, "{} {}", waited.stdout, waited.stderr);
-    common::wait_state(
-        &h.manifests,
-        "catalog",
-        State::Ready,
-        Duration::from_secs(90),
-    )
-    .await;
+    h.wait_ready("catalog").await;
     assert_eq!(h.mm_ok(&diff(&[]), 0).await, "No changes.\n");
 }
 
@@ -695,19 +677,17 @@ async fn diff_lists_the_hooks_an_upgrade_would_run_and_the_pass_runs_them() {
         json!({"version": version,
             "hooks": [{"name": "migrate", "events": "pre-upgrade", "kind": "ConfigMap"}]})
     };
-    let manifest: Manifest = serde_json::from_value(json!({
-        "apiVersion": "modulemanager.io/v1alpha1", "kind": "Manifest",
-        "metadata": {"name": "ledger", "namespace": h.ns},
-        "spec": {"module": "ledger", "chart": {"path": "tests/fixtures/charts/hooks"},
-            "values": values("1"), "interval": "1h"},
-    }))
-    .unwrap();
-    h.manifests
-        .create(&PostParams::default(), &manifest)
-        .await
-        .unwrap();
-    let limit = Duration::from_secs(90);
-    common::wait_state(&h.manifests, "ledger", State::Ready, limit).await;
+    objects::create_json(
+        &h.manifests,
+        json!({
+            "apiVersion": "modulemanager.io/v1alpha1", "kind": "Manifest",
+            "metadata": {"name": "ledger", "namespace": h.ns},
+            "spec": {"module": "ledger", "chart": {"path": "tests/fixtures/charts/hooks"},
+                "values": values("1"), "interval": "1h"},
+        }),
+    )
+    .await;
+    h.wait_ready("ledger").await;
     let flags = render_flags();
     let mut args = vec!["diff", "ledger"];
     args.extend(flags.iter().map(String::as_str));
@@ -725,16 +705,12 @@ async fn diff_lists_the_hooks_an_upgrade_would_run_and_the_pass_runs_them() {
         )
     );
     assert!(
-        h.config_maps()
-            .get_opt("ledger-migrate")
-            .await
-            .unwrap()
-            .is_none(),
+        !objects::exists(&h.config_maps(), "ledger-migrate").await,
         "the diff ran the hook"
     );
     // The pass does what the diff said, and then there is nothing left.
     h.mm_ok(&["resume", "ledger"], 0).await;
-    common::wait_state(&h.manifests, "ledger", State::Ready, limit).await;
+    h.wait_ready("ledger").await;
     let hook = h.config_maps().get("ledger-migrate").await.unwrap();
     assert_eq!(hook.data.unwrap()["version"], "2");
     assert_eq!(h.mm_ok(&args, 0).await, "No changes.\n");

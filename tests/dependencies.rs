@@ -13,9 +13,10 @@ mod common;
 use std::time::Duration;
 
 use kube::ResourceExt;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::PostParams;
 use module_manager::api::{DEPENDED_ON_LABEL, HAS_DEPENDENCIES_LABEL, Manifest, State};
 use serde_json::{Value, json};
+use test_support::objects;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -39,6 +40,13 @@ fn catalog(ns: &str, name: &str, depends_on: Value) -> Manifest {
         json!({"greeting": name}),
         depends_on,
     )
+}
+
+/// Waits until each Manifest is Ready, in order.
+async fn all_ready<const N: usize>(operator: &common::Operator, names: [&str; N]) {
+    for name in names {
+        common::wait_state(&operator.manifests, name, State::Ready, LIMIT).await;
+    }
 }
 
 async fn create(operator: &common::Operator, manifest: &Manifest) {
@@ -157,11 +165,7 @@ async fn a_dependent_in_another_namespace_never_holds_a_deletion() {
         db.labels()
     );
 
-    tenant_b
-        .manifests
-        .delete("db", &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::delete(&tenant_b.manifests, "db").await;
     let deadline = std::time::Instant::now() + LIMIT;
     while let Some(db) = tenant_b.manifests.get_opt("db").await.unwrap() {
         assert!(
@@ -193,8 +197,7 @@ async fn a_missing_dependency_is_waited_for_until_it_is_created_and_ready() {
     );
 
     create(&operator, &catalog(&ns, "later", json!([]))).await;
-    common::wait_state(&operator.manifests, "later", State::Ready, LIMIT).await;
-    common::wait_state(&operator.manifests, "app", State::Ready, LIMIT).await;
+    all_ready(&operator, ["later", "app"]).await;
 }
 
 #[tokio::test]
@@ -231,8 +234,7 @@ async fn a_cycle_is_stalled_and_breaking_it_lets_both_install() {
 
     // y no longer depends on x: y installs, and x (stalled, interval 1h) is woken by y.
     common::patch_spec(&operator.manifests, "y", json!({"dependsOn": null})).await;
-    common::wait_state(&operator.manifests, "y", State::Ready, LIMIT).await;
-    common::wait_state(&operator.manifests, "x", State::Ready, LIMIT).await;
+    all_ready(&operator, ["y", "x"]).await;
 }
 
 #[tokio::test]
@@ -248,15 +250,10 @@ async fn a_dependency_is_deleted_only_after_its_dependents() {
         &catalog(&ns, "idle", json!([{"name": "base"}, {"name": "nowhere"}])),
     )
     .await;
-    common::wait_state(&operator.manifests, "base", State::Ready, LIMIT).await;
-    common::wait_state(&operator.manifests, "app", State::Ready, LIMIT).await;
+    all_ready(&operator, ["base", "app"]).await;
     wait_reason(&operator, "idle", State::Processing, "DependencyNotReady").await;
 
-    operator
-        .manifests
-        .delete("base", &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::delete(&operator.manifests, "base").await;
     let held = wait_reason(&operator, "base", State::Deleting, "DependentsExist").await;
     let (_, message) = ready_condition(&held);
     assert_eq!(
@@ -268,20 +265,16 @@ async fn a_dependency_is_deleted_only_after_its_dependents() {
         "its objects are still there"
     );
 
-    operator
-        .manifests
-        .delete("app", &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::delete(&operator.manifests, "app").await;
     // base goes once app is gone (its deletion looks again every 10 s), idle or not.
     let deadline = std::time::Instant::now() + LIMIT;
     while operator.manifests.get_opt("base").await.unwrap().is_some() {
         assert!(std::time::Instant::now() < deadline, "base is not deleted");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(operator.manifests.get_opt("app").await.unwrap().is_none());
+    assert!(!objects::exists(&operator.manifests, "app").await);
     assert!(
-        operator.manifests.get_opt("idle").await.unwrap().is_some(),
+        objects::exists(&operator.manifests, "idle").await,
         "a dependent is not deleted with its dependency"
     );
 }

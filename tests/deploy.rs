@@ -33,7 +33,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{
-    Api, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+    Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
     ValidationDirective,
 };
 use kube::discovery::{Discovery, Scope};
@@ -42,6 +42,7 @@ use module_manager::api::{Manifest, State};
 use module_manager::runtime::preflight;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use test_support::objects;
 
 /// The namespace `deploy/` installs into.
 const NAMESPACE: &str = "module-manager";
@@ -597,9 +598,7 @@ async fn admin_token(client: &Client, namespace: &str, account: &str) -> String 
 async fn token_for(client: &Client, namespace: &str, account: &str, audiences: &[&str]) -> String {
     let accounts = Api::<ServiceAccount>::namespaced(client.clone(), namespace);
     if accounts.get_opt(account).await.unwrap().is_none() {
-        let sa: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": account}})).unwrap();
-        accounts.create(&PostParams::default(), &sa).await.unwrap();
+        objects::create_json(&accounts, json!({"metadata": {"name": account}})).await;
     }
     let request = json!({
         "apiVersion": "authentication.k8s.io/v1",
@@ -701,14 +700,6 @@ fn operator(sts: &Value, kubeconfig: &Path, helm_home: &Path, admin: u16) -> Com
         .arg(format!("--admin-address=127.0.0.1:{admin}"))
         .args(test_support::LOCAL_CHART_HOST_FLAGS);
     command
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -884,7 +875,7 @@ async fn the_operator_runs_with_exactly_the_deployed_rbac() {
     )
     .await;
     let sts = find(&deployed, "StatefulSet", "module-manager");
-    let admin_port = free_port();
+    let admin_port = objects::free_port();
     let log = dir.path().join("operator.log");
     let mut process = testenv::Proc::spawn(
         "module-manager",
@@ -947,17 +938,16 @@ async fn the_operator_runs_with_exactly_the_deployed_rbac() {
     // A module: installed, Ready, its ConfigMap there, an Event published.
     let namespace = control_plane.namespace(&client, "deploy").await.unwrap();
     let manifests = Api::<Manifest>::namespaced(client.clone(), &namespace);
-    let manifest: Manifest = serde_json::from_value(json!({
-        "apiVersion": "modulemanager.io/v1alpha1",
-        "kind": "Manifest",
-        "metadata": {"name": "tiny"},
-        "spec": {"module": "tiny", "chart": {"path": "tiny"}, "values": {"n": 7}}
-    }))
-    .unwrap();
-    manifests
-        .create(&PostParams::default(), &manifest)
-        .await
-        .unwrap();
+    objects::create_json(
+        &manifests,
+        json!({
+            "apiVersion": "modulemanager.io/v1alpha1",
+            "kind": "Manifest",
+            "metadata": {"name": "tiny"},
+            "spec": {"module": "tiny", "chart": {"path": "tiny"}, "values": {"n": 7}}
+        }),
+    )
+    .await;
     let uid = eventually("the Manifest is Ready", tail, || async {
         let m = manifests.get("tiny").await.ok()?;
         let status = m.status.clone()?;
@@ -987,10 +977,7 @@ async fn the_operator_runs_with_exactly_the_deployed_rbac() {
     .await;
 
     // Deleted: the module's objects go, then the finalizer.
-    manifests
-        .delete("tiny", &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::delete(&manifests, "tiny").await;
     eventually("the Manifest is deleted", tail, || async {
         manifests
             .get_opt("tiny")
@@ -1000,18 +987,16 @@ async fn the_operator_runs_with_exactly_the_deployed_rbac() {
             .then_some(())
     })
     .await;
-    assert!(configmaps.get_opt("tiny").await.unwrap().is_none());
+    assert!(!objects::exists(&configmaps, "tiny").await);
 
     // A scale-down to zero, then SIGTERM: the replica hands its shards over, deletes its
     // membership Lease and exits cleanly.
-    Api::<StatefulSet>::namespaced(client.clone(), NAMESPACE)
-        .patch(
-            "module-manager",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": 0}})),
-        )
-        .await
-        .unwrap();
+    objects::merge(
+        &Api::<StatefulSet>::namespaced(client.clone(), NAMESPACE),
+        "module-manager",
+        json!({"spec": {"replicas": 0}}),
+    )
+    .await;
     eventually("the replica sees the scale-down", tail, || async {
         let shards: Value = fetch(&admin, Method::GET, "/v1/shards", None).await.ok()?;
         (shards["desired_replicas"] == 0).then_some(())
@@ -1026,11 +1011,7 @@ async fn the_operator_runs_with_exactly_the_deployed_rbac() {
     assert_eq!(status, "exit status: 0", "{log_text}");
     let leases = Api::<Lease>::namespaced(client.clone(), NAMESPACE);
     assert!(
-        leases
-            .get_opt("module-manager-member-module-manager-0")
-            .await
-            .unwrap()
-            .is_none(),
+        !objects::exists(&leases, "module-manager-member-module-manager-0").await,
         "the membership Lease is left"
     );
     let held: Vec<String> = leases
@@ -1180,7 +1161,12 @@ async fn without_its_rbac_the_operator_exits_with_the_missing_permissions() {
     let log = dir.path().join("operator.log");
     let mut process = testenv::Proc::spawn(
         "module-manager",
-        operator(&sts, &kubeconfig, &dir.path().join("helm"), free_port()),
+        operator(
+            &sts,
+            &kubeconfig,
+            &dir.path().join("helm"),
+            objects::free_port(),
+        ),
         &log,
         testenv::Lifetime::TiedToThisProcess,
     )
@@ -1211,11 +1197,8 @@ async fn without_its_rbac_the_operator_exits_with_the_missing_permissions() {
     }
     assert!(text.contains("deploy/base/rbac/operator.yaml"), "{text}");
     // Nothing started: it stopped before joining the fleet.
-    let leases = Api::<Lease>::namespaced(client.clone(), &namespace)
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    assert!(leases.items.is_empty());
+    let leases = objects::list(&Api::<Lease>::namespaced(client.clone(), &namespace)).await;
+    assert!(leases.is_empty());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1505,14 +1488,7 @@ fn the_values_schema_covers_every_value_and_refuses_wrong_ones() {
 /// A client of the control plane acting as `user` in `groups` (impersonated by the admin;
 /// `system:masters` passes RBAC, so what refuses is the admission policy alone).
 async fn impersonating(user: &str, groups: &[&str]) -> Client {
-    let kubeconfig =
-        kube::config::Kubeconfig::read_from(control_plane().await.kubeconfig()).unwrap();
-    let mut config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await
-    .unwrap();
+    let mut config = control_plane().await.config().await.unwrap();
     config.auth_info.impersonate = Some(user.to_owned());
     config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
     Client::try_from(config).unwrap()
@@ -1611,7 +1587,7 @@ async fn only_the_operator_may_set_or_change_the_shard_label() {
                 }
                 Err(e) => panic!("{e}"),
                 Ok(_) => {
-                    api.delete("copy", &DeleteParams::default()).await.unwrap();
+                    objects::delete(&api, "copy").await;
                     None
                 }
             }

@@ -18,6 +18,7 @@ use kube::api::{Api, PostParams};
 use module_manager::api::{Manifest, State};
 use serde_json::json;
 use test_support::fleet::{LocalFleet, ReplicaSettings};
+use test_support::objects;
 use test_support::repo;
 
 /// The longest one example may take (its own waits are shorter; a loaded CI machine).
@@ -242,7 +243,7 @@ async fn ready_web(client: &kube::Client, ns: &str) {
     common::wait_until(
         "the default ServiceAccount",
         Duration::from_secs(60),
-        async || accounts.get_opt("default").await.unwrap().is_some(),
+        async || objects::exists(&accounts, "default").await,
     )
     .await;
 }

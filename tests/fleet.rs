@@ -15,13 +15,14 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
-use module_manager::shard::{ShardCount, assign};
+use module_manager::shard::ShardCount;
 use serde_json::{Value, json};
-use test_support::fleet::{LocalFleet, proc_usage};
+use test_support::fleet::{ShortFleet, assigned_holders, proc_usage, start_short};
 use test_support::log_check;
+use test_support::objects;
 
 const SHARDS: u32 = 64;
 const LEASE_SECONDS: u64 = 4;
@@ -45,14 +46,22 @@ fn repo() -> PathBuf {
 /// A fleet of replica processes named `<name>-<ordinal>`, its StatefulSet object, its Manifests
 /// (labelled `fleet-test=<name>`) and its logs.
 struct Fleet {
-    client: Client,
-    namespace: String,
-    name: String,
-    local: LocalFleet,
-    /// The replicas' logs (kept when `FLEET_KEEP_LOGS` is set).
-    _logs: tempfile::TempDir,
+    started: ShortFleet,
     /// Number of shards (`--shards` in the extra arguments, else `SHARDS`).
     shards: u32,
+}
+
+impl std::ops::Deref for Fleet {
+    type Target = ShortFleet;
+    fn deref(&self) -> &ShortFleet {
+        &self.started
+    }
+}
+
+impl std::ops::DerefMut for Fleet {
+    fn deref_mut(&mut self) -> &mut ShortFleet {
+        &mut self.started
+    }
 }
 
 impl Fleet {
@@ -63,28 +72,19 @@ impl Fleet {
         })
         .await
         .expect("control plane");
-        let logs = tempfile::Builder::new()
-            .prefix(&format!("fleet-{name}-"))
-            .disable_cleanup(std::env::var_os("FLEET_KEEP_LOGS").is_some())
-            .tempdir()
-            .unwrap();
         let replica_args = extra_args.iter().map(|a| a.to_string()).collect();
         // Lease 4 s, renew 1 s, deadline 3 s (LEASE_SECONDS); extra args may override `--shards`.
-        let (client, namespace, local) = test_support::fleet::start_short(
+        let binary = env!("CARGO_BIN_EXE_module-manager").into();
+        let started = start_short(
             control_plane,
-            env!("CARGO_BIN_EXE_module-manager").into(),
-            name,
+            binary,
+            ("fleet", name),
             (replicas, SHARDS),
             replica_args,
-            logs.path().to_owned(),
         )
         .await;
         Self {
-            client,
-            namespace,
-            name: name.to_owned(),
-            local,
-            _logs: logs,
+            started,
             shards: extra_args
                 .windows(2)
                 .find(|pair| pair[0] == "--shards")
@@ -131,15 +131,15 @@ impl Fleet {
     /// The reasons of the Events about replica `ordinal`'s membership Lease.
     async fn member_event_reasons(&self, ordinal: u32) -> Vec<String> {
         let lease = format!("{}-member-{}", self.name, self.member(ordinal));
-        Api::<k8s_openapi::api::events::v1::Event>::namespaced(self.client.clone(), &self.namespace)
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&lease))
-            .filter_map(|e| e.reason)
-            .collect()
+        objects::list(&Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+            self.client.clone(),
+            &self.namespace,
+        ))
+        .await
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&lease))
+        .filter_map(|e| e.reason)
+        .collect()
     }
 
     fn kill(&mut self, ordinal: u32) {
@@ -205,7 +205,7 @@ impl Fleet {
         let start = Instant::now();
         let api = self.manifests();
         loop {
-            let list = api.list(&ListParams::default()).await.unwrap().items;
+            let list = objects::list(&api).await;
             let lagging: Vec<String> = list
                 .iter()
                 .filter(|m| {
@@ -254,10 +254,8 @@ impl Fleet {
     }
 
     async fn uids(&self) -> BTreeSet<String> {
-        self.manifests()
-            .list(&ListParams::default())
+        objects::list(&self.manifests())
             .await
-            .unwrap()
             .iter()
             .filter_map(|m| m.uid())
             .collect()
@@ -542,12 +540,7 @@ impl Fleet {
     /// Waits until the shard Leases name exactly the assignment over `ordinals`.
     async fn wait_assignment_over(&self, ordinals: &[u32], what: &str) {
         let members: BTreeSet<String> = ordinals.iter().map(|o| self.member(*o)).collect();
-        let want: BTreeMap<u32, Option<String>> =
-            assign(ShardCount::new(self.shards).unwrap(), &members)
-                .into_iter()
-                .enumerate()
-                .map(|(k, owner)| (k as u32, Some(owner)))
-                .collect();
+        let want = assigned_holders(ShardCount::new(self.shards).unwrap(), &members);
         let start = Instant::now();
         loop {
             let holders: BTreeMap<u32, Option<String>> = self
@@ -659,13 +652,7 @@ async fn a_dependent_is_woken_by_a_dependency_another_replica_owns() {
     let owner = waiting.status.unwrap().owner.unwrap();
     assert_ne!(owner, base_holder, "the two are on different replicas");
 
-    api.patch(
-        "base",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"suspend": false}})),
-    )
-    .await
-    .unwrap();
+    objects::merge(&api, "base", json!({"spec": {"suspend": false}})).await;
     let took = fleet.wait_ready("base, then its dependent").await;
     eprintln!(
         "FLEET deps: dependency Ready on {base_holder}, dependent on {owner} Ready; both within {took:?}"
@@ -1087,18 +1074,20 @@ impl Fleet {
                 "no even spread over the replicas: {owned:?}"
             );
             let name = format!("{prefix}{}", names.len());
-            let manifest: Manifest = serde_json::from_value(json!({
-                "apiVersion": "modulemanager.io/v1alpha1",
-                "kind": "Manifest",
-                "metadata": {"name": name, "labels": {"fleet-test": self.name}},
-                "spec": {
-                    "module": "capabilities",
-                    "chart": {"path": "tests/fixtures/charts/capabilities"},
-                    "interval": "1h"
-                }
-            }))
-            .unwrap();
-            let created = api.create(&PostParams::default(), &manifest).await.unwrap();
+            let created = objects::create_json(
+                &api,
+                json!({
+                    "apiVersion": "modulemanager.io/v1alpha1",
+                    "kind": "Manifest",
+                    "metadata": {"name": name, "labels": {"fleet-test": self.name}},
+                    "spec": {
+                        "module": "capabilities",
+                        "chart": {"path": "tests/fixtures/charts/capabilities"},
+                        "interval": "1h"
+                    }
+                }),
+            )
+            .await;
             let shard = shards.shard_of(&created.uid().unwrap());
             if let Some((Some(holder), _)) = holders.get(&shard) {
                 *owned.entry(holder.clone()).or_default() += 1;
@@ -1249,14 +1238,12 @@ mod wrong_labels {
         }
 
         async fn set_label(&self, name: &str, value: &str) {
-            self.manifests()
-                .patch(
-                    name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"labels": {SHARD_LABEL: value}}})),
-                )
-                .await
-                .unwrap();
+            objects::merge(
+                &self.manifests(),
+                name,
+                json!({"metadata": {"labels": {SHARD_LABEL: value}}}),
+            )
+            .await;
         }
 
         /// Creates `name`, with the shard label `label` if given.
@@ -1417,11 +1404,7 @@ mod wrong_labels {
         let ready = fleet.manifests().get(name).await.unwrap();
         let other = fleet.shard_of_another_holder(fleet.shard_of(&ready)).await;
         fleet.set_label(name, &other.to_string()).await;
-        fleet
-            .manifests()
-            .delete(name, &kube::api::DeleteParams::default())
-            .await
-            .unwrap();
+        objects::delete(&fleet.manifests(), name).await;
         fleet.wait_for(name, "deleted", |m| m.is_none()).await
     }
 

@@ -19,9 +19,10 @@ use common::ready_condition;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, VersionMatch};
+use kube::api::{Api, ListParams, Patch, PatchParams, VersionMatch};
 use module_manager::api::{HookOperation, HookRun, HookRunPhase, Manifest, State};
 use serde_json::{Value, json};
+use test_support::objects;
 
 const REPLICA: &str = "test-replica";
 const CHART: &str = "tests/fixtures/charts/hooks";
@@ -49,10 +50,15 @@ impl Harness {
         self.create_from(name, CHART, values).await;
     }
 
+    /// Creates the Manifest `db` of the hooks fixture chart with `hooks` (no other value).
+    async fn create_db(&self, hooks: Value) {
+        self.create("db", json!({ "hooks": hooks })).await;
+    }
+
     /// Creates the Manifest `db` of the hooks fixture chart with `hooks` (no other value) and
     /// waits until it is Ready.
     async fn install_db(&self, hooks: Value) {
-        self.create("db", json!({ "hooks": hooks })).await;
+        self.create_db(hooks).await;
         self.wait_state("db", State::Ready, "Ready").await;
     }
 
@@ -83,10 +89,7 @@ impl Harness {
 
     /// Starts deleting the Manifest `name`: its delete hooks and its finalizer run after.
     async fn start_delete(&self, name: &str) {
-        self.manifests
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap();
+        objects::delete(&self.manifests, name).await;
     }
 
     fn jobs(&self) -> Api<Job> {
@@ -98,12 +101,8 @@ impl Harness {
     }
 
     async fn job_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .jobs()
-            .list(&ListParams::default())
+        let mut names: Vec<String> = objects::list(&self.jobs())
             .await
-            .unwrap()
-            .items
             .iter()
             .filter(|j| j.metadata.deletion_timestamp.is_none())
             .map(|j| j.name_any())
@@ -132,12 +131,7 @@ impl Harness {
     async fn unfinished_jobs(&self) -> Vec<String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let jobs = self
-                .jobs()
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items;
+            let jobs = objects::list(&self.jobs()).await;
             let running: Vec<String> = jobs
                 .iter()
                 .filter(|j| !finished(j) && j.metadata.deletion_timestamp.is_none())
@@ -229,11 +223,8 @@ impl Harness {
 
     /// No Pod was ever created: no Job controller ran to fight the test's status writes.
     async fn assert_no_pods(&self) {
-        let pods = Api::<Pod>::namespaced(self.client.clone(), &self.ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap();
-        assert!(pods.items.is_empty(), "a Job controller is running");
+        let pods = objects::list(&Api::<Pod>::namespaced(self.client.clone(), &self.ns)).await;
+        assert!(pods.is_empty(), "a Job controller is running");
     }
 }
 
@@ -479,7 +470,7 @@ async fn delete_hooks_run_around_the_deletion_and_no_hook_object_is_left() {
         {"name": "drain", "events": "pre-delete"},
         {"name": "goodbye", "events": "post-delete", "policy": "hook-succeeded"},
     ]);
-    h.create("db", json!({"hooks": hooks})).await;
+    h.create_db(hooks).await;
     assert_eq!(h.run_jobs(1, async |_| {}).await, ["db-setup"]);
     let installed = h.wait_state("db", State::Ready, "Ready").await;
     assert_eq!(hook_objects(&installed), ["Job/db-setup"]);
@@ -549,11 +540,7 @@ async fn the_ledger_example_migrates_its_data_before_the_upgrade() {
                 "version 1 until migrated"
             );
             assert!(
-                h.config_maps()
-                    .get_opt("ledger-migration")
-                    .await
-                    .unwrap()
-                    .is_some(),
+                objects::exists(&h.config_maps(), "ledger-migration").await,
                 "the script (weight -5) comes before the Job"
             );
         })
@@ -566,13 +553,7 @@ async fn the_ledger_example_migrates_its_data_before_the_upgrade() {
     let upgraded = h.wait_state("ledger", State::Ready, "Ready").await;
     assert!(hook_objects(&upgraded).is_empty(), "hook-succeeded");
     assert!(h.job_names().await.is_empty());
-    assert!(
-        h.config_maps()
-            .get_opt("ledger-migration")
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!objects::exists(&h.config_maps(), "ledger-migration").await);
     h.assert_no_pods().await;
 }
 
@@ -610,11 +591,8 @@ async fn a_manifest_whose_chart_is_gone_is_deleted_without_its_delete_hooks() {
 #[tokio::test]
 async fn a_hook_started_by_a_pass_that_did_not_record_it_is_adopted_not_run_again() {
     let h = start("hook-adopt").await;
-    h.create(
-        "db",
-        json!({"hooks": [{"name": "migrate", "events": "pre-install"}]}),
-    )
-    .await;
+    h.create_db(json!([{"name": "migrate", "events": "pre-install"}]))
+        .await;
     assert_eq!(h.unfinished_jobs().await, ["db-migrate"]);
     let running = |m: &Manifest| {
         m.status
@@ -645,14 +623,7 @@ async fn a_hook_started_by_a_pass_that_did_not_record_it_is_adopted_not_run_agai
 
     // The status write that recorded the start is lost (a crash, a lost shard): the status says
     // no run started. The next pass finds the Job stamped for the run it computes again.
-    h.manifests
-        .patch_status(
-            "db",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": {"hookRun": null}})),
-        )
-        .await
-        .unwrap();
+    objects::merge_status(&h.manifests, "db", json!({"status": {"hookRun": null}})).await;
     let adopted = h
         .wait_for("db", "the hook recorded again", |m| running(m).is_some())
         .await;
@@ -683,19 +654,17 @@ async fn a_hook_started_by_a_pass_that_did_not_record_it_is_adopted_not_run_agai
 #[tokio::test]
 async fn the_next_phase_is_saved_before_hook_succeeded_objects_are_deleted() {
     let h = start("hook-save").await;
-    let hooks = json!([{"name": "migrate", "events": "pre-install", "policy": "hook-succeeded"}]);
-    h.create("db", json!({ "hooks": hooks })).await;
+    h.create_db(json!([{"name": "migrate", "events": "pre-install", "policy": "hook-succeeded"}]))
+        .await;
     assert_eq!(h.unfinished_jobs().await, ["db-migrate"]);
     // Held once deleted, so that the test can read when it was deleted.
     let hold = "test.modulemanager.io/hold";
-    h.jobs()
-        .patch(
-            "db-migrate",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"finalizers": [hold]}})),
-        )
-        .await
-        .unwrap();
+    objects::merge(
+        &h.jobs(),
+        "db-migrate",
+        json!({"metadata": {"finalizers": [hold]}}),
+    )
+    .await;
     h.finish_job("db-migrate", true).await;
     let mut deleted = None;
     h.wait_until("the succeeded hook Job is deleted", async || {
@@ -729,14 +698,12 @@ async fn the_next_phase_is_saved_before_hook_succeeded_objects_are_deleted() {
         (HookOperation::Install, HookRunPhase::Objects),
         "saved before the delete"
     );
-    h.jobs()
-        .patch(
-            "db-migrate",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
+    objects::merge(
+        &h.jobs(),
+        "db-migrate",
+        json!({"metadata": {"finalizers": null}}),
+    )
+    .await;
     h.wait_state("db", State::Ready, "Ready").await;
     h.assert_no_pods().await;
 }
@@ -754,10 +721,7 @@ async fn deleting_the_namespace_of_a_manifest_with_delete_hooks_does_not_hang() 
     // The namespace holds the Manifest and is its target namespace: its delete hooks cannot be
     // created there any more (403), and the namespace waits for the Manifest's finalizer.
     let namespaces = Api::<Namespace>::all(h.client.clone());
-    namespaces
-        .delete(&h.ns, &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::delete(&namespaces, &h.ns).await;
     common::wait_for_gone(&h.manifests, "db").await;
     assert!(
         h.job_names().await.is_empty(),
@@ -798,12 +762,7 @@ async fn a_reset_runs_a_failed_hook_again_without_a_spec_change() {
     );
 
     // The cause is fixed outside the Manifest; passes (every 2 s) keep the run failed.
-    let schema: ConfigMap =
-        serde_json::from_value(json!({"metadata": {"name": "db-schema"}})).unwrap();
-    h.config_maps()
-        .create(&PostParams::default(), &schema)
-        .await
-        .unwrap();
+    objects::create_json(&h.config_maps(), json!({"metadata": {"name": "db-schema"}})).await;
     common::annotate(&h.manifests, "db", RESET_REQUESTED_AT, "r1").await;
     // The reset: the hook runs again (a new Job in place of the failed one), then the install.
     h.wait_until("the hook Job is started again", async || {

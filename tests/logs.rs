@@ -13,10 +13,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use serde_json::{Value, json};
+use test_support::objects;
 
 /// The fields every line of a pass carries (from the controller's `reconcile` span).
 const COMPONENT_IDS: [&str; 7] = [
@@ -161,77 +162,56 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
             json!({"token": CANARY_TOKEN, "exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "true"}}),
         ),
     ] {
-        secrets
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "metadata": {"name": name},
-                    "stringData": {"kubeconfig": kubeconfig(user)},
-                }))
-                .unwrap(),
-            )
-            .await
-            .unwrap();
+        let secret =
+            json!({"metadata": {"name": name}, "stringData": {"kubeconfig": kubeconfig(user)}});
+        objects::create_json(&secrets, secret).await;
     }
     let manifests: Api<Manifest> = Api::namespaced(client.clone(), &ns);
-    let manifest = |name: &str, spec: Value| -> Manifest {
-        serde_json::from_value(json!({
+    let on_target = |name: &str, secret: &str| {
+        json!({"module": name, "chart": {"path": "tests/fixtures/charts/tiny"},
+               "target": {"kubeconfigSecretRef": {"name": secret}}})
+    };
+    for (name, spec) in [
+        // Install, then upgrade to a version that drops objects (prune).
+        (
+            "catalog",
+            json!({"module": "catalog", "chart": {"path": "examples/charts/catalog-v1"}}),
+        ),
+        // Values from a Secret.
+        (
+            "secret-values",
+            json!({"module": "db", "chart": {"path": "tests/fixtures/charts/needs-value"},
+                   "targetNamespace": format!("{ns}-db"),
+                   "valuesFrom": [{"kind": "Secret", "name": "db"}]}),
+        ),
+        // A render error.
+        (
+            "broken",
+            json!({"module": "broken", "chart": {"path": "tests/fixtures/charts/needs-value"}}),
+        ),
+        // On a remote target, and with a refused kubeconfig.
+        ("remote", on_target("remote", "target")),
+        ("refused", on_target("refused", "refused")),
+    ] {
+        let manifest = json!({
             "apiVersion": "modulemanager.io/v1alpha1",
             "kind": "Manifest",
             "metadata": {"name": name, "labels": {"logs-test": ns}},
             "spec": spec,
-        }))
-        .unwrap()
-    };
-    let create = async |m: Manifest| {
-        manifests.create(&PostParams::default(), &m).await.unwrap();
-    };
-    // Install, then upgrade to a version that drops objects (prune).
-    create(manifest(
-        "catalog",
-        json!({"module": "catalog", "chart": {"path": "examples/charts/catalog-v1"}}),
-    ))
-    .await;
-    // Values from a Secret.
-    create(manifest(
-        "secret-values",
-        json!({"module": "db", "chart": {"path": "tests/fixtures/charts/needs-value"},
-               "targetNamespace": format!("{ns}-db"),
-               "valuesFrom": [{"kind": "Secret", "name": "db"}]}),
-    ))
-    .await;
-    // A render error.
-    create(manifest(
-        "broken",
-        json!({"module": "broken", "chart": {"path": "tests/fixtures/charts/needs-value"}}),
-    ))
-    .await;
-    // On a remote target, and with a refused kubeconfig.
-    create(manifest(
-        "remote",
-        json!({"module": "remote", "chart": {"path": "tests/fixtures/charts/tiny"},
-               "target": {"kubeconfigSecretRef": {"name": "target"}}}),
-    ))
-    .await;
-    create(manifest(
-        "refused",
-        json!({"module": "refused", "chart": {"path": "tests/fixtures/charts/tiny"},
-               "target": {"kubeconfigSecretRef": {"name": "refused"}}}),
-    ))
-    .await;
+        });
+        objects::create_json(&manifests, manifest).await;
+    }
     wait_for(&manifests, "catalog", "Ready", in_state(State::Ready)).await;
     wait_for(&manifests, "secret-values", "Ready", in_state(State::Ready)).await;
     wait_for(&manifests, "broken", "Error", in_state(State::Error)).await;
     wait_for(&manifests, "remote", "Ready", in_state(State::Ready)).await;
     wait_for(&manifests, "refused", "Error", in_state(State::Error)).await;
-    manifests
-        .patch(
-            "catalog",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"chart": {"path": "examples/charts/catalog-v2"}}})),
-        )
-        .await
-        .unwrap();
+    objects::merge(
+        &manifests,
+        "catalog",
+        json!({"spec": {"chart": {"path": "examples/charts/catalog-v2"}}}),
+    )
+    .await;
     wait_for(&manifests, "catalog", "upgraded", in_state(State::Ready)).await;
     // The operator's writes to a Manifest name their field manager (the test's own writes
     // have none and no user agent: `unknown`); its create of the target namespace names none,
@@ -265,20 +245,14 @@ async fn every_line_of_a_pass_carries_the_component_ids_and_no_secret() {
         !writers.contains(&("unknown".to_owned(), "status".to_owned())),
         "{writers:?}"
     );
-    let uids: BTreeSet<String> = manifests
-        .list(&Default::default())
+    let uids: BTreeSet<String> = objects::list(&manifests)
         .await
-        .unwrap()
-        .items
         .iter()
         .filter_map(|m| m.uid())
         .collect();
     let all = ["catalog", "secret-values", "broken", "remote", "refused"];
     for name in all {
-        manifests
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap();
+        objects::delete(&manifests, name).await;
     }
     for name in all {
         wait_for(&manifests, name, "deleted", |m| m.is_none()).await;

@@ -5,13 +5,14 @@
 use std::path::PathBuf;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use module_manager::api::{
     ChartSource, InventoryEntry, Manifest, ManifestSpec, ManifestStatus, NOT_OBSERVED, State,
 };
 use module_manager::plan::readiness::{Readiness, readiness};
 use serde_json::json;
+use test_support::objects;
 
 fn crd_file() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crds/manifest.yaml")
@@ -81,18 +82,12 @@ async fn manifest_create_get_list_delete() {
     api.create(&PostParams::default(), &manifest("other", path_chart()))
         .await
         .unwrap();
-    let mut names: Vec<String> = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .iter()
-        .map(|m| m.name_any())
-        .collect();
+    let mut names: Vec<String> = objects::names(&api).await;
     names.sort();
     assert_eq!(names, ["other", "web"]);
 
-    api.delete("web", &DeleteParams::default()).await.unwrap();
-    assert!(api.get_opt("web").await.unwrap().is_none());
+    objects::delete(&api, "web").await;
+    assert!(!objects::exists(&api, "web").await);
 }
 
 /// Creates a Manifest from raw JSON and returns the server's rejection message.
@@ -363,11 +358,7 @@ async fn a_new_manifest_reads_in_progress_until_a_pass_writes_its_status() {
     for seen in [
         created,
         api.get("web").await.unwrap(),
-        api.list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .remove(0),
+        objects::list(&api).await.remove(0),
     ] {
         let status = seen.status.clone().expect("the default status");
         assert_eq!(status.observed_generation, Some(NOT_OBSERVED));
@@ -531,5 +522,5 @@ async fn names_intervals_and_lists_outside_the_schema_are_refused() {
             other => panic!("{field}: expected the server to refuse it, got {other:?}"),
         }
     }
-    assert!(api.get_opt("bad").await.unwrap().is_none());
+    assert!(!objects::exists(&api, "bad").await);
 }

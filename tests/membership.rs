@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use module_manager::shard::membership::{self, Members, MembershipConfig};
+use test_support::objects;
 use tokio::sync::{oneshot, watch};
 
 /// A client of the shared control plane and a new namespace named after `prefix`.
@@ -166,13 +167,13 @@ async fn renewals_are_conditional_and_cannot_undo_a_leave() {
     );
 
     membership.leave().await;
-    assert!(leases.get_opt(&name).await.unwrap().is_none());
+    assert!(!objects::exists(&leases, &name).await);
     assert!(
         !renewer.renew(MemberState::Active, None).await,
         "a renewal after the leave fails"
     );
     assert!(
-        leases.get_opt(&name).await.unwrap().is_none(),
+        !objects::exists(&leases, &name).await,
         "and does not recreate the Lease"
     );
 }
@@ -262,7 +263,7 @@ async fn process(client: &kube::Client, namespace: &str, replica: &str) -> Proce
 #[tokio::test]
 async fn two_processes_under_one_name_exactly_one_keeps_working() {
     use k8s_openapi::api::coordination::v1::Lease;
-    use kube::api::{Api, ListParams};
+    use kube::api::Api;
     use module_manager::shard::membership::MEMBER_INCARNATION_ANNOTATION;
     let (client, ns) = namespace("one-name").await;
     let first = process(&client, &ns, "module-manager-0").await;
@@ -313,12 +314,9 @@ async fn two_processes_under_one_name_exactly_one_keeps_working() {
     first.membership.leave().await;
     let start = Instant::now();
     loop {
-        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap();
+        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns);
+        let events = objects::list(&events).await;
         if events
-            .items
             .iter()
             .any(|e| e.reason.as_deref() == Some("MemberSuperseded"))
         {
@@ -331,11 +329,11 @@ async fn two_processes_under_one_name_exactly_one_keeps_working() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
-        Api::<Lease>::namespaced(client.clone(), &ns)
-            .get_opt("test-member-module-manager-0")
-            .await
-            .unwrap()
-            .is_some(),
+        objects::exists(
+            &Api::<Lease>::namespaced(client.clone(), &ns),
+            "test-member-module-manager-0"
+        )
+        .await,
         "the superseded process deleted the Lease of the one that took it over"
     );
     assert!(second.ownership.in_time());

@@ -9,9 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use module_manager::telemetry::metrics::{
-    Format, Metrics, ResultLabels, StateLabels, encode, registry,
-};
+use module_manager::telemetry::metrics::{Format, Metrics, StateLabels, encode, registry};
 use serde_json::Value as Json;
 use serde_yaml_ng::Value as Yaml;
 
@@ -63,14 +61,7 @@ fn exposition() -> String {
 fn exposition_in(format: Format) -> String {
     let mut registry = registry();
     let metrics = Metrics::register(&mut registry);
-    metrics
-        .reconcile
-        .reconciles
-        .get_or_create(&ResultLabels {
-            result: "error",
-            category: "RenderError",
-        })
-        .inc();
+    metrics.reconcile.count_pass("error", "RenderError");
     metrics
         .manifests
         .by_state
@@ -240,6 +231,15 @@ fn variable_queries(file: &str, dashboard: &Json) -> Vec<Query> {
 }
 
 /// The PrometheusRule's `spec`: a Prometheus rules file.
+/// A YAML list of strings (`what` names it in the failure).
+fn strings<'a>(list: &'a Yaml, what: &str) -> Vec<&'a str> {
+    let items = list
+        .as_sequence()
+        .unwrap_or_else(|| panic!("{what}: not a list"));
+    let text = |item: &'a Yaml| item.as_str().unwrap_or_else(|| panic!("{what}: {item:?}"));
+    items.iter().map(text).collect()
+}
+
 fn rules_spec() -> Yaml {
     let path = monitoring().join("prometheusrule.yaml");
     let rule: Yaml = serde_yaml_ng::from_str(&read(&path))
@@ -360,18 +360,22 @@ fn the_metric_names_of_an_expression_are_found_outside_strings() {
 fn the_exported_series_follow_the_type_lines() {
     let text = exposition();
     let exported = exported_series(&text);
-    assert!(exported.contains("module_manager_reconcile_passes_total"));
-    assert!(exported.contains("module_manager_queue_wait_seconds_bucket"));
-    assert!(exported.contains("module_manager_queue_due"));
-    assert!(exported.contains("module_manager_queue_scheduled"));
-    assert!(exported.contains("module_manager_fence_lapses_total"));
+    for series in [
+        "module_manager_reconcile_passes_total",
+        "module_manager_queue_wait_seconds_bucket",
+        "module_manager_queue_due",
+        "module_manager_queue_scheduled",
+        "module_manager_fence_lapses_total",
+        "module_manager_manifests",
+        "module_manager_build_info",
+        "module_manager_helm_cpu_seconds_total",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+    ] {
+        assert!(exported.contains(series), "{series} is not exported");
+    }
     // Renamed when its meaning changed (issue 19): nothing may still read the old series.
     assert!(!exported.contains("module_manager_queue_depth"));
-    assert!(exported.contains("module_manager_manifests"));
-    assert!(exported.contains("module_manager_build_info"));
-    assert!(exported.contains("module_manager_helm_cpu_seconds_total"));
-    assert!(exported.contains("process_cpu_seconds_total"));
-    assert!(exported.contains("process_resident_memory_bytes"));
     assert!(!exported.contains("module_manager_reconcile_passes"));
     // Every sample the exposition carries is a series the derivation predicts.
     for line in text.lines().filter(|l| !l.starts_with('#')) {
@@ -553,12 +557,7 @@ fn the_alerts_unit_tests_pass() {
     let tests_path = monitoring().join("rules_test.yaml");
     let tests_text = read(&tests_path);
     let tests: Yaml = serde_yaml_ng::from_str(&tests_text).expect("rules_test.yaml is YAML");
-    let rule_files: Vec<&str> = tests["rule_files"]
-        .as_sequence()
-        .expect("rules_test.yaml names its rule_files")
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .collect();
+    let rule_files = strings(&tests["rule_files"], "rules_test.yaml's rule_files");
     assert_eq!(
         rule_files.len(),
         1,
@@ -691,12 +690,7 @@ fn the_kustomization_ships_every_dashboard_and_the_rules() {
         serde_yaml_ng::from_str(&read(&monitoring().join("kustomization.yaml"))).unwrap();
     assert_eq!(kustomization["kind"].as_str(), Some("Kustomization"));
     assert_eq!(kustomization["namespace"].as_str(), Some("module-manager"));
-    let resources: Vec<&str> = kustomization["resources"]
-        .as_sequence()
-        .expect("resources")
-        .iter()
-        .map(|r| r.as_str().unwrap())
-        .collect();
+    let resources = strings(&kustomization["resources"], "the kustomization's resources");
     assert!(resources.contains(&"prometheusrule.yaml"), "{resources:?}");
     let options = &kustomization["generatorOptions"];
     assert_eq!(options["disableNameSuffixHash"].as_bool(), Some(true));

@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::Api;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::work::controller::{self, ControllerConfig};
+use test_support::objects;
 use test_support::repo;
 use tokio::sync::oneshot;
 
@@ -131,14 +132,7 @@ async fn apply_example(manifests: &Api<Manifest>, name: &str) {
     let mut manifest: Manifest =
         serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     manifest.spec.interval = "2s".into();
-    manifests
-        .patch(
-            name,
-            &PatchParams::apply("node-recovery-test").force(),
-            &Patch::Apply(&manifest),
-        )
-        .await
-        .unwrap();
+    objects::apply(manifests, "node-recovery-test", &manifest).await;
 }
 
 /// Whether the Manifest's current generation was reconciled to Ready.
@@ -151,11 +145,7 @@ async fn ready(manifests: &Api<Manifest>, name: &str) -> bool {
 /// Whether every Deployment in the example's target namespace (named after it) has all its
 /// replicas available.
 async fn available(client: &Client, name: &str) -> bool {
-    let deployments = Api::<Deployment>::namespaced(client.clone(), name)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
+    let deployments = objects::list(&Api::<Deployment>::namespaced(client.clone(), name)).await;
     !deployments.is_empty()
         && deployments.iter().all(|d| {
             let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
@@ -193,11 +183,8 @@ async fn renewals(client: &Client) -> Vec<String> {
 }
 
 /// Every object of `api`, in name order.
-async fn by_name<K>(api: Api<K>) -> Vec<K>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let mut items = api.list(&ListParams::default()).await.unwrap().items;
+async fn by_name<K: objects::Object>(api: Api<K>) -> Vec<K> {
+    let mut items = objects::list(&api).await;
     items.sort_by_key(ResourceExt::name_any);
     items
 }

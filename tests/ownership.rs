@@ -9,11 +9,12 @@ mod common;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Error as KubeError, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::apply::MANIFEST_UID_LABEL;
 use serde_json::{Value, json};
+use test_support::objects;
 
 const REPLICA: &str = "test-replica";
 
@@ -64,7 +65,7 @@ async fn the_api_server_enforces_the_preconditions_of_an_apply_body() {
         409,
         "a UID never creates"
     );
-    assert!(api.get_opt("a").await.unwrap().is_none());
+    assert!(!objects::exists(&api, "a").await);
     assert_eq!(
         apply(&api, "a", absent.clone(), true).await.0,
         200,
@@ -261,10 +262,7 @@ async fn manifests_created_at_once_rendering_one_object_one_owns_it_without_flip
 
     // Deleting a loser leaves the winner's objects.
     let pair = &pairs[0];
-    op.manifests
-        .delete(&pair.loser, &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::delete(&op.manifests, &pair.loser).await;
     common::wait_for_gone(&op.manifests, &pair.loser).await;
     let settings = format!("{}-settings", pair.module);
     assert_eq!(
@@ -301,31 +299,22 @@ async fn an_object_deleted_and_created_again_by_someone_else_is_neither_written_
     let limit = Duration::from_secs(60);
     let uid = ready.uid().unwrap();
     let recorded = ready.status.clone().unwrap().inventory_uids;
-    let original = config_maps
-        .get("catalog-settings")
-        .await
-        .unwrap()
-        .uid()
-        .unwrap();
+    let original = objects::uid(&config_maps, "catalog-settings").await;
     assert_eq!(
         recorded.get(&format!("ConfigMap/{}/catalog-settings", op.ns)),
         Some(&original)
     );
 
     // Someone deletes it and creates their own under the name — even with the Manifest's label.
-    config_maps
-        .delete("catalog-settings", &DeleteParams::default())
-        .await
-        .unwrap();
-    let theirs: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "catalog-settings", "labels": {MANIFEST_UID_LABEL: uid}},
-        "data": {"owner": "someone else"},
-    }))
-    .unwrap();
-    let theirs = config_maps
-        .create(&PostParams::default(), &theirs)
-        .await
-        .unwrap();
+    objects::delete(&config_maps, "catalog-settings").await;
+    let theirs = objects::create_json(
+        &config_maps,
+        json!({
+            "metadata": {"name": "catalog-settings", "labels": {MANIFEST_UID_LABEL: uid}},
+            "data": {"owner": "someone else"},
+        }),
+    )
+    .await;
     let refused = common::wait_for(
         &op.manifests,
         "catalog",
@@ -359,10 +348,7 @@ async fn an_object_deleted_and_created_again_by_someone_else_is_neither_written_
     assert_eq!(kept.data.unwrap().get("greeting"), None);
 
     // Deleting the Manifest deletes its other object and leaves theirs.
-    op.manifests
-        .delete("catalog", &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::delete(&op.manifests, "catalog").await;
     common::wait_for_gone(&op.manifests, "catalog").await;
     let left = config_maps
         .get_opt("catalog-settings")
@@ -384,16 +370,8 @@ async fn an_object_deleted_and_created_again_by_someone_else_is_neither_written_
 async fn an_object_of_the_manifest_that_is_gone_is_created_again() {
     let (op, config_maps, _) = ready_catalog("repaired").await;
     let limit = Duration::from_secs(60);
-    let before = config_maps
-        .get("catalog-settings")
-        .await
-        .unwrap()
-        .uid()
-        .unwrap();
-    config_maps
-        .delete("catalog-settings", &DeleteParams::default())
-        .await
-        .unwrap();
+    let before = objects::uid(&config_maps, "catalog-settings").await;
+    objects::delete(&config_maps, "catalog-settings").await;
     // The next drift pass (2 s) creates it again, and records its new UID.
     let key = format!("ConfigMap/{}/catalog-settings", op.ns);
     let repaired = common::wait_for(

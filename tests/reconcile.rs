@@ -11,12 +11,13 @@ use common::Harness;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::ApiResource;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::render::{Backend, RenderLimits};
 use serde_json::{Value, json};
+use test_support::objects;
 
 const REPLICA: &str = "test-replica";
 
@@ -82,10 +83,7 @@ impl Harness {
 
     /// Deletes a ConfigMap of the test's namespace.
     async fn delete_config_map(&self, name: &str) {
-        self.config_maps()
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap();
+        objects::delete(&self.config_maps(), name).await;
     }
 
     async fn config_map_exists(&self, name: &str) -> bool {
@@ -477,18 +475,9 @@ async fn an_empty_render_does_not_prune_the_module() {
     )
     .await;
     let refused = h.wait_state("catalog", State::Warning).await;
-    let status = refused.status.clone().unwrap();
-    let ready = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
-    assert_eq!(ready.reason, "PruneRefused");
-    assert!(
-        ready.message.contains("render is empty"),
-        "{}",
-        ready.message
-    );
+    let (reason, message) = common::ready_condition(&refused).unwrap();
+    assert_eq!(reason, "PruneRefused");
+    assert!(message.contains("render is empty"), "{message}");
     assert_eq!(
         common::inventory_names(&refused).len(),
         2,
@@ -506,14 +495,13 @@ async fn an_empty_render_does_not_prune_the_module() {
 async fn objects_it_does_not_manage_are_neither_taken_over_nor_deleted() {
     let h = start("ownership", RenderLimits::default()).await;
     // Someone else's ConfigMap with the name the chart renders.
-    let theirs: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "catalog-settings"}, "data": {"owner": "someone else"}
-    }))
-    .unwrap();
-    h.config_maps()
-        .create(&PostParams::default(), &theirs)
-        .await
-        .unwrap();
+    objects::create_json(
+        &h.config_maps(),
+        json!({
+            "metadata": {"name": "catalog-settings"}, "data": {"owner": "someone else"}
+        }),
+    )
+    .await;
     h.create(&h.manifest("catalog", "examples/charts/catalog-v1", json!({})))
         .await;
     let refused = h.wait_state("catalog", State::Error).await;
@@ -690,13 +678,12 @@ async fn kstatus_conditions_end_kubectl_wait_for_success_retry_and_failure() {
     );
     assert!(condition_is(&retried, "Ready", "False"));
     assert!(condition_is(&retried, "Stalled", "False"));
-    let later: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "later"},
-        "data": {"values.yaml": "greeting: later\n"}}))
-    .unwrap();
-    h.config_maps()
-        .create(&PostParams::default(), &later)
-        .await
-        .unwrap();
+    objects::create_json(
+        &h.config_maps(),
+        json!({"metadata": {"name": "later"},
+        "data": {"values.yaml": "greeting: later\n"}}),
+    )
+    .await;
     let recovered = h.wait_condition("retried", "Ready", "True").await;
     assert!(condition_is(&recovered, "Reconciling", "False"));
 
@@ -809,24 +796,22 @@ async fn a_custom_resource_that_is_not_ready_keeps_the_manifest_from_ready() {
         let patch = json!({"status": {"observedGeneration": object.metadata.generation,
             "conditions": [{"type": kind, "status": status, "reason": reason, "message": message,
                 "lastTransitionTime": "2026-12-01T00:00:00Z"}]}});
-        gadgets
-            .patch_status(
-                "gadget-gadget",
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .unwrap();
+        objects::merge_status(&gadgets, "gadget-gadget", patch).await;
+    };
+    // Waits until the Manifest's condition `kind` has `status`, then checks its Ready condition.
+    let ready_says = async |(kind, status): (&str, &str), reason: &str, text: &str| {
+        let manifest = h.wait_condition("gadget", kind, status).await;
+        assert_condition_says(&manifest, "Ready", reason, text);
+        manifest
     };
     // Its controller says it is not ready: the Manifest is not either, and says why.
     set_condition("Ready", "False", "Degraded", "no quorum").await;
-    let not_ready = h.wait_condition("gadget", "Ready", "False").await;
-    assert_condition_says(
-        &not_ready,
-        "Ready",
+    let not_ready = ready_says(
+        ("Ready", "False"),
         "Progressing",
         "Gadget gadget-gadget: not Ready (Degraded): no quorum",
-    );
+    )
+    .await;
     assert!(condition_is(&not_ready, "Reconciling", "True"));
 
     set_condition("Ready", "True", "Healthy", "all good").await;
@@ -834,13 +819,12 @@ async fn a_custom_resource_that_is_not_ready_keeps_the_manifest_from_ready() {
 
     // Its controller gives up (kstatus: Failed): the Manifest is stalled, naming it.
     set_condition("Stalled", "True", "InvalidSize", "size too big").await;
-    let failed = h.wait_condition("gadget", "Stalled", "True").await;
-    assert_condition_says(
-        &failed,
-        "Ready",
+    ready_says(
+        ("Stalled", "True"),
         "ObjectFailed",
         "Gadget gadget-gadget: stalled (InvalidSize): size too big",
-    );
+    )
+    .await;
 }
 
 /// `status.lastHandledReconcileAt` as a Manifest has it.
@@ -1096,16 +1080,18 @@ async fn a_kind_no_longer_served_is_reported_by_name_and_the_manifest_can_be_del
     let h = start("unserved", RenderLimits::default()).await;
     let crds = Api::<CustomResourceDefinition>::all(h.client.clone());
     let name = "doodads.unserved-test.example.com";
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"group": "unserved-test.example.com", "scope": "Namespaced",
-            "names": {"kind": "Doodad", "plural": "doodads", "singular": "doodad"},
-            "versions": [{"name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object",
-                    "x-kubernetes-preserve-unknown-fields": true}}}]}
-    }))
-    .unwrap();
-    crds.create(&PostParams::default(), &crd).await.unwrap();
+    objects::create_json(
+        &crds,
+        json!({
+            "metadata": {"name": name},
+            "spec": {"group": "unserved-test.example.com", "scope": "Namespaced",
+                "names": {"kind": "Doodad", "plural": "doodads", "singular": "doodad"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }),
+    )
+    .await;
     h.wait_until("the Doodad CRD is Established", async || {
         let crd = crds.get(name).await.unwrap();
         crd.status.and_then(|s| s.conditions).is_some_and(|c| {
@@ -1121,7 +1107,7 @@ async fn a_kind_no_longer_served_is_reported_by_name_and_the_manifest_can_be_del
     assert_eq!(inventory.len(), 2, "{inventory:?}");
 
     // Someone deletes the CRD (and with it the Doodad).
-    crds.delete(name, &DeleteParams::default()).await.unwrap();
+    objects::delete(&crds, name).await;
     h.wait_until("the Doodad CRD is gone", async || {
         crds.get_opt(name).await.unwrap().is_none()
     })

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
@@ -29,6 +29,7 @@ use module_manager::telemetry::metrics::{TargetErrorLabels, TargetMetrics};
 use module_manager::telemetry::requests::{self, ApiRequestMetrics, RequestTarget};
 use module_manager::work::controller::ControllerConfig;
 use serde_json::{Value, json};
+use test_support::objects;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::OnceCell;
 
@@ -110,12 +111,7 @@ async fn start_with(prefix: &str, tuning: Tuning) -> Harness {
     let ns = local_plane.namespace(&local, prefix).await.unwrap();
     let helm_home = tempfile::tempdir().unwrap();
     let local_requests = ApiRequestMetrics::default();
-    let config = kube::Config::from_custom_kubeconfig(
-        Kubeconfig::read_from(local_plane.kubeconfig()).unwrap(),
-        &Default::default(),
-    )
-    .await
-    .unwrap();
+    let config = local_plane.config().await.unwrap();
     let counted = requests::client(config, &local_requests, RequestTarget::Local).unwrap();
     let ctx = Arc::new(
         test_support::context(counted, helm_home.path())
@@ -226,14 +222,8 @@ impl Harness {
             ),
             ..Default::default()
         };
-        Api::<Secret>::namespaced(self.local.clone(), &self.ns)
-            .patch(
-                name,
-                &PatchParams::apply("test").force(),
-                &Patch::Apply(&secret),
-            )
-            .await
-            .unwrap();
+        let secrets = Api::<Secret>::namespaced(self.local.clone(), &self.ns);
+        objects::apply(&secrets, "test", &secret).await;
     }
 
     /// Puts a kubeconfig of a new cluster-admin ServiceAccount `<namespace>-<account>` of the
@@ -246,10 +236,11 @@ impl Harness {
     }
 
     async fn delete_secret(&self, name: &str) {
-        Api::<Secret>::namespaced(self.local.clone(), &self.ns)
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap();
+        objects::delete(
+            &Api::<Secret>::namespaced(self.local.clone(), &self.ns),
+            name,
+        )
+        .await;
     }
 
     /// A Manifest of `chart` targeting the cluster in Secret `secret` (`None`: local), installed
@@ -321,14 +312,7 @@ impl Harness {
 
     /// Names of the ConfigMaps in this test's namespace on the local cluster.
     async fn local_config_maps(&self) -> Vec<String> {
-        Api::<ConfigMap>::namespaced(self.local.clone(), &self.ns)
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .map(|c| c.name_any())
-            .collect()
+        objects::names(&Api::<ConfigMap>::namespaced(self.local.clone(), &self.ns)).await
     }
 
     /// The `key` of the ConfigMap `name` on the remote cluster (which must exist).
@@ -476,10 +460,11 @@ async fn a_module_is_installed_upgraded_repaired_and_deleted_on_the_remote_clust
     assert_eq!(h.local_config_maps().await, Vec::<String>::new());
 
     // Drift on the remote cluster is repaired there.
-    Api::<ConfigMap>::namespaced(h.remote.clone(), &h.ns)
-        .delete("catalog-settings", &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::delete(
+        &Api::<ConfigMap>::namespaced(h.remote.clone(), &h.ns),
+        "catalog-settings",
+    )
+    .await;
     h.wait_until("the remote ConfigMap is re-created", async || {
         h.remote_config_map("catalog-settings").await.is_some()
     })
@@ -513,10 +498,11 @@ async fn a_rotated_secret_gets_a_new_client_and_the_old_credential_is_not_used()
 
     // Rotate: a token of another ServiceAccount; then revoke the old one.
     h.put_account_secret("new").await;
-    Api::<ServiceAccount>::namespaced(h.remote.clone(), "default")
-        .delete(&old_account, &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::delete(
+        &Api::<ServiceAccount>::namespaced(h.remote.clone(), "default"),
+        &old_account,
+    )
+    .await;
     // The old token is refused by the remote cluster from now on.
     let old_client = Client::try_from(
         kube::Config::from_custom_kubeconfig(
@@ -661,24 +647,14 @@ async fn idle_drift_passes_on_a_remote_target_write_nothing_and_repair_what_chan
     let services = Api::<Service>::namespaced(h.remote.clone(), &h.ns);
     let applies = |resource: &'static str| remote(&|verb, r| verb == "apply" && r == resource);
     let (configmaps_before, accounts_before) = (applies("configmaps"), applies("serviceaccounts"));
-    configmaps
-        .patch(
-            "idle",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"n": "edited"}})),
-        )
-        .await
-        .unwrap();
-    services
-        .delete("idle", &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::merge(&configmaps, "idle", json!({"data": {"n": "edited"}})).await;
+    objects::delete(&services, "idle").await;
     h.wait_until("the drift on the target is repaired", async || {
         let restored = h
             .remote_config_map("idle")
             .await
             .and_then(|c| data(&c, "n"));
-        restored.as_deref() == Some("1") && services.get_opt("idle").await.unwrap().is_some()
+        restored.as_deref() == Some("1") && objects::exists(&services, "idle").await
     })
     .await;
     assert!(applies("configmaps") > configmaps_before);
@@ -1718,10 +1694,7 @@ async fn deleting_while_the_target_is_unreachable_retries_until_orphaned() {
         &kubeconfig(&closed, &h.remote_ca(), json!({"token": "x"})),
     )
     .await;
-    h.manifests
-        .delete("tiny", &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::delete(&h.manifests, "tiny").await;
     let failed = h.wait_error("tiny", "TargetUnreachable", &closed).await;
     assert!(failed.metadata.deletion_timestamp.is_some());
     assert_eq!(

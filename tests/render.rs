@@ -113,15 +113,18 @@ async fn bad_charts_and_values_fail_with_helms_message() {
 async fn a_looping_chart_is_stopped_and_a_huge_output_refused() {
     let home = tempfile::tempdir().unwrap();
     let root = repo().canonicalize().unwrap();
+    let render = async |limits: RenderLimits, chart: &str| {
+        renderer(home.path(), limits)
+            .await
+            .render(&request(&root, chart, json!({})))
+            .await
+    };
 
     let short = RenderLimits {
         timeout: Duration::from_secs(3),
         ..Default::default()
     };
-    let looping = renderer(home.path(), short)
-        .await
-        .render(&request(&root, "tests/fixtures/charts/loop", json!({})))
-        .await;
+    let looping = render(short, "tests/fixtures/charts/loop").await;
     assert!(
         matches!(looping, Err(RenderError::Timeout(d)) if d == Duration::from_secs(3)),
         "{looping:?}"
@@ -131,10 +134,7 @@ async fn a_looping_chart_is_stopped_and_a_huge_output_refused() {
         max_output: 512 * 1024,
         ..Default::default()
     };
-    let huge = renderer(home.path(), small)
-        .await
-        .render(&request(&root, "tests/fixtures/charts/huge", json!({})))
-        .await;
+    let huge = render(small, "tests/fixtures/charts/huge").await;
     assert!(
         matches!(huge, Err(RenderError::OutputTooLarge(524288))),
         "{huge:?}"

@@ -15,59 +15,46 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::shard::{SHARD_LABEL, ShardCount, assign};
-use test_support::fleet::LocalFleet;
+use test_support::fleet::{ShortFleet, start_short};
 use test_support::log_check;
+use test_support::objects;
 
 const SHARDS: u32 = 64;
 const MANIFESTS: usize = 40;
 
-struct Fleet {
-    client: Client,
-    namespace: String,
-    name: String,
-    local: LocalFleet,
-    _logs: tempfile::TempDir,
-}
+struct Fleet(ShortFleet);
 
 impl Fleet {
     async fn new(name: &str, replicas: u32) -> Self {
         let control_plane =
             common::control_plane_with_gates(&[testenv::SHARDED_LIST_AND_WATCH]).await;
-        let logs = tempfile::Builder::new()
-            .prefix(&format!("server-sharding-{name}-"))
-            .disable_cleanup(std::env::var_os("FLEET_KEEP_LOGS").is_some())
-            .tempdir()
-            .unwrap();
-        let (client, namespace, local) = test_support::fleet::start_short(
-            control_plane,
-            env!("CARGO_BIN_EXE_module-manager").into(),
-            name,
-            (replicas, SHARDS),
-            vec!["--server-side-sharding".into(), "on".into()],
-            logs.path().to_owned(),
+        let args = vec!["--server-side-sharding".into(), "on".into()];
+        let binary = env!("CARGO_BIN_EXE_module-manager").into();
+        let shards = (replicas, SHARDS);
+        Self(
+            start_short(
+                control_plane,
+                binary,
+                ("server-sharding", name),
+                shards,
+                args,
+            )
+            .await,
         )
-        .await;
-        Self {
-            client,
-            namespace,
-            name: name.to_owned(),
-            local,
-            _logs: logs,
-        }
     }
 
     fn manifests(&self) -> Api<Manifest> {
-        Api::namespaced(self.client.clone(), &self.namespace)
+        Api::namespaced(self.0.client.clone(), &self.0.namespace)
     }
 
     /// Each shard's holder, from the shard Leases.
     async fn holders(&self) -> BTreeMap<u32, String> {
-        test_support::fleet::shard_holders(&self.client, &self.namespace, &self.name)
+        test_support::fleet::shard_holders(&self.0.client, &self.0.namespace, &self.0.name)
             .await
             .unwrap()
             .into_iter()
@@ -77,7 +64,7 @@ impl Fleet {
 
     /// Waits until the shard Leases name exactly the assignment over ordinals `0..n`.
     async fn wait_assignment(&self, n: u32) -> BTreeMap<u32, String> {
-        let members: BTreeSet<String> = (0..n).map(|o| self.local.member(o)).collect();
+        let members: BTreeSet<String> = (0..n).map(|o| self.0.local.member(o)).collect();
         let want: BTreeMap<u32, String> = assign(ShardCount::new(SHARDS).unwrap(), &members)
             .into_iter()
             .enumerate()
@@ -91,7 +78,7 @@ impl Fleet {
             assert!(
                 start.elapsed() < Duration::from_secs(90),
                 "never matched the assignment over {members:?}\n{}",
-                self.local.tails()
+                self.0.local.tails()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -103,7 +90,7 @@ impl Fleet {
         let shards = ShardCount::new(SHARDS).unwrap();
         let start = Instant::now();
         loop {
-            let list = self.manifests().list(&ListParams::default()).await.unwrap();
+            let list = objects::list(&self.manifests()).await;
             let lagging: Vec<String> = list
                 .iter()
                 .filter(|m| {
@@ -129,7 +116,7 @@ impl Fleet {
                 "{what}: {} Manifests not Ready by their shard's holder, e.g. {:?}\n{}",
                 lagging.len(),
                 &lagging[..lagging.len().min(5)],
-                self.local.tails()
+                self.0.local.tails()
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -137,7 +124,7 @@ impl Fleet {
 
     /// `module_manager_manifest_watch_events_total{watch=…}` of replica `ordinal`.
     async fn watch_events(&self, ordinal: u32, watch: &str) -> f64 {
-        let (_, text) = self.local.get(ordinal, "/metrics").await.unwrap();
+        let (_, text) = self.0.local.get(ordinal, "/metrics").await.unwrap();
         let series = format!("module_manager_manifest_watch_events_total{{watch=\"{watch}\"}}");
         text.lines()
             .find_map(|line| line.strip_prefix(&series)?.trim().parse().ok())
@@ -145,7 +132,7 @@ impl Fleet {
     }
 
     async fn assert_no_shard_label(&self) {
-        for manifest in self.manifests().list(&ListParams::default()).await.unwrap() {
+        for manifest in objects::list(&self.manifests()).await {
             assert!(
                 !manifest.labels().contains_key(SHARD_LABEL),
                 "{}: the shard label was written: {:?}",
@@ -156,15 +143,12 @@ impl Fleet {
     }
 
     async fn assert_clean(&self, what: &str) {
-        let uids = self
-            .manifests()
-            .list(&ListParams::default())
+        let uids = objects::list(&self.manifests())
             .await
-            .unwrap()
             .iter()
             .filter_map(|m| m.uid())
             .collect();
-        let report = log_check::check(&self.local.logs().unwrap(), &uids);
+        let report = log_check::check(&self.0.local.logs().unwrap(), &uids);
         eprintln!("SHARDING {what}: {report}");
         assert!(report.passes > 0, "{what}: no passes logged");
         assert!(report.is_clean(), "{what}: {report}");
@@ -196,7 +180,7 @@ fn count_all_events(client: Client, namespace: &str, name: &str) -> Arc<AtomicU6
 async fn with_the_servers_filter_each_replica_watches_only_its_shards_and_reconciles_them() {
     let name = "ranges";
     let mut fleet = Fleet::new(name, 2).await;
-    let all_events = count_all_events(fleet.client.clone(), &fleet.namespace, name);
+    let all_events = count_all_events(fleet.0.client.clone(), &fleet.0.namespace, name);
     let holders = fleet.wait_assignment(2).await;
     let api = fleet.manifests();
     test_support::fleet::create_tiny_manifests(&api, name, 0..MANIFESTS)
@@ -228,10 +212,10 @@ async fn with_the_servers_filter_each_replica_watches_only_its_shards_and_reconc
 
     // Scale out: shards move to the new replica; every Manifest, changed, is reconciled by its
     // shard's new holder — the old replicas' watches were restarted with their new ranges.
-    test_support::fleet::set_desired(&fleet.client, &fleet.namespace, name, 3)
+    test_support::fleet::set_desired(&fleet.0.client, &fleet.0.namespace, name, 3)
         .await
         .unwrap();
-    fleet.local.start(2).unwrap();
+    fleet.0.local.start(2).unwrap();
     let moved_to = fleet.wait_assignment(3).await;
     let moved = moved_to
         .iter()
@@ -245,6 +229,6 @@ async fn with_the_servers_filter_each_replica_watches_only_its_shards_and_reconc
         "SHARDING scale 2 → 3: {moved} of {SHARDS} shards moved; every Manifest Ready by its holder"
     );
     fleet.assert_clean("ranges").await;
-    let stopping: Vec<_> = fleet.local.take_all();
+    let stopping: Vec<_> = fleet.0.local.take_all();
     test_support::fleet::stop_all(stopping, Duration::from_secs(10)).await;
 }

@@ -7,9 +7,10 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use module_manager::shard::leases::{Round, set_holder, sync_shards};
 use module_manager::shard::{ShardCount, assign};
+use test_support::objects;
 
 const FLEET: &str = "test";
 const A: &str = "module-manager-0";
@@ -65,22 +66,16 @@ fn desired_of(member: &str, live: &BTreeSet<String>) -> BTreeSet<u32> {
 }
 
 async fn versions(leases: &Api<Lease>) -> Vec<Option<String>> {
-    leases
-        .list(&ListParams::default())
+    objects::list(leases)
         .await
-        .unwrap()
-        .items
         .iter()
         .map(|l| l.resource_version())
         .collect()
 }
 
 async fn holders(leases: &Api<Lease>) -> Vec<(String, String)> {
-    let mut list: Vec<(String, String)> = leases
-        .list(&ListParams::default())
+    let mut list: Vec<(String, String)> = objects::list(leases)
         .await
-        .unwrap()
-        .items
         .into_iter()
         .map(|l| {
             (

@@ -19,14 +19,14 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config, ResourceExt};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
 use module_manager::apply::identity::Tenancy;
 use module_manager::plan::tenancy::{Protected, ServiceAccountPolicy};
 use module_manager::work::controller::ControllerConfig;
 use serde_json::{Value, json};
+use test_support::objects;
 
 const CHART: &str = "tests/fixtures/charts/tenant";
 const ACCOUNT: &str = "deployer";
@@ -120,10 +120,7 @@ async fn start(prefix: &str, policy: ServiceAccountPolicy) -> Tenants {
         json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": everything}]),
     )
     .await;
-    let kubeconfig = Kubeconfig::read_from(control_plane.kubeconfig()).unwrap();
-    let base = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
+    let base = control_plane.config().await.unwrap();
     let protected = Protected {
         namespaces: vec![op.clone()],
         lease_labels: vec!["modulemanager.io/fleet".into()],
@@ -289,7 +286,7 @@ async fn a_tenant_writes_only_where_its_account_may() {
     )
     .await;
     let roles = Api::<ClusterRole>::all(t.client.clone());
-    assert!(roles.get_opt(&role).await.unwrap().is_none());
+    assert!(!objects::exists(&roles, &role).await);
     assert!(t.config_map(&a, "with-role").await.is_none());
 
     // The operator's namespace: refused whatever the RBAC (the account may write ConfigMaps
@@ -321,7 +318,7 @@ async fn a_tenant_writes_only_where_its_account_may() {
 
     // Deleting A's Manifest deletes nothing in B, even with B's object forged into its
     // inventory and labelled as its own: the delete is made as the account, and refused.
-    let own_uid = t.manifests.get("own").await.unwrap().uid().unwrap();
+    let own_uid = objects::uid(&t.manifests, "own").await;
     let label = json!({"metadata": {"labels": {"modulemanager.io/manifest-uid": own_uid}}});
     Api::<ConfigMap>::namespaced(t.client.clone(), &b)
         .patch("theirs", &PatchParams::default(), &Patch::Merge(&label))
@@ -332,18 +329,13 @@ async fn a_tenant_writes_only_where_its_account_may() {
     inventory.as_array_mut().unwrap().push(json!({
         "group": "", "version": "v1", "kind": "ConfigMap", "namespace": b, "name": "theirs",
     }));
-    t.manifests
-        .patch_status(
-            "own",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": {"inventory": inventory}})),
-        )
-        .await
-        .unwrap();
-    t.manifests
-        .delete("own", &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::merge_status(
+        &t.manifests,
+        "own",
+        json!({"status": {"inventory": inventory}}),
+    )
+    .await;
+    objects::delete(&t.manifests, "own").await;
     let failed = t
         .wait_for("own", "the deletion refused", |m| {
             let status = m.status.clone().unwrap_or_default();
@@ -361,14 +353,12 @@ async fn a_tenant_writes_only_where_its_account_may() {
         "B's object is still there"
     );
     // Release the Manifest (the test's cleanup).
-    t.manifests
-        .patch(
-            "own",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
+    objects::merge(
+        &t.manifests,
+        "own",
+        json!({"metadata": {"finalizers": null}}),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -384,7 +374,7 @@ async fn hooks_run_as_the_tenant() {
     let message = t.error("hook-in-b").await;
     assert_forbidden(&message, &format!("Job/{b}/migrate"), &t.user(), "jobs");
     let jobs = Api::<Job>::namespaced(t.client.clone(), &b);
-    assert!(jobs.get_opt("migrate").await.unwrap().is_none());
+    assert!(!objects::exists(&jobs, "migrate").await);
     assert!(t.config_map(&a, "app").await.is_none());
     // The same hook in A starts (as the account, which may create Jobs there).
     t.create(
@@ -430,10 +420,7 @@ async fn a_delete_hook_in_the_operators_namespace_is_never_run() {
         message.contains(&format!("Job/{}/cleanup", t.op)),
         "{message}"
     );
-    t.manifests
-        .delete("leaver", &DeleteParams::default())
-        .await
-        .unwrap();
+    objects::delete(&t.manifests, "leaver").await;
     let start = std::time::Instant::now();
     while t.manifests.get_opt("leaver").await.unwrap().is_some() {
         assert!(
@@ -452,7 +439,7 @@ async fn a_delete_hook_in_the_operators_namespace_is_never_run() {
     }
     let jobs = Api::<Job>::namespaced(t.client.clone(), &t.op);
     assert!(
-        jobs.get_opt("cleanup").await.unwrap().is_none(),
+        !objects::exists(&jobs, "cleanup").await,
         "a delete hook ran in the operator's namespace"
     );
     assert!(
@@ -573,10 +560,7 @@ async fn measure_the_request_cost_of_the_pre_check() {
             None => assert_eq!(dry, 0.0, "no pre-check as the operator"),
             Some(_) => assert!(dry > 0.0, "the pre-check runs as an account"),
         }
-        t.manifests
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap();
+        objects::delete(&t.manifests, name).await;
         let deadline = std::time::Instant::now() + Duration::from_secs(90);
         while t.manifests.get_opt(name).await.unwrap().is_some() {
             assert!(std::time::Instant::now() < deadline, "{name} not deleted");

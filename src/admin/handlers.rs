@@ -242,7 +242,6 @@ mod tests {
     use crate::admin::{ErrorAnswer, router};
     use crate::shard::fleet::FleetView;
     use crate::shard::membership::MemberView;
-    use crate::telemetry::metrics::ResultLabels;
     use axum::Router;
     use axum::body::Body;
     use axum::http::{HeaderMap, Method, Request};
@@ -574,14 +573,7 @@ mod tests {
     async fn metrics_are_exposed_with_the_prefix_in_both_formats() {
         let mut registry = crate::telemetry::metrics::registry();
         let metrics = crate::telemetry::metrics::Metrics::register(&mut registry);
-        metrics
-            .reconcile
-            .reconciles
-            .get_or_create(&ResultLabels {
-                result: "error",
-                category: "RenderError",
-            })
-            .inc();
+        metrics.reconcile.count_pass("error", "RenderError");
         metrics.render.cache_hits.inc();
         let queue = crate::work::queue::WorkQueue::new(metrics.queue.clone());
         queue.add("due", std::time::Duration::ZERO);

@@ -42,7 +42,6 @@ use crate::api::{Manifest, State};
 use crate::plan::status::{Operation, Outcome, Reason};
 use crate::plan::trigger::{self, Requests};
 use crate::shard::fence::Fence;
-use crate::telemetry::metrics::ResultLabels;
 
 pub use context::{Context, DependencyRules, PASS_DEADLINE, PassLimits};
 pub use error::ReconcileError;
@@ -118,11 +117,7 @@ pub async fn reconcile(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) ->
     ctx.metrics
         .duration
         .observe(started.elapsed().as_secs_f64());
-    let labels = ResultLabels {
-        result: result.as_str(),
-        category: result.category(),
-    };
-    ctx.metrics.reconciles.get_or_create(&labels).inc();
+    ctx.metrics.count_pass(result.as_str(), result.category());
     next
 }
 

@@ -85,6 +85,12 @@ impl ReconcileMetrics {
         );
         metrics
     }
+
+    /// Counts one pass with its result and error category (empty when none).
+    pub fn count_pass(&self, result: &'static str, category: &'static str) {
+        let labels = ResultLabels { result, category };
+        self.reconciles.get_or_create(&labels).inc();
+    }
 }
 
 /// Metrics of the helm renderer and its cache.
@@ -810,14 +816,7 @@ mod tests {
         let mut registry = registry();
         let metrics = Metrics::register(&mut registry);
         metrics.reconcile.applied.inc();
-        metrics
-            .reconcile
-            .reconciles
-            .get_or_create(&ResultLabels {
-                result: "error",
-                category: "RenderError",
-            })
-            .inc();
+        metrics.reconcile.count_pass("error", "RenderError");
         let open = encode(&registry, Format::OpenMetrics).unwrap();
         let text = encode(&registry, Format::PrometheusText).unwrap();
         assert!(open.contains("# TYPE module_manager_reconcile_objects_applied counter\n"));

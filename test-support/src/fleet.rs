@@ -3,7 +3,7 @@
 //! caller starts and stops them to match), with their logs (one file per process start), admin
 //! ports, signals and resource usage. The fleet tests and the load test build on it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -14,6 +14,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use module_manager::api::Manifest;
+use module_manager::shard::{ShardCount, assign};
 use serde_json::json;
 
 /// The flags every replica of a local fleet gets (besides its name and admin address).
@@ -94,19 +95,48 @@ pub struct LocalFleet {
     starts: u32,
 }
 
+/// Each shard's holder once the shard Leases match the assignment over `members` (what
+/// [`shard_holders`] reads then, without the epochs).
+pub fn assigned_holders(
+    shards: ShardCount,
+    members: &BTreeSet<String>,
+) -> BTreeMap<u32, Option<String>> {
+    (0..)
+        .zip(assign(shards, members))
+        .map(|(shard, owner)| (shard, Some(owner)))
+        .collect()
+}
+
+/// A fleet a test started with [`start_short`]: a client of the control plane, the fleet's
+/// namespace and name, its processes and their logs.
+pub struct ShortFleet {
+    pub client: Client,
+    pub namespace: String,
+    pub name: String,
+    pub local: LocalFleet,
+    /// The replicas' logs (kept when `FLEET_KEEP_LOGS` is set).
+    pub logs: tempfile::TempDir,
+}
+
 /// A fleet with the fleet tests' settings ([`ReplicaSettings::short`]) in a fresh namespace
 /// `name` of `control_plane`, its StatefulSet object created and `replicas` replicas started,
-/// their logs in `log_dir`; with a client of the control plane and the namespace.
+/// their logs in a temporary directory `<log_prefix>-<name>-*` (kept when `FLEET_KEEP_LOGS`
+/// is set).
 pub async fn start_short(
     control_plane: &testenv::ControlPlane,
     binary: PathBuf,
-    name: &str,
+    (log_prefix, name): (&str, &str),
     (replicas, shards): (u32, u32),
     extra_args: Vec<String>,
-    log_dir: PathBuf,
-) -> (Client, String, LocalFleet) {
+) -> ShortFleet {
+    let logs = tempfile::Builder::new()
+        .prefix(&format!("{log_prefix}-{name}-"))
+        .disable_cleanup(std::env::var_os("FLEET_KEEP_LOGS").is_some())
+        .tempdir()
+        .expect("a log directory");
     let client = control_plane.client().await.unwrap();
     let namespace = control_plane.namespace(&client, name).await.unwrap();
+    let log_dir = logs.path().to_owned();
     let settings = ReplicaSettings::short(binary, name, shards, extra_args, log_dir);
     let kubeconfig = control_plane.kubeconfig();
     let mut local = LocalFleet::create(&client, kubeconfig, &namespace, name, replicas, settings)
@@ -115,7 +145,14 @@ pub async fn start_short(
     for ordinal in 0..replicas {
         local.start(ordinal).unwrap();
     }
-    (client, namespace, local)
+    let name = name.to_owned();
+    ShortFleet {
+        client,
+        namespace,
+        name,
+        local,
+        logs,
+    }
 }
 
 impl LocalFleet {

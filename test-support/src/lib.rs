@@ -3,12 +3,14 @@
 //! - [`log_check`]: the checker over the replicas' JSON logs (no Manifest reconciled by two
 //!   replicas at once, none left out),
 //! - [`fleet`]: a local fleet of processes of the real `module-manager` binary,
+//! - [`objects`]: the kube calls the tests repeat (list, create from JSON, patch, apply, delete),
 //! - [`context()`]: a reconcile [`Context`](module_manager::reconcile::Context) for in-process
 //!   tests, with test defaults.
 
 pub mod context;
 pub mod fleet;
 pub mod log_check;
+pub mod objects;
 
 pub use context::{ContextBuilder, context, render_backend};
 

@@ -373,6 +373,11 @@ impl ControlPlane {
         client_for(&self.endpoints.kubeconfig).await
     }
 
+    /// The admin client's configuration, for a client of the caller's own.
+    pub async fn config(&self) -> Result<kube::Config, Error> {
+        config_for(&self.endpoints.kubeconfig).await
+    }
+
     /// Creates a namespace with a unique name starting with `prefix`, for one test.
     pub async fn namespace(&self, client: &Client, prefix: &str) -> Result<String, Error> {
         let ns = Namespace {
@@ -503,11 +508,15 @@ fn remove_stale_dirs(base: &Path) {
 
 /// Builds a client from a kubeconfig file.
 pub async fn client_for(kubeconfig: &Path) -> Result<Client, Error> {
+    Ok(Client::try_from(config_for(kubeconfig).await?)?)
+}
+
+/// The client configuration a kubeconfig file gives (its current context).
+pub async fn config_for(kubeconfig: &Path) -> Result<Config, Error> {
     let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+    Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
-        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
-    Ok(Client::try_from(config)?)
+        .map_err(|e| Error::Kubeconfig(e.to_string()))
 }
 
 struct PkiFiles {
