@@ -244,8 +244,8 @@ impl HelmWait {
 }
 
 /// `helm upgrade --install <release> <chart> --namespace <namespace> --kubeconfig <kubeconfig>`
-/// for every release, `parallelism` processes at once, without waiting for readiness
-/// ([`HelmWait::HooksOnly`], helm's default). The chart's default values; helm runs with a
+/// for every release, `parallelism` processes at once, waiting for what `wait` says
+/// ([`HelmWait::HooksOnly`], helm's default: not for readiness). The chart's default values; helm runs with a
 /// private home. Each process is bounded (120 s); a failure is an error with the end of its
 /// stderr.
 ///
@@ -253,34 +253,13 @@ impl HelmWait {
 /// workload is rolled out — for a Deployment, once the deployment controller has observed its
 /// generation and the desired replicas are updated and available (0 of 0 here). Plain helm does
 /// not wait for any of that, so it measures less work (apply and store the release record);
-/// [`helm_install_waiting`] with [`HelmWait::Watcher`] is the like-for-like "until Ready" path
+/// [`HelmWait::Watcher`] is the like-for-like "until Ready" path
 /// (module-manager's readiness follows the same kstatus rules, `src/plan/readiness.rs`). With 0
 /// replicas under kube-controller-manager the wait is cheap in work but not in latency: on the
 /// test control plane it added about 1 s per release one at a time (20 releases: 7.7 s without,
 /// 27 s with), nothing measurable 4 at a time (5.5 s and 4.6 s). Helm 4 applies server-side too
 /// (field manager `helm`), so the apply itself is the same kind of request as ours.
 pub async fn helm_install(
-    helm: &Path,
-    kubeconfig: &Path,
-    chart: &Path,
-    namespace: &str,
-    releases: &[String],
-    parallelism: usize,
-) -> anyhow::Result<Burst> {
-    helm_install_waiting(
-        helm,
-        kubeconfig,
-        chart,
-        namespace,
-        releases,
-        parallelism,
-        HelmWait::HooksOnly,
-    )
-    .await
-}
-
-/// [`helm_install`] with a choice of what helm waits for.
-pub async fn helm_install_waiting(
     helm: &Path,
     kubeconfig: &Path,
     chart: &Path,

@@ -212,8 +212,8 @@ fn describe(b: &MttpBurst) -> String {
         "mttp: {} Manifests on {} replicas all Ready in {:.1} s ({:.1}/s); {:.3} CPU-s, {:.1} API requests ({}) per Manifest",
         b.manifests,
         b.replicas,
-        b.all_ready_seconds,
-        b.per_second,
+        b.ready.all_ready_seconds,
+        b.ready.per_second,
         b.cpu_seconds_per_manifest,
         b.api_requests_per_manifest,
         b.operator_requests_per_manifest
@@ -424,17 +424,12 @@ async fn burst(
         .filter(|b| b.replicas == replicas)
         .map(|b| b.manifests)
         .sum();
-    let (first, half) = crate::phase::first_and_half(&timed.ready_since_start);
     let burst = MttpBurst {
         replicas,
         cpu_per_replica: options.cpu_per_replica,
         manifests: count as u64,
         manifests_held: held_before + count as u64,
-        all_ready_seconds: timed.burst.seconds,
-        per_second: timed.burst.per_second,
-        create_to_ready_seconds: measure::quantiles(&timed.latencies),
-        first_ready_seconds: first,
-        half_ready_seconds: half,
+        ready: timed.ready_timing(),
         fleet_cpu_seconds: measured.fleet_cpu,
         cpu_seconds_per_manifest: measured.fleet_cpu / n,
         control_plane_cpu_seconds_per_manifest: (!setting.control_plane.is_empty())
@@ -681,7 +676,7 @@ pub fn ratios(mttp: &Mttp, replicas: u32) -> Vec<MttpRatio> {
         mttp.bursts
             .iter()
             .find(|b| b.replicas == size && b.manifests == count)
-            .map(|b| b.per_second)
+            .map(|b| b.ready.per_second)
     };
     let mut counts: Vec<u64> = Vec::new();
     for b in &mttp.bursts {
@@ -719,7 +714,7 @@ pub fn ratios(mttp: &Mttp, replicas: u32) -> Vec<MttpRatio> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::Burst;
+    use crate::results::{Burst, ReadyTiming};
 
     #[test]
     fn one_replica_is_measured_first_for_the_baseline_unless_listed() {
@@ -742,7 +737,10 @@ mod tests {
         let burst = |replicas, manifests, per_second| MttpBurst {
             replicas,
             manifests,
-            per_second,
+            ready: ReadyTiming {
+                per_second,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let path = |per_second| {

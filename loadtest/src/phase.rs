@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
-use module_manager::shard::{ShardCount, assign};
+use module_manager::shard::ShardCount;
 use serde_json::{Value, json};
 use test_support::fleet::ReplicaSettings;
 use test_support::log_check;
@@ -24,7 +24,8 @@ use crate::observe::{Holders, Observed, Sampler, read_leases};
 use crate::options::Options;
 use crate::progress::Progress;
 use crate::results::{
-    ApiServerFigures, Burst, Latencies, MoveStep, ReplicaFigures, RunResult, Throughput, Violation,
+    ApiServerFigures, Burst, Latencies, MoveStep, ReadyTiming, ReplicaFigures, RunResult,
+    Throughput, Violation,
 };
 use crate::{baseline, checks};
 
@@ -570,11 +571,7 @@ pub async fn wait_assignment(
 ) -> anyhow::Result<Duration> {
     let members: BTreeSet<String> = (0..replicas).map(|o| probe.member(o)).collect();
     let count = ShardCount::new(shards).context("shards must be a power of two")?;
-    let want: Holders = assign(count, &members)
-        .into_iter()
-        .enumerate()
-        .map(|(k, owner)| (k as u32, Some(owner)))
-        .collect();
+    let want: Holders = test_support::fleet::assigned_holders(count, &members);
     let start = Instant::now();
     loop {
         let (_, holders) = read_leases(probe).await?;
@@ -793,6 +790,20 @@ pub async fn load_burst_beside(
     Ok((timed, outstanding))
 }
 
+impl TimedBurst {
+    /// How fast the burst became Ready.
+    pub fn ready_timing(&self) -> ReadyTiming {
+        let (first, half) = first_and_half(&self.ready_since_start);
+        ReadyTiming {
+            all_ready_seconds: self.burst.seconds,
+            per_second: self.burst.per_second,
+            create_to_ready_seconds: measure::quantiles(&self.latencies),
+            first_ready_seconds: first,
+            half_ready_seconds: half,
+        }
+    }
+}
+
 /// When the first Manifest and half of them were Ready, from the first create (`ready`: each
 /// one's, in order).
 pub fn first_and_half(ready: &[f64]) -> (Option<f64>, Option<f64>) {
@@ -925,6 +936,7 @@ impl<'a> BaselinePaths<'a> {
             &namespace,
             &self.names,
             self.parallelism,
+            baseline::HelmWait::HooksOnly,
         )
         .await
     }

@@ -382,6 +382,22 @@ pub struct GateOutcome {
     pub findings: Vec<String>,
 }
 
+/// How fast a burst of Manifests created at once became Ready.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ReadyTiming {
+    /// From the first create to the last Manifest seen Ready.
+    pub all_ready_seconds: f64,
+    /// Manifests / `all_ready_seconds`.
+    pub per_second: f64,
+    /// Create → Ready of each Manifest.
+    pub create_to_ready_seconds: Quantiles,
+    /// From the first create to the first Manifest Ready, and to half of them Ready.
+    #[serde(default)]
+    pub first_ready_seconds: Option<f64>,
+    #[serde(default)]
+    pub half_ready_seconds: Option<f64>,
+}
+
 /// One burst: `manifests` created at once on a fleet of `replicas`, until all are Ready.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct MttpBurst {
@@ -391,17 +407,9 @@ pub struct MttpBurst {
     pub manifests: u64,
     /// Manifests the fleet held at the end (earlier bursts' included: they stay).
     pub manifests_held: u64,
-    /// From the first create to the last Manifest seen Ready.
-    pub all_ready_seconds: f64,
-    /// `manifests / all_ready_seconds`.
-    pub per_second: f64,
-    /// Create → Ready of each Manifest.
-    pub create_to_ready_seconds: Quantiles,
-    /// From the first create to the first Manifest Ready, and to half of them Ready.
-    #[serde(default)]
-    pub first_ready_seconds: Option<f64>,
-    #[serde(default)]
-    pub half_ready_seconds: Option<f64>,
+    /// How fast they became Ready (its fields stand at this level in the JSON).
+    #[serde(flatten)]
+    pub ready: ReadyTiming,
     /// CPU of the replicas' process trees (module-manager, the renderer, helm) over the burst.
     pub fleet_cpu_seconds: f64,
     pub cpu_seconds_per_manifest: f64,
@@ -646,14 +654,9 @@ pub struct Spread {
 /// The burst of the `remote` scenario.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RemoteBurst {
-    pub all_ready_seconds: f64,
-    pub per_second: f64,
-    pub create_to_ready_seconds: Quantiles,
-    /// From the first create to the first Manifest Ready, and to half of them Ready.
-    #[serde(default)]
-    pub first_ready_seconds: Option<f64>,
-    #[serde(default)]
-    pub half_ready_seconds: Option<f64>,
+    /// How fast the Manifests became Ready (its fields stand at this level in the JSON).
+    #[serde(flatten)]
+    pub ready: ReadyTiming,
     /// CPU of the replicas' process trees.
     pub fleet_cpu_seconds: f64,
     pub peak_rss_mib: BTreeMap<String, f64>,

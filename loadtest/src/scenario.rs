@@ -47,6 +47,12 @@ pub async fn play(
 
 /// The shard holders now; a failed read is retried (up to 5 times, 1 s apart) rather than
 /// ending a run of many minutes.
+/// Waits (5 minutes at most) until the shard Leases name the assignment over `replicas`.
+async fn settle(phase: &Phase, replicas: u32) -> anyhow::Result<Duration> {
+    let limit = Duration::from_secs(300);
+    wait_assignment(&phase.probe, phase.fleet.shards, replicas, limit).await
+}
+
 async fn holders(phase: &Phase) -> anyhow::Result<Holders> {
     let mut attempt = 0;
     loop {
@@ -241,14 +247,9 @@ async fn chaos(
         // The next fault starts from a settled fleet: the victims have their shards back, so
         // each takeover and its moves are measured on their own.
         let all = phase.fleet.ordinals().await?.len() as u32;
-        wait_assignment(
-            &phase.probe,
-            phase.fleet.shards,
-            all,
-            Duration::from_secs(300),
-        )
-        .await
-        .context("the fleet did not settle after a fault")?;
+        settle(phase, all)
+            .await
+            .context("the fleet did not settle after a fault")?;
         let left = interval.saturating_sub(round.elapsed());
         tokio::time::sleep(left).await;
     }
@@ -322,14 +323,7 @@ async fn rebalance(
         let before = holders(phase).await?;
         let started = Instant::now();
         phase.fleet.scale(size).await?;
-        wait_assignment(
-            &phase.probe,
-            phase.fleet.shards,
-            size,
-            Duration::from_secs(300),
-        )
-        .await
-        .with_context(|| label.clone())?;
+        settle(phase, size).await.with_context(|| label.clone())?;
         let after = holders(phase).await?;
         let ideal = f64::from(current.abs_diff(size)) / f64::from(current.max(size));
         figures

@@ -9,7 +9,6 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Resource, ResourceExt};
 use loadtest::baseline::{self, HelmWait};
 use loadtest::manifest_writes::{self, Writes};
@@ -19,8 +18,8 @@ use module_manager::apply::MANIFEST_UID_LABEL;
 use module_manager::shard::SHARD_LABEL;
 use module_manager::shard::hash::ShardCount;
 use module_manager::telemetry::requests::{self, ApiRequestMetrics, RequestTarget};
-use serde::de::DeserializeOwned;
 use serde_json::json;
+use test_support::objects;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -50,22 +49,36 @@ fn releases(prefix: &str, count: usize) -> Vec<String> {
 
 /// Names of the `K`s in `namespace` that start with `prefix` (leaving out `default` and
 /// `kube-root-ca.crt`, which every namespace gets).
-async fn names<K>(client: &Client, namespace: &str, prefix: &str) -> BTreeSet<String>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
+async fn names<K: Namespaced>(client: &Client, namespace: &str, prefix: &str) -> BTreeSet<String> {
+    let api = Api::<K>::namespaced(client.clone(), namespace);
+    let names = objects::names(&api).await.into_iter();
+    names.filter(|name| name.starts_with(prefix)).collect()
+}
+
+/// A namespaced object type.
+trait Namespaced:
+    objects::Object + Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
 {
-    Api::<K>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .filter(|name| name.starts_with(prefix))
-        .collect()
+}
+impl<K: objects::Object + Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>>
+    Namespaced for K
+{
+}
+
+/// (`<kind>/<name>`, resourceVersion) of every `K` in `namespace`.
+async fn resource_versions<K: Namespaced>(
+    client: &Client,
+    namespace: &str,
+    kind: &str,
+) -> Vec<(String, String)> {
+    let api = Api::<K>::namespaced(client.clone(), namespace);
+    let version = |o: &K| {
+        (
+            format!("{kind}/{}", o.name_any()),
+            o.resource_version().unwrap(),
+        )
+    };
+    objects::list(&api).await.iter().map(version).collect()
 }
 
 /// Asserts the chart's four objects exist for each release.
@@ -87,40 +100,12 @@ async fn assert_objects(client: &Client, namespace: &str, prefix: &str, releases
 /// (name, resourceVersion) of the ConfigMaps, Services and ServiceAccounts (nothing but the
 /// applies writes them) and (name, generation) of the Deployments.
 async fn versions(client: &Client, namespace: &str) -> BTreeSet<(String, String)> {
-    let lp = ListParams::default();
     let mut versions = BTreeSet::new();
-    let version = |kind: &str, meta: &kube::api::ObjectMeta| {
-        (
-            format!("{kind}/{}", meta.name.clone().unwrap()),
-            meta.resource_version.clone().unwrap(),
-        )
-    };
-    for cm in Api::<ConfigMap>::namespaced(client.clone(), namespace)
-        .list(&lp)
-        .await
-        .unwrap()
-    {
-        versions.insert(version("ConfigMap", &cm.metadata));
-    }
-    for svc in Api::<Service>::namespaced(client.clone(), namespace)
-        .list(&lp)
-        .await
-        .unwrap()
-    {
-        versions.insert(version("Service", &svc.metadata));
-    }
-    for sa in Api::<ServiceAccount>::namespaced(client.clone(), namespace)
-        .list(&lp)
-        .await
-        .unwrap()
-    {
-        versions.insert(version("ServiceAccount", &sa.metadata));
-    }
-    for d in Api::<Deployment>::namespaced(client.clone(), namespace)
-        .list(&lp)
-        .await
-        .unwrap()
-    {
+    versions.extend(resource_versions::<ConfigMap>(client, namespace, "ConfigMap").await);
+    versions.extend(resource_versions::<Service>(client, namespace, "Service").await);
+    let accounts = resource_versions::<ServiceAccount>(client, namespace, "ServiceAccount");
+    versions.extend(accounts.await);
+    for d in objects::list(&Api::<Deployment>::namespaced(client.clone(), namespace)).await {
         let generation = d.metadata.generation.unwrap().to_string();
         versions.insert((format!("Deployment/{}", d.name_any()), generation));
     }
@@ -191,9 +176,11 @@ async fn bare_apply_and_helm_install_create_every_release() {
     let ns = control_plane.namespace(&client, "lt-helm").await.unwrap();
     let plain = releases("helm", 5);
     let kubeconfig = control_plane.kubeconfig();
-    let helm_plain = baseline::helm_install(&helm, kubeconfig, &chart(), &ns, &plain, 4)
-        .await
-        .unwrap();
+    let hooks_only = HelmWait::HooksOnly;
+    let helm_plain =
+        baseline::helm_install(&helm, kubeconfig, &chart(), &ns, &plain, 4, hooks_only)
+            .await
+            .unwrap();
     assert_releases(&client, &ns, &plain).await;
     assert_objects(&client, &ns, "helm-", &plain).await;
 
@@ -202,7 +189,7 @@ async fn bare_apply_and_helm_install_create_every_release() {
         .await
         .unwrap();
     let waited = releases("wait", 5);
-    let helm_waited = baseline::helm_install_waiting(
+    let helm_waited = baseline::helm_install(
         &helm,
         kubeconfig,
         &chart(),
@@ -237,12 +224,7 @@ async fn send(writes: Writes, prefix: &str) -> (ApiRequestMetrics, Client, Strin
     let helm = testenv::Tools::locate().unwrap().helm;
     let ns = control_plane.namespace(&client, prefix).await.unwrap();
     let sent = ApiRequestMetrics::default();
-    let config = kube::Config::from_custom_kubeconfig(
-        Kubeconfig::read_from(control_plane.kubeconfig()).unwrap(),
-        &KubeConfigOptions::default(),
-    )
-    .await
-    .unwrap();
+    let config = control_plane.config().await.unwrap();
     let counted = requests::client(config, &sent, RequestTarget::Local).unwrap();
     let template =
         baseline::render_chart(&helm, &chart(), baseline::TEMPLATE_RELEASE, &ns, &json!({}))
@@ -381,6 +363,7 @@ async fn failures_name_the_release_and_carry_helm_s_reason() {
         "no-such-namespace",
         &releases,
         1,
+        HelmWait::HooksOnly,
     )
     .await
     .unwrap_err();

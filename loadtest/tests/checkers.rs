@@ -66,14 +66,20 @@ fn checkers(result: &RunResult) -> Vec<&str> {
     names
 }
 
+/// Runs `scenario`, which must fail with the findings of `checker` alone.
+async fn caught(scenario: Scenario, options: &Options, checker: &str) -> RunResult {
+    let result = run(scenario, options).await;
+    assert!(!result.passed);
+    assert_eq!(checkers(&result), [checker], "{:#?}", result.violations);
+    result
+}
+
 #[tokio::test]
 async fn overlap_checker_catches_replicas_that_ignore_ownership() {
     let _serial = SERIAL.lock().await;
     let mut options = short();
     options.replica_args = vec!["--fault-ignore-ownership".into()];
-    let result = run(Scenario::Basic, &options).await;
-    assert!(!result.passed);
-    assert_eq!(checkers(&result), ["overlap"], "{:#?}", result.violations);
+    caught(Scenario::Basic, &options, "overlap").await;
 }
 
 #[tokio::test]
@@ -85,14 +91,7 @@ async fn not_converged_checker_catches_manifests_no_replica_reconciles() {
     options.replica_args = vec!["--manifest-selector=loadtest-fleet=nobody".into()];
     options.duration_seconds = 8;
     options.settle_seconds = 10;
-    let result = run(Scenario::Basic, &options).await;
-    assert!(!result.passed);
-    assert_eq!(
-        checkers(&result),
-        ["not-converged"],
-        "{:#?}",
-        result.violations
-    );
+    let result = caught(Scenario::Basic, &options, "not-converged").await;
     assert_eq!(result.throughput.converged, 0);
 }
 
@@ -128,14 +127,7 @@ async fn chaos_passes_and_the_unowned_checker_catches_a_fleet_paused_for_too_lon
     options.victims = 2;
     options.pause_seconds = Some(20);
     options.duration_seconds = 20;
-    let paused = run(Scenario::Chaos, &options).await;
-    assert!(!paused.passed);
-    assert_eq!(
-        checkers(&paused),
-        ["unowned-shard"],
-        "{:#?}",
-        paused.violations
-    );
+    let paused = caught(Scenario::Chaos, &options, "unowned-shard").await;
     assert!(paused.fleet.max_unowned_seconds > 8.0);
 }
 
@@ -151,14 +143,12 @@ async fn rolling_update_passes_and_the_move_checker_catches_replicas_that_hand_o
     // shutdown is a leave, so each restart hands its shards to the other replica.
     let mut options = short();
     options.without_statefulset = true;
-    let moved = run(Scenario::RollingUpdate, &options).await;
-    assert!(!moved.passed);
-    assert_eq!(
-        checkers(&moved),
-        ["moved-during-rolling-update"],
-        "{:#?}",
-        moved.violations
-    );
+    caught(
+        Scenario::RollingUpdate,
+        &options,
+        "moved-during-rolling-update",
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -22,17 +22,13 @@ fn arm<'a>(result: &'a Value, hostile: Option<&str>) -> &'a Value {
 
 #[test]
 fn innocents_beside_a_memory_bomb_all_become_ready_and_the_bomb_is_named() {
-    let out = tempfile::tempdir().unwrap();
     // `hostile` plays the last of `--replicas`: one replica, after the short fleet's 2.
-    let dir = common::run_short(
-        "hostile",
-        "--replicas 1 --innocents 8 --hostile memory --repeats 1 \
+    let (_out, dir, result) = common::run_short_passed(
+        "hostile --replicas 1 --innocents 8 --hostile memory --repeats 1 \
          --chart tests/fixtures/charts/slow --settle-seconds 60",
-        out.path(),
     );
     // The checkers: `not-converged` (an innocent not Ready, a Manifest not deleted) and
     // `hostile-status` would have failed the run.
-    let result = common::passed_results(&dir);
     assert_eq!(result["hostile"]["arms"].as_array().unwrap().len(), 2);
     for hostile in [None, Some("memory")] {
         let arm = arm(&result, hostile);

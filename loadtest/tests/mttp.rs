@@ -57,13 +57,9 @@ fn check_burst(b: &Value) {
 
 #[test]
 fn the_mttp_scenario_reports_every_figure() {
-    let out = tempfile::tempdir().unwrap();
-    let dir = common::run_short(
-        "mttp",
-        "--manifests 5,10 --settle-seconds 90 --drift-interval 1m --idle-seconds 5 --cold-restart",
-        out.path(),
+    let (_out, dir, result) = common::run_short_passed(
+        "mttp --manifests 5,10 --settle-seconds 90 --drift-interval 1m --idle-seconds 5 --cold-restart",
     );
-    let result = common::passed_results(&dir);
     let mttp = &result["mttp"];
     let bursts = mttp["bursts"].as_array().unwrap();
     // One replica (the baseline) and two, each with 5 and 10.

@@ -22,13 +22,9 @@ fn number(v: &Value, what: &str) -> f64 {
 
 #[test]
 fn the_remote_scenario_reaches_every_target_as_its_own_cluster() {
-    let out = tempfile::tempdir().unwrap();
-    let dir = common::run_short(
-        "remote",
-        "--targets 21 --blackholed-targets 1 --modules-per-target 5 --target-apiservers 2 --target-latency-ms 10 --settle-seconds 120 --idle-seconds 5 --edits 10 --edit-rate 5 --drift-interval 20s --drift-changes 5 --cold-restart",
-        out.path(),
+    let (_out, dir, result) = common::run_short_passed(
+        "remote --targets 21 --blackholed-targets 1 --modules-per-target 5 --target-apiservers 2 --target-latency-ms 10 --settle-seconds 120 --idle-seconds 5 --edits 10 --edit-rate 5 --drift-interval 20s --drift-changes 5 --cold-restart",
     );
-    let result = common::passed_results(&dir);
     let remote = &result["remote"];
     assert_eq!(remote["manifests"], 105);
     let burst = &remote["burst"];

@@ -8,11 +8,8 @@ mod common;
 
 #[test]
 fn the_smoke_scenario_passes_and_writes_its_report() {
-    let out = tempfile::tempdir().unwrap();
-    let dir = common::run_short(
-        "smoke",
-        "--duration-seconds 25 --warmup-seconds 8 --update-period-seconds 20 --burst 20",
-        out.path(),
+    let (_out, dir, result) = common::run_short_passed(
+        "smoke --duration-seconds 25 --warmup-seconds 8 --update-period-seconds 20 --burst 20",
     );
     assert!(
         dir.file_name()
@@ -20,7 +17,6 @@ fn the_smoke_scenario_passes_and_writes_its_report() {
             .to_string_lossy()
             .starts_with("smoke-")
     );
-    let result = common::passed_results(&dir);
     assert!(result["throughput"]["converged"].as_u64().unwrap() > 0);
     assert_eq!(result["fleet"]["moves"].as_array().unwrap().len(), 2);
     for path in ["fleet", "single_replica", "bare_apply", "helm"] {

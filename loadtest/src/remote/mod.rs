@@ -114,8 +114,8 @@ async fn play(
         "remote: {} Manifests on {} targets all Ready in {:.1} s ({:.1}/s), {:.1} requests and {:.1} connections per target",
         remote.manifests,
         remote.targets,
-        remote.burst.all_ready_seconds,
-        remote.burst.per_second,
+        remote.burst.ready.all_ready_seconds,
+        remote.burst.ready.per_second,
         remote.burst.requests_per_target.mean,
         remote.burst.connections_opened_per_target.mean,
     ));
@@ -225,13 +225,8 @@ async fn burst(
     let mut open_now = bed.proxy.open();
     open_now.truncate(answering);
     let gauges = replica_gauges(&phase.probe).await;
-    let (first, half) = phase::first_and_half(&timed.ready_since_start);
     let burst = RemoteBurst {
-        all_ready_seconds: timed.burst.seconds,
-        per_second: timed.burst.per_second,
-        create_to_ready_seconds: crate::measure::quantiles(&timed.latencies),
-        first_ready_seconds: first,
-        half_ready_seconds: half,
+        ready: timed.ready_timing(),
         fleet_cpu_seconds: measured.fleet_cpu,
         peak_rss_mib: measured.peak_rss_mib,
         sockets: sockets(&phase.probe).await,
@@ -416,7 +411,7 @@ async fn baselines(
         _ => None,
     };
     let (fleet, minimum) = (
-        Some(remote.burst.per_second),
+        Some(remote.burst.ready.per_second),
         rate(&remote.bare_with_manifest_writes),
     );
     remote.fleet_over_bare = over(fleet, rate(&remote.bare));

@@ -513,7 +513,7 @@ fn mttp(m: &Mttp, path: &Path, text: Text) -> anyhow::Result<()> {
             })
             .collect()
     };
-    let mut ready = per_size(&|b| Some(b.all_ready_seconds));
+    let mut ready = per_size(&|b| Some(b.ready.all_ready_seconds));
     let baseline =
         |pick: &dyn Fn(&crate::results::MttpBaseline) -> Option<f64>| -> Vec<(f64, f64)> {
             m.baselines

@@ -64,6 +64,16 @@ pub fn run_short(scenario: &str, options: &str, out: &std::path::Path) -> PathBu
     run_loadtest(&[&[scenario], SHORT_FLEET, &options].concat(), out)
 }
 
+/// [`run_short`] of `<scenario> <options>` into a fresh directory, then [`passed_results`]:
+/// the output directory (removed when dropped), the run's directory in it and its results.
+pub fn run_short_passed(command: &str) -> (tempfile::TempDir, PathBuf, serde_json::Value) {
+    let (scenario, options) = command.split_once(' ').unwrap_or((command, ""));
+    let out = tempfile::tempdir().unwrap();
+    let dir = run_short(scenario, options, out.path());
+    let result = passed_results(&dir);
+    (out, dir, result)
+}
+
 /// The `results.json` of the run in `dir`, asserting that the run passed.
 pub fn passed_results(dir: &std::path::Path) -> serde_json::Value {
     let results = std::fs::read_to_string(dir.join("results.json")).unwrap();

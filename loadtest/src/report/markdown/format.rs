@@ -1,6 +1,6 @@
 //! Markdown tables and the formatting of their cells (seconds, rates, ratios, a missing figure).
 
-use crate::results::Quantiles;
+use crate::results::{Quantiles, ReadyTiming};
 
 /// Shown for a figure that was not measured.
 pub(super) const MISSING: &str = "–";
@@ -84,6 +84,33 @@ pub(super) fn seconds(v: Option<f64>) -> String {
         Some(v) if v.is_finite() => format!("{v:.3}"),
         _ => MISSING.to_owned(),
     }
+}
+
+/// The columns of a burst's timing, filled by [`ready_cells`].
+pub(super) const READY_COLUMNS: [&str; 6] = [
+    "first Ready (s)",
+    "half Ready (s)",
+    "all Ready (s)",
+    "Manifests/s",
+    "Ready p50 (s)",
+    "Ready p99 (s)",
+];
+
+/// A burst's cells under [`READY_COLUMNS`]: seconds from the first create until the first, half
+/// and all Manifests were Ready, the rate, and quantiles of create → Ready.
+pub(super) fn ready_cells(r: &ReadyTiming) -> [String; 6] {
+    let tenths = |v: Option<f64>| {
+        v.filter(|v| v.is_finite())
+            .map_or_else(|| MISSING.to_owned(), |v| format!("{v:.1}"))
+    };
+    [
+        tenths(r.first_ready_seconds),
+        tenths(r.half_ready_seconds),
+        format!("{:.1}", r.all_ready_seconds),
+        rate(r.per_second),
+        seconds(r.create_to_ready_seconds.p50),
+        seconds(r.create_to_ready_seconds.p99),
+    ]
 }
 
 /// A rate per second.

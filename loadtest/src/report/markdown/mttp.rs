@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::format::{Align, MISSING, descending, rate, ratio, seconds, table};
+use super::format::{Align, MISSING, READY_COLUMNS, descending, rate, ratio, ready_cells, table};
 use crate::results::{
     ColdRestart, GateOutcome, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio,
     PATH_BARE_APPLY, PATH_HELM, PATH_MANIFEST_WRITES, PATH_MINIMUM_WRITES,
@@ -51,35 +51,24 @@ fn bursts(bursts: &[MttpBurst]) -> String {
             let cpu = b
                 .cpu_per_replica
                 .map_or(String::new(), |c| format!(" × {c} core"));
-            vec![
+            let ready = ready_cells(&b.ready);
+            let fleet = [
                 format!("{}{cpu}", b.replicas),
                 b.manifests.to_string(),
                 b.manifests_held.to_string(),
-                optional(b.first_ready_seconds, 1),
-                optional(b.half_ready_seconds, 1),
-                format!("{:.1}", b.all_ready_seconds),
-                rate(b.per_second),
-                seconds(b.create_to_ready_seconds.p50),
-                seconds(b.create_to_ready_seconds.p99),
+            ];
+            let cost = [
                 format!("{:.3}", b.cpu_seconds_per_manifest),
                 optional(b.control_plane_cpu_seconds_per_manifest, 3),
                 format!("{:.1}", b.api_requests_per_manifest),
                 optional(b.operator_requests_per_manifest, 1),
                 format!("{:.2}", b.passes_per_manifest),
                 optional(peak(&b.peak_rss_mib), 1),
-            ]
+            ];
+            [fleet.as_slice(), &ready, &cost].concat()
         })
         .collect();
-    let header = [
-        "replicas",
-        "Manifests",
-        "held",
-        "first Ready (s)",
-        "half Ready (s)",
-        "all Ready (s)",
-        "Manifests/s",
-        "Ready p50 (s)",
-        "Ready p99 (s)",
+    let cost = [
         "CPU-s / Manifest",
         "control plane CPU-s / Manifest",
         "API requests / Manifest",
@@ -87,6 +76,12 @@ fn bursts(bursts: &[MttpBurst]) -> String {
         "passes / Manifest",
         "peak RSS per replica (MiB)",
     ];
+    let header = [
+        &["replicas", "Manifests", "held"][..],
+        &READY_COLUMNS,
+        &cost,
+    ]
+    .concat();
     let mut align = vec![Align::Right; header.len()];
     align[0] = Align::Left;
     table(&header, &align, rows)

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::format::{Align, MISSING, quantile_table, rate, ratio, seconds, table};
+use super::format::{
+    Align, MISSING, READY_COLUMNS, quantile_table, rate, ratio, ready_cells, table,
+};
 use crate::results::{
     Remote, RemoteBurst, RemoteColdRestart, RemoteDrift, RemoteIdle, RemoteSteady, Spread,
 };
@@ -72,30 +74,25 @@ fn credentials(r: &Remote) -> String {
 fn burst(b: &RemoteBurst) -> String {
     let peak = b.peak_rss_mib.values().copied().reduce(f64::max);
     let sockets = b.sockets.values().copied().max();
-    table(
+    let header = [
+        &READY_COLUMNS[..],
         &[
-            "first Ready (s)",
-            "half Ready (s)",
-            "all Ready (s)",
-            "Manifests/s",
-            "Ready p50 (s)",
-            "Ready p99 (s)",
             "fleet CPU-s",
             "peak RSS per replica (MiB)",
             "sockets per replica (most)",
         ],
+    ]
+    .concat();
+    let ready = ready_cells(&b.ready);
+    let cost = [
+        format!("{:.1}", b.fleet_cpu_seconds),
+        peak.map_or_else(|| MISSING.to_owned(), |p| format!("{p:.1}")),
+        sockets.map_or_else(|| MISSING.to_owned(), |s| s.to_string()),
+    ];
+    table(
+        &header,
         &[Align::Right; 9],
-        vec![vec![
-            optional_seconds(b.first_ready_seconds),
-            optional_seconds(b.half_ready_seconds),
-            format!("{:.1}", b.all_ready_seconds),
-            rate(b.per_second),
-            seconds(b.create_to_ready_seconds.p50),
-            seconds(b.create_to_ready_seconds.p99),
-            format!("{:.1}", b.fleet_cpu_seconds),
-            peak.map_or_else(|| MISSING.to_owned(), |p| format!("{p:.1}")),
-            sockets.map_or_else(|| MISSING.to_owned(), |s| s.to_string()),
-        ]],
+        vec![[&ready[..], &cost].concat()],
     )
 }
 
@@ -150,10 +147,6 @@ fn cold_restart(c: &RemoteColdRestart) -> String {
         ]),
         verbs(&BTreeMap::new(), &c.requests_by_request),
     )
-}
-
-fn optional_seconds(v: Option<f64>) -> String {
-    v.map_or_else(|| MISSING.to_owned(), |v| format!("{v:.1}"))
 }
 
 fn optional(v: Option<f64>) -> String {
