@@ -788,3 +788,48 @@ fn write_of_a_nearly_empty_run_writes_no_charts() {
     on_disk.sort();
     assert_eq!(on_disk, ["results.json", "summary.md"]);
 }
+
+#[test]
+fn a_burst_s_timing_stands_at_the_burst_s_level_in_results_json() {
+    let timing = ReadyTiming {
+        all_ready_seconds: 8.0,
+        per_second: 12.5,
+        first_ready_seconds: Some(0.5),
+        half_ready_seconds: Some(4.0),
+        ..Default::default()
+    };
+    let mttp = MttpBurst {
+        ready: timing.clone(),
+        ..Default::default()
+    };
+    let remote = RemoteBurst {
+        ready: timing,
+        ..Default::default()
+    };
+    for json in [
+        serde_json::to_value(&mttp).unwrap(),
+        serde_json::to_value(&remote).unwrap(),
+    ] {
+        assert_eq!(json["all_ready_seconds"], 8.0, "{json}");
+        assert_eq!(json["per_second"], 12.5, "{json}");
+        assert_eq!(json["first_ready_seconds"], 0.5, "{json}");
+        assert_eq!(json["half_ready_seconds"], 4.0, "{json}");
+        assert!(json["create_to_ready_seconds"].is_object(), "{json}");
+        assert!(json.get("ready").is_none(), "{json}");
+    }
+    // A results.json written before ReadyTiming reads back the same.
+    let before = serde_json::json!({"replicas": 2, "manifests": 100, "manifests_held": 100,
+        "all_ready_seconds": 8.0, "per_second": 12.5,
+        "create_to_ready_seconds": {"count": 100, "p50": 1.0, "p90": null, "p99": null, "max": null},
+        "first_ready_seconds": 0.5, "fleet_cpu_seconds": 3.0, "cpu_seconds_per_manifest": 0.03,
+        "control_plane_cpu_seconds_per_manifest": null, "api_requests_per_manifest": 30.0,
+        "api_by_verb_per_manifest": {}, "api_by_resource_per_manifest": {},
+        "requests_by_client": {}, "operator_requests_per_manifest": null,
+        "operator_by_verb_per_manifest": {}, "operator_by_resource_per_manifest": {},
+        "passes_per_manifest": 1.0, "peak_rss_mib": {}});
+    let read: MttpBurst = serde_json::from_value(before).unwrap();
+    assert_eq!(read.ready.all_ready_seconds, 8.0);
+    assert_eq!(read.ready.create_to_ready_seconds.count, 100);
+    assert_eq!(read.ready.first_ready_seconds, Some(0.5));
+    assert_eq!(read.ready.half_ready_seconds, None);
+}
