@@ -5,7 +5,7 @@
 //!
 //! [`Tracker`] is the bookkeeping, pure and unit-tested; [`Load`] is the I/O around it.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -288,6 +288,13 @@ impl Load {
     }
 
     /// The label selector of this load's Manifests.
+    /// The UIDs of the load's Manifests that exist now.
+    pub async fn uids(&self) -> kube::Result<BTreeSet<String>> {
+        let params = ListParams::default().labels(&self.selector());
+        let manifests = self.api.list(&params).await?;
+        Ok(manifests.items.iter().filter_map(|m| m.uid()).collect())
+    }
+
     pub fn selector(&self) -> String {
         self.shape
             .labels

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use module_manager::shard::ShardCount;
 use serde_json::{Value, json};
@@ -280,15 +280,7 @@ impl Phase {
         let observed = self.sampler.stop();
         self.watch.abort();
         let not_ready = self.load.not_ready().await?;
-        let uids: BTreeSet<String> = self
-            .load
-            .api()
-            .list(&ListParams::default().labels(&self.load.selector()))
-            .await?
-            .items
-            .iter()
-            .filter_map(|m| m.uid())
-            .collect();
+        let uids = self.load.uids().await?;
         let logs = self.fleet.logs().await?;
         if self.fleet.is_local() {
             if options.keep_logs {
@@ -606,14 +598,9 @@ pub async fn move_step(
         .map(|(k, _)| *k)
         .collect();
     let count = ShardCount::new(phase.fleet.shards).context("shards")?;
-    let manifests_moved = phase
-        .load
-        .api()
-        .list(&ListParams::default().labels(&phase.load.selector()))
-        .await?
-        .items
+    let uids = phase.load.uids().await?;
+    let manifests_moved = uids
         .iter()
-        .filter_map(|m| m.uid())
         .filter(|uid| moved.contains(&count.shard_of(uid)))
         .count() as u64;
     let ideal = ideal_fraction * phase.fleet.shards as f64;

@@ -191,6 +191,17 @@ fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
         .unwrap_or((0.0, 0.0))
 }
 
+/// `panels` one above the other, 1200 pixels wide and `height` high, into the PNG at `path`.
+fn stacked(path: &Path, height: u32, panels: &[Panel<'_>], text: Text) -> anyhow::Result<()> {
+    let root = BitMapBackend::new(path, (1200, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    for (area, panel) in root.split_evenly((panels.len(), 1)).iter().zip(panels) {
+        line_panel(area, panel, text)?;
+    }
+    root.present()?;
+    Ok(())
+}
+
 pub(super) fn line_panel(area: &Area<'_>, panel: &Panel<'_>, text: Text) -> anyhow::Result<()> {
     let (x_range, y_range) = (panel.x_range(), panel.y_range());
     let mut chart = text
@@ -366,13 +377,7 @@ fn timeline(result: &RunResult, path: &Path, text: Text) -> anyhow::Result<()> {
         panel.marks = marks.clone();
         panel.mark_labels = i == 0;
     }
-    let root = BitMapBackend::new(path, (1200, 1000)).into_drawing_area();
-    root.fill(&WHITE)?;
-    for (area, panel) in root.split_evenly((panels.len(), 1)).iter().zip(&panels) {
-        line_panel(area, panel, text)?;
-    }
-    root.present()?;
-    Ok(())
+    stacked(path, 1000, &panels, text)
 }
 
 fn replicas(result: &RunResult, path: &Path, text: Text) -> anyhow::Result<()> {
@@ -403,13 +408,7 @@ fn replicas(result: &RunResult, path: &Path, text: Text) -> anyhow::Result<()> {
         Panel::new("CPU per replica", x_desc, "cores", cpu),
         Panel::new("Resident memory per replica", x_desc, "MiB", rss),
     ];
-    let root = BitMapBackend::new(path, (1200, 800)).into_drawing_area();
-    root.fill(&WHITE)?;
-    for (area, panel) in root.split_evenly((panels.len(), 1)).iter().zip(&panels) {
-        line_panel(area, panel, text)?;
-    }
-    root.present()?;
-    Ok(())
+    stacked(path, 800, &panels, text)
 }
 
 /// Left column: the capacity curve (objects, ops/s at the last passing step against replicas);

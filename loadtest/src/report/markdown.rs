@@ -15,8 +15,8 @@ mod mttp;
 mod remote;
 
 use format::{
-    Align, MISSING, descending, divide, is_empty, number, plural, quantile_table, rate, ratio,
-    seconds, table, text_or_missing,
+    Align, MISSING, descending, divide, is_empty, named_rows_table, number, plural, quantile_table,
+    rate, ratio, seconds, table, text_or_missing,
 };
 
 /// Resources listed in the API server section; the rest are summed up in one line.
@@ -216,9 +216,10 @@ fn replicas(replicas: &[ReplicaFigures]) -> Option<String> {
         "RSS mean MiB",
         "RSS max MiB",
     ];
-    let mut align = vec![Align::Right; header.len()];
-    align[0] = Align::Left;
-    Some(format!("## Replicas\n\n{}", table(&header, &align, rows)))
+    Some(format!(
+        "## Replicas\n\n{}",
+        named_rows_table(&header, rows)
+    ))
 }
 
 fn apiserver(a: &ApiServerFigures) -> Option<String> {
@@ -318,11 +319,9 @@ fn moves(moves: &[MoveStep]) -> String {
         "Manifests moved",
         "settled (s)",
     ];
-    let mut align = vec![Align::Right; header.len()];
-    align[0] = Align::Left;
     format!(
         "Ownership moves (moved ÷ ideal: 1 is the minimum; {MISSING}: nothing had to move):\n\n{}",
-        table(&header, &align, rows)
+        named_rows_table(&header, rows)
     )
 }
 

@@ -32,6 +32,13 @@ pub(super) fn table(header: &[&str], align: &[Align], rows: Vec<Vec<String>>) ->
     lines.join("\n")
 }
 
+/// [`table`] with the first column (what each row is) left-aligned, the figures right-aligned.
+pub(super) fn named_rows_table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut align = vec![Align::Right; header.len()];
+    align[0] = Align::Left;
+    table(header, &align, rows)
+}
+
 pub(super) fn quantile_table(first_column: &str, kinds: &[(&str, &Quantiles)]) -> String {
     let rows = kinds
         .iter()
@@ -54,9 +61,7 @@ pub(super) fn quantile_table(first_column: &str, kinds: &[(&str, &Quantiles)]) -
         "p99 (s)",
         "max (s)",
     ];
-    let mut align = vec![Align::Right; header.len()];
-    align[0] = Align::Left;
-    table(&header, &align, rows)
+    named_rows_table(&header, rows)
 }
 
 pub(super) fn is_empty(q: &Quantiles) -> bool {

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::format::{Align, MISSING, READY_COLUMNS, descending, rate, ratio, ready_cells, table};
+use super::format::{
+    Align, MISSING, READY_COLUMNS, descending, named_rows_table, rate, ratio, ready_cells, table,
+};
 use crate::results::{
     ColdRestart, GateOutcome, IdleFigures, Mttp, MttpBaseline, MttpBurst, MttpRatio,
     PATH_BARE_APPLY, PATH_HELM, PATH_MANIFEST_WRITES, PATH_MINIMUM_WRITES,
@@ -82,9 +84,7 @@ fn bursts(bursts: &[MttpBurst]) -> String {
         &cost,
     ]
     .concat();
-    let mut align = vec![Align::Right; header.len()];
-    align[0] = Align::Left;
-    table(&header, &align, rows)
+    named_rows_table(&header, rows)
 }
 
 /// One line per burst: the fleet's requests per Manifest by verb and resource.

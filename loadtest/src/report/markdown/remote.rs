@@ -104,22 +104,19 @@ fn target_passes(b: &RemoteBurst) -> String {
          target busy and went back to the queue: {}. Target clients held at the end (the \
          clusters each replica met): {}.",
         b.blackholed_targets,
-        per_replica(&b.target_passes_held_max),
-        per_replica(&b.target_passes_parked),
-        per_replica(&b.target_clients),
+        counts(&b.target_passes_held_max),
+        counts(&b.target_passes_parked),
+        counts(&b.target_clients),
     )
 }
 
-/// `replica value, …` (or `–`).
-fn per_replica(values: &BTreeMap<String, u64>) -> String {
-    if values.is_empty() {
+/// `name count, …` (per replica, per verb…), or `–`.
+fn counts(counts: &BTreeMap<String, u64>) -> String {
+    if counts.is_empty() {
         return MISSING.to_owned();
     }
-    values
-        .iter()
-        .map(|(replica, n)| format!("{replica} {n}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    let items: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    items.join(", ")
 }
 
 /// The fleet restarted while holding every target, and what that cost the targets.
@@ -139,7 +136,7 @@ fn cold_restart(c: &RemoteColdRestart) -> String {
         r.checked,
         r.manifests,
         r.passes,
-        per_replica(&c.target_clients),
+        counts(&c.target_clients),
         per_target(&[
             ("requests", &c.requests_per_target),
             ("writes", &c.writes_per_target),
@@ -181,19 +178,11 @@ fn per_target(rows: &[(&str, &Spread)]) -> String {
 
 /// Requests by verb and resource when the run counted them, else by verb.
 fn verbs(by_verb: &BTreeMap<String, u64>, by_request: &BTreeMap<String, u64>) -> String {
-    let counts = if by_request.is_empty() {
+    counts(if by_request.is_empty() {
         by_verb
     } else {
         by_request
-    };
-    if counts.is_empty() {
-        return MISSING.to_owned();
-    }
-    counts
-        .iter()
-        .map(|(verb, n)| format!("{verb} {n}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    })
 }
 
 fn bare(r: &Remote) -> String {
