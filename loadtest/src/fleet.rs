@@ -148,15 +148,8 @@ impl Fleet {
 
     /// A deployed fleet. Its lease timings are read from a member Lease.
     pub async fn cluster(client: Client, settings: ClusterSettings) -> anyhow::Result<Self> {
-        let statefulset = Api::<StatefulSet>::namespaced(client.clone(), &settings.namespace)
-            .get(&settings.statefulset)
-            .await
-            .with_context(|| {
-                format!(
-                    "read StatefulSet {}/{}",
-                    settings.namespace, settings.statefulset
-                )
-            })?;
+        let statefulset =
+            read_statefulset(&client, &settings.namespace, &settings.statefulset).await?;
         let args: Vec<String> = statefulset
             .spec
             .as_ref()
@@ -607,4 +600,16 @@ fn pod_ready(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The deployed fleet's StatefulSet `namespace/name`.
+pub async fn read_statefulset(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<StatefulSet> {
+    Api::<StatefulSet>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .with_context(|| format!("read StatefulSet {namespace}/{name}"))
 }

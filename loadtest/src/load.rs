@@ -383,31 +383,45 @@ impl Load {
             *next += 1;
             format!("{}{:06}", self.prefix, *next)
         };
-        // The latency runs from when the operation was due, including any wait for a slot.
-        self.tracker
-            .lock()
-            .unwrap()
-            .sending(&name, Op::Create, Instant::now());
-        let permit = self.permits.clone().acquire_owned().await.expect("open");
-        let this = self.clone();
-        tokio::spawn(async move {
+        self.in_background(&name.clone(), Op::Create, move |this| async move {
             let manifest = this.manifest(&name, 0);
             match this.api.create(&PostParams::default(), &manifest).await {
-                Ok(created) => {
-                    this.tracker
-                        .lock()
-                        .unwrap()
-                        .answered(&name, created.metadata.generation.unwrap_or(1));
-                    this.live.lock().unwrap().push_back(name);
-                }
+                Ok(created) => this.answered(name, &created),
                 Err(e) => this
                     .tracker
                     .lock()
                     .unwrap()
                     .failed(&name, Op::Create, e.to_string()),
             }
+        })
+        .await;
+    }
+
+    /// Marks `op` on `name` sent, waits for a slot and sends it in the background, holding the
+    /// slot until `send` ends. The latency runs from when the operation was due, including any
+    /// wait for a slot.
+    async fn in_background<F, Work>(&self, name: &str, op: Op, send: F)
+    where
+        F: FnOnce(Load) -> Work,
+        Work: Future<Output = ()> + Send + 'static,
+    {
+        self.tracker
+            .lock()
+            .unwrap()
+            .sending(name, op, Instant::now());
+        let permit = self.permits.clone().acquire_owned().await.expect("open");
+        let work = send(self.clone());
+        tokio::spawn(async move {
+            work.await;
             drop(permit);
         });
+    }
+
+    /// An answer to a create or an update: its generation is awaited; the Manifest is live.
+    fn answered(&self, name: String, answer: &Manifest) {
+        let generation = answer.metadata.generation.unwrap_or(1);
+        self.tracker.lock().unwrap().answered(&name, generation);
+        self.live.lock().unwrap().push_back(name);
     }
 
     /// Changes the values of the least recently written Manifest (a new generation).
@@ -420,26 +434,11 @@ impl Load {
             *r += 1;
             *r
         };
-        self.tracker
-            .lock()
-            .unwrap()
-            .sending(&name, Op::Update, Instant::now());
-        let permit = self.permits.clone().acquire_owned().await.expect("open");
-        let this = self.clone();
-        tokio::spawn(async move {
+        self.in_background(&name.clone(), Op::Update, move |this| async move {
             let patch = json!({"spec": {"values": {"revision": revision}}});
-            match this
-                .api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(m) => {
-                    this.tracker
-                        .lock()
-                        .unwrap()
-                        .answered(&name, m.metadata.generation.unwrap_or(1));
-                    this.live.lock().unwrap().push_back(name);
-                }
+            let params = PatchParams::default();
+            match this.api.patch(&name, &params, &Patch::Merge(&patch)).await {
+                Ok(m) => this.answered(name, &m),
                 Err(e) => {
                     this.tracker
                         .lock()
@@ -448,8 +447,8 @@ impl Load {
                     this.live.lock().unwrap().push_back(name);
                 }
             }
-            drop(permit);
-        });
+        })
+        .await;
     }
 
     /// Deletes the least recently written live Manifest.
@@ -457,13 +456,7 @@ impl Load {
         let Some(name) = self.live.lock().unwrap().pop_front() else {
             return;
         };
-        self.tracker
-            .lock()
-            .unwrap()
-            .sending(&name, Op::Delete, Instant::now());
-        let permit = self.permits.clone().acquire_owned().await.expect("open");
-        let this = self.clone();
-        tokio::spawn(async move {
+        self.in_background(&name.clone(), Op::Delete, move |this| async move {
             match this.api.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => this.tracker.lock().unwrap().delete_answered(&name),
                 Err(e) => {
@@ -477,8 +470,8 @@ impl Load {
                     }
                 }
             }
-            drop(permit);
-        });
+        })
+        .await;
     }
 
     /// Ends a running [`Load::run`] at its next tick (and every later one until

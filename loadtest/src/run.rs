@@ -57,17 +57,9 @@ pub async fn execute(
     let progress = Progress::new(options.quiet);
     let original_replicas = match &cluster {
         Cluster::Deployed { .. } => {
-            Api::<StatefulSet>::namespaced(client.clone(), &options.fleet_namespace)
-                .get(&options.statefulset)
-                .await
-                .with_context(|| {
-                    format!(
-                        "read StatefulSet {}/{}",
-                        options.fleet_namespace, options.statefulset
-                    )
-                })?
-                .spec
-                .and_then(|s| s.replicas)
+            let (namespace, name) = (&options.fleet_namespace, &options.statefulset);
+            let statefulset = crate::fleet::read_statefulset(&client, namespace, name).await?;
+            statefulset.spec.and_then(|s| s.replicas)
         }
         Cluster::Local(_) => None,
     };
