@@ -620,7 +620,7 @@ async fn diff_lists_exactly_a_values_change_a_drift_and_a_prune_and_changes_noth
         "{}",
         help.stdout
     );
-    let kubectl = kubectl();
+    let kubectl = common::kubectl();
     let got = run_program(
         &kubectl,
         &["module-manager", "get", "catalog", "-n", ns],
@@ -656,18 +656,6 @@ async fn diff_lists_exactly_a_values_change_a_drift_and_a_prune_and_changes_noth
     assert_eq!(waited.code, 0, "{} {}", waited.stdout, waited.stderr);
     h.wait_ready("catalog").await;
     assert_eq!(h.mm_ok(&diff(&[]), 0).await, "No changes.\n");
-}
-
-/// kubectl from the tool cache (`hack/build-tools.sh` builds it beside kube-apiserver).
-fn kubectl() -> PathBuf {
-    let tools = testenv::Tools::locate().unwrap();
-    let kubectl = tools.kube_apiserver.with_file_name("kubectl");
-    assert!(
-        kubectl.is_file(),
-        "{} is missing: run hack/build-tools.sh",
-        kubectl.display()
-    );
-    kubectl
 }
 
 #[tokio::test]

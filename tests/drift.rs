@@ -23,6 +23,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use module_manager::api::Manifest;
+use module_manager::telemetry::metrics::DriftLabels;
 use serde_json::{Value, json};
 
 const CHART: &str = "tests/fixtures/charts/scaled";
@@ -444,4 +445,435 @@ async fn measure_the_request_cost_of_drift_passes_after_a_handover() {
         applies, passes,
         "one apply per object and pass (no handover, no conflict)"
     );
+}
+
+// ---- Drift modes and foreign managers (issue 35 items 1 and 2) ----
+
+impl Harness {
+    /// Creates a Manifest of the `scaled` chart at 2 replicas with `spec.drift` (drift passes
+    /// every `interval`), plays its rollout and waits until it is Ready.
+    async fn ready_with_drift(&self, name: &str, drift: Value, interval: &str) {
+        self.ready_with(name, json!({ "drift": drift }), interval)
+            .await;
+    }
+
+    /// [`Self::ready_with_drift`] with `more` merged into the spec.
+    async fn ready_with(&self, name: &str, more: Value, interval: &str) {
+        let mut spec = json!({"module": name, "chart": {"path": CHART},
+                              "values": {"replicas": 2}, "interval": interval});
+        merge(&mut spec, more);
+        self.0.create(&common::manifest(&self.ns, name, spec)).await;
+        self.applied(name).await;
+        common::deployment_rolled_out(&self.client, &self.ns, name, 2).await;
+        common::wait_state(
+            &self.manifests,
+            name,
+            module_manager::api::State::Ready,
+            WAIT,
+        )
+        .await;
+    }
+
+    /// Another writer (an Update, field manager `other-writer`) changes `data.mode` of the
+    /// ConfigMap `name` and adds `data.extra`.
+    async fn tamper(&self, name: &str) {
+        let other = PatchParams {
+            field_manager: Some("other-writer".into()),
+            ..Default::default()
+        };
+        let patch = json!({"data": {"mode": "tampered", "extra": "added"}});
+        self.config_maps()
+            .patch(name, &other, &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+
+    /// The Deployment `name` (2 replicas) has 1 of them available (its controller played):
+    /// waits until the Manifest is no longer Ready.
+    async fn rolling_out(&self, name: &str) {
+        let deployments = self.deployments();
+        let generation = deployments.get(name).await.unwrap().metadata.generation;
+        let status = json!({"status": {"observedGeneration": generation, "replicas": 2,
+            "updatedReplicas": 2, "readyReplicas": 1, "availableReplicas": 1,
+            "unavailableReplicas": 1, "conditions": [
+                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+                {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}]}});
+        deployments
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+        common::wait_for(&self.manifests, name, "not Ready", WAIT, |m| {
+            m.status.as_ref().and_then(|s| s.state) != Some(module_manager::api::State::Ready)
+        })
+        .await;
+    }
+
+    /// Waits until the Manifest's `Drifted` condition has `status` and `reason`; returns its
+    /// message.
+    async fn drifted(&self, name: &str, status: &str, reason: &str) -> String {
+        let manifest = common::wait_for(&self.manifests, name, reason, WAIT, |m| {
+            drifted_condition(m).is_some_and(|(s, r, _)| s == status && r == reason)
+        })
+        .await;
+        drifted_condition(&manifest).unwrap().2
+    }
+
+    /// Waits until the ConfigMap `name` is as the chart has it: `mode: fast`, no `extra`.
+    async fn config_map_reverted(&self, name: &str) -> ConfigMap {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let map = self.config_maps().get(name).await.unwrap();
+            if data(&map, "mode").as_deref() == Some("fast") && data(&map, "extra").is_none() {
+                return map;
+            }
+            let owners: Vec<_> = map
+                .managed_fields()
+                .iter()
+                .map(|e| e.manager.clone())
+                .collect();
+            assert!(
+                Instant::now() < deadline,
+                "{name} not reverted: {:?} {owners:?}",
+                map.data
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+fn drifted_condition(manifest: &Manifest) -> Option<(String, String, String)> {
+    let status = manifest.status.as_ref()?;
+    let c = status.conditions.iter().find(|c| c.type_ == "Drifted")?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// The resourceVersions of the module's ConfigMap and Deployment.
+async fn versions(h: &Harness, name: &str) -> (Option<String>, Option<String>) {
+    let map = h
+        .config_maps()
+        .get(&format!("{name}-settings"))
+        .await
+        .unwrap();
+    let deployment = h.deployments().get(name).await.unwrap();
+    (map.resource_version(), deployment.resource_version())
+}
+
+#[tokio::test]
+async fn warn_mode_reports_drift_and_writes_nothing_to_the_objects() {
+    let h = start("drift-warn").await;
+    // Override managers in warn mode: their fields are reported, nothing is taken over.
+    let drift = json!({"mode": "warn", "overrideManagers": ["other-writer"]});
+    h.ready_with_drift("web", drift, "1s").await;
+    h.tamper("web-settings").await;
+    let tampered = versions(&h, "web").await;
+    let message = h.drifted("web", "True", "DriftDetected").await;
+    let map = format!("ConfigMap/{}/web-settings (/data/mode, /data/extra)", h.ns);
+    assert!(message.contains(&map), "{message}");
+    assert!(
+        message.contains("not repaired (spec.drift.mode: warn)"),
+        "{message}"
+    );
+    // Drift passes go on every second: none writes to the module's objects.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        versions(&h, "web").await,
+        tampered,
+        "a warn-mode pass wrote to an object"
+    );
+    let map = h.config_maps().get("web-settings").await.unwrap();
+    assert_eq!(data(&map, "mode").as_deref(), Some("tampered"));
+    assert!(
+        map.managed_fields()
+            .iter()
+            .any(|e| e.manager.as_deref() == Some("other-writer")),
+        "warn mode took over fields"
+    );
+    let warned = DriftLabels { mode: "warn" };
+    assert!(h.ctx.metrics.drifted.get_or_create(&warned).get() >= 1);
+
+    // Back to `enabled`: the spec changed, the pass applies everything and repairs.
+    common::patch_spec(&h.manifests, "web", json!({"drift": {"mode": "enabled"}})).await;
+    h.applied("web").await;
+    let map = h.config_maps().get("web-settings").await.unwrap();
+    assert_eq!(data(&map, "mode").as_deref(), Some("fast"));
+}
+
+#[tokio::test]
+async fn enabled_mode_repairs_drift_and_reports_it() {
+    let h = start("drift-enabled").await;
+    // Drift passes every 4 s: `DriftRepaired` stays until the next one finds nothing.
+    h.ready_with_drift("web", json!({}), "4s").await;
+    h.tamper("web-settings").await;
+    let message = h.drifted("web", "True", "DriftRepaired").await;
+    let map = format!("ConfigMap/{}/web-settings (/data/mode)", h.ns);
+    assert!(message.contains(&map), "{message}");
+    let map = h.config_maps().get("web-settings").await.unwrap();
+    assert_eq!(data(&map, "mode").as_deref(), Some("fast"));
+    // Not an override manager: the field it added stays (the default: no manager overridden).
+    assert_eq!(data(&map, "extra").as_deref(), Some("added"));
+    let repaired = DriftLabels { mode: "enabled" };
+    assert!(h.ctx.metrics.drifted.get_or_create(&repaired).get() >= 1);
+    // The next drift pass finds nothing.
+    h.drifted("web", "False", "NoDrift").await;
+}
+
+#[tokio::test]
+async fn disabled_mode_runs_no_drift_pass() {
+    let h = start("drift-disabled").await;
+    h.ready_with_drift("web", json!({"mode": "disabled"}), "1s")
+        .await;
+    h.tamper("web-settings").await;
+    let tampered = versions(&h, "web").await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(versions(&h, "web").await, tampered, "a drift pass applied");
+    let map = h.config_maps().get("web-settings").await.unwrap();
+    assert_eq!(data(&map, "mode").as_deref(), Some("tampered"));
+    let manifest = h.manifests.get("web").await.unwrap();
+    assert_eq!(
+        drifted_condition(&manifest),
+        None,
+        "no drift pass, no report"
+    );
+    // Readiness is still judged: a Deployment that stops being available turns the module
+    // not Ready (its status is read, nothing is applied).
+    h.rolling_out("web").await;
+    let map = h.config_maps().get("web-settings").await.unwrap();
+    assert_eq!(data(&map, "mode").as_deref(), Some("tampered"), "applied");
+    // A new spec is applied in full: the chart's values, and the drift repaired with it.
+    common::patch_spec(&h.manifests, "web", json!({"values": {"replicas": 3}})).await;
+    h.applied("web").await;
+    let deployment = h.deployments().get("web").await.unwrap();
+    assert_eq!(replicas(&deployment), Some(3));
+    let map = h.config_maps().get("web-settings").await.unwrap();
+    assert_eq!(data(&map, "mode").as_deref(), Some("fast"));
+}
+
+#[tokio::test]
+async fn override_managers_revert_an_update_a_client_side_apply_and_kubectl_scale() {
+    let h = start("drift-override").await;
+    let managers =
+        json!({"overrideManagers": ["other-writer", "kubectl-client-side-apply", "kubectl"]});
+    h.ready_with_drift("web", managers, "1s").await;
+    // The same module without override managers: what they add stays.
+    h.ready_with_drift("keep", json!({}), "4s").await;
+
+    // 1. An Update by another manager changes one of our fields and adds one.
+    h.tamper("web-settings").await;
+    h.tamper("keep-settings").await;
+    let map = h.config_map_reverted("web-settings").await;
+    let owners: Vec<_> = map
+        .managed_fields()
+        .iter()
+        .filter_map(|e| e.manager.clone())
+        .collect();
+    assert!(!owners.contains(&"other-writer".to_owned()), "{owners:?}");
+    h.drifted("keep", "True", "DriftRepaired").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let keep = h.config_maps().get("keep-settings").await.unwrap();
+    assert_eq!(data(&keep, "mode").as_deref(), Some("fast"));
+    assert_eq!(
+        data(&keep, "extra").as_deref(),
+        Some("added"),
+        "not overridden: kept"
+    );
+
+    // 2. `kubectl apply` (client-side) of a changed copy with a new key.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let copy = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "web-settings", "namespace": h.ns},
+        "data": {"mode": "kubectl", "counter": "0", "extra": "by-kubectl"}});
+    std::fs::write(file.path(), copy.to_string()).unwrap();
+    kubectl(&["apply", "-f", file.path().to_str().unwrap()]).await;
+    let map = h.config_map_reverted("web-settings").await;
+    let last_applied = "kubectl.kubernetes.io/last-applied-configuration";
+    assert!(
+        !map.annotations().contains_key(last_applied),
+        "{:?}",
+        map.annotations()
+    );
+
+    // 3. `kubectl scale` (manager `kubectl`, the scale subresource).
+    kubectl(&["scale", "deployment/web", "--replicas=5", "-n", &h.ns]).await;
+    let scaled = h.deployments().get("web").await.unwrap();
+    eprintln!("after kubectl scale: {:?}", replicas_owners(&scaled));
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let deployment = h.deployments().get("web").await.unwrap();
+        if replicas(&deployment) == Some(2) {
+            assert_eq!(replicas_owners(&deployment), ["module-manager"]);
+            break;
+        }
+        let owners = replicas_owners(&deployment);
+        assert!(
+            Instant::now() < deadline,
+            "kubectl scale not reverted: {owners:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `--drift-override-managers`: the operator-wide list, for Manifests that name none.
+#[tokio::test]
+async fn the_operator_wide_flag_overrides_managers_for_every_manifest() {
+    let h = Harness(
+        common::operator_with("drift-flag", 2, |c| {
+            c.replica("drift-replica")
+                .drift_override_managers(&["other-writer"])
+        })
+        .await,
+    );
+    h.ready_with_drift("web", json!({}), "1s").await;
+    h.tamper("web-settings").await;
+    h.config_map_reverted("web-settings").await;
+}
+
+/// Runs kubectl from the tool cache against the tests' control plane; panics on failure.
+async fn kubectl(args: &[&str]) {
+    let kubectl = common::kubectl();
+    let kubeconfig = common::control_plane().await.kubeconfig();
+    let out = std::process::Command::new(kubectl)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Override managers never take the fields left to others: a `spec.driftIgnore` field another
+/// writer changed, and `replicas` a chart leaves to an autoscaler (`kubectl scale`), keep their
+/// value while the rest of that writer's changes are reverted.
+#[tokio::test]
+async fn override_managers_leave_ignored_and_autoscaled_fields_alone() {
+    let h = start("drift-override-ignore").await;
+    let more = json!({"drift": {"overrideManagers": ["other-writer", "kubectl"]},
+        "driftIgnore": [{"paths": ["/data/counter"], "target": {"kind": "ConfigMap"}}]});
+    h.ready_with("web", more, "1s").await;
+    let other = PatchParams {
+        field_manager: Some("other-writer".into()),
+        ..Default::default()
+    };
+    let patch = json!({"data": {"mode": "tampered", "extra": "added", "counter": "7"}});
+    h.config_maps()
+        .patch("web-settings", &other, &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let map = h.config_map_reverted("web-settings").await;
+    // Some drift passes later the ignored field still has the other writer's value.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let map = h.config_maps().get("web-settings").await.unwrap_or(map);
+    assert_eq!(
+        data(&map, "counter").as_deref(),
+        Some("7"),
+        "{:?}",
+        map.data
+    );
+
+    // The chart leaves `replicas` to its HPA (2 to 5): `kubectl scale` to 4 stays.
+    common::patch_spec(
+        &h.manifests,
+        "web",
+        json!({"values": {"autoscale": true, "replicas": null}}),
+    )
+    .await;
+    h.applied("web").await;
+    kubectl(&["scale", "deployment/web", "--replicas=4", "-n", &h.ns]).await;
+    let seen = watch_replicas(h.deployments(), "web");
+    // Drift passes run (the ConfigMap's drift is repaired again) and replicas stay 4.
+    h.tamper("web-settings").await;
+    h.config_map_reverted("web-settings").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let deployment = h.deployments().get("web").await.unwrap();
+    assert_eq!(
+        replicas(&deployment),
+        Some(4),
+        "seen: {:?}",
+        seen.lock().unwrap()
+    );
+    assert!(
+        seen.lock().unwrap().iter().all(|r| *r == Some(4)),
+        "replicas changed: {:?}",
+        seen.lock().unwrap()
+    );
+}
+
+/// An object deleted and made again by someone else under the name, with the Manifest's label
+/// copied: not the object the Manifest recorded, so its `managedFields` are not rewritten and the
+/// apply refuses it.
+#[tokio::test]
+async fn a_take_over_leaves_an_object_made_again_by_someone_else_alone() {
+    let h = start("drift-override-replaced").await;
+    h.ready_with_drift("web", json!({"overrideManagers": ["other-writer"]}), "2s")
+        .await;
+    let uid = h.manifests.get("web").await.unwrap().uid().unwrap();
+    assert_eq!(
+        module_manager::apply::MANIFEST_UID_LABEL,
+        "modulemanager.io/manifest-uid"
+    );
+    let theirs: ConfigMap = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "web-settings", "labels": {"modulemanager.io/manifest-uid": uid}},
+        "data": {"mode": "theirs"}}))
+    .unwrap();
+    let params = kube::api::PostParams {
+        field_manager: Some("other-writer".into()),
+        ..Default::default()
+    };
+    // Deleted and made again at once (a drift pass may make it again first: then again).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let _ = h
+            .config_maps()
+            .delete("web-settings", &Default::default())
+            .await;
+        if h.config_maps().create(&params, &theirs).await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "could not make the object again");
+    }
+    let manifest = common::wait_for(&h.manifests, "web", "refused", WAIT, |m| {
+        common::ready_condition(m).is_some_and(|(_, message)| message.contains("created again"))
+    })
+    .await;
+    eprintln!("{:?}", common::ready_condition(&manifest));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let map = h.config_maps().get("web-settings").await.unwrap();
+    let owners: Vec<_> = map
+        .managed_fields()
+        .iter()
+        .filter_map(|e| e.manager.clone())
+        .collect();
+    assert_eq!(
+        owners,
+        ["other-writer"],
+        "their managedFields were rewritten"
+    );
+    assert_eq!(data(&map, "mode").as_deref(), Some("theirs"));
+}
+
+/// In warn mode, a pass that only re-reads a rollout in progress looks at nothing: the
+/// `Drifted` condition the last drift pass left stays (it is not replaced by `NoDrift`).
+#[tokio::test]
+async fn a_rollout_re_check_keeps_the_drift_found() {
+    let h = start("drift-warn-recheck").await;
+    h.ready_with_drift("web", json!({"mode": "warn"}), "20s")
+        .await;
+    h.tamper("web-settings").await;
+    h.drifted("web", "True", "DriftDetected").await;
+    // The Deployment stops being available: the next drift pass finds it rolling out, and the
+    // passes that follow within the interval re-read it.
+    h.rolling_out("web").await;
+    let deadline = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < deadline {
+        let manifest = h.manifests.get("web").await.unwrap();
+        let drifted = drifted_condition(&manifest);
+        assert_eq!(
+            drifted.as_ref().map(|(s, r, _)| (s.as_str(), r.as_str())),
+            Some(("True", "DriftDetected")),
+            "{drifted:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

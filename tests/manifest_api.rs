@@ -51,6 +51,7 @@ fn manifest(name: &str, chart: ChartSource) -> Manifest {
             interval: "10m".into(),
             timeout: "5m".into(),
             drift_ignore: vec![],
+            drift: Default::default(),
             depends_on: vec![],
         },
     )
@@ -500,6 +501,16 @@ async fn names_intervals_and_lists_outside_the_schema_are_refused() {
         ("timeout", json!("5m; rm -rf /")),
         ("module", json!("")),
         ("valuesFrom", json!(many)),
+        ("drift", json!({"overrideManagers": [""]})),
+        ("drift", json!({"overrideManagers": vec!["kubectl"; 17]})),
+        (
+            "drift",
+            json!({"overrideManagers": ["kubectl", "module-manager"]}),
+        ),
+        (
+            "drift",
+            json!({"overrideManagers": ["module-manager-handover"]}),
+        ),
     ] {
         let mut spec = json!({"module": "web", "chart": {"path": "/charts/web"}});
         spec[field] = value;

@@ -346,6 +346,7 @@ fn facts(
         hook_run: Some(hook_run),
         hook_objects: Some(Vec::new()),
         readiness_started: Some(Some(Time(Timestamp::now()))),
+        drift: None,
     }
 }
 

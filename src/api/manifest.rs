@@ -135,6 +135,12 @@ pub struct ManifestSpec {
     #[schemars(length(max = 32))]
     pub drift_ignore: Vec<DriftIgnoreRule>,
 
+    /// How drift passes treat drift (Flux's `driftDetection.mode`): repair and report it,
+    /// only report it, or no drift pass at all; and which other field managers' changes a drift
+    /// pass reverts. docs/api.md § Drift modes and foreign managers.
+    #[serde(default, skip_serializing_if = "DriftSpec::is_default")]
+    pub drift: DriftSpec,
+
     /// Manifests that must be Ready (at their current generation) before this one is installed
     /// or upgraded: until then it waits, `Processing` with reason `DependencyNotReady` naming
     /// each that is not and why. A dependency is not deleted while a dependent that installed
@@ -163,6 +169,47 @@ pub struct DependencyReference {
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     )]
     pub namespace: Option<String>,
+}
+
+/// `spec.drift`: the drift mode and the field managers whose changes are reverted.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.overrideManagers) || self.overrideManagers.all(m, m != 'module-manager' && m != 'module-manager-handover')")
+        .message("spec.drift.overrideManagers cannot name module-manager's own field managers (module-manager, module-manager-handover)")
+)]
+pub struct DriftSpec {
+    /// `enabled` (the default): drift passes repair drift and report it in the `Drifted`
+    /// condition; `warn`: they report it and write nothing to the module's objects;
+    /// `disabled`: no drift pass (an unchanged render of a Ready module is not applied again).
+    #[serde(default)]
+    pub mode: DriftMode,
+    /// Field managers (exact names, e.g. `kubectl-client-side-apply`, `kubectl-edit`) whose
+    /// changes a drift pass reverts: the fields they changed get the chart's value back, the
+    /// fields they added are removed. Added to the operator's `--drift-override-managers`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 128)))]
+    pub override_managers: Vec<String>,
+}
+
+impl DriftSpec {
+    /// Whether nothing is set (left out of the serialized spec).
+    pub fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `spec.drift.mode`.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DriftMode {
+    /// Repair drift and report it.
+    #[default]
+    Enabled,
+    /// Report drift, repair nothing.
+    Warn,
+    /// No drift pass.
+    Disabled,
 }
 
 /// A `spec.driftIgnore` rule: JSON pointers (RFC 6901) left alone on the objects it targets.

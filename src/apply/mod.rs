@@ -627,6 +627,33 @@ impl Cluster {
         }
     }
 
+    /// Replaces the object's `managedFields` with `entries` (a merge patch replaces the list
+    /// whole), only if it is still the object `uid` at `resource_version`: `None` when the
+    /// API server answers 409 (another write came between — a controller's status write will
+    /// do — and the next drift pass looks again). Changes no field of the object: it moves
+    /// other managers' fields to module-manager ([`crate::plan::drift_report::take_over`]), so
+    /// that the apply that follows reverts them. Returns the object as stored.
+    pub async fn take_over_fields(
+        &self,
+        id: &InventoryEntry,
+        uid: &str,
+        resource_version: &str,
+        entries: Vec<Value>,
+    ) -> Result<Option<DynamicObject>, ApplyError> {
+        let api = self.api_for(id)?;
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let patch = serde_json::json!({"metadata": {
+            "uid": uid, "resourceVersion": resource_version, "managedFields": entries}});
+        match api.patch(&id.name, &params, &Patch::Merge(&patch)).await {
+            Ok(stored) => Ok(Some(stored)),
+            Err(KubeError::Api(status)) if status.code == 409 => Ok(None),
+            Err(e) => Err(ApplyError::from_kube(id, e)),
+        }
+    }
+
     /// Whether this cluster's identity may apply `object`: a server-side apply with
     /// `dryRun=All` (authorized and admitted like the real one, stored nowhere). Only a refusal
     /// for lack of permission fails; any other answer (a kind not served yet, a namespace the

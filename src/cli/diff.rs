@@ -98,6 +98,7 @@ async fn context(args: &DiffArgs, client: kube::Client, home: PathBuf) -> anyhow
         tenancy: Tenancy::default(),
         pass_limits: Default::default(),
         written: Default::default(),
+        drift_override_managers: Vec::new(),
         dependencies: Default::default(),
         queue: Default::default(),
     })

@@ -62,6 +62,11 @@ impl Pointer {
         }
     }
 
+    /// Its unescaped segments (field names: a list position is refused by [`Self::parse`]).
+    pub fn segments(&self) -> &[String] {
+        &self.0
+    }
+
     /// The value at this pointer in `value`, if any.
     pub fn get<'v>(&self, value: &'v Value) -> Option<&'v Value> {
         self.0.iter().try_fold(value, |node, segment| match node {
@@ -207,6 +212,18 @@ impl Prepared {
             .any(|p| p.get(&self.steady).is_none())
     }
 
+    /// The fields left to others: the candidates the steady body lacks (`spec.driftIgnore`'s,
+    /// and a built-in workload's `replicas` when the chart leaves them to an autoscaler). A
+    /// take-over of override managers' fields leaves these with their owners
+    /// ([`super::drift_report::take_over`]).
+    pub fn left_alone(&self) -> Vec<Pointer> {
+        self.candidates
+            .iter()
+            .filter(|p| p.get(&self.steady).is_none())
+            .cloned()
+            .collect()
+    }
+
     /// The candidates a [`handover`] body holds, as pointers (for a log line: paths, never
     /// values, which may be a Secret's).
     pub fn handed_over(&self, handover: &Value) -> Vec<String> {
@@ -283,15 +300,18 @@ fn owned_fields<'v>(live: &'v Value, manager: &str) -> Option<&'v Value> {
     live.pointer("/metadata/managedFields")?
         .as_array()?
         .iter()
-        .find(|entry| {
-            entry["manager"] == manager
-                && entry["operation"] == "Apply"
-                && entry
-                    .get("subresource")
-                    .and_then(Value::as_str)
-                    .is_none_or(str::is_empty)
-        })?
+        .find(|entry| applied_by(entry, manager))?
         .get("fieldsV1")
+}
+
+/// Whether a `managedFields` entry is `manager`'s apply of the object (not a subresource's).
+pub fn applied_by(entry: &Value, manager: &str) -> bool {
+    entry["manager"] == manager
+        && entry["operation"] == "Apply"
+        && entry
+            .get("subresource")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
 }
 
 /// The live value at `pointer`, restricted to what `owned` (a `fieldsV1` tree) holds of it;

@@ -4,6 +4,7 @@
 pub mod dependencies;
 pub mod diff;
 pub mod drift;
+pub mod drift_report;
 pub mod hooks;
 pub mod ownership;
 pub mod readiness;
@@ -164,6 +165,15 @@ pub enum PlanError {
         /// The path as written.
         path: String,
         /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// `spec.drift.overrideManagers` (with `--drift-override-managers`) names a manager that
+    /// cannot be overridden.
+    #[error("spec.drift.overrideManagers: {name:?}: {reason}")]
+    OverrideManager {
+        /// The manager, as written.
+        name: String,
+        /// Why it is refused.
         reason: &'static str,
     },
 }

@@ -175,6 +175,31 @@ pub struct Facts {
     /// When the wait for the applied objects' readiness began: `Some(None)` clears it (they
     /// are ready), `None` keeps the previous value.
     pub readiness_started: Option<Option<Time>>,
+    /// The `Drifted` condition this pass leaves (`spec.drift`); `None` keeps the previous one.
+    pub drift: Option<DriftCondition>,
+}
+
+/// The `Drifted` condition: whether a drift pass found drift, why, and which objects and
+/// fields (a bounded message, `plan::drift_report::message`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DriftCondition {
+    /// `True` when drift was found.
+    pub drifted: bool,
+    /// `DriftDetected`, `DriftRepaired`, `NoDrift`, `Applied`, `DriftDisabled`.
+    pub reason: &'static str,
+    /// What differs, or why there is nothing to say.
+    pub message: String,
+}
+
+impl DriftCondition {
+    /// A `Drifted=False` condition.
+    pub fn clear(reason: &'static str, message: &str) -> Self {
+        Self {
+            drifted: false,
+            reason,
+            message: message.to_owned(),
+        }
+    }
 }
 
 /// The status after a pass. Unchanged inputs give an equal status (so the caller can skip the
@@ -230,6 +255,24 @@ pub fn next_status(
     }
     if let Some(applied) = outcome.applied {
         set(&mut conditions, "Applied", applied);
+    }
+    // `Drifted=False` only replaces a condition that is there: a module never found drifted
+    // has none, and its passes write no status for it.
+    let drift = facts
+        .drift
+        .as_ref()
+        .filter(|drift| drift.drifted || conditions.iter().any(|c| c.type_ == "Drifted"));
+    if let Some(drift) = drift {
+        let message = shorten(&drift.message, MESSAGE_LIMIT);
+        set_condition(
+            &mut conditions,
+            "Drifted",
+            drift.drifted,
+            drift.reason,
+            &message,
+            generation,
+            now,
+        );
     }
 
     let last_operation = last_operation(&previous, outcome, &message, now);
@@ -603,6 +646,58 @@ mod tests {
         };
         let waiting_for_db = status_of(Some(&done), &blocked, 150);
         assert!(publishes_event(Some(&done), &waiting_for_db, &blocked));
+    }
+
+    #[test]
+    fn the_drifted_condition_follows_a_drift_fact_and_stays_without_one() {
+        let with = |previous: Option<&ManifestStatus>, drift, time| {
+            let facts = Facts {
+                drift,
+                ..Facts::default()
+            };
+            next_status(previous, Some(1), &ready(), facts, None, "r0", &at(time))
+        };
+        let drifted = |status: &ManifestStatus| {
+            let c = status.conditions.iter().find(|c| c.type_ == "Drifted");
+            c.map(|c| {
+                (
+                    c.status.clone(),
+                    c.reason.clone(),
+                    c.last_transition_time.clone(),
+                )
+            })
+        };
+        let first = with(None, None, 100);
+        assert_eq!(drifted(&first), None, "no drift pass yet: no condition");
+        let nothing = with(
+            Some(&first),
+            Some(DriftCondition::clear("NoDrift", "none")),
+            105,
+        );
+        assert_eq!(
+            drifted(&nothing),
+            None,
+            "never drifted: no condition, no write"
+        );
+        let found = DriftCondition {
+            drifted: true,
+            reason: "DriftDetected",
+            message: "1 object(s) differ".into(),
+        };
+        let second = with(Some(&first), Some(found), 110);
+        assert_eq!(
+            drifted(&second),
+            Some(("True".into(), "DriftDetected".into(), at(110)))
+        );
+        // A pass that did not check (asked for, not Ready) keeps it as it was.
+        let third = with(Some(&second), None, 120);
+        assert_eq!(drifted(&third), drifted(&second));
+        let clear = DriftCondition::clear("NoDrift", "none");
+        let fourth = with(Some(&third), Some(clear), 130);
+        assert_eq!(
+            drifted(&fourth),
+            Some(("False".into(), "NoDrift".into(), at(130)))
+        );
     }
 
     #[test]

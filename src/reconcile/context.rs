@@ -62,6 +62,9 @@ pub struct Context {
     pub written: LastWrites,
     /// Whether dependencies may cross namespaces.
     pub dependencies: DependencyRules,
+    /// `--drift-override-managers`: field managers whose changes every drift pass reverts,
+    /// besides a Manifest's `spec.drift.overrideManagers`; empty by default.
+    pub drift_override_managers: Vec<String>,
     /// The work queue's counts (`(due, scheduled)`, installed by the controller; due includes
     /// the keys waiting for their remote target's pass to end): a pass does not wait for its
     /// workloads while other keys are due.

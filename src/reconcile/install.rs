@@ -11,6 +11,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::Value;
 
 use super::context::Context;
+use super::drift_check::DriftCheck;
 use super::error::ReconcileError;
 use super::hook_runner::{HookScope, PhaseOutcome, prepare_hooks};
 use super::inputs::{install_run, render_request, vetted_render};
@@ -21,10 +22,10 @@ use super::pass::{
 };
 use super::records::Records;
 use super::{dependencies, finalizer, target};
-use crate::api::State;
+use crate::api::{DriftMode, State};
 use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
 use crate::apply::namespace::ensure_namespace;
-use crate::apply::{ApplyError, Cluster, kind_name};
+use crate::apply::{ApplyError, Cluster, FIELD_MANAGER, kind_name};
 use crate::plan::drift::IgnoreRules;
 use crate::plan::hooks;
 use crate::plan::ownership;
@@ -118,7 +119,8 @@ impl Install<'_> {
         request.is_upgrade = run.operation == HookOperation::Upgrade;
         let (rendered, mut plan) = self.render(&request).await?;
         let rules = IgnoreRules::parse(&self.manifest.spec.drift_ignore)?;
-        let drift = self.drift_pass(&previous, &rendered, &rules);
+        let check = self.drift_check(&previous, &rendered)?;
+        let drift = self.drift_pass(&previous, &rendered, &rules, &check);
         // Recorded from here on: a render that fails does not replace the previous run.
         let run = progress.hook_run.insert(run);
         let scope = self.hook_scope(&previous);
@@ -144,6 +146,9 @@ impl Install<'_> {
         let applied = match self.recheck(&previous, &plan.objects, &drift).await? {
             Some(read) => read,
             None => {
+                // The objects are looked at: what the check finds is reported (not after a
+                // re-check, nor after the CRD phase alone, which share the check).
+                check.begin();
                 self.apply(&previous, &mut records, &plan.objects, &drift)
                     .await?
             }
@@ -179,7 +184,8 @@ impl Install<'_> {
             operation: changed.then_some(Operation::from(run.operation)),
             wait: self.wait(&previous, &rendered, now),
         };
-        let digests = digests(&request, &rendered, values_digest);
+        let mut digests = digests(&request, &rendered, values_digest);
+        digests.drift = check.condition(drift.changed);
         Ok(Some(self.outcome(&previous, ended, digests, progress)))
     }
 
@@ -191,15 +197,47 @@ impl Install<'_> {
         previous: &ManifestStatus,
         rendered: &Rendered,
         rules: &'r IgnoreRules,
+        check: &'r DriftCheck,
     ) -> DriftPass<'r> {
-        let changed = previous.rendered_digest.as_deref() != Some(rendered.digest.as_str())
-            || previous.applied_generation != self.manifest.meta().generation;
+        let changed = self.render_changed(previous, rendered);
         let asked = crate::plan::trigger::Requests::of(self.manifest) != Default::default();
+        let ready = previous.state == Some(State::Ready);
         DriftPass {
             rules,
             changed,
-            skip_unchanged: !changed && !asked && previous.state == Some(State::Ready),
+            skip_unchanged: !changed && !asked && ready,
+            check,
+            idle: !changed && !asked && ready && check.mode == DriftMode::Disabled,
         }
+    }
+
+    /// Whether the render or the spec changed since the last pass that applied everything.
+    fn render_changed(&self, previous: &ManifestStatus, rendered: &Rendered) -> bool {
+        previous.rendered_digest.as_deref() != Some(rendered.digest.as_str())
+            || previous.applied_generation != self.manifest.meta().generation
+    }
+
+    /// `spec.drift` for this pass: the managers to override (the operator's and the
+    /// Manifest's, checked), and whether it checks for drift — a drift pass (nothing changed)
+    /// in `warn` mode, or in `enabled` mode one of the timer's (not asked for, over a Ready
+    /// module: a pass asked for repairs as before, without a report).
+    fn drift_check(
+        &self,
+        previous: &ManifestStatus,
+        rendered: &Rendered,
+    ) -> Result<DriftCheck, ReconcileError> {
+        let spec = &self.manifest.spec.drift;
+        let reserved = [FIELD_MANAGER, crate::plan::drift::HANDOVER_MANAGER];
+        let managers = crate::plan::drift_report::override_managers(
+            &self.ctx.drift_override_managers,
+            &spec.override_managers,
+            &reserved,
+        )?;
+        let drift_pass = !self.render_changed(previous, rendered);
+        let asked = crate::plan::trigger::Requests::of(self.manifest) != Default::default();
+        let timer = !asked && previous.state == Some(State::Ready);
+        let active = crate::plan::drift_report::checks(spec.mode, drift_pass, timer);
+        Ok(DriftCheck::new(spec.mode, managers, drift_pass, active))
     }
 
     /// The hook run this pass works on: an install until something was applied, then upgrades;

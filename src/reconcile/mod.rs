@@ -20,6 +20,7 @@ mod argocd_health;
 mod context;
 mod delete;
 mod dependencies;
+mod drift_check;
 mod error;
 mod finalizer;
 mod hook_runner;

@@ -5,9 +5,10 @@ use kube::ResourceExt;
 use kube::api::DynamicObject;
 
 use super::context::Context;
+use super::drift_check::{DriftCheck, Subject};
 use super::error::ReconcileError;
 use super::records::{Records, record_inventory};
-use crate::api::{InventoryEntry, Manifest, ManifestStatus};
+use crate::api::{DriftMode, InventoryEntry, Manifest, ManifestStatus};
 use crate::apply::listed::Listing;
 use crate::apply::ownership::apply_owned;
 use crate::apply::{Cluster, Deletion, FIELD_MANAGER};
@@ -30,6 +31,12 @@ pub(super) struct DriftPass<'a> {
     /// by a listing on a remote target) are not applied again (and, unchanged since that Ready
     /// pass, are still ready).
     pub skip_unchanged: bool,
+    /// `spec.drift`: what a drift pass checks and reports, and the managers it overrides.
+    pub check: &'a DriftCheck,
+    /// A drift pass in `disabled` mode ([`Self::skip_unchanged`] in `disabled` mode): nothing
+    /// is applied; what changed since the last apply is read, not applied, so that readiness
+    /// is judged on what it is now.
+    pub idle: bool,
 }
 
 /// Applies `objects` in order, after recording them all in the inventory (nothing applied can be
@@ -54,17 +61,7 @@ pub(super) async fn apply_all(
     let previous_inventory = &previous.inventory;
     record_inventory(manifest, ctx, fence, previous, records, objects).await?;
     let learned = &mut *records.learned;
-    // A remote target has no watch: one metadata-only LIST per kind tells what is unchanged.
-    let listing = if pass.skip_unchanged && cluster.is_remote() {
-        let held: Vec<&InventoryEntry> = objects
-            .iter()
-            .map(|o| &o.id)
-            .filter(|id| crate::plan::holds(previous_inventory, id))
-            .collect();
-        cluster.list_applied(&uid, &held).await?
-    } else {
-        Listing::default()
-    };
+    let listing = listing(cluster, pass, &uid, objects, previous_inventory).await?;
     let mut applied = Vec::with_capacity(objects.len());
     for object in objects {
         // Applied before, also under another version (a chart moving to `autoscaling/v2`).
@@ -101,11 +98,31 @@ pub(super) async fn apply_all(
                         continue;
                     }
                 }
+                // Disabled mode: no drift pass — changed, it is read (for readiness), not
+                // applied.
+                Since::Changed if pass.idle => {
+                    if let Some(live) = cluster.get(&object.id).await? {
+                        applied.push((object.id.clone(), live));
+                    }
+                    continue;
+                }
                 Since::Changed => {}
             }
         }
-        fence.check()?;
-        let answer = apply_owned(cluster, &body, &uid, recorded_uid.map(String::as_str)).await?;
+        let left = prepared.left_alone();
+        let subject = Subject {
+            object: &body,
+            uid: &uid,
+            recorded_uid: recorded_uid.map(String::as_str),
+            left: &left,
+        };
+        let answer = match write_object(ctx, cluster, fence, pass.check, &subject, exists).await? {
+            Written::Looked(live) => {
+                applied.extend(live.map(|live| (object.id.clone(), live)));
+                continue;
+            }
+            Written::Applied(answer) => answer,
+        };
         if let Some(object_uid) = answer.metadata.uid.clone() {
             learned.insert(key, object_uid);
         }
@@ -118,6 +135,62 @@ pub(super) async fn apply_all(
         ctx.metrics.applied.inc();
     }
     Ok(applied)
+}
+
+/// A remote target has no watch: on a pass that skips unchanged objects, one metadata-only
+/// LIST per kind tells what is unchanged.
+async fn listing(
+    cluster: &Cluster,
+    pass: &DriftPass<'_>,
+    uid: &str,
+    objects: &[RenderedObject],
+    previous_inventory: &[InventoryEntry],
+) -> Result<Listing, ReconcileError> {
+    if !(pass.skip_unchanged && cluster.is_remote()) {
+        return Ok(Listing::default());
+    }
+    let held: Vec<&InventoryEntry> = objects
+        .iter()
+        .map(|o| &o.id)
+        .filter(|id| crate::plan::holds(previous_inventory, id))
+        .collect();
+    Ok(cluster.list_applied(uid, &held).await?)
+}
+
+/// What [`write_object`] did to one object.
+enum Written {
+    /// A warn-mode look: nothing written; the object as read (`None`: nothing to judge).
+    Looked(Option<DynamicObject>),
+    /// Applied: the object as the server returned it.
+    Applied(DynamicObject),
+}
+
+/// One object's write of the pass under `check`: a look in a warn-mode check (nothing written);
+/// else the guarded apply ([`apply_owned`]), in an enabled-mode check after a read (what the
+/// apply changed is drift) and the take-over of override managers' fields.
+async fn write_object(
+    ctx: &Context,
+    cluster: &Cluster,
+    fence: &Fence,
+    check: &DriftCheck,
+    subject: &Subject<'_>,
+    exists: bool,
+) -> Result<Written, ReconcileError> {
+    if check.active && exists && check.mode == DriftMode::Warn {
+        let live = check.look(&ctx.metrics, cluster, subject).await?;
+        return Ok(Written::Looked(live));
+    }
+    let before = match exists && check.reads_before_apply() {
+        true => Some(check.before_apply(cluster, fence, subject).await?),
+        false => None,
+    };
+    fence.check()?;
+    let object = subject.object;
+    let answer = apply_owned(cluster, object, subject.uid, subject.recorded_uid).await?;
+    if let Some(before) = &before {
+        check.after_apply(&ctx.metrics, &object.id, before, &answer);
+    }
+    Ok(Written::Applied(answer))
 }
 
 /// Applies the live values of the fields `prepared.steady` would release (those

@@ -105,6 +105,12 @@ pub struct RunArgs {
     /// The same as `--cross-namespace-dependencies=false`.
     #[arg(long, conflicts_with = "cross_namespace_dependencies")]
     pub no_cross_namespace_dependencies: bool,
+    /// Field managers whose changes every drift pass reverts (comma-separated exact names,
+    /// e.g. `kubectl-edit,kubectl-client-side-apply`), besides each Manifest's
+    /// `spec.drift.overrideManagers`. Empty by default: reverting a person's `kubectl edit`
+    /// during an incident must be a choice.
+    #[arg(long, value_delimiter = ',', value_name = "MANAGERS")]
+    pub drift_override_managers: Vec<String>,
     /// Most reconciles at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
@@ -246,6 +252,9 @@ pub enum ConfigError {
         "--default-service-account {0:?} is not a ServiceAccount name (lowercase letters, digits, '-' and '.', at most 253, starting and ending alphanumeric)"
     )]
     DefaultServiceAccount(String),
+    /// `--drift-override-managers` names module-manager's own field managers or too many.
+    #[error("--drift-override-managers: {0}")]
+    DriftOverrideManagers(String),
 }
 
 /// The validated configuration of one replica: what [`super::run`] wires together.
@@ -294,6 +303,8 @@ pub struct RuntimeConfig {
     /// Whether `spec.dependsOn` may name another namespace (`--cross-namespace-dependencies`,
     /// off by default in impersonation mode).
     pub cross_namespace_dependencies: bool,
+    /// `--drift-override-managers`.
+    pub drift_override_managers: Vec<String>,
 }
 
 /// `--render-backend`.
@@ -360,6 +371,7 @@ impl RunArgs {
             },
             concurrency: self.concurrency,
             cross_namespace_dependencies,
+            drift_override_managers: drift_override_managers(&self.drift_override_managers)?,
             drain_timeout: Duration::from_secs(self.drain_timeout_seconds),
             manifest_selector: self.manifest_selector,
             server_side_sharding: self.server_side_sharding,
@@ -399,6 +411,24 @@ impl RunArgs {
 
 /// The ServiceAccount flags; the default's name is a DNS subdomain, as the API server requires
 /// of a ServiceAccount's name.
+/// `--drift-override-managers` checked: empty names dropped (`--drift-override-managers=`
+/// names none), module-manager's own managers and more than
+/// [`crate::plan::drift_report::MAX_MANAGERS`] refused at start-up rather than on every
+/// Manifest.
+fn drift_override_managers(names: &[String]) -> Result<Vec<String>, ConfigError> {
+    let names: Vec<String> = names.iter().filter(|n| !n.is_empty()).cloned().collect();
+    let reserved = [
+        crate::apply::FIELD_MANAGER,
+        crate::plan::drift::HANDOVER_MANAGER,
+    ];
+    crate::plan::drift_report::override_managers(&names, &[], &reserved).map_err(|e| match e {
+        crate::plan::PlanError::OverrideManager { name, reason } => {
+            ConfigError::DriftOverrideManagers(format!("{name:?}: {reason}"))
+        }
+        other => ConfigError::DriftOverrideManagers(other.to_string()),
+    })
+}
+
 fn service_accounts(
     default: Option<String>,
     required: bool,
@@ -446,6 +476,25 @@ mod tests {
         let base = ["run", "--replica", "mm-0", "--chart-root", "/charts"];
         let flags = Flags::try_parse_from(base.iter().chain(extra)).unwrap();
         flags.run.validate()
+    }
+
+    #[test]
+    fn drift_override_managers_are_checked_at_start_up() {
+        let config = validate(&["--drift-override-managers=kubectl-edit,,kubectl"]).unwrap();
+        assert_eq!(config.drift_override_managers, ["kubectl-edit", "kubectl"]);
+        let none = validate(&["--drift-override-managers="]).unwrap();
+        assert!(none.drift_override_managers.is_empty(), "empty: none");
+        for own in ["module-manager", "kubectl,module-manager-handover"] {
+            let error = validate(&["--drift-override-managers", own]).unwrap_err();
+            assert!(
+                matches!(error, ConfigError::DriftOverrideManagers(_)),
+                "{error}"
+            );
+            assert!(error.to_string().contains("module-manager"), "{error}");
+        }
+        let lots: Vec<String> = (0..33).map(|i| format!("m{i}")).collect();
+        let flag = format!("--drift-override-managers={}", lots.join(","));
+        assert!(validate(&[flag.as_str()]).is_err());
     }
 
     #[test]
@@ -668,5 +717,18 @@ mod tests {
         ];
         let base = ["run", "--replica", "mm-0", "--chart-root", "/charts"];
         assert!(Flags::try_parse_from(base.iter().chain(&both)).is_err());
+    }
+
+    #[test]
+    fn drift_override_managers_are_none_by_default_and_a_list() {
+        let managers = |flags: &[&str]| validate(flags).unwrap().drift_override_managers;
+        assert!(
+            managers(&[]).is_empty(),
+            "a kubectl edit is not reverted unless asked"
+        );
+        assert_eq!(
+            managers(&["--drift-override-managers=kubectl-edit,kubectl-client-side-apply"]),
+            ["kubectl-edit", "kubectl-client-side-apply"]
+        );
     }
 }

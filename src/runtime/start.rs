@@ -222,6 +222,7 @@ async fn context(
         dependencies: DependencyRules {
             cross_namespace: config.cross_namespace_dependencies,
         },
+        drift_override_managers: config.drift_override_managers.clone(),
         queue: Default::default(),
     }))
 }

@@ -25,6 +25,13 @@ pub struct ResultLabels {
     pub category: &'static str,
 }
 
+/// The `mode` label of `module_manager_reconcile_objects_drifted_total`: `enabled` or `warn`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DriftLabels {
+    /// `enabled` (repaired) or `warn` (reported only).
+    pub mode: &'static str,
+}
+
 /// Metrics of the reconcile pipeline.
 #[derive(Clone, Debug)]
 pub struct ReconcileMetrics {
@@ -39,6 +46,8 @@ pub struct ReconcileMetrics {
     pub unchanged: Counter,
     /// Objects deleted by pruning or deletion.
     pub deleted: Counter,
+    /// Objects a drift pass found drifted, by `spec.drift.mode`.
+    pub drifted: Family<DriftLabels, Counter>,
 }
 
 impl Default for ReconcileMetrics {
@@ -49,6 +58,7 @@ impl Default for ReconcileMetrics {
             applied: Counter::default(),
             unchanged: Counter::default(),
             deleted: Counter::default(),
+            drifted: Family::default(),
         }
     }
 }
@@ -82,6 +92,11 @@ impl ReconcileMetrics {
             "objects_deleted",
             "Objects deleted by pruning or Manifest deletion",
             metrics.deleted.clone(),
+        );
+        sub.register(
+            "objects_drifted",
+            "Objects a drift pass found different from the chart, by spec.drift.mode: enabled (repaired) or warn (reported only)",
+            metrics.drifted.clone(),
         );
         metrics
     }

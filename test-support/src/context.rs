@@ -28,6 +28,7 @@ pub struct ContextBuilder {
     tenancy: Tenancy,
     pass_limits: PassLimits,
     cross_namespace_dependencies: bool,
+    drift_override_managers: Vec<String>,
     selection: Option<Selection>,
 }
 
@@ -62,6 +63,7 @@ pub fn context(client: Client, helm_home: &Path) -> ContextBuilder {
         pass_limits: PassLimits::default(),
         selection: None,
         cross_namespace_dependencies: true,
+        drift_override_managers: Vec::new(),
     }
 }
 
@@ -116,6 +118,12 @@ impl ContextBuilder {
         self
     }
 
+    /// `--drift-override-managers` (default: none).
+    pub fn drift_override_managers(mut self, managers: &[&str]) -> Self {
+        self.drift_override_managers = managers.iter().map(|m| (*m).to_owned()).collect();
+        self
+    }
+
     /// What the object watches behind cheap drift passes select (default [`every_shard`]: the
     /// objects of every shard, each stamped with its shard, as a replica that owns them all).
     pub fn object_selection(mut self, selection: Selection) -> Self {
@@ -166,6 +174,7 @@ impl ContextBuilder {
             dependencies: module_manager::reconcile::DependencyRules {
                 cross_namespace: self.cross_namespace_dependencies,
             },
+            drift_override_managers: self.drift_override_managers,
             queue: Default::default(),
         })
     }

@@ -598,3 +598,15 @@ pub async fn admin_server_seeing(
     ));
     url
 }
+
+/// kubectl from the tool cache (`hack/build-tools.sh` builds it beside kube-apiserver).
+pub fn kubectl() -> std::path::PathBuf {
+    let tools = testenv::Tools::locate().unwrap();
+    let kubectl = tools.kube_apiserver.with_file_name("kubectl");
+    assert!(
+        kubectl.is_file(),
+        "{} is missing: run hack/build-tools.sh",
+        kubectl.display()
+    );
+    kubectl
+}
