@@ -346,7 +346,9 @@ fn restrict(live: &Value, fields: &Value) -> Option<Value> {
     }
 }
 
-fn insert(into: &mut Value, path: &[String], value: Value) {
+/// Puts `value` at `path` in `into` (a JSON object tree, a body or a `fieldsV1` tree), making
+/// the objects on the way.
+pub(super) fn insert(into: &mut Value, path: &[String], value: Value) {
     let Some((last, parents)) = path.split_last() else {
         return;
     };

@@ -10,7 +10,7 @@
 
 use serde_json::{Map, Value};
 
-use super::drift::{Pointer, applied_by};
+use super::drift::{Pointer, applied_by, insert};
 use super::status::DriftCondition;
 use super::{PlanError, describe};
 use crate::api::{DriftMode, InventoryEntry};
@@ -241,7 +241,7 @@ fn split(entry: &Value, left: &[Pointer]) -> (Value, Value) {
     });
     for path in paths.chain(std::iter::once(status.to_vec())) {
         if let Some(node) = cut(&mut taken, &path) {
-            graft(&mut theirs, &path, node);
+            insert(&mut theirs, &path, node);
         }
     }
     (taken, theirs)
@@ -261,25 +261,6 @@ fn cut(tree: &mut Value, path: &[String]) -> Option<Value> {
         map.remove(first);
     }
     Some(node)
-}
-
-/// Puts `node` at `path` in a `fieldsV1` tree.
-fn graft(tree: &mut Value, path: &[String], node: Value) {
-    let Some((last, parents)) = path.split_last() else {
-        return;
-    };
-    let mut at = tree;
-    for segment in parents {
-        let Some(map) = at.as_object_mut() else {
-            return;
-        };
-        at = map
-            .entry(segment.clone())
-            .or_insert_with(|| Value::Object(Map::new()));
-    }
-    if let Some(map) = at.as_object_mut() {
-        map.insert(last.clone(), node);
-    }
 }
 
 /// Whether a `fieldsV1` tree owns nothing.
