@@ -110,6 +110,29 @@ async fn start_with(prefix: &str, tuning: Tuning) -> Harness {
     let remote = remote_plane.client().await.unwrap();
     let ns = local_plane.namespace(&local, prefix).await.unwrap();
     let helm_home = tempfile::tempdir().unwrap();
+    let (ctx, local_requests, running) = operator(local_plane, &ns, &helm_home, tuning).await;
+    Harness {
+        manifests: Api::namespaced(local.clone(), &ns),
+        local,
+        local_plane,
+        remote,
+        remote_plane,
+        ns,
+        ctx,
+        local_requests,
+        _running: running,
+        _helm_home: helm_home,
+    }
+}
+
+/// A new operator process, as far as the test can tell: its own Context (no target clients, no
+/// apply records), counting its requests to the local cluster, running a controller of `ns`.
+async fn operator(
+    local_plane: &testenv::ControlPlane,
+    ns: &str,
+    helm_home: &tempfile::TempDir,
+    tuning: Tuning,
+) -> (Arc<Context>, ApiRequestMetrics, common::Running) {
     let local_requests = ApiRequestMetrics::default();
     let config = local_plane.config().await.unwrap();
     let counted = requests::client(config, &local_requests, RequestTarget::Local).unwrap();
@@ -132,22 +155,11 @@ async fn start_with(prefix: &str, tuning: Tuning) -> Harness {
     let config = ControllerConfig {
         concurrency: 4,
         target_passes: tuning.target_passes,
-        namespace: Some(ns.clone()),
+        namespace: Some(ns.to_owned()),
         ..Default::default()
     };
     let running = common::run_controller(ctx.clone(), config);
-    Harness {
-        manifests: Api::namespaced(local.clone(), &ns),
-        local,
-        local_plane,
-        remote,
-        remote_plane,
-        ns,
-        ctx,
-        local_requests,
-        _running: running,
-        _helm_home: helm_home,
-    }
+    (ctx, local_requests, running)
 }
 
 /// A field of the first cluster or user of a control plane's admin kubeconfig (testenv writes
@@ -296,6 +308,35 @@ impl Harness {
 
     async fn wait_until(&self, what: &str, done: impl AsyncFnMut() -> bool) {
         common::wait_until(what, PATIENCE, done).await;
+    }
+
+    /// Stops the operator, waits until its last pass has sent its last request to the target,
+    /// then runs `before` (what happens while no operator runs) and starts a new one: a
+    /// restart, with nothing kept in memory.
+    async fn restart(&mut self, before: impl AsyncFnOnce()) {
+        drop(std::mem::replace(
+            &mut self._running,
+            common::Running::stopped(),
+        ));
+        let requests = self.ctx.targets.metrics().requests.clone();
+        let sent = || requests.sum(|_| true);
+        let mut last = (sent(), Instant::now());
+        self.wait_until("the stopped operator sends nothing more", async || {
+            if sent() != last.0 {
+                last = (sent(), Instant::now());
+            }
+            last.1.elapsed() >= Duration::from_secs(3)
+        })
+        .await;
+        before().await;
+        let (ctx, local_requests, running) = operator(
+            self.local_plane,
+            &self.ns,
+            &self._helm_home,
+            Tuning::default(),
+        )
+        .await;
+        (self.ctx, self.local_requests, self._running) = (ctx, local_requests, running);
     }
 
     async fn delete_and_wait(&self, name: &str) {
@@ -867,6 +908,111 @@ async fn a_workload_whose_status_alone_changed_is_not_applied_again_but_drift_is
     h.wait_until("module-manager owns the label again", ours_owns_label)
         .await;
     assert!(applied() > before, "the drift pass applied the Deployment");
+}
+
+/// A restart (or a shard taken over) leaves a replica without apply records: its first pass
+/// of each Manifest used to apply every object again (issue 29: a cold restart at 5,000
+/// targets took 14 minutes). The stamps the status keeps let the new process restore each
+/// record from one listing: what nobody touched is not applied, a workload whose status
+/// changed meanwhile is read and judged on what it is now, and drift made while no operator
+/// ran is repaired by that first pass.
+#[tokio::test]
+async fn a_new_process_restores_its_records_from_the_status_and_repairs_what_changed_meanwhile() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let mut h = start("remote-restart").await;
+    h.put_account_secret("restart").await;
+    let (quiet, workload) = ("restart-quiet", "restart-workload");
+    // A long interval: the only drift pass after the restart is its first one.
+    let mut budget = h.manifest(
+        quiet,
+        "tests/fixtures/charts/budget",
+        Some("remote"),
+        json!({"n": 1}),
+    );
+    budget.spec.interval = "10m".into();
+    h.create(&budget).await;
+    let values = json!({"replicas": 1});
+    let mut scaled = h.manifest(
+        workload,
+        "tests/fixtures/charts/scaled",
+        Some("remote"),
+        values,
+    );
+    scaled.spec.interval = "10m".into();
+    h.create(&scaled).await;
+    let deployments = Api::<Deployment>::namespaced(h.remote.clone(), &h.ns);
+    h.wait_until("the Deployment exists on the target", async || {
+        objects::exists(&deployments, workload).await
+    })
+    .await;
+    let available = async |ready: i64| {
+        let generation = deployments.get(workload).await.unwrap().metadata.generation;
+        let up = if ready > 0 { "True" } else { "False" };
+        let status = json!({"status": {
+            "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
+            "readyReplicas": ready, "availableReplicas": ready,
+            "conditions": [
+                {"type": "Available", "status": up, "reason": "Test", "message": "-"},
+                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
+            ],
+        }});
+        deployments
+            .patch_status(workload, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .unwrap();
+    };
+    available(1).await;
+    h.wait_state(quiet, State::Ready).await;
+    h.wait_state(workload, State::Ready).await;
+    let stamps = |m: &Manifest| m.status.as_ref().map_or(0, |s| s.applied_stamps.len());
+    h.wait_for(quiet, "a stamp for each of its 3 objects", |m| {
+        stamps(m) == 3
+    })
+    .await;
+    h.wait_for(workload, "a stamp for each of its 2 objects", |m| {
+        stamps(m) == 2
+    })
+    .await;
+
+    // While no operator runs: someone edits a ConfigMap, and the workload loses its pods.
+    let configmaps = Api::<ConfigMap>::namespaced(h.remote.clone(), &h.ns);
+    h.restart(async || {
+        objects::merge(&configmaps, quiet, json!({"data": {"n": "edited"}})).await;
+        available(0).await;
+    })
+    .await;
+
+    let requests = h.ctx.targets.metrics().requests.clone();
+    let count = |verb: &'static str, resource: &'static str| {
+        requests.sum(|l| l.target == "remote" && l.verb == verb && l.resource == resource)
+    };
+    h.wait_until(
+        "the edit made while no operator ran is repaired",
+        async || h.remote_data(quiet, "n").await.as_deref() == Some("1"),
+    )
+    .await;
+    h.wait_for(workload, "not Ready: its Deployment lost its pods", |m| {
+        m.status.as_ref().and_then(|s| s.state) != Some(State::Ready)
+    })
+    .await;
+    available(1).await;
+    h.wait_state(workload, State::Ready).await;
+    // The quiet module's ServiceAccount and Service and the workload module's ConfigMap, found
+    // as their last applies left them, and the Deployment, read: the first pass's.
+    assert_eq!(h.ctx.metrics.unchanged.get(), 4, "objects skipped");
+    // The repair of the edited ConfigMap: an apply that conflicts with the editor's field, then
+    // a forced one (docs/reconcile.md); the other ConfigMap is among the skipped.
+    assert!(
+        count("apply", "configmaps") <= 2,
+        "only the edited ConfigMap is applied"
+    );
+    for resource in ["serviceaccounts", "services", "apps/deployments"] {
+        assert_eq!(count("apply", resource), 0, "nothing applied of {resource}");
+    }
+    assert!(
+        count("get", "apps/deployments") >= 2,
+        "the Deployment is read, not applied"
+    );
 }
 
 /// A credential that may not `list` a kind on the target: the refused listing is not asked for

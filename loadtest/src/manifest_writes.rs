@@ -174,7 +174,13 @@ impl Install<'_> {
         if self.writes == Writes::Fleet {
             look(objects).await?;
         }
+        // On a remote target the status keeps a stamp per object (`status.appliedStamps`).
+        let remote = shape
+            .more_spec
+            .is_some_and(|spec| spec.get("target").is_some());
+        let stamps = learned.keys().filter(|_| remote);
         let ready = Facts {
+            applied_stamps: stamps.map(|key| (key.clone(), "0".repeat(16))).collect(),
             learned_uids: learned,
             readiness_started: Some(None),
             ..facts
@@ -342,6 +348,7 @@ fn facts(
         applied_generation: Some(1),
         inventory: Some(inventory),
         learned_uids,
+        applied_stamps: BTreeMap::new(),
         target_identity: Some("00000000-0000-0000-0000-000000000000".to_owned()),
         hook_run: Some(hook_run),
         hook_objects: Some(Vec::new()),

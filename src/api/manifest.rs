@@ -484,6 +484,16 @@ pub struct ManifestStatus {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub inventory_uids: BTreeMap<String, String>,
 
+    /// On a remote target: for each inventory object (keyed as `inventoryUids`), 16 hex digits
+    /// of a digest of what module-manager's last apply of it answered (its UID, and its
+    /// resourceVersion, or for workloads its generation and the fields module-manager owns)
+    /// and of the body sent. A replica that starts, or takes the Manifest over, compares it with
+    /// one listing of the target and skips the apply of each object found as that apply left
+    /// it, instead of applying everything again. Only compared, never trusted alone: a stamp
+    /// that does not match means an apply, as without it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub applied_stamps: BTreeMap<String, String>,
+
     /// The identity of the cluster the module was first applied to: the UID of its
     /// `kube-system` Namespace. A pass on a cluster with another identity (a kubeconfig Secret
     /// edited to name another cluster) is refused before anything is written there.

@@ -7,7 +7,7 @@
 //! ([`plan::unchanged::listed_since`](crate::plan::unchanged::listed_since) decides).
 //! docs/reconcile.md, "Cheap drift passes".
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,8 @@ use prometheus_client::metrics::family::Family;
 use super::labels::{FIELD_MANAGER, MANIFEST_UID_LABEL};
 use crate::api::InventoryEntry;
 use crate::plan::Scope;
+use crate::plan::applied_stamps;
+use crate::plan::ownership::uid_key;
 use crate::plan::unchanged::{Body, Found, Kind, Name, Stamp, generation_follows_spec};
 use crate::telemetry::events::shorten;
 use crate::telemetry::metrics::{LISTING_OUTCOMES, ListingLabels};
@@ -104,6 +106,45 @@ impl Applied {
         {
             record.0 = stamp;
         }
+    }
+
+    /// `id` has no record here, and its status keeps the stamp `kept` of an earlier one (made
+    /// by another process: [`crate::plan::applied_stamps`]): when the listing `found` it as that
+    /// record says and `body` is what was sent, the record is restored. Whether it was.
+    pub(super) fn restore(
+        &self,
+        id: &InventoryEntry,
+        kept: &str,
+        found: &Found,
+        body: Body,
+    ) -> bool {
+        let kind = Kind::of(id);
+        let Some(stamp) = applied_stamps::restored(&kind, kept, found, &body) else {
+            return false;
+        };
+        let mut records = self.lock();
+        let objects = records.entry(kind).or_default();
+        objects.entry(name_of(id)).or_insert((stamp, body));
+        true
+    }
+
+    /// The stamps of the records held of `ids`, by [`uid_key`] (what the Manifest's status
+    /// keeps: [`crate::plan::applied_stamps`]).
+    pub fn stamps<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a InventoryEntry>,
+    ) -> BTreeMap<String, String> {
+        let records = self.lock();
+        let mut stamps = BTreeMap::new();
+        for id in ids {
+            let kind = Kind::of(id);
+            let record = records.get(&kind).and_then(|o| o.get(&name_of(id)));
+            if let Some((stamp, body)) = record.filter(|(s, _)| applied_stamps::keepable(&kind, s))
+            {
+                stamps.insert(uid_key(id), applied_stamps::stamp_of(&kind, stamp, body));
+            }
+        }
+        stamps
     }
 
     /// `id` was deleted (or its delete answered): nothing of it is kept.

@@ -17,7 +17,7 @@ pub mod target;
 pub mod watched;
 pub mod watched_secrets;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -328,17 +328,25 @@ impl Cluster {
     /// What happened to `object` since module-manager's last apply of it, if that apply sent
     /// the body an apply of `object` for the Manifest `owner_uid` would send now: on the local
     /// cluster as the watch of its kind tells (untouched or changed), on a remote target as
-    /// `listing` tells ([`crate::plan::unchanged::listed_since`]). `Changed` when not followed.
+    /// `listing` tells ([`crate::plan::unchanged::listed_since`]), from this process's record or,
+    /// when it has none, one restored from the stamp the Manifest's status `kept`
+    /// ([`crate::plan::applied_stamps`]). `Changed` when not followed.
     pub fn since_applied(
         &self,
         object: &RenderedObject,
         owner_uid: &str,
         listing: &Listing,
+        kept: Option<&str>,
     ) -> Since {
         let sent = self.labelled(object, owner_uid);
         let body = body_digest(&sent);
         if let Some(applied) = &self.listed {
-            let recorded = applied.record(&object.id);
+            let mut recorded = applied.record(&object.id);
+            if let (None, Some(kept), Some(found)) = (&recorded, kept, listing.found(&object.id))
+                && applied.restore(&object.id, kept, found, body)
+            {
+                recorded = applied.record(&object.id);
+            }
             return crate::plan::unchanged::listed_since(
                 &crate::plan::unchanged::Kind::of(&object.id),
                 recorded.as_ref().map(|(stamp, digest)| (stamp, digest)),
@@ -395,8 +403,9 @@ impl Cluster {
     }
 
     /// On a remote target, the versions of the Manifest `owner_uid`'s objects among `ids`, one
-    /// metadata-only LIST by its UID label per kind that has an apply recorded here (none on
-    /// the local cluster, where watches tell). A namespace in which objects were listed is
+    /// metadata-only LIST by its UID label per kind that has an apply recorded here, or a stamp
+    /// in the status (`kept`, by [`crate::plan::ownership::uid_key`]: a record to restore)
+    /// (none on the local cluster, where watches tell). A namespace in which objects were listed is
     /// known to exist (not read again by the next pass). A kind the target refuses or fails to
     /// list is left out (its objects are applied); a target that does not answer is an error,
     /// as an apply's would be (the pass ends there, after one timeout, not one per request).
@@ -404,13 +413,17 @@ impl Cluster {
         &self,
         owner_uid: &str,
         ids: &[&InventoryEntry],
+        kept: &BTreeMap<String, String>,
     ) -> Result<Listing, ApplyError> {
         let mut listing = Listing::default();
         let Some(applied) = &self.listed else {
             return Ok(listing);
         };
+        let known = |id: &InventoryEntry| {
+            applied.record(id).is_some() || kept.contains_key(&crate::plan::ownership::uid_key(id))
+        };
         let mut kinds: HashMap<crate::plan::unchanged::Kind, Vec<&InventoryEntry>> = HashMap::new();
-        for id in ids.iter().filter(|id| applied.record(id).is_some()) {
+        for id in ids.iter().filter(|id| known(id)) {
             kinds
                 .entry(crate::plan::unchanged::Kind::of(id))
                 .or_default()

@@ -1,6 +1,7 @@
 //! Plan (pure): split rendered documents into CRDs, hooks and objects, order them as Helm
 //! installs them, give namespaced objects their namespace, and decide what to prune.
 
+pub mod applied_stamps;
 pub mod dependencies;
 pub mod diff;
 pub mod drift;
@@ -330,17 +331,18 @@ impl Default for PlanLimits {
     }
 }
 
-/// The bytes of `status.inventoryUids` for these objects, less its braces: `"<key>":"<uid>",`
-/// each (a UID is 36 characters).
+/// The bytes of `status.inventoryUids` and `status.appliedStamps` for these objects, less their
+/// braces: `"<key>":"<uid>",` and `"<key>":"<stamp>",` each (a UID is 36 characters, a stamp
+/// 16; stamps are kept on remote targets only, counted always).
 fn uid_bytes<'e>(objects: impl Iterator<Item = &'e InventoryEntry>) -> usize {
     let keys: BTreeSet<String> = objects.map(ownership::uid_key).collect();
-    keys.iter().map(|key| key.len() + 42).sum()
+    keys.iter().map(|key| key.len() + 42 + key.len() + 22).sum()
 }
 
 /// Refuses a plan over `limits`: too many objects, or an inventory that, with the entries
 /// `previous` lists (kept until pruned) and the hook objects, would be too large for the
 /// status. The estimate is the entries' JSON, as the status carries them, and the objects' UIDs
-/// (`status.inventoryUids`, not for hooks).
+/// and stamps (`status.inventoryUids`, `status.appliedStamps`, not for hooks).
 pub fn check_limits(
     plan: &Plan,
     previous: &[InventoryEntry],
@@ -998,9 +1000,14 @@ metadata:
             .applied()
             .map(|o| (ownership::uid_key(&o.id), "u".repeat(36)))
             .collect();
+        let stamps: std::collections::BTreeMap<String, String> = plan
+            .applied()
+            .map(|o| (ownership::uid_key(&o.id), "0".repeat(16)))
+            .collect();
         let exact = serde_json::to_vec(&listed).unwrap().len()
             + serde_json::to_vec(&uids).unwrap().len()
-            - 1;
+            + serde_json::to_vec(&stamps).unwrap().len()
+            - 2;
         assert_eq!(check_limits(&plan, &[], &[], limits(4, exact)), Ok(()));
         assert_eq!(
             check_limits(&plan, &[], &[], limits(4, exact - 1)),

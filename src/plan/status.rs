@@ -166,6 +166,9 @@ pub struct Facts {
     /// The UIDs of objects this pass created or took over, by [`ownership::uid_key`]; merged
     /// into `status.inventoryUids` (kept for objects still in the inventory).
     pub learned_uids: BTreeMap<String, String>,
+    /// On a remote target, the stamps of the apply records held after this pass, by
+    /// [`ownership::uid_key`] ([`super::applied_stamps`]); merged into `status.appliedStamps`.
+    pub applied_stamps: BTreeMap<String, String>,
     /// The target cluster's identity, once read (`None` keeps the previous value).
     pub target_identity: Option<String>,
     /// The hook run's progress.
@@ -256,24 +259,7 @@ pub fn next_status(
     if let Some(applied) = outcome.applied {
         set(&mut conditions, "Applied", applied);
     }
-    // `Drifted=False` only replaces a condition that is there: a module never found drifted
-    // has none, and its passes write no status for it.
-    let drift = facts
-        .drift
-        .as_ref()
-        .filter(|drift| drift.drifted || conditions.iter().any(|c| c.type_ == "Drifted"));
-    if let Some(drift) = drift {
-        let message = shorten(&drift.message, MESSAGE_LIMIT);
-        set_condition(
-            &mut conditions,
-            "Drifted",
-            drift.drifted,
-            drift.reason,
-            &message,
-            generation,
-            now,
-        );
-    }
+    set_drifted(&mut conditions, facts.drift.as_ref(), generation, now);
 
     let last_operation = last_operation(&previous, outcome, &message, now);
 
@@ -287,6 +273,7 @@ pub fn next_status(
         values_digest: facts.values_digest.or(previous.values_digest),
         applied_generation: facts.applied_generation.or(previous.applied_generation),
         inventory_uids: inventory_uids(previous.inventory_uids, facts.learned_uids, &inventory),
+        applied_stamps: inventory_uids(previous.applied_stamps, facts.applied_stamps, &inventory),
         target_identity: facts.target_identity.or(previous.target_identity),
         inventory,
         shard: shard.or(previous.shard),
@@ -299,6 +286,26 @@ pub fn next_status(
             .unwrap_or(previous.readiness_started),
         last_handled_reconcile_at: previous.last_handled_reconcile_at,
         last_handled_reset_at: previous.last_handled_reset_at,
+    }
+}
+
+/// Sets the `Drifted` condition a pass leaves, if any. `Drifted=False` only replaces a
+/// condition that is there: a module never found drifted has none, and its passes write no
+/// status for it.
+fn set_drifted(
+    conditions: &mut Vec<Condition>,
+    drift: Option<&DriftCondition>,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let drift =
+        drift.filter(|drift| drift.drifted || conditions.iter().any(|c| c.type_ == "Drifted"));
+    if let Some(drift) = drift {
+        let message = shorten(&drift.message, MESSAGE_LIMIT);
+        let (value, reason) = (drift.drifted, drift.reason);
+        set_condition(
+            conditions, "Drifted", value, reason, &message, generation, now,
+        );
     }
 }
 
@@ -331,7 +338,9 @@ fn last_operation(
     }
 }
 
-/// The recorded UIDs with the ones a pass learned, of the objects `inventory` still holds.
+/// The recorded UIDs (or stamps) with the ones a pass learned, of the objects `inventory` still
+/// holds. (A stamp kept of an object without a record now costs nothing: it is only ever
+/// compared with a listing.)
 fn inventory_uids(
     mut recorded: BTreeMap<String, String>,
     learned: BTreeMap<String, String>,

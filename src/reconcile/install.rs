@@ -598,8 +598,13 @@ impl Install<'_> {
         // The wait's start is kept while objects are not ready, cleared once they all are.
         let started = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(ended.wait.started);
         let readiness_started = (!ended.readiness.all_ready()).then_some(started);
+        let applied_stamps = match self.cluster.applied() {
+            Some(applied) => applied.stamps(&ended.pruned.inventory),
+            None => Default::default(),
+        };
         let facts = Facts {
             applied_generation: self.manifest.meta().generation,
+            applied_stamps,
             inventory: Some(ended.pruned.inventory),
             learned_uids: progress.learned_uids.clone(),
             target_identity: progress.target_identity.clone(),

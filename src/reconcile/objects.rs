@@ -61,7 +61,7 @@ pub(super) async fn apply_all(
     let previous_inventory = &previous.inventory;
     record_inventory(manifest, ctx, fence, previous, records, objects).await?;
     let learned = &mut *records.learned;
-    let listing = listing(cluster, pass, &uid, objects, previous_inventory).await?;
+    let listing = listing(cluster, pass, &uid, objects, previous).await?;
     let mut applied = Vec::with_capacity(objects.len());
     for object in objects {
         // Applied before, also under another version (a chart moving to `autoscaling/v2`).
@@ -84,7 +84,8 @@ pub(super) async fn apply_all(
             body: std::mem::take(&mut prepared.body),
         };
         if pass.skip_unchanged && exists {
-            match cluster.since_applied(&body, &uid, &listing) {
+            let kept = previous.applied_stamps.get(&key).map(String::as_str);
+            match cluster.since_applied(&body, &uid, &listing, kept) {
                 Since::Untouched => {
                     ctx.metrics.unchanged.inc();
                     continue;
@@ -138,13 +139,14 @@ pub(super) async fn apply_all(
 }
 
 /// A remote target has no watch: on a pass that skips unchanged objects, one metadata-only
-/// LIST per kind tells what is unchanged.
+/// LIST per kind tells what is unchanged (also to a new process, from the stamps the status
+/// keeps).
 async fn listing(
     cluster: &Cluster,
     pass: &DriftPass<'_>,
     uid: &str,
     objects: &[RenderedObject],
-    previous_inventory: &[InventoryEntry],
+    previous: &ManifestStatus,
 ) -> Result<Listing, ReconcileError> {
     if !(pass.skip_unchanged && cluster.is_remote()) {
         return Ok(Listing::default());
@@ -152,9 +154,11 @@ async fn listing(
     let held: Vec<&InventoryEntry> = objects
         .iter()
         .map(|o| &o.id)
-        .filter(|id| crate::plan::holds(previous_inventory, id))
+        .filter(|id| crate::plan::holds(&previous.inventory, id))
         .collect();
-    Ok(cluster.list_applied(uid, &held).await?)
+    Ok(cluster
+        .list_applied(uid, &held, &previous.applied_stamps)
+        .await?)
 }
 
 /// What [`write_object`] did to one object.

@@ -199,6 +199,13 @@ impl std::ops::Deref for Harness {
 /// A controller running in the background (see [`spawn_controller`]), stopped when dropped.
 pub struct Running(Option<tokio::sync::oneshot::Sender<()>>);
 
+impl Running {
+    /// Nothing runs (what replaces a running controller that was stopped).
+    pub fn stopped() -> Self {
+        Self(None)
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
         if let Some(stop) = self.0.take() {
