@@ -311,8 +311,8 @@ impl Harness {
     }
 
     /// Stops the operator, waits until its last pass has sent its last request to the target,
-    /// then runs `before` (what happens while no operator runs) and starts a new one: a
-    /// restart, with nothing kept in memory.
+    /// then runs `before` (what happens while no operator runs) and starts a new one (with the
+    /// default [`Tuning`]): a restart, with nothing kept in memory.
     async fn restart(&mut self, before: impl AsyncFnOnce()) {
         drop(std::mem::replace(
             &mut self._running,
@@ -641,6 +641,7 @@ async fn idle_drift_passes_on_a_remote_target_write_nothing_and_repair_what_chan
     let writes = || remote(&|verb, _| !matches!(verb, "get" | "list" | "watch"));
     let lists = || remote(&|verb, _| verb == "list");
     let all = || remote(&|_, _| true);
+    let applies_of = |resource: &'static str| remote(&|verb, r| verb == "apply" && r == resource);
     let unchanged = || h.ctx.metrics.unchanged.get();
     // The chart's three objects (ConfigMap, ServiceAccount, Service), once found unchanged.
     let skipped = unchanged();
@@ -683,10 +684,33 @@ async fn idle_drift_passes_on_a_remote_target_write_nothing_and_repair_what_chan
     .await;
     assert_eq!(writes(), writes_before, "no write after the renewal");
 
-    // Someone edits the ConfigMap and deletes the Service on the target.
+    // Another writer labels the ConfigMap (a label of its own): a new resourceVersion, so each
+    // drift pass applies it (versions alone decide for a ConfigMap), and the stamp its status
+    // keeps moves each time; that alone writes no status (an autoscaler or a custom
+    // resource's controller does this on every pass).
     let configmaps = Api::<ConfigMap>::namespaced(h.remote.clone(), &h.ns);
+    let status_writes = || {
+        h.local_requests
+            .count("patch", "modulemanager.io/manifests/status")
+    };
+    let (status_before, configmaps_applied) = (status_writes(), applies_of("configmaps"));
+    for round in 0..3 {
+        let label = json!({"metadata": {"labels": {"other-writer": round.to_string()}}});
+        objects::merge(&configmaps, "idle", label).await;
+        h.wait_until("the drift pass applies the ConfigMap again", async || {
+            applies_of("configmaps") > configmaps_applied + round
+        })
+        .await;
+    }
+    assert_eq!(
+        status_writes(),
+        status_before,
+        "a stamp that moved alone is not written"
+    );
+
+    // Someone edits the ConfigMap and deletes the Service on the target.
     let services = Api::<Service>::namespaced(h.remote.clone(), &h.ns);
-    let applies = |resource: &'static str| remote(&|verb, r| verb == "apply" && r == resource);
+    let applies = applies_of;
     let (configmaps_before, accounts_before) = (applies("configmaps"), applies("serviceaccounts"));
     objects::merge(&configmaps, "idle", json!({"data": {"n": "edited"}})).await;
     objects::delete(&services, "idle").await;

@@ -180,7 +180,9 @@ impl Install<'_> {
             .is_some_and(|spec| spec.get("target").is_some());
         let stamps = learned.keys().filter(|_| remote);
         let ready = Facts {
-            applied_stamps: stamps.map(|key| (key.clone(), "0".repeat(16))).collect(),
+            applied_stamps: stamps
+                .map(|key| (key.clone(), Some("0".repeat(16))))
+                .collect(),
             learned_uids: learned,
             readiness_started: Some(None),
             ..facts

@@ -41,11 +41,13 @@ const REFUSED_FOR: Duration = Duration::from_secs(15 * 60);
 /// the body sent.
 type Record = (Stamp, Body);
 
-/// The applies of one target's client that answered with a version, by kind and name: kept as
-/// long as the client is cached, dropped when an apply fails or the object is deleted.
+/// The applies of one target's client, by kind and name: what each answered (`None`: it failed,
+/// or answered with nothing to compare — the object is applied again, and the stamp in its
+/// Manifest's status is not used, this process having applied it). Kept as long as the client
+/// is cached, dropped when the object is deleted or a listing no longer finds it.
 #[derive(Debug, Default)]
 pub struct Applied {
-    records: Mutex<HashMap<Kind, HashMap<Name, Record>>>,
+    records: Mutex<HashMap<Kind, HashMap<Name, Option<Record>>>>,
     /// Kinds whose listing the target refused, and when.
     refused: Mutex<HashMap<Kind, Instant>>,
     /// Listings by outcome (`module_manager_target_drift_listings_total`).
@@ -76,7 +78,7 @@ impl Applied {
             .inc();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Kind, HashMap<Name, Record>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Kind, HashMap<Name, Option<Record>>>> {
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -85,14 +87,8 @@ impl Applied {
     pub(super) fn applied(&self, id: &InventoryEntry, stamp: Option<Stamp>, body: Body) {
         let mut records = self.lock();
         let objects = records.entry(Kind::of(id)).or_default();
-        match stamp.filter(|s| !s.version.is_empty()) {
-            Some(stamp) => {
-                objects.insert(name_of(id), (stamp, body));
-            }
-            None => {
-                objects.remove(&name_of(id));
-            }
-        }
+        let record = stamp.filter(|s| !s.version.is_empty()).map(|s| (s, body));
+        objects.insert(name_of(id), record);
     }
 
     /// `id` was read at `stamp` and found changed in its status only since its last apply
@@ -103,14 +99,16 @@ impl Applied {
             .lock()
             .get_mut(&Kind::of(id))
             .and_then(|objects| objects.get_mut(&name_of(id)))
+            .and_then(Option::as_mut)
         {
             record.0 = stamp;
         }
     }
 
-    /// `id` has no record here, and its status keeps the stamp `kept` of an earlier one (made
-    /// by another process: [`crate::plan::applied_stamps`]): when the listing `found` it as that
-    /// record says and `body` is what was sent, the record is restored. Whether it was.
+    /// `id` was never applied through this client, and its status keeps the stamp `kept` of an
+    /// earlier record (made by another process: [`crate::plan::applied_stamps`]): when the
+    /// listing `found` it as that record says and `body` is what was sent, the record is
+    /// restored. Whether it was.
     pub(super) fn restore(
         &self,
         id: &InventoryEntry,
@@ -124,25 +122,43 @@ impl Applied {
         };
         let mut records = self.lock();
         let objects = records.entry(kind).or_default();
-        objects.entry(name_of(id)).or_insert((stamp, body));
-        true
+        match objects.entry(name_of(id)) {
+            std::collections::hash_map::Entry::Vacant(vacant) => {
+                vacant.insert(Some((stamp, body)));
+                true
+            }
+            std::collections::hash_map::Entry::Occupied(_) => false,
+        }
     }
 
-    /// The stamps of the records held of `ids`, by [`uid_key`] (what the Manifest's status
-    /// keeps: [`crate::plan::applied_stamps`]).
+    /// Whether an apply of `id` went through this client (whatever it answered): a stamp in
+    /// its status is then not used ([`Self::restore`]).
+    pub(super) fn applied_here(&self, id: &InventoryEntry) -> bool {
+        self.lock()
+            .get(&Kind::of(id))
+            .is_some_and(|objects| objects.contains_key(&name_of(id)))
+    }
+
+    /// What the Manifest's status is to keep of `ids` ([`crate::plan::applied_stamps`]), by
+    /// [`uid_key`]: the stamp of each record held, and `None` for each object applied here
+    /// with nothing to keep (its old stamp goes). Objects this client knows nothing of are
+    /// left out (their stamps stay).
     pub fn stamps<'a>(
         &self,
         ids: impl IntoIterator<Item = &'a InventoryEntry>,
-    ) -> BTreeMap<String, String> {
+    ) -> BTreeMap<String, Option<String>> {
         let records = self.lock();
         let mut stamps = BTreeMap::new();
         for id in ids {
             let kind = Kind::of(id);
-            let record = records.get(&kind).and_then(|o| o.get(&name_of(id)));
-            if let Some((stamp, body)) = record.filter(|(s, _)| applied_stamps::keepable(&kind, s))
-            {
-                stamps.insert(uid_key(id), applied_stamps::stamp_of(&kind, stamp, body));
-            }
+            let Some(record) = records.get(&kind).and_then(|o| o.get(&name_of(id))) else {
+                continue;
+            };
+            let kept = record
+                .as_ref()
+                .filter(|(s, _)| applied_stamps::keepable(&kind, s));
+            let stamp = kept.map(|(stamp, body)| applied_stamps::stamp_of(&kind, stamp, body));
+            stamps.insert(uid_key(id), stamp);
         }
         stamps
     }
@@ -193,12 +209,13 @@ impl Applied {
 
     /// What the last apply of `id` answered, if it is kept.
     pub(super) fn record(&self, id: &InventoryEntry) -> Option<Record> {
-        self.lock().get(&Kind::of(id))?.get(&name_of(id)).cloned()
+        self.lock().get(&Kind::of(id))?.get(&name_of(id))?.clone()
     }
 
-    /// Objects kept (for tests).
+    /// Records kept (for tests).
     pub fn len(&self) -> usize {
-        self.lock().values().map(HashMap::len).sum()
+        let records = self.lock();
+        records.values().flat_map(HashMap::values).flatten().count()
     }
 
     /// Whether nothing is kept.
@@ -380,11 +397,43 @@ mod tests {
         assert_eq!(applied.record(&cm), Some((at("9"), [2; 32])));
         applied.applied(&cm, None, [2; 32]);
         assert_eq!(applied.record(&cm), None, "a failed apply forgets");
+        assert!(applied.applied_here(&cm), "but remembers it applied");
         applied.applied(&cm, Some(at("")), [2; 32]);
         assert_eq!(applied.record(&cm), None, "an empty version is no record");
         applied.applied(&cm, Some(at("10")), [2; 32]);
         applied.forget(&cm);
         assert!(applied.is_empty());
+        assert!(!applied.applied_here(&cm));
+    }
+
+    #[test]
+    fn a_record_is_restored_from_its_stamp_only_where_nothing_was_applied() {
+        let applied = Applied::default();
+        let (cm, other, never) = (
+            entry("ConfigMap", "a", "c"),
+            entry("ConfigMap", "a", "other"),
+            entry("ConfigMap", "a", "never"),
+        );
+        let stamp = Stamp {
+            uid: "u-1".into(),
+            ..at("7")
+        };
+        let kind = Kind::of(&cm);
+        let kept = applied_stamps::stamp_of(&kind, &stamp, &[1; 32]);
+        let found = Found {
+            stamp: stamp.clone(),
+            ..Found::default()
+        };
+        assert!(applied.restore(&cm, &kept, &found, [1; 32]));
+        assert_eq!(applied.record(&cm), Some((stamp.clone(), [1; 32])));
+        applied.applied(&other, None, [1; 32]);
+        assert!(
+            !applied.restore(&other, &kept, &found, [1; 32]),
+            "applied here: this process knows better than the stamp"
+        );
+        let stamps = applied.stamps([&cm, &other, &never]);
+        let expected = BTreeMap::from([(uid_key(&cm), Some(kept)), (uid_key(&other), None)]);
+        assert_eq!(stamps, expected, "kept, dropped, left alone");
     }
 
     #[test]

@@ -420,7 +420,8 @@ impl Cluster {
             return Ok(listing);
         };
         let known = |id: &InventoryEntry| {
-            applied.record(id).is_some() || kept.contains_key(&crate::plan::ownership::uid_key(id))
+            let key = crate::plan::ownership::uid_key(id);
+            applied.record(id).is_some() || !applied.applied_here(id) && kept.contains_key(&key)
         };
         let mut kinds: HashMap<crate::plan::unchanged::Kind, Vec<&InventoryEntry>> = HashMap::new();
         for id in ids.iter().filter(|id| known(id)) {

@@ -13,7 +13,11 @@
 //! new render, an object not listed, a stamp never written — gives another digest or none, and
 //! the object is applied as before: a mistake costs an apply, never a missed repair.
 
+use std::collections::BTreeMap;
+
+use super::ownership::uid_key;
 use super::unchanged::{Body, Found, Kind, Stamp, generation_follows_spec};
+use crate::api::{InventoryEntry, ManifestStatus};
 
 /// Bytes of the digest kept per object (16 hex digits): a stamp is compared for equality with
 /// the one the same object's listing gives, never searched for.
@@ -68,6 +72,44 @@ pub fn restored(kind: &Kind, kept: &str, found: &Found, body: &Body) -> Option<S
         stamp.version = RESTORED_VERSION.to_owned();
     }
     Some(stamp)
+}
+
+/// The stamps a status keeps after a pass: those it had, with the pass's (`current`: a new
+/// stamp, or `None` for an object applied with nothing to keep, whose old stamp goes), of the
+/// objects `inventory` still holds. An old stamp kept (the object's record was lost since, say
+/// by a failed status write) only ever costs a listing: it is compared, never trusted alone.
+pub fn next(
+    mut kept: BTreeMap<String, String>,
+    current: BTreeMap<String, Option<String>>,
+    inventory: &[InventoryEntry],
+) -> BTreeMap<String, String> {
+    for (key, stamp) in current {
+        match stamp {
+            Some(stamp) => kept.insert(key, stamp),
+            None => kept.remove(&key),
+        };
+    }
+    let held: std::collections::HashSet<String> = inventory.iter().map(uid_key).collect();
+    kept.retain(|key, _| held.contains(key));
+    kept
+}
+
+/// Whether `next` differs from the `stored` status only in stamps that moved or went: not worth
+/// a write (the stamps then ride with the next one). An object whose resourceVersion others
+/// move (an autoscaler's status, a custom resource's controller) gets a new stamp on each pass
+/// that applies it; only a stamp for an object that had none — a first apply, the first pass
+/// after an upgrade to stamps — is written on its own.
+pub fn only_moved(stored: &ManifestStatus, next: &ManifestStatus) -> bool {
+    let new_stamp = next
+        .applied_stamps
+        .keys()
+        .any(|key| !stored.applied_stamps.contains_key(key));
+    let rest_equal = *stored
+        == ManifestStatus {
+            applied_stamps: stored.applied_stamps.clone(),
+            ..next.clone()
+        };
+    rest_equal && !new_stamp
 }
 
 #[cfg(test)]
@@ -140,6 +182,56 @@ mod tests {
             super::restored(&deployment, &kept, &taken_over, &BODY),
             None
         );
+    }
+
+    #[test]
+    fn a_pass_sets_and_drops_the_stamps_of_the_objects_still_held() {
+        let entry = |name: &str| crate::plan::tests::id("ConfigMap", "ns", name);
+        let key = |name: &str| uid_key(&entry(name));
+        let kept = BTreeMap::from([
+            (key("a"), "1".into()),
+            (key("b"), "2".into()),
+            (key("c"), "3".into()),
+            (key("gone"), "4".into()),
+        ]);
+        let current = BTreeMap::from([
+            (key("a"), Some("5".into())),
+            (key("b"), None),
+            (key("new"), Some("6".into())),
+        ]);
+        let inventory = ["a", "b", "c", "new"].map(entry);
+        let expected = BTreeMap::from([
+            (key("a"), "5".into()),
+            (key("c"), "3".into()),
+            (key("new"), "6".into()),
+        ]);
+        assert_eq!(next(kept, current, &inventory), expected);
+    }
+
+    #[test]
+    fn a_stamp_that_moved_alone_is_not_written_a_new_one_is() {
+        let stored = ManifestStatus {
+            applied_stamps: BTreeMap::from([("a".into(), "1".into()), ("b".into(), "2".into())]),
+            ..ManifestStatus::default()
+        };
+        let moved = ManifestStatus {
+            applied_stamps: BTreeMap::from([("a".into(), "9".into())]),
+            ..stored.clone()
+        };
+        assert!(only_moved(&stored, &moved), "moved and went");
+        let new = ManifestStatus {
+            applied_stamps: BTreeMap::from([("c".into(), "3".into())]),
+            ..stored.clone()
+        };
+        assert!(
+            !only_moved(&stored, &new),
+            "a stamp for an object that had none"
+        );
+        let other = ManifestStatus {
+            observed_generation: Some(2),
+            ..moved
+        };
+        assert!(!only_moved(&stored, &other), "something else changed");
     }
 
     #[test]

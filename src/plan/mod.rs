@@ -331,23 +331,26 @@ impl Default for PlanLimits {
     }
 }
 
-/// The bytes of `status.inventoryUids` and `status.appliedStamps` for these objects, less their
-/// braces: `"<key>":"<uid>",` and `"<key>":"<stamp>",` each (a UID is 36 characters, a stamp
-/// 16; stamps are kept on remote targets only, counted always).
-fn uid_bytes<'e>(objects: impl Iterator<Item = &'e InventoryEntry>) -> usize {
+/// The bytes of `status.inventoryUids` for these objects, and of `status.appliedStamps` when
+/// `stamped` (a remote target), less their braces: `"<key>":"<uid>",` and `"<key>":"<stamp>",`
+/// each (a UID is 36 characters, a stamp 16).
+fn uid_bytes<'e>(objects: impl Iterator<Item = &'e InventoryEntry>, stamped: bool) -> usize {
     let keys: BTreeSet<String> = objects.map(ownership::uid_key).collect();
-    keys.iter().map(|key| key.len() + 42 + key.len() + 22).sum()
+    let stamp = |key: &String| if stamped { key.len() + 22 } else { 0 };
+    keys.iter().map(|key| key.len() + 42 + stamp(key)).sum()
 }
 
 /// Refuses a plan over `limits`: too many objects, or an inventory that, with the entries
 /// `previous` lists (kept until pruned) and the hook objects, would be too large for the
 /// status. The estimate is the entries' JSON, as the status carries them, and the objects' UIDs
-/// and stamps (`status.inventoryUids`, `status.appliedStamps`, not for hooks).
+/// (`status.inventoryUids`, not for hooks) and, when `stamped` (a remote target), their stamps
+/// (`status.appliedStamps`).
 pub fn check_limits(
     plan: &Plan,
     previous: &[InventoryEntry],
     previous_hooks: &[InventoryEntry],
     limits: PlanLimits,
+    stamped: bool,
 ) -> Result<(), PlanError> {
     let count = plan.crds.len() + plan.objects.len() + plan.hooks.len();
     if count > limits.max_objects {
@@ -368,7 +371,10 @@ pub fn check_limits(
         .map(|e| serde_json::to_vec(e).map_or(0, |v| v.len() + 1))
         .sum::<usize>()
         + 1
-        + uid_bytes(previous.iter().chain(plan.applied().map(|o| &o.id)));
+        + uid_bytes(
+            previous.iter().chain(plan.applied().map(|o| &o.id)),
+            stamped,
+        );
     if bytes > limits.max_inventory_bytes {
         return Err(PlanError::InventoryTooLarge {
             bytes,
@@ -826,7 +832,7 @@ pub fn guard_prune(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -836,7 +842,8 @@ mod tests {
         assert_eq!(counted(0, "hook object"), "0 hook objects");
     }
 
-    fn id(kind: &str, namespace: &str, name: &str) -> InventoryEntry {
+    /// An inventory entry of `kind` (its group from a few known kinds, else the core group).
+    pub(crate) fn id(kind: &str, namespace: &str, name: &str) -> InventoryEntry {
         let (group, version) = match kind {
             "Deployment" | "StatefulSet" => ("apps", "v1"),
             "CustomResourceDefinition" => ("apiextensions.k8s.io", "v1"),
@@ -989,9 +996,12 @@ metadata:
             max_objects,
             max_inventory_bytes,
         };
-        assert_eq!(check_limits(&plan, &[], &[], limits(4, 1 << 20)), Ok(()));
+        let check = |previous: &[InventoryEntry], limits, stamped| {
+            check_limits(&plan, previous, &[], limits, stamped)
+        };
+        assert_eq!(check(&[], limits(4, 1 << 20), true), Ok(()));
         assert_eq!(
-            check_limits(&plan, &[], &[], limits(3, 1 << 20)),
+            check(&[], limits(3, 1 << 20), true),
             Err(PlanError::TooManyObjects { count: 4, max: 3 })
         );
         let mut listed: Vec<InventoryEntry> = plan.applied().map(|o| o.id.clone()).collect();
@@ -1004,22 +1014,25 @@ metadata:
             .applied()
             .map(|o| (ownership::uid_key(&o.id), "0".repeat(16)))
             .collect();
-        let exact = serde_json::to_vec(&listed).unwrap().len()
+        let unstamped = serde_json::to_vec(&listed).unwrap().len()
             + serde_json::to_vec(&uids).unwrap().len()
-            + serde_json::to_vec(&stamps).unwrap().len()
-            - 2;
-        assert_eq!(check_limits(&plan, &[], &[], limits(4, exact)), Ok(()));
+            - 1;
+        let exact = unstamped + serde_json::to_vec(&stamps).unwrap().len() - 1;
+        assert_eq!(check(&[], limits(4, exact), true), Ok(()));
         assert_eq!(
-            check_limits(&plan, &[], &[], limits(4, exact - 1)),
+            check(&[], limits(4, exact - 1), true),
             Err(PlanError::InventoryTooLarge {
                 bytes: exact,
                 max: exact - 1
             })
         );
+        // No stamps on the local cluster.
+        assert_eq!(check(&[], limits(4, unstamped), false), Ok(()));
+        assert!(check(&[], limits(4, unstamped - 1), false).is_err());
         // Entries of the previous render stay listed until pruned: they count too.
         let old = id("Secret", "apps", &"s".repeat(200));
         assert!(matches!(
-            check_limits(&plan, &[old], &[], limits(4, exact + 100)),
+            check(&[old], limits(4, exact + 100), true),
             Err(PlanError::InventoryTooLarge { .. })
         ));
         assert!(

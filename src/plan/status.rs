@@ -167,8 +167,9 @@ pub struct Facts {
     /// into `status.inventoryUids` (kept for objects still in the inventory).
     pub learned_uids: BTreeMap<String, String>,
     /// On a remote target, the stamps of the apply records held after this pass, by
-    /// [`ownership::uid_key`] ([`super::applied_stamps`]); merged into `status.appliedStamps`.
-    pub applied_stamps: BTreeMap<String, String>,
+    /// [`ownership::uid_key`] (`None`: applied with nothing to keep; [`super::applied_stamps`]);
+    /// merged into `status.appliedStamps`.
+    pub applied_stamps: BTreeMap<String, Option<String>>,
     /// The target cluster's identity, once read (`None` keeps the previous value).
     pub target_identity: Option<String>,
     /// The hook run's progress.
@@ -273,7 +274,11 @@ pub fn next_status(
         values_digest: facts.values_digest.or(previous.values_digest),
         applied_generation: facts.applied_generation.or(previous.applied_generation),
         inventory_uids: inventory_uids(previous.inventory_uids, facts.learned_uids, &inventory),
-        applied_stamps: inventory_uids(previous.applied_stamps, facts.applied_stamps, &inventory),
+        applied_stamps: super::applied_stamps::next(
+            previous.applied_stamps,
+            facts.applied_stamps,
+            &inventory,
+        ),
         target_identity: facts.target_identity.or(previous.target_identity),
         inventory,
         shard: shard.or(previous.shard),
@@ -338,9 +343,7 @@ fn last_operation(
     }
 }
 
-/// The recorded UIDs (or stamps) with the ones a pass learned, of the objects `inventory` still
-/// holds. (A stamp kept of an object without a record now costs nothing: it is only ever
-/// compared with a listing.)
+/// The recorded UIDs with the ones a pass learned, of the objects `inventory` still holds.
 fn inventory_uids(
     mut recorded: BTreeMap<String, String>,
     learned: BTreeMap<String, String>,
@@ -494,13 +497,7 @@ mod tests {
 
     #[test]
     fn uids_learned_replace_recorded_ones_and_leave_with_their_objects() {
-        let entry = |name: &str| InventoryEntry {
-            group: String::new(),
-            version: "v1".into(),
-            kind: "ConfigMap".into(),
-            namespace: "ns".into(),
-            name: name.into(),
-        };
+        let entry = |name: &str| crate::plan::tests::id("ConfigMap", "ns", name);
         let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
             let key = |name: &str| ownership::uid_key(&entry(name));
             pairs

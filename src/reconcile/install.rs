@@ -270,7 +270,9 @@ impl Install<'_> {
             vetted_render(self.manifest, self.ctx, self.cluster, request).await?;
         let status = self.manifest.status.clone().unwrap_or_default();
         let limits = self.ctx.pass_limits.plan;
-        plan::check_limits(&plan, &status.inventory, &status.hook_objects, limits)?;
+        let (previous, hooks) = (&status.inventory, &status.hook_objects);
+        let stamped = self.cluster.is_remote();
+        plan::check_limits(&plan, previous, hooks, limits, stamped)?;
         Ok((rendered, plan))
     }
 

@@ -17,7 +17,7 @@ use crate::plan::status::{
     Facts, Operation, Outcome, next_status, operation_of, publishes_event, ready_message,
     status_patch,
 };
-use crate::plan::trigger;
+use crate::plan::{applied_stamps, trigger};
 use crate::shard::fence::Fence;
 use crate::telemetry::events::Publisher;
 
@@ -97,7 +97,8 @@ pub(super) async fn write_status(
         &Time(Timestamp::now()),
     );
     trigger::echo(&mut next, manifest);
-    if stored.status.as_ref() == Some(&next) {
+    let stored_status = stored.status.as_ref();
+    if stored_status.is_some_and(|s| *s == next || applied_stamps::only_moved(s, &next)) {
         return Ok(());
     }
     // The messages as written (shortened), so a long one that did not change is not news.
