@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
 use module_manager::api::{Manifest, State};
@@ -1037,6 +1037,58 @@ async fn a_new_process_restores_its_records_from_the_status_and_repairs_what_cha
         count("get", "apps/deployments") >= 2,
         "the Deployment is read, not applied"
     );
+    // The new client's identity (kube-system); the target namespace is not read: the listing
+    // found objects in it.
+    assert_eq!(count("get", "namespaces"), 1, "namespaces read");
+}
+
+/// The target namespace removed, with everything in it, while no operator ran: the first drift
+/// pass of the new process, which reads no namespace before its listing, finds nothing listed,
+/// makes the namespace before its first write into it and applies the module again — in that
+/// pass, without a failed apply.
+#[tokio::test]
+async fn a_target_namespace_removed_while_no_operator_ran_is_made_again_by_the_drift_pass() {
+    let mut h = start("remote-ns-gone").await;
+    h.put_account_secret("ns-gone").await;
+    let name = "ns-gone";
+    let mut manifest = h.manifest(name, TINY, Some("remote"), json!({"n": 1}));
+    manifest.spec.interval = "10m".into();
+    h.create(&manifest).await;
+    h.wait_state(name, State::Ready).await;
+    h.wait_for(name, "a stamp for its ConfigMap", |m| {
+        m.status
+            .as_ref()
+            .is_some_and(|s| s.applied_stamps.len() == 1)
+    })
+    .await;
+    let namespaces = Api::<Namespace>::all(h.remote.clone());
+    let configmaps = Api::<ConfigMap>::namespaced(h.remote.clone(), &h.ns);
+    let ns = h.ns.clone();
+    h.restart(async || {
+        // What the namespace controller would do (the target runs none): its contents first,
+        // then the namespace finalized.
+        objects::delete(&configmaps, name).await;
+        objects::delete(&namespaces, &ns).await;
+        let finalized = json!({"metadata": {"name": ns}, "spec": {"finalizers": []}});
+        namespaces
+            .replace_subresource("finalize", &ns, &PostParams::default(), &finalized)
+            .await
+            .unwrap();
+        let gone = async || namespaces.get_opt(&ns).await.unwrap().is_none();
+        assert!(gone().await, "the target namespace is gone");
+    })
+    .await;
+    h.wait_until("the ConfigMap is applied again", async || {
+        h.remote_config_map(name).await.is_some()
+    })
+    .await;
+    assert!(h.remote_namespace_exists().await);
+    let events = h.events(name).await;
+    let warnings: Vec<_> = events
+        .iter()
+        .filter(|(kind, ..)| kind == "Warning")
+        .collect();
+    assert!(warnings.is_empty(), "no pass failed: {warnings:?}");
 }
 
 /// A credential that may not `list` a kind on the target: the refused listing is not asked for

@@ -72,6 +72,12 @@ impl DriftCheck {
         findings.checked = self.active;
     }
 
+    /// Whether this pass only looks at an object (`exists`: applied before): a warn-mode drift
+    /// check writes nothing ([`Self::look`]).
+    pub fn looks_only(&self, exists: bool) -> bool {
+        self.active && exists && self.mode == DriftMode::Warn
+    }
+
     /// Whether an enabled-mode apply of an object that exists reads it first
     /// ([`Self::before_apply`]).
     pub fn reads_before_apply(&self) -> bool {

@@ -120,14 +120,20 @@ impl Install<'_> {
         let (rendered, mut plan) = self.render(&request).await?;
         let rules = IgnoreRules::parse(&self.manifest.spec.drift_ignore)?;
         let check = self.drift_check(&previous, &rendered)?;
-        let drift = self.drift_pass(&previous, &rendered, &rules, &check);
+        let mut drift = self.drift_pass(&previous, &rendered, &rules, &check);
+        let namespace = request.namespace.as_str();
+        if drift.skip_unchanged
+            && self.cluster.is_remote()
+            && self.makes_namespace(&plan, namespace)
+        {
+            drift.namespace_on_write = Some(namespace);
+        }
         // Recorded from here on: a render that fails does not replace the previous run.
         let run = progress.hook_run.insert(run);
         let scope = self.hook_scope(&previous);
-        let namespace = request.namespace.as_str();
         let hook_objects = &mut progress.hook_objects;
         if let Some(message) = self
-            .pre_hooks(&scope, run, hook_objects, &plan, namespace)
+            .pre_hooks(&scope, run, hook_objects, &plan, (namespace, &drift))
             .await?
         {
             return Ok(Some(self.waiting(hook_running(message), progress)));
@@ -170,7 +176,7 @@ impl Install<'_> {
                 run,
                 hook_objects,
                 &plan,
-                namespace,
+                (namespace, &drift),
                 readiness.all_ready(),
             )
             .await?;
@@ -208,6 +214,7 @@ impl Install<'_> {
             skip_unchanged: !changed && !asked && ready,
             check,
             idle: !changed && !asked && ready && check.mode == DriftMode::Disabled,
+            namespace_on_write: None,
         }
     }
 
@@ -289,16 +296,17 @@ impl Install<'_> {
     }
 
     /// Pre-install or pre-upgrade hooks, before anything of this render is applied (the target
-    /// namespace is made first when they need it). A Job that runs ends the pass
-    /// (`Some(message)`); the next one continues from `status.hookRun`. The phase moves on (and
-    /// is saved) when its hooks are done.
+    /// namespace is made first when they need it, and when this pass makes it, unless `drift`
+    /// makes it only before a write: [`DriftPass::namespace_on_write`]). A Job that runs ends
+    /// the pass (`Some(message)`); the next one continues from `status.hookRun`. The phase
+    /// moves on (and is saved) when its hooks are done.
     async fn pre_hooks(
         &self,
         scope: &HookScope<'_>,
         run: &mut HookRun,
         hook_objects: &mut Option<Vec<InventoryEntry>>,
         plan: &Plan,
-        namespace: &str,
+        (namespace, drift): (&str, &DriftPass<'_>),
     ) -> Result<Option<String>, ReconcileError> {
         let event = match hooks::event(run.operation, run.phase) {
             Some(event) if run.phase == HookRunPhase::PreHooks => Some(event),
@@ -308,17 +316,9 @@ impl Install<'_> {
             Some(event) => prepare_hooks(self.cluster, &plan.hooks, event, namespace).await?,
             None => Vec::new(),
         };
-        // The chart may bring its own target namespace (it is applied first, in install order).
-        // Pre-hooks that run before it need it now (created with the Manifest's label, so the
-        // chart's Namespace object may take it over).
-        let chart_brings_namespace = plan
-            .objects
-            .iter()
-            .any(|o| o.id.kind == "Namespace" && o.id.group.is_empty() && o.id.name == namespace);
-        // The Manifest's own namespace on the local cluster exists (the Manifest is in it).
-        let own = self.manifest.spec.target.is_none()
-            && self.manifest.namespace().as_deref() == Some(namespace);
-        if !own && (!chart_brings_namespace || !pre_hooks.is_empty()) {
+        let hooks_need_it = !pre_hooks.is_empty() && !self.own_namespace(namespace);
+        let now = drift.namespace_on_write.is_none() && self.makes_namespace(plan, namespace);
+        if hooks_need_it || now {
             self.fence.check()?;
             ensure_namespace(self.cluster, namespace, &self.uid).await?;
         }
@@ -332,6 +332,24 @@ impl Install<'_> {
             PhaseOutcome::Waiting(message) => Ok(Some(message)),
             PhaseOutcome::Done => Ok(None),
         }
+    }
+
+    /// Whether this pass makes the target namespace: not the Manifest's own on the local
+    /// cluster, which exists (the Manifest is in it), nor one the chart brings (applied first,
+    /// in install order; pre-hooks that run before it get it made, with the Manifest's label, so
+    /// the chart's Namespace object may take it over).
+    fn makes_namespace(&self, plan: &Plan, namespace: &str) -> bool {
+        let chart_brings_it = plan
+            .objects
+            .iter()
+            .any(|o| o.id.kind == "Namespace" && o.id.group.is_empty() && o.id.name == namespace);
+        !self.own_namespace(namespace) && !chart_brings_it
+    }
+
+    /// Whether `namespace` is the Manifest's own on the local cluster.
+    fn own_namespace(&self, namespace: &str) -> bool {
+        self.manifest.spec.target.is_none()
+            && self.manifest.namespace().as_deref() == Some(namespace)
     }
 
     /// CRDs first: apply, wait for Established (those applied).
@@ -539,7 +557,7 @@ impl Install<'_> {
         run: &mut HookRun,
         hook_objects: &mut Option<Vec<InventoryEntry>>,
         plan: &Plan,
-        namespace: &str,
+        (namespace, drift): (&str, &DriftPass<'_>),
         ready: bool,
     ) -> Result<(Option<String>, bool), ReconcileError> {
         let was_done = run.phase == HookRunPhase::Done;
@@ -550,6 +568,11 @@ impl Install<'_> {
             }
             if let Some(event) = hooks::event(run.operation, run.phase) {
                 let post_hooks = prepare_hooks(self.cluster, &plan.hooks, event, namespace).await?;
+                // A drift pass that wrote nothing into the namespace has not made it.
+                if !post_hooks.is_empty() && drift.namespace_on_write.is_some() {
+                    self.fence.check()?;
+                    ensure_namespace(self.cluster, namespace, &self.uid).await?;
+                }
                 if let PhaseOutcome::Waiting(message) = scope
                     .run_phase(run, hook_objects, &post_hooks, event)
                     .await?

@@ -8,8 +8,9 @@ use super::context::Context;
 use super::drift_check::{DriftCheck, Subject};
 use super::error::ReconcileError;
 use super::records::{Records, record_inventory};
-use crate::api::{DriftMode, InventoryEntry, Manifest, ManifestStatus};
+use crate::api::{InventoryEntry, Manifest, ManifestStatus};
 use crate::apply::listed::Listing;
+use crate::apply::namespace::ensure_namespace;
 use crate::apply::ownership::apply_owned;
 use crate::apply::{Cluster, Deletion, FIELD_MANAGER};
 use crate::plan::drift::{self, IgnoreRules};
@@ -37,6 +38,10 @@ pub(super) struct DriftPass<'a> {
     /// is applied; what changed since the last apply is read, not applied, so that readiness
     /// is judged on what it is now.
     pub idle: bool,
+    /// The target namespace when this pass makes it only before a write into it: a remote
+    /// drift pass, whose listing tells that it exists (`Cluster::list_applied`), so that a
+    /// pass finding everything as it was reads no namespace.
+    pub namespace_on_write: Option<&'a str>,
 }
 
 /// Applies `objects` in order, after recording them all in the inventory (nothing applied can be
@@ -110,6 +115,13 @@ pub(super) async fn apply_all(
                 Since::Changed => {}
             }
         }
+        if let Some(namespace) = pass.namespace_on_write
+            && object.id.namespace == namespace
+            && !pass.check.looks_only(exists)
+        {
+            fence.check()?;
+            ensure_namespace(cluster, namespace, &uid).await?;
+        }
         let left = prepared.left_alone();
         let subject = Subject {
             object: &body,
@@ -180,7 +192,7 @@ async fn write_object(
     subject: &Subject<'_>,
     exists: bool,
 ) -> Result<Written, ReconcileError> {
-    if check.active && exists && check.mode == DriftMode::Warn {
+    if check.looks_only(exists) {
         let live = check.look(&ctx.metrics, cluster, subject).await?;
         return Ok(Written::Looked(live));
     }
