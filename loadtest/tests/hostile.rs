@@ -1,8 +1,10 @@
 //! The `hostile` scenario through the `loadtest` binary at a small size (issue 31's isolation
 //! target on whole Manifests): one replica, so that every render shares its one renderer
-//! child; 8 innocent Manifests of the `slow` fixture chart (each render about a second, so the
-//! memory bomb dies beside innocent renders in flight rather than by chance: the default chart
-//! renders in milliseconds); an arm without a hostile chart, then one beside a `memory`
+//! child; 24 innocent Manifests of the `slow` fixture chart (each render about a second, so the
+//! memory bomb, which grows for some seconds, dies beside innocent renders in flight rather
+//! than by chance: with 8, all of them were once rendered before it died — a CI run of
+//! 2026-12-07, `renders_resent` 0; the default chart renders in milliseconds); an arm without
+//! a hostile chart, then one beside a `memory`
 //! Manifest. The run's checkers must pass: every innocent Ready, the hostile Manifest's status
 //! naming the memory limit. No time is asserted. Needs the `module-manager` binary built next
 //! to the test (`cargo test --workspace` builds it).
@@ -24,7 +26,7 @@ fn arm<'a>(result: &'a Value, hostile: Option<&str>) -> &'a Value {
 fn innocents_beside_a_memory_bomb_all_become_ready_and_the_bomb_is_named() {
     // `hostile` plays the last of `--replicas`: one replica, after the short fleet's 2.
     let (_out, dir, result) = common::run_short_passed(
-        "hostile --replicas 1 --innocents 8 --hostile memory --repeats 1 \
+        "hostile --replicas 1 --innocents 24 --hostile memory --repeats 1 \
          --chart tests/fixtures/charts/slow --settle-seconds 60",
     );
     // The checkers: `not-converged` (an innocent not Ready, a Manifest not deleted) and
@@ -32,7 +34,7 @@ fn innocents_beside_a_memory_bomb_all_become_ready_and_the_bomb_is_named() {
     assert_eq!(result["hostile"]["arms"].as_array().unwrap().len(), 2);
     for hostile in [None, Some("memory")] {
         let arm = arm(&result, hostile);
-        assert_eq!(arm["innocents_ready"], 8, "{arm}");
+        assert_eq!(arm["innocents_ready"], 24, "{arm}");
         assert!(arm["create_to_ready_seconds"]["p99"].as_f64().unwrap() > 0.0);
     }
     let memory = arm(&result, Some("memory"));
