@@ -47,6 +47,7 @@ fn manifest(name: &str, chart: ChartSource) -> Manifest {
             target: None,
             service_account_name: None,
             deletion_policy: Default::default(),
+            adopt: false,
             suspend: false,
             interval: "10m".into(),
             timeout: "5m".into(),

@@ -395,3 +395,214 @@ async fn an_object_of_the_manifest_that_is_gone_is_created_again() {
         Some("hi")
     );
 }
+
+/// An operator whose Manifests, written with its own identity, may adopt (`--adopt-as-operator`).
+async fn start_adopting(prefix: &str) -> common::Operator {
+    use module_manager::apply::identity::Tenancy;
+    use module_manager::plan::tenancy::{Protected, ServiceAccountPolicy};
+    let policy = ServiceAccountPolicy {
+        adopt_as_operator: true,
+        ..Default::default()
+    };
+    common::operator_with(prefix, 2, |context| {
+        context
+            .replica(REPLICA)
+            .tenancy(Tenancy::new(None, policy, Protected::default()))
+    })
+    .await
+}
+
+/// [`manifest`] with `spec` fields merged in.
+fn manifest_with(ns: &str, name: &str, greeting: &str, spec: Value) -> Manifest {
+    let mut manifest = serde_json::to_value(manifest(ns, name, "catalog", greeting)).unwrap();
+    let fields = manifest["spec"].as_object_mut().unwrap();
+    fields.extend(spec.as_object().unwrap().clone());
+    serde_json::from_value(manifest).unwrap()
+}
+
+/// The UIDs of the catalog chart's two ConfigMaps (release `catalog`).
+async fn catalog_uids(config_maps: &Api<ConfigMap>) -> [String; 2] {
+    [
+        objects::uid(config_maps, "catalog-settings").await,
+        objects::uid(config_maps, "catalog-legacy-settings").await,
+    ]
+}
+
+/// A module moves from one Manifest to another (docs/api.md: delete with `Orphan`, create
+/// the new one with `spec.adopt`): no object is deleted or created again, and while the first
+/// Manifest exists its objects are never taken, with or without `spec.adopt`.
+#[tokio::test]
+async fn a_module_moves_to_another_manifest_by_adoption_and_keeps_its_objects() {
+    let op = start_adopting("adopt-move").await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(op.client.clone(), &op.ns);
+    let limit = Duration::from_secs(60);
+    let old = manifest_with(&op.ns, "old", "hi", json!({"deletionPolicy": "Orphan"}));
+    op.manifests
+        .create(&PostParams::default(), &old)
+        .await
+        .unwrap();
+    let old = common::wait_state(&op.manifests, "old", State::Ready, limit).await;
+    let old_uid = old.uid().unwrap();
+    let uids = catalog_uids(&config_maps).await;
+
+    // Without spec.adopt the new Manifest is refused, naming the owner.
+    let new = manifest_with(&op.ns, "new", "moved", json!({}));
+    op.manifests
+        .create(&PostParams::default(), &new)
+        .await
+        .unwrap();
+    let refused = common::wait_for(&op.manifests, "new", "refused", limit, |m| {
+        ready_message(m).contains(&old_uid)
+    })
+    .await;
+    assert!(
+        ready_message(&refused).contains("spec.adopt"),
+        "the refusal says how to take over: {}",
+        ready_message(&refused)
+    );
+    // With it, while `old` exists: still refused (never a live Manifest's objects).
+    let adopt = json!({"spec": {"adopt": true}});
+    op.manifests
+        .patch("new", &PatchParams::default(), &Patch::Merge(&adopt))
+        .await
+        .unwrap();
+    let generation = op.manifests.get("new").await.unwrap().metadata.generation;
+    let still = common::wait_for(
+        &op.manifests,
+        "new",
+        "refused at the new generation",
+        limit,
+        |m| {
+            let status = m.status.clone().unwrap_or_default();
+            status.observed_generation == generation && ready_message(m).contains(&old_uid)
+        },
+    )
+    .await;
+    assert_eq!(still.status.unwrap().state, Some(State::Error));
+    assert_eq!(
+        config_maps
+            .get("catalog-settings")
+            .await
+            .unwrap()
+            .labels()
+            .get(MANIFEST_UID_LABEL),
+        Some(&old_uid),
+        "not taken while its Manifest exists"
+    );
+
+    // `old` is deleted, its objects orphaned: `new` takes them over as they are.
+    objects::delete(&op.manifests, "old").await;
+    common::wait_for_gone(&op.manifests, "old").await;
+    let moved = common::wait_state(&op.manifests, "new", State::Ready, limit).await;
+    let new_uid = moved.uid().unwrap();
+    assert_eq!(
+        catalog_uids(&config_maps).await,
+        uids,
+        "no object created again"
+    );
+    let settings = config_maps.get("catalog-settings").await.unwrap();
+    assert_eq!(settings.labels().get(MANIFEST_UID_LABEL), Some(&new_uid));
+    assert_eq!(
+        settings.data.unwrap().get("greeting").map(String::as_str),
+        Some("moved")
+    );
+    let recorded = moved.status.unwrap().inventory_uids;
+    assert_eq!(
+        recorded.get(&format!("ConfigMap/{}/catalog-settings", op.ns)),
+        Some(&uids[0])
+    );
+}
+
+/// A release installed by `helm install` is taken over by a Manifest with `spec.adopt`: its
+/// objects keep their UIDs and get the chart's values as the Manifest renders them; Helm's
+/// release Secret is left alone (docs/api.md § Adopting existing objects).
+#[tokio::test]
+async fn a_release_installed_by_helm_is_taken_over_with_adopt() {
+    let op = start_adopting("adopt-helm").await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(op.client.clone(), &op.ns);
+    let limit = Duration::from_secs(60);
+    let home = tempfile::tempdir().unwrap();
+    let chart = test_support::repo().join("examples/charts/catalog-v1");
+    let kubeconfig = common::control_plane().await.kubeconfig().to_owned();
+    let output = std::process::Command::new(testenv::Tools::locate().unwrap().helm)
+        .args(["install", "catalog"])
+        .arg(&chart)
+        .args(["--namespace", &op.ns, "--set", "greeting=from-helm"])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .env_clear()
+        .env("HOME", home.path())
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "helm install: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let uids = catalog_uids(&config_maps).await;
+
+    let taker = manifest_with(&op.ns, "taker", "from-mm", json!({"adopt": true}));
+    op.manifests
+        .create(&PostParams::default(), &taker)
+        .await
+        .unwrap();
+    let ready = common::wait_state(&op.manifests, "taker", State::Ready, limit).await;
+    assert_eq!(
+        catalog_uids(&config_maps).await,
+        uids,
+        "no object created again"
+    );
+    let settings = config_maps.get("catalog-settings").await.unwrap();
+    assert_eq!(
+        settings.labels().get(MANIFEST_UID_LABEL),
+        ready.uid().as_ref()
+    );
+    assert_eq!(
+        settings.data.unwrap().get("greeting").map(String::as_str),
+        Some("from-mm")
+    );
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(op.client.clone(), &op.ns);
+    assert!(
+        objects::exists(&secrets, "sh.helm.release.v1.catalog.v1").await,
+        "Helm's release record is left alone"
+    );
+}
+
+/// Written with the operator's own identity, `spec.adopt` is refused unless the operator runs
+/// with `--adopt-as-operator`: its rights are wider than the Manifest's author's.
+#[tokio::test]
+async fn adoption_as_the_operator_is_refused_without_the_flag() {
+    let op = start("adopt-refused").await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(op.client.clone(), &op.ns);
+    let limit = Duration::from_secs(60);
+    let theirs = objects::create_json(
+        &config_maps,
+        json!({"metadata": {"name": "catalog-settings"}, "data": {"owner": "someone else"}}),
+    )
+    .await;
+    let taker = manifest_with(&op.ns, "taker", "hi", json!({"adopt": true}));
+    op.manifests
+        .create(&PostParams::default(), &taker)
+        .await
+        .unwrap();
+    let refused = common::wait_state(&op.manifests, "taker", State::Error, limit).await;
+    let message = ready_message(&refused);
+    assert!(
+        message.contains("--adopt-as-operator") && message.contains("nothing was applied"),
+        "{message}"
+    );
+    let kept = config_maps.get("catalog-settings").await.unwrap();
+    assert_eq!(
+        kept.resource_version(),
+        theirs.resource_version(),
+        "not written"
+    );
+    assert!(
+        !objects::exists(&config_maps, "catalog-legacy-settings").await,
+        "nothing applied"
+    );
+}

@@ -453,6 +453,7 @@ async fn require_service_account_refuses_a_manifest_without_one() {
     let required = ServiceAccountPolicy {
         default: None,
         required: true,
+        adopt_as_operator: false,
     };
     let t = start("tenancy-required", required).await;
     t.create("anonymous", None, json!({"configMaps": [{"name": "anon"}]}))
@@ -491,6 +492,7 @@ async fn the_default_service_account_is_used_for_manifests_without_one() {
     let defaulted = ServiceAccountPolicy {
         default: Some(ACCOUNT.into()),
         required: true,
+        adopt_as_operator: false,
     };
     let t = start("tenancy-default", defaulted).await;
     let b = t.b.clone();
@@ -567,4 +569,72 @@ async fn measure_the_request_cost_of_the_pre_check() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// `spec.adopt` as a ServiceAccount takes over only what that account may write: an unlabelled
+/// ConfigMap of its own namespace is taken (UID kept), one in a namespace where it may only
+/// read is refused for lack of `patch` and left as it was (docs/api.md § Adopting existing
+/// objects).
+#[tokio::test]
+async fn a_tenant_adopts_only_what_its_account_may_write() {
+    let t = start("tenancy-adopt", ServiceAccountPolicy::default()).await;
+    let (a, b) = (t.a.clone(), t.b.clone());
+    let existing = |namespace: &str| {
+        let api = Api::<ConfigMap>::namespaced(t.client.clone(), namespace);
+        async move {
+            objects::create_json(
+                &api,
+                json!({"metadata": {"name": "existing"}, "data": {"value": "by hand"}}),
+            )
+            .await
+        }
+    };
+    let in_a = existing(&a).await;
+    let in_b = existing(&b).await;
+    let adopting = |name: &str, values: Value| {
+        let spec = json!({"module": name, "chart": {"path": CHART}, "values": values,
+                          "interval": "2s", "serviceAccountName": ACCOUNT, "adopt": true});
+        common::manifest(&a, name, spec)
+    };
+
+    common::create_manifest(
+        &t.manifests,
+        &adopting("own", json!({"configMaps": [{"name": "existing"}]})),
+    )
+    .await;
+    let ready = t.wait_state("own", State::Ready).await;
+    let taken = t.config_map(&a, "existing").await.unwrap();
+    assert_eq!(taken.uid(), in_a.uid(), "taken over, not created again");
+    assert_eq!(
+        taken
+            .labels()
+            .get(module_manager::apply::MANIFEST_UID_LABEL),
+        ready.uid().as_ref()
+    );
+    assert_eq!(
+        taken.data.unwrap().get("value").map(String::as_str),
+        Some("from-the-chart")
+    );
+
+    common::create_manifest(
+        &t.manifests,
+        &adopting(
+            "into-b",
+            json!({"configMaps": [{"name": "existing", "namespace": b}]}),
+        ),
+    )
+    .await;
+    let message = t.error("into-b").await;
+    assert_forbidden(
+        &message,
+        &format!("ConfigMap/{b}/existing"),
+        &t.user(),
+        "configmaps",
+    );
+    let left = t.config_map(&b, "existing").await.unwrap();
+    assert_eq!(
+        left.resource_version(),
+        in_b.resource_version(),
+        "not written"
+    );
 }

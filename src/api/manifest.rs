@@ -111,6 +111,13 @@ pub struct ManifestSpec {
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
 
+    /// Take over objects the chart renders that exist already without being this Manifest's:
+    /// objects no Manifest labelled (created by hand or by `helm install`), and objects
+    /// labelled by a Manifest that no longer exists (deleted with `deletionPolicy: Orphan`).
+    /// Never an object of a Manifest that exists. Off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopt: bool,
+
     /// Stop reconciling this Manifest: nothing is applied, pruned or repaired while true.
     #[serde(default)]
     pub suspend: bool,

@@ -1,6 +1,7 @@
 //! Apply: a target cluster's discovery, server-side apply with one field manager, CRD
 //! establishment, and deletion.
 
+pub mod adoption;
 pub mod budget;
 pub mod catalog;
 pub mod credential;
@@ -103,14 +104,27 @@ pub enum ApplyError {
         kind: String,
     },
     /// the object exists but is not managed by this Manifest.
-    #[error("{0} already exists and is not managed by this Manifest; refusing to take it over")]
+    #[error(
+        "{0} already exists and is not managed by this Manifest; refusing to take it over (spec.adopt takes over objects no Manifest manages)"
+    )]
     NotOwned(String),
     /// the object exists and is labelled as another Manifest's (which created or took it over
     /// first).
     #[error(
-        "{object} already exists and is managed by the Manifest with UID {owner}; refusing to take it over"
+        "{object} already exists and is managed by the Manifest with UID {owner}; refusing to take it over (spec.adopt takes over only objects of a Manifest that no longer exists)"
     )]
     OwnedByAnother {
+        /// The object.
+        object: String,
+        /// The UID its `modulemanager.io/manifest-uid` label names.
+        owner: String,
+    },
+    /// `spec.adopt`: the object is labelled as another Manifest's, which exists (retried: it is
+    /// taken over once that Manifest is gone).
+    #[error(
+        "{object} already exists and is managed by the Manifest with UID {owner}, which exists; spec.adopt takes it over once that Manifest is gone (deleted with deletionPolicy: Orphan)"
+    )]
+    OwnerExists {
         /// The object.
         object: String,
         /// The UID its `modulemanager.io/manifest-uid` label names.
@@ -145,6 +159,18 @@ pub enum ApplyError {
         object: String,
         /// The server's message: the user, the verb, the resource and the namespace.
         message: String,
+    },
+    /// the Manifest an object's label names could not be looked up (`spec.adopt`: only an
+    /// object of a Manifest that no longer exists is taken over).
+    #[error(
+        "look up the Manifest with UID {owner}, which an object to adopt is labelled with: kubernetes API: {source}"
+    )]
+    ReadOwner {
+        /// The UID the object's label names.
+        owner: String,
+        /// The listing's error.
+        #[source]
+        source: KubeError,
     },
     /// a Manifest names a ServiceAccount but this Context cannot impersonate (it was built
     /// from a client without its connection settings).

@@ -5,21 +5,25 @@
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 
+use super::adoption::Owners;
 use super::labels::MANIFEST_UID_LABEL;
 use super::{ApplyError, Cluster};
-use crate::plan::ownership::{self, Decision, Live};
+use crate::plan::ownership::{self, Adoption, Decision, Guard, Live};
 use crate::plan::{RenderedObject, describe};
 
 /// Applies a module's object only if it is this Manifest's (`manifest_uid`): under its
 /// recorded UID, or — new to the inventory — only if it does not exist yet. When the API server
 /// refuses, one read decides ([`ownership::decide`]): an object that is gone is created again,
 /// one labelled as this Manifest's is taken over as read (its UID and resourceVersion in the
-/// body), anything else is refused and nothing is written.
+/// body), anything else is refused and nothing is written — unless the pass may adopt (`adopt`,
+/// `spec.adopt`): then an unlabelled object is taken over as read too, and one labelled as
+/// another Manifest's once that Manifest is found gone ([`Owners::gone`]).
 pub async fn apply_owned(
     cluster: &Cluster,
     object: &RenderedObject,
     manifest_uid: &str,
     recorded_uid: Option<&str>,
+    adopt: Option<&Owners>,
 ) -> Result<DynamicObject, ApplyError> {
     let guard = ownership::first_guard(recorded_uid);
     match cluster.apply_guarded(object, manifest_uid, &guard).await {
@@ -37,12 +41,42 @@ pub async fn apply_owned(
         owner: live.labels().get(MANIFEST_UID_LABEL).map(String::as_str),
     });
     let name = describe(&object.id);
-    match ownership::decide(recorded_uid, seen, manifest_uid) {
-        Decision::Apply(guard) => match cluster.apply_guarded(object, manifest_uid, &guard).await {
-            Err(ApplyError::PreconditionFailed(_)) => Err(ApplyError::Changed(name)),
-            answer => answer,
-        },
+    let adoption = match adopt {
+        None => Adoption::Off,
+        Some(_) => Adoption::On,
+    };
+    let mut decision = ownership::decide(recorded_uid, seen, manifest_uid, adoption);
+    if let (Some(owners), Decision::NotOwned { owner: Some(owner) }) = (adopt, &decision)
+        && owners.gone(owner).await?
+    {
+        decision = ownership::decide(recorded_uid, seen, manifest_uid, Adoption::OwnerGone);
+    }
+    let previous_owner = seen.and_then(|live| live.owner);
+    match decision {
+        Decision::Apply(guard) => {
+            if matches!(guard, Guard::Read { .. }) && previous_owner != Some(manifest_uid) {
+                let from = previous_owner.map_or_else(
+                    || "labelled by no Manifest".to_owned(),
+                    |owner| {
+                        format!(
+                            "labelled as the Manifest with UID {owner}'s, which no longer exists"
+                        )
+                    },
+                );
+                tracing::info!(object = %name, %from, "adopting (spec.adopt)");
+            }
+            match cluster.apply_guarded(object, manifest_uid, &guard).await {
+                Err(ApplyError::PreconditionFailed(_)) => Err(ApplyError::Changed(name)),
+                answer => answer,
+            }
+        }
         Decision::NotOwned { owner: None } => Err(ApplyError::NotOwned(name)),
+        Decision::NotOwned { owner: Some(owner) } if adopt.is_some() => {
+            Err(ApplyError::OwnerExists {
+                object: name,
+                owner,
+            })
+        }
         Decision::NotOwned { owner: Some(owner) } => Err(ApplyError::OwnedByAnother {
             object: name,
             owner,

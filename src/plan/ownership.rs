@@ -73,22 +73,50 @@ pub enum Decision {
     },
 }
 
-/// Decides from the recorded UID (if any), the live object (`None`: it does not exist) and
-/// this Manifest's UID. Only an object labelled as this Manifest's is taken over, as Helm
-/// installs over no object it does not own.
-pub fn decide(recorded_uid: Option<&str>, live: Option<Live<'_>>, manifest_uid: &str) -> Decision {
+/// Which objects a pass may take over besides those labelled as this Manifest's
+/// (`spec.adopt`, docs/reconcile.md § Adoption and ownership).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Adoption {
+    /// Not asked for (the default): only objects labelled as this Manifest's.
+    Off,
+    /// `spec.adopt`: also objects no Manifest labelled; one labelled as another Manifest's is
+    /// refused until that Manifest is known to be gone ([`Adoption::OwnerGone`]).
+    On,
+    /// `spec.adopt`, and the Manifest the live object's label names was looked up and no
+    /// longer exists: its objects may be taken over too.
+    OwnerGone,
+}
+
+/// Decides from the recorded UID (if any), the live object (`None`: it does not exist),
+/// this Manifest's UID and what it may adopt. Without `spec.adopt` only an object labelled as
+/// this Manifest's is taken over, as Helm installs over no object it does not own; with it,
+/// also an unlabelled one and — once its owner is known to be gone — one labelled as another
+/// Manifest's. An object the inventory recorded under another UID is never taken over.
+pub fn decide(
+    recorded_uid: Option<&str>,
+    live: Option<Live<'_>>,
+    manifest_uid: &str,
+    adoption: Adoption,
+) -> Decision {
     let Some(live) = live else {
         return Decision::Apply(Guard::Absent);
     };
     let owner = live.owner.map(str::to_owned);
-    match recorded_uid {
-        Some(recorded) if recorded == live.uid => Decision::Apply(Guard::Uid(recorded.to_owned())),
-        Some(_) => Decision::Replaced { owner },
-        None if live.owner == Some(manifest_uid) => Decision::Apply(Guard::Read {
+    let take = || {
+        Decision::Apply(Guard::Read {
             uid: live.uid.to_owned(),
             resource_version: live.resource_version.to_owned(),
-        }),
-        None => Decision::NotOwned { owner },
+        })
+    };
+    match (recorded_uid, live.owner) {
+        (Some(recorded), _) if recorded == live.uid => {
+            Decision::Apply(Guard::Uid(recorded.to_owned()))
+        }
+        (Some(_), _) => Decision::Replaced { owner },
+        (None, Some(owner)) if owner == manifest_uid => take(),
+        (None, None) if adoption != Adoption::Off => take(),
+        (None, Some(_)) if adoption == Adoption::OwnerGone => take(),
+        (None, _) => Decision::NotOwned { owner },
     }
 }
 
@@ -180,17 +208,20 @@ mod tests {
     #[test]
     fn an_object_that_is_gone_is_created_again() {
         assert_eq!(
-            decide(Some("u1"), None, MINE),
+            decide(Some("u1"), None, MINE, Adoption::Off),
             Decision::Apply(Guard::Absent)
         );
-        assert_eq!(decide(None, None, MINE), Decision::Apply(Guard::Absent));
+        assert_eq!(
+            decide(None, None, MINE, Adoption::Off),
+            Decision::Apply(Guard::Absent)
+        );
     }
 
     #[test]
     fn an_object_recreated_by_someone_else_is_replaced_whatever_its_label() {
         for owner in [None, Some(OTHER), Some(MINE)] {
             assert_eq!(
-                decide(Some("u1"), Some(live("u2", owner)), MINE),
+                decide(Some("u1"), Some(live("u2", owner)), MINE, Adoption::Off),
                 Decision::Replaced {
                     owner: owner.map(str::to_owned)
                 },
@@ -198,7 +229,12 @@ mod tests {
             );
         }
         assert_eq!(
-            decide(Some("u1"), Some(live("u1", Some(MINE))), MINE),
+            decide(
+                Some("u1"),
+                Some(live("u1", Some(MINE))),
+                MINE,
+                Adoption::Off
+            ),
             Decision::Apply(Guard::Uid("u1".into())),
             "the recorded object itself (the refusal was for another reason)"
         );
@@ -207,22 +243,53 @@ mod tests {
     #[test]
     fn only_an_object_labelled_as_this_manifests_is_taken_over_and_only_as_read() {
         assert_eq!(
-            decide(None, Some(live("u2", Some(MINE))), MINE),
+            decide(None, Some(live("u2", Some(MINE))), MINE, Adoption::Off),
             Decision::Apply(Guard::Read {
                 uid: "u2".into(),
                 resource_version: "42".into()
             })
         );
         assert_eq!(
-            decide(None, Some(live("u2", Some(OTHER))), MINE),
+            decide(None, Some(live("u2", Some(OTHER))), MINE, Adoption::Off),
             Decision::NotOwned {
                 owner: Some(OTHER.into())
             }
         );
         assert_eq!(
-            decide(None, Some(live("u2", None)), MINE),
+            decide(None, Some(live("u2", None)), MINE, Adoption::Off),
             Decision::NotOwned { owner: None }
         );
+    }
+
+    #[test]
+    fn adoption_takes_unlabelled_objects_and_those_of_a_manifest_gone_never_a_live_ones() {
+        let read = Decision::Apply(Guard::Read {
+            uid: "u2".into(),
+            resource_version: "42".into(),
+        });
+        let unlabelled = Some(live("u2", None));
+        let others = Some(live("u2", Some(OTHER)));
+        assert_eq!(decide(None, unlabelled, MINE, Adoption::On), read);
+        assert_eq!(decide(None, unlabelled, MINE, Adoption::OwnerGone), read);
+        // Labelled as another Manifest's: only once that Manifest is known to be gone.
+        assert_eq!(
+            decide(None, others, MINE, Adoption::On),
+            Decision::NotOwned {
+                owner: Some(OTHER.into())
+            }
+        );
+        assert_eq!(decide(None, others, MINE, Adoption::OwnerGone), read);
+        // Never an object recorded under another UID, nor a new object (created as absent).
+        for adoption in [Adoption::On, Adoption::OwnerGone] {
+            assert_eq!(
+                decide(Some("u1"), unlabelled, MINE, adoption),
+                Decision::Replaced { owner: None }
+            );
+            assert_eq!(
+                decide(None, None, MINE, adoption),
+                Decision::Apply(Guard::Absent)
+            );
+        }
     }
 
     #[test]

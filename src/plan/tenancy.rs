@@ -8,13 +8,16 @@
 
 use super::{Plan, RenderedObject, describe};
 
-/// The operator's flags about ServiceAccounts.
+/// The operator's flags about the identity a module is written with.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceAccountPolicy {
     /// `--default-service-account`: used for Manifests that name none.
     pub default: Option<String>,
     /// `--require-service-account`: a Manifest without one (and no default) is refused.
     pub required: bool,
+    /// `--adopt-as-operator`: a Manifest written with the operator's own identity may take over
+    /// existing objects (`spec.adopt`); off by default ([`check_adoption`]).
+    pub adopt_as_operator: bool,
 }
 
 /// A ServiceAccount a pass impersonates.
@@ -52,6 +55,14 @@ pub enum IdentityError {
         "spec.serviceAccountName is not set and this operator runs with --require-service-account: set it to a ServiceAccount of namespace {namespace}; nothing was applied or deleted"
     )]
     Required {
+        /// The Manifest's namespace.
+        namespace: String,
+    },
+    /// the Manifest asks to adopt objects and is written with the operator's own identity.
+    #[error(
+        "spec.adopt takes over existing objects as the identity the module is written with, and this Manifest's is the operator's own, which may write objects its author cannot: set spec.serviceAccountName to a ServiceAccount of namespace {namespace} (or start the operator with --default-service-account, or with --adopt-as-operator to allow it); nothing was applied or deleted"
+    )]
+    AdoptAsOperator {
         /// The Manifest's namespace.
         namespace: String,
     },
@@ -95,6 +106,24 @@ pub fn identity(
             }),
             (None, false) => Ok(Identity::Operator),
         },
+    }
+}
+
+/// Whether a pass written as `identity` may take over existing objects (`spec.adopt`). As a
+/// ServiceAccount, or a remote target's kubeconfig user, the API server's authorization keeps
+/// what it can take to what the Manifest's author reaches themselves; as the operator, whose
+/// rights are wider than any tenant's, only when the operator was started with
+/// `--adopt-as-operator`.
+pub fn check_adoption(
+    identity: &Identity,
+    namespace: &str,
+    policy: &ServiceAccountPolicy,
+) -> Result<(), IdentityError> {
+    match identity {
+        Identity::Operator if !policy.adopt_as_operator => Err(IdentityError::AdoptAsOperator {
+            namespace: namespace.to_owned(),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -217,6 +246,26 @@ mod tests {
         ServiceAccountPolicy {
             default: default.map(str::to_owned),
             required,
+            adopt_as_operator: false,
+        }
+    }
+
+    #[test]
+    fn adoption_as_the_operator_needs_the_flag_as_anyone_else_it_is_bounded_by_rbac() {
+        let closed = policy(None, false);
+        let refused = check_adoption(&Identity::Operator, "team-a", &closed).unwrap_err();
+        let message = refused.to_string();
+        assert!(
+            message.contains("--adopt-as-operator") && message.contains("team-a"),
+            "{message}"
+        );
+        let open = ServiceAccountPolicy {
+            adopt_as_operator: true,
+            ..closed.clone()
+        };
+        assert_eq!(check_adoption(&Identity::Operator, "team-a", &open), Ok(()));
+        for identity in [account("deployer"), Identity::Kubeconfig] {
+            assert_eq!(check_adoption(&identity, "team-a", &closed), Ok(()));
         }
     }
 

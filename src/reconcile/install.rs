@@ -24,6 +24,7 @@ use super::records::Records;
 use super::{dependencies, finalizer, target};
 use crate::api::{DriftMode, State};
 use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
+use crate::apply::adoption::Owners;
 use crate::apply::namespace::ensure_namespace;
 use crate::apply::{ApplyError, Cluster, FIELD_MANAGER, kind_name};
 use crate::plan::drift::IgnoreRules;
@@ -55,6 +56,7 @@ pub(super) async fn install(
     // The cluster the module goes to: the local one, or the remote target of `spec.target`.
     let (cluster, identity) = target::resolve(manifest, ctx).await?;
     progress.target_identity = identity;
+    let adopt = target::adoption(manifest, ctx)?;
     let step = Install {
         manifest,
         ctx,
@@ -62,6 +64,7 @@ pub(super) async fn install(
         fence,
         uid,
         interval,
+        adopt,
     };
     let result = step.install_on(progress).await;
     target::observe(&cluster, ctx, result)
@@ -98,6 +101,8 @@ struct Install<'a> {
     fence: &'a Fence,
     uid: String,
     interval: Duration,
+    /// What the pass may take over besides its own objects (`spec.adopt`), if anything.
+    adopt: Option<Owners>,
 }
 
 /// What the prune step left: the inventory to record and a refusal to show.
@@ -199,7 +204,7 @@ impl Install<'_> {
     /// pass; skipping unchanged objects when nothing changed, the module was Ready and no pass
     /// was asked for (`requestedAt`, `resetAt`: a pass asked for applies everything).
     fn drift_pass<'r>(
-        &self,
+        &'r self,
         previous: &ManifestStatus,
         rendered: &Rendered,
         rules: &'r IgnoreRules,
@@ -215,6 +220,7 @@ impl Install<'_> {
             check,
             idle: !changed && !asked && ready && check.mode == DriftMode::Disabled,
             namespace_on_write: None,
+            adopt: self.adopt.as_ref(),
         }
     }
 

@@ -9,6 +9,7 @@ use super::drift_check::{DriftCheck, Subject};
 use super::error::ReconcileError;
 use super::records::{Records, record_inventory};
 use crate::api::{InventoryEntry, Manifest, ManifestStatus};
+use crate::apply::adoption::Owners;
 use crate::apply::listed::Listing;
 use crate::apply::namespace::ensure_namespace;
 use crate::apply::ownership::apply_owned;
@@ -42,6 +43,8 @@ pub(super) struct DriftPass<'a> {
     /// drift pass, whose listing tells that it exists (`Cluster::list_applied`), so that a
     /// pass finding everything as it was reads no namespace.
     pub namespace_on_write: Option<&'a str>,
+    /// `spec.adopt`: the objects besides its own a pass may take over ([`apply_owned`]).
+    pub adopt: Option<&'a Owners>,
 }
 
 /// Applies `objects` in order, after recording them all in the inventory (nothing applied can be
@@ -129,7 +132,7 @@ pub(super) async fn apply_all(
             recorded_uid: recorded_uid.map(String::as_str),
             left: &left,
         };
-        let answer = match write_object(ctx, cluster, fence, pass.check, &subject, exists).await? {
+        let answer = match write_object(ctx, cluster, fence, pass, &subject, exists).await? {
             Written::Looked(live) => {
                 applied.extend(live.map(|live| (object.id.clone(), live)));
                 continue;
@@ -181,17 +184,18 @@ enum Written {
     Applied(DynamicObject),
 }
 
-/// One object's write of the pass under `check`: a look in a warn-mode check (nothing written);
+/// One object's write of the pass under its drift check: a look in a warn-mode check (nothing written);
 /// else the guarded apply ([`apply_owned`]), in an enabled-mode check after a read (what the
 /// apply changed is drift) and the take-over of override managers' fields.
 async fn write_object(
     ctx: &Context,
     cluster: &Cluster,
     fence: &Fence,
-    check: &DriftCheck,
+    pass: &DriftPass<'_>,
     subject: &Subject<'_>,
     exists: bool,
 ) -> Result<Written, ReconcileError> {
+    let check = pass.check;
     if check.looks_only(exists) {
         let live = check.look(&ctx.metrics, cluster, subject).await?;
         return Ok(Written::Looked(live));
@@ -202,7 +206,14 @@ async fn write_object(
     };
     fence.check()?;
     let object = subject.object;
-    let answer = apply_owned(cluster, object, subject.uid, subject.recorded_uid).await?;
+    let answer = apply_owned(
+        cluster,
+        object,
+        subject.uid,
+        subject.recorded_uid,
+        pass.adopt,
+    )
+    .await?;
     if let Some(before) = &before {
         check.after_apply(&ctx.metrics, &object.id, before, &answer);
     }

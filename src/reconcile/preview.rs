@@ -9,6 +9,7 @@ use super::error::ReconcileError;
 use super::inputs::{install_run, render_request, vetted_render};
 use super::install::inputs_changed;
 use crate::api::{HookOperation, HookRunPhase, InventoryEntry, Manifest};
+use crate::apply::adoption::Owners;
 use crate::apply::target::{self, ResolveError};
 use crate::apply::{Cluster, FIELD_MANAGER, MANIFEST_SHARD_LABEL, MANIFEST_UID_LABEL};
 use crate::plan::diff::{Diff, ObjectChange, ObjectDiff, hooks_to_run, object_change};
@@ -63,10 +64,12 @@ pub async fn preview(manifest: &Manifest, ctx: &Context) -> Result<Diff, Reconci
     }
     let uid = manifest.uid().unwrap_or_default();
     let rules = IgnoreRules::parse(&manifest.spec.drift_ignore)?;
+    let owners = manifest.spec.adopt.then(|| Owners::new(ctx.client.clone()));
     for object in &applied {
         let drift = ObjectDrift {
             rules: &rules,
             exists: plan::holds(&previous.inventory, &object.id),
+            adopt: owners.as_ref(),
         };
         diff.objects
             .extend(object_diff(&cluster, object, &uid, &drift).await?);
@@ -96,6 +99,11 @@ fn notes(manifest: &Manifest) -> Vec<String> {
     }
     if manifest.spec.suspend {
         notes.push("the Manifest is suspended: no pass runs until it is resumed".into());
+    }
+    if manifest.spec.adopt {
+        notes.push(
+            "spec.adopt: existing objects without a Manifest's label, or labelled as a Manifest that is gone, show as changes: the pass takes them over (written as the operator's own identity, only if it runs with --adopt-as-operator)".into(),
+        );
     }
     notes
 }
@@ -127,6 +135,19 @@ fn pruned(
 struct ObjectDrift<'a> {
     rules: &'a IgnoreRules,
     exists: bool,
+    /// `spec.adopt`: the owners' look-up (as the caller).
+    adopt: Option<&'a Owners>,
+}
+
+/// Whether a pass with `spec.adopt` would take over an object labelled as `owner`'s (`None`:
+/// unlabelled): as [`crate::plan::ownership::decide`]; an owner the caller cannot look up
+/// counts as existing.
+async fn adoptable(adopt: Option<&Owners>, owner: Option<&str>) -> bool {
+    match (adopt, owner) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(owners), Some(owner)) => owners.gone(owner).await.unwrap_or(false),
+    }
 }
 
 async fn object_diff(
@@ -147,7 +168,8 @@ async fn object_diff(
     let Some(live) = cluster.get(&object.id).await? else {
         return done(ObjectChange::Create);
     };
-    if live.labels().get(MANIFEST_UID_LABEL).map(String::as_str) != Some(uid) {
+    let owner = live.labels().get(MANIFEST_UID_LABEL).map(String::as_str);
+    if owner != Some(uid) && !adoptable(drift.adopt, owner).await {
         return done(ObjectChange::NotOwned);
     }
     // What the pass sends: less the ignored fields once the object exists; and what it leaves

@@ -5,6 +5,7 @@ use kube::ResourceExt;
 use super::context::Context;
 use super::error::ReconcileError;
 use crate::api::Manifest;
+use crate::apply::adoption::Owners;
 use crate::apply::target::{self, ResolveError, Target, TargetError};
 use crate::plan::ownership::{self, TargetCheck};
 use crate::plan::tenancy::{self, Identity};
@@ -61,16 +62,35 @@ fn verify(
     }))
 }
 
-/// The target of [`resolve`], not yet verified.
-async fn connect<'a>(manifest: &Manifest, ctx: &'a Context) -> Result<Target<'a>, ReconcileError> {
+/// What an install pass may take over besides its own objects (`spec.adopt`): `None` without
+/// it; the owners' look-up with it, when the identity the module is written with may adopt
+/// ([`tenancy::check_adoption`]: as the operator itself only with `--adopt-as-operator`).
+pub(super) fn adoption(
+    manifest: &Manifest,
+    ctx: &Context,
+) -> Result<Option<Owners>, ReconcileError> {
+    if !manifest.spec.adopt {
+        return Ok(None);
+    }
     let namespace = manifest.namespace().unwrap_or_default();
-    let identity = tenancy::identity(
+    tenancy::check_adoption(&identity(manifest, ctx)?, &namespace, &ctx.tenancy.policy)?;
+    Ok(Some(Owners::new(ctx.client.clone())))
+}
+
+/// Whose identity the Manifest's module is written with ([`tenancy::identity`]).
+fn identity(manifest: &Manifest, ctx: &Context) -> Result<Identity, ReconcileError> {
+    let namespace = manifest.namespace().unwrap_or_default();
+    Ok(tenancy::identity(
         manifest.spec.service_account_name.as_deref(),
         manifest.spec.target.is_some(),
         &namespace,
         &ctx.tenancy.policy,
-    )?;
-    if let Identity::ServiceAccount(account) = identity {
+    )?)
+}
+
+/// The target of [`resolve`], not yet verified.
+async fn connect<'a>(manifest: &Manifest, ctx: &'a Context) -> Result<Target<'a>, ReconcileError> {
+    if let Identity::ServiceAccount(account) = identity(manifest, ctx)? {
         return Ok(Target::impersonated(
             ctx.tenancy.cluster_for(&account).await?,
         ));

@@ -209,6 +209,12 @@ pub struct RunArgs {
     /// `--default-service-account`: nothing of theirs is applied or deleted.
     #[arg(long)]
     pub require_service_account: bool,
+    /// Let Manifests written with the operator's own identity (no ServiceAccount, local cluster)
+    /// take over existing objects with `spec.adopt`. Off by default: the operator may write
+    /// objects a Manifest's author cannot; as a ServiceAccount or a remote target's user,
+    /// adoption is always allowed and bounded by that identity's RBAC.
+    #[arg(long)]
+    pub adopt_as_operator: bool,
 }
 
 /// The flag `--shards`: a power of two from 1 to 65536.
@@ -324,6 +330,15 @@ impl RunArgs {
             && self.cross_namespace_dependencies.unwrap_or(!impersonating)
     }
 
+    /// The flags about the identity modules are written with, checked.
+    fn identity_policy(&self) -> Result<ServiceAccountPolicy, ConfigError> {
+        service_accounts(
+            self.default_service_account.clone(),
+            self.require_service_account,
+            self.adopt_as_operator,
+        )
+    }
+
     /// Checks the flags against each other and turns them into the runtime configuration.
     pub fn validate(self) -> Result<RuntimeConfig, ConfigError> {
         check_lease_timing(
@@ -333,8 +348,7 @@ impl RunArgs {
         )?;
         let shards = ShardCount::new(self.shards).ok_or(ConfigError::Shards)?;
         let cross_namespace_dependencies = self.cross_namespace_dependencies();
-        let service_accounts =
-            service_accounts(self.default_service_account, self.require_service_account)?;
+        let service_accounts = self.identity_policy()?;
         let chart_cache = self
             .chart_cache_dir
             .unwrap_or_else(|| std::env::temp_dir().join("module-manager-charts"));
@@ -432,6 +446,7 @@ fn drift_override_managers(names: &[String]) -> Result<Vec<String>, ConfigError>
 fn service_accounts(
     default: Option<String>,
     required: bool,
+    adopt_as_operator: bool,
 ) -> Result<ServiceAccountPolicy, ConfigError> {
     if let Some(name) = &default {
         let alphanumeric =
@@ -446,7 +461,11 @@ fn service_accounts(
             return Err(ConfigError::DefaultServiceAccount(name.clone()));
         }
     }
-    Ok(ServiceAccountPolicy { default, required })
+    Ok(ServiceAccountPolicy {
+        default,
+        required,
+        adopt_as_operator,
+    })
 }
 
 /// The renewal interval fits twice in the lease duration (one renewal may fail without the
@@ -678,8 +697,15 @@ mod tests {
             locked.service_accounts,
             ServiceAccountPolicy {
                 default: Some("module-deployer".into()),
-                required: true
+                required: true,
+                adopt_as_operator: false,
             }
+        );
+        assert!(
+            validate(&["--adopt-as-operator"])
+                .unwrap()
+                .service_accounts
+                .adopt_as_operator
         );
         assert!(
             validate(&["--require-service-account"])
