@@ -9,14 +9,15 @@ TESTENV := $(CARGO) run --quiet -p testenv --bin testenv --
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-setup: tools ## Everything the tests need: the pinned Rust toolchain, the tools, promtool, docker-registry, gpg, cargo-deny and cargo-cyclonedx
+setup: tools ## Everything the tests need: the pinned Rust toolchain, the tools, promtool, docker-registry, gpg, the real node's containerd/runc/CNI, cargo-deny and cargo-cyclonedx
 	@hack/ensure-rust.sh >/dev/null
+	@hack/ensure-node-packages.sh >/dev/null
 	@hack/ensure-promtool.sh >/dev/null
 	@hack/ensure-docker-registry.sh >/dev/null
 	@hack/ensure-gnupg.sh >/dev/null
 	@hack/ensure-cargo-tools.sh >/dev/null
 
-tools: ## Build the pinned etcd, helm, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, kustomize, cosign and the renderer (cached in ~/.cache/module-manager)
+tools: ## Build the pinned etcd, helm, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy, kwok, kustomize, cosign and the renderer (cached in ~/.cache/module-manager)
 	@hack/build-tools.sh >/dev/null
 
 # Only what `make run` needs (the test-only tools are `setup`'s); each tool is announced on stderr.
