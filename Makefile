@@ -51,6 +51,13 @@ lint: ## Format check, module layers (no cycles), clippy with warnings as errors
 test: setup lint verify-crds ## Everything CI checks: format, clippy, CRD drift, unit and integration tests
 	$(CARGO) test --workspace --no-fail-fast
 
+# The image is built first (its time shows apart from the test's): the debug profile of the
+# Dockerfile's content plus the example charts, named as deploy/ runs it.
+e2e: setup ## End to end on a real node (root): the image without an engine, deploy/ applied, 3 pods Ready, examples Ready, a replica force-deleted (tests/e2e.rs)
+	@image=$$(PROFILE=dev ADD="examples/charts=/charts/examples/charts" \
+		OUT=$${MODULE_MANAGER_CACHE:-$$HOME/.cache/module-manager}/images/module-manager-e2e.tar hack/build-image.sh) \
+		&& E2E_IMAGE=$$image $(CARGO) test --test e2e
+
 bench: setup ## Benchmarks on the real control plane and helm (figures in docs/benchmarks.md)
 	$(CARGO) bench --bench reconcile
 	$(CARGO) bench --bench render
@@ -83,4 +90,4 @@ cluster-down: ## Stop the operator started by `make run` and the local control p
 run: cluster-up ## The demo: control plane, CRDs, the operator and the example Manifests
 	@hack/demo.sh
 
-.PHONY: help setup tools demo-setup build crds verify-crds fmt lint test bench measure-fleet loadtest release cluster-up cluster-down run
+.PHONY: help setup tools demo-setup build crds verify-crds fmt lint test e2e bench measure-fleet loadtest release cluster-up cluster-down run
