@@ -6,7 +6,8 @@
 //! RBAC; example Manifests Ready; not one `forbidden` in any replica's log (read through
 //! `pods/log`, i.e. the API server and kubelet); then the replica owning an example
 //! force-deleted (`--grace-period=0 --force`): its successor (same name, new process) runs, every
-//! shard stays held by a running replica, and the example is reconciled again after a change.
+//! shard stays held by a running replica, and the example is reconciled again after a change;
+//! then all of it uninstalled and the same again with `helm install` of `helm/module-manager`.
 //!
 //! The image is the Dockerfile's content plus the example charts under `/charts/examples/charts`
 //! (an image `FROM` it with charts, as docs/deploy.md advises), under the name `deploy/` runs,
@@ -136,8 +137,22 @@ async fn describe_pods(client: &Client) -> String {
             "{} {:?} ready={ready} restarts={restarts} node={:?}\n",
             pod.name_any(),
             status.phase,
-            pod.spec.and_then(|s| s.node_name)
+            pod.spec.as_ref().and_then(|s| s.node_name.clone())
         ));
+        // The end of its log (of the previous container when it restarted: a refused start).
+        let params = LogParams {
+            previous: restarts > 0,
+            tail_lines: Some(3),
+            ..LogParams::default()
+        };
+        if let Ok(log) = pods.logs(&pod.name_any(), &params).await {
+            for line in log.lines() {
+                out.push_str(&format!(
+                    "    {}\n",
+                    line.chars().take(400).collect::<String>()
+                ));
+            }
+        }
     }
     out
 }
@@ -174,20 +189,18 @@ async fn shard_leases(client: &Client) -> BTreeMap<String, (String, String)> {
         .collect()
 }
 
-#[tokio::test]
-async fn the_shipped_deployment_runs_on_real_pods() {
-    let control_plane = control_plane().await;
-    let client = control_plane.client().await.unwrap();
-    // deploy/ carries a ServiceMonitor and a PrometheusRule (minimal CRDs of the Prometheus
-    // Operator, as in tests/deploy.rs).
-    monitoring_crds::install_monitoring_crds(&client).await;
-
-    // 1. As a user deploys it.
-    kubectl(control_plane, &["apply", "--server-side", "-k", "deploy/"]);
+/// What every installation must give: the StatefulSet's three pods Ready on the real node, the
+/// examples Ready, and not one `forbidden` in any replica's log. `how` names the installation.
+async fn fleet_serves_the_examples(
+    control_plane: &testenv::ControlPlane,
+    client: &Client,
+    how: &str,
+) {
+    let client = client.clone();
     let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), NAMESPACE);
     let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
     wait(
-        "the StatefulSet's three pods are Ready (startup, liveness and readiness probes on the real kubelet)",
+        &format!("the StatefulSet's three pods are Ready (startup, liveness and readiness probes on the real kubelet) after {how}"),
         async || {
             let status = statefulsets.get("module-manager").await.ok()?.status?;
             (status.ready_replicas == Some(3)).then_some(())
@@ -211,7 +224,7 @@ async fn the_shipped_deployment_runs_on_real_pods() {
         assert!(env.contains(&"POD_NAME".to_owned()), "{env:?}");
     }
 
-    // 2. The examples, reconciled by the fleet in its pods.
+    // The examples, The examples, reconciled by the fleet in its pods.
     let mut files = Vec::new();
     for name in EXAMPLES {
         files.push("-f".to_owned());
@@ -228,23 +241,38 @@ async fn the_shipped_deployment_runs_on_real_pods() {
         .await;
     }
 
-    // 3. The shipped RBAC is enough: no request of any replica was forbidden.
+    // The shipped RBAC is enough: no request of any replica was forbidden.
     for i in 0..3 {
         let pod = format!("module-manager-{i}");
         let log = replica_log(&client, &pod).await;
-        assert!(!log.is_empty(), "{pod} logged nothing");
+        assert!(!log.is_empty(), "{pod} logged nothing ({how})");
         let forbidden: Vec<&str> = log
             .lines()
             .filter(|l| l.to_lowercase().contains("forbidden"))
             .collect();
         assert!(
             forbidden.is_empty(),
-            "{pod} was refused requests:\n{}",
+            "{pod} was refused requests ({how}):\n{}",
             forbidden.join("\n")
         );
     }
+}
 
-    // 4. The owner of catalog force-deleted (`--grace-period=0 --force`). The StatefulSet
+#[tokio::test]
+async fn the_shipped_deployment_runs_on_real_pods() {
+    let control_plane = control_plane().await;
+    let client = control_plane.client().await.unwrap();
+    // deploy/ carries a ServiceMonitor and a PrometheusRule (minimal CRDs of the Prometheus
+    // Operator, as in tests/deploy.rs).
+    monitoring_crds::install_monitoring_crds(&client).await;
+
+    // 1. As a user deploys it: the kustomize variant.
+    kubectl(control_plane, &["apply", "--server-side", "-k", "deploy/"]);
+    fleet_serves_the_examples(control_plane, &client, "kubectl apply -k deploy/").await;
+    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
+    let manifests = Api::<Manifest>::namespaced(client.clone(), "default");
+
+    // 2. The owner of catalog force-deleted (`--grace-period=0 --force`). The StatefulSet
     //    brings a successor of the same name: a new process (a new incarnation on the member
     //    Lease), which holds the shards within the restart grace (zero moves); every shard stays
     //    held by a running replica, and catalog is reconciled again after a change.
@@ -336,4 +364,51 @@ async fn the_shipped_deployment_runs_on_real_pods() {
         },
     )
     .await;
+
+    // 3. Uninstalled as a user would (the Manifests first, while the operator runs to remove
+    //    their objects and finalizers), then the same with `helm install` of the chart.
+    kubectl(
+        control_plane,
+        &[
+            "-n",
+            "default",
+            "delete",
+            "manifests",
+            "--all",
+            "--wait=true",
+            "--timeout=180s",
+        ],
+    );
+    // module-manager never deletes CRDs (docs/deploy.md): the widgets chart's CRD stays, labelled
+    // for the deleted Manifest, and a new Manifest would refuse to take it over. A user removes it.
+    kubectl(
+        control_plane,
+        &["delete", "crd", "widgets.example.com", "--wait=true"],
+    );
+    kubectl(
+        control_plane,
+        &["delete", "-k", "deploy/", "--wait=true", "--timeout=180s"],
+    );
+    let helm_home = tempfile::tempdir().unwrap();
+    let output = Command::new(testenv::Tools::locate().unwrap().helm)
+        .env_clear()
+        .env("HOME", helm_home.path())
+        .env("KUBECONFIG", control_plane.kubeconfig())
+        .args([
+            "install",
+            "module-manager",
+            "helm/module-manager",
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+        ])
+        .current_dir(repo())
+        .output()
+        .expect("run helm");
+    assert!(
+        output.status.success(),
+        "helm install failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    fleet_serves_the_examples(control_plane, &client, "helm install helm/module-manager").await;
 }
