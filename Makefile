@@ -9,9 +9,10 @@ TESTENV := $(CARGO) run --quiet -p testenv --bin testenv --
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-setup: tools ## Everything the tests need: the pinned Rust toolchain, the tools, promtool, docker-registry, gpg, the real node's containerd/runc/CNI, cargo-deny and cargo-cyclonedx
+setup: tools ## Everything the tests need: the pinned Rust toolchain, the tools, promtool, docker-registry, gpg, the real node's containerd/runc/CNI/iproute2, the image's musl-tools and musl target, cargo-deny and cargo-cyclonedx
 	@hack/ensure-rust.sh >/dev/null
 	@hack/ensure-node-packages.sh >/dev/null
+	@hack/ensure-image-tools.sh >/dev/null
 	@hack/ensure-promtool.sh >/dev/null
 	@hack/ensure-docker-registry.sh >/dev/null
 	@hack/ensure-gnupg.sh >/dev/null
@@ -51,12 +52,9 @@ lint: ## Format check, module layers (no cycles), clippy with warnings as errors
 test: setup lint verify-crds ## Everything CI checks: format, clippy, CRD drift, unit and integration tests
 	$(CARGO) test --workspace --no-fail-fast
 
-# The image is built first (its time shows apart from the test's): the debug profile of the
-# Dockerfile's content plus the example charts, named as deploy/ runs it.
+# The test builds the image itself (tests/e2e.rs holds the one recipe) and prints its time.
 e2e: setup ## End to end on a real node (root): the image without an engine, deploy/ applied, 3 pods Ready, examples Ready, a replica force-deleted (tests/e2e.rs)
-	@image=$$(PROFILE=dev ADD="examples/charts=/charts/examples/charts" \
-		OUT=$${MODULE_MANAGER_CACHE:-$$HOME/.cache/module-manager}/images/module-manager-e2e.tar hack/build-image.sh) \
-		&& E2E_IMAGE=$$image $(CARGO) test --test e2e
+	$(CARGO) test --test e2e -- --nocapture
 
 bench: setup ## Benchmarks on the real control plane and helm (figures in docs/benchmarks.md)
 	$(CARGO) bench --bench reconcile

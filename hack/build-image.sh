@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the operator's image from this checkout without a container engine or a registry, as an
-# OCI archive, and prints its path: the Dockerfile's builder stages done here (the static musl
-# binary by cargo, helm and the renderer from hack/build-tools.sh's cache), the image's stage read
-# from the Dockerfile itself by hack/oci-image.py (base files, LABELs, COPYs, USER, ENTRYPOINT,
-# CMD), so the two cannot drift apart (tests/image.rs). docs/development.md § The image without an engine.
+# OCI archive, and prints its path: the Dockerfile's builder stages redone here by hand (the static
+# musl binary by cargo, helm and the renderer from hack/build-tools.sh's cache), the image's stage
+# read from the Dockerfile itself by hack/oci-image.py (base files, LABELs, COPYs, USER,
+# ENTRYPOINT, CMD). The image stage cannot drift from the Dockerfile; the builder stages can, and
+# tests/image.rs pins their text: a change fails it with "update hack/build-image.sh".
+# docs/development.md § The image without an engine.
 #
 #   hack/build-image.sh                      -> $cache/images/module-manager-<version>.tar,
 #                                               named docker.io/library/module-manager:<version>

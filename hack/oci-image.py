@@ -8,7 +8,8 @@
         ENTRYPOINT and CMD are read from it; each builder stage is a directory given by --stage
         that holds what that stage's RUN produced (hack/build-image.sh fills them). An instruction
         this script does not know, a stage without a directory or a source missing from it is an
-        error, so the Dockerfile and the archive cannot drift apart silently. --plan prints the
+        error, so the image stage and the archive cannot drift apart silently (the builder stages'
+        work is hack/build-image.sh's, pinned by tests/image.rs). --plan prints the
         image's files and configuration as JSON instead of writing the archive.
     hack/oci-image.py files --ref REF --out FILE --file SRC:DST[:MODE] ... --entrypoint JSON
         A one-layer image of the given files (testenv's pause image).

@@ -1,12 +1,14 @@
-//! The image without an engine (`hack/build-image.sh`, `hack/oci-image.py`): the archive's content
-//! is read from the Dockerfile, so the two cannot drift apart.
+//! The image without an engine (`hack/build-image.sh`, `hack/oci-image.py`): the archive's image
+//! stage is read from the Dockerfile, so the two cannot drift apart; the builder stages are
+//! redone by the script by hand, and their text is pinned here.
 //!
 //! - the Dockerfile's image stage, read by the script, gives the image the Dockerfile describes:
 //!   the static binary as the entrypoint, the kubectl plugin link, helm and the renderer, the CA
 //!   bundle, an empty `/charts` owned by 65532, user 65532 — the user the StatefulSet runs as;
 //! - an instruction the script does not reproduce, a `COPY` from a stage it has no directory for
 //!   or of a file that stage does not produce, a base it does not know: each is an error naming it;
-//! - two archives of the same input are the same bytes, and name the image for `ctr import`.
+//! - two archives of the same input are the same bytes, and name the image for `ctr import`;
+//! - the builder stages' instructions have the sha256 the script was last checked against.
 //!
 //! Runs in a second (no cargo build: the stages are stand-in files; `make e2e` builds and runs
 //! the real image on a real node, tests/e2e.rs).
@@ -217,5 +219,44 @@ fn two_archives_of_the_same_input_are_the_same_bytes() {
     assert_eq!(
         index["manifests"][0]["annotations"]["io.containerd.image.name"],
         "docker.io/library/module-manager:test"
+    );
+}
+
+/// The builder stages' instructions (every stage but the image's, comments and blank lines
+/// aside), whose sha256 is pinned below.
+fn builder_stages(dockerfile: &str) -> String {
+    let lines: Vec<&str> = dockerfile.lines().collect();
+    let froms: Vec<usize> = (0..lines.len())
+        .filter(|i| lines[*i].starts_with("FROM "))
+        .collect();
+    let (first, last) = (froms[0], *froms.last().unwrap());
+    lines[first..last]
+        .iter()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .copied()
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The sha256 of [`builder_stages`] of the Dockerfile that `hack/build-image.sh` reproduces.
+const BUILDER_STAGES_SHA256: &str =
+    "a69c48d5a3a9df9c3a56f141f45454fe3eb6ff5ee494350ba065719cebedd6f5";
+
+/// `hack/build-image.sh` does the builder stages' work by hand (the static musl build with
+/// `musl-gcc`, helm and the renderer from the tool cache), so it cannot follow a change to them
+/// by itself: this pin fails on any change to the builder stages' instructions, to be reviewed
+/// against the script.
+#[test]
+fn the_builder_stages_are_the_ones_build_image_sh_reproduces() {
+    use sha2::{Digest, Sha256};
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let digest: String = Sha256::digest(builder_stages(&dockerfile).as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        digest, BUILDER_STAGES_SHA256,
+        "the Dockerfile's builder stages changed: update hack/build-image.sh to do what they do \
+         now, then BUILDER_STAGES_SHA256 in tests/image.rs"
     );
 }

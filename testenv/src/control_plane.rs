@@ -164,8 +164,14 @@ impl ControlPlane {
         } else {
             Lifetime::TiedToThisProcess
         };
+        // Dropped on any error below (before `tempdir`, declared earlier): the machine is left
+        // as it was, and the node's mounts are gone before the run directory is removed.
+        let mut host_guard = if options.kubelet {
+            Some(crate::node::prepare_host(&dir)?)
+        } else {
+            None
+        };
         let host = if options.kubelet {
-            crate::node::prepare_host()?;
             crate::node::NODE_IP.to_string()
         } else {
             "127.0.0.1".to_owned()
@@ -368,15 +374,14 @@ impl ControlPlane {
             procs.push(start_kwok(tools, &dir, &kubeconfig, kwok_port, lifetime)?);
             create_simulated_nodes(&client, options.simulated_nodes, options.kubelet).await?;
         }
-        let node = if options.kubelet {
-            Some(
+        let node = match host_guard.take() {
+            Some(guard) => Some(
                 start_node(
-                    tools, options, &pki, &server, &dir, &files, &client, lifetime,
+                    tools, options, &pki, &server, &dir, &files, &client, lifetime, guard,
                 )
                 .await?,
-            )
-        } else {
-            None
+            ),
+            None => None,
         };
 
         for file in &options.crd_files {
@@ -393,7 +398,7 @@ impl ControlPlane {
                 .map(|p| (p.name().to_owned(), p.pid()))
                 .collect(),
             apiserver_ready_after_ms,
-            node: node.as_ref().map(|n| n.state.clone()),
+            node: node.as_ref().map(|n| n.state().clone()),
         };
         tracing::info!(server = %endpoints.server, ready_ms = apiserver_ready_after_ms, "control plane ready");
         Ok(Self {
@@ -486,29 +491,34 @@ impl ControlPlane {
     }
 
     /// Stops every process (the real node's first, then the control plane's, last started
-    /// first) and removes the temporary directory.
+    /// first) and removes the temporary directory — unless the node's teardown left something
+    /// (mounts may remain under it: the directory is kept and named in the log).
     pub fn stop(&self) {
+        let mut clean = true;
         if let Some(mut node) = self.node.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            node.stop(STOP_GRACE);
+            clean = node.stop(STOP_GRACE);
         }
         let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(mut p) = procs.pop() {
             p.stop(STOP_GRACE);
         }
-        drop(
-            self.tempdir
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take(),
-        );
+        let tempdir = self
+            .tempdir
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = tempdir
+            && !clean
+        {
+            tracing::warn!(dir = %t.path().display(), "the real node left something behind: its directory is kept");
+            let _ = t.keep();
+        }
     }
 
     /// Lets the processes run on after this value is gone (`testenv up`).
     pub fn detach(self) -> Endpoints {
         if let Some(node) = self.node.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            for p in node.procs {
-                p.leak();
-            }
+            node.detach();
         }
         for p in self
             .procs
@@ -618,6 +628,7 @@ async fn start_node(
     files: &PkiFiles,
     client: &Client,
     lifetime: Lifetime,
+    guard: crate::node::HostGuard,
 ) -> Result<crate::node::Node, Error> {
     let tools = Tools::node_binaries().map(|found| Tools {
         kubelet: found.kubelet,
@@ -648,6 +659,7 @@ async fn start_node(
         },
         client,
         &options.images,
+        guard,
     )
     .await
 }

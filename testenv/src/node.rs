@@ -1,16 +1,22 @@
 //! A real node for the local control plane ([`crate::Options::kubelet`]): containerd, runc and
 //! the CNI plugins from Debian, kubelet and kube-proxy built by `hack/build-tools.sh`, a static
 //! `pause` image built here. Pods run for real, reach the API server through the `kubernetes`
-//! Service, and nothing they send can leave the machine. The set-up and each workaround:
-//! docs/development.md § A real node.
+//! Service, and nothing they send is forwarded off the machine ([`ISOLATION_RULES`]). The set-up
+//! and each workaround: docs/development.md § A real node.
 //!
 //! Needs root (containers, mounts, cgroups, iptables). One node per machine: its bridge, its
-//! cgroup subtree and the record of the running one ([`record_path`]) are fixed; a second start
-//! while one runs fails with [`Error::Node`], and a start after a node whose owner died sweeps
-//! what it left (its pods' processes, mounts, network namespaces, cgroups, rules) first.
+//! cgroup subtree and the record of the running one ([`record_path`], under `/run`, behind a
+//! lock) are fixed; a second start while one runs fails with [`Error::Node`], and a start after a
+//! node whose owner died sweeps what it left (its pods' processes, mounts, network namespaces,
+//! cgroups, rules, kernel settings) first. Everything [`prepare_host`] changes on the machine is
+//! undone when the start fails ([`HostGuard`]) and when the node stops ([`teardown`]); a record
+//! stays until a teardown left nothing behind.
 
+use std::collections::BTreeMap;
 use std::ffi::CString;
+use std::fs::File;
 use std::net::{Ipv4Addr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -21,8 +27,8 @@ use kube::api::Api;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::process::{Lifetime, Proc, pid_runs, stop_pid};
-use crate::tools::{Tools, cache_root};
+use crate::process::{Lifetime, Proc, stop_pid};
+use crate::tools::Tools;
 
 /// The node's name (`kubernetes.io/hostname`).
 pub const NODE_NAME: &str = "testenv-node";
@@ -31,7 +37,7 @@ pub const BRIDGE: &str = "mmtest0";
 /// The node's address: the bridge's, on no physical interface.
 pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 0, 1);
 /// The pods' subnet (the bridge's), with [`NODE_IP`] as their gateway.
-const POD_SUBNET: &str = "10.244.0.0/24";
+pub const POD_SUBNET: &str = "10.244.0.0/24";
 /// The Service range of the API server (`--service-cluster-ip-range`): the only destination
 /// besides the pod subnet a pod has a route to.
 pub const SERVICE_RANGE: &str = "10.0.0.0/16";
@@ -45,23 +51,54 @@ const PAUSE_SOURCE: &str = include_str!("../node/pause.c");
 /// How long the node may take to become Ready (containerd, kubelet, its first status).
 const NODE_READY_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// Where the machine-wide record of the running node and its lock live: root's, one per machine
+/// (not per `HOME` or `MODULE_MANAGER_CACHE`, which two users of the machine may set apart).
+const RUN_DIR: &str = "/run/module-manager-testenv";
+
+/// The kernel settings (under `/proc/sys`) the node changes, saved when it starts and written
+/// back when it stops: `ip_forward` (the bridge plugin with `isGateway` turns it on), the ones
+/// kubelet's `setupKernelTunables` sets at every start (`vm.overcommit_memory=1`,
+/// `vm.panic_on_oom=0`, `kernel.panic=10`, `kernel.panic_on_oops=1`, `kernel.keys.root_maxkeys`,
+/// `kernel.keys.root_maxbytes`) and `route_localnet` (kube-proxy's, for localhost NodePorts,
+/// which are off here).
+pub const SYSCTLS: [&str; 8] = [
+    "net/ipv4/ip_forward",
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+    "net/ipv4/conf/all/route_localnet",
+];
+
 /// What a running node is made of, as recorded in [`record_path`] and in `state.json`
 /// (`testenv down` tears a detached node down with it).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct NodeState {
-    /// The node's working directory: configuration, containerd's root and state, kubelet's root.
+    /// The node's working directory: configuration, containerd's root and state, kubelet's root,
+    /// runc's state, the pods' logs.
     pub dir: PathBuf,
     /// containerd's socket.
     pub socket: PathBuf,
-    /// containerd's pid.
-    pub containerd_pid: u32,
-    /// `net.ipv4.ip_forward` before the node started (the bridge plugin turns it on).
-    pub ip_forward_before: String,
+    /// containerd's pid once it started (recognized by its `--config` path, not by name alone).
+    pub containerd_pid: Option<u32>,
+    /// The values of [`SYSCTLS`] before the node started.
+    pub sysctls_before: BTreeMap<String, String>,
 }
 
-/// The machine-wide record of the running node.
+/// The machine-wide record of the running node (`/run/module-manager-testenv/node.json`).
 pub fn record_path() -> PathBuf {
-    cache_root().join("node.json")
+    Path::new(RUN_DIR).join("node.json")
+}
+
+fn lock_path() -> PathBuf {
+    Path::new(RUN_DIR).join("node.lock")
+}
+
+/// containerd's configuration file in the node's directory (how its process is recognized).
+fn containerd_config_path(dir: &Path) -> PathBuf {
+    dir.join("containerd.toml")
 }
 
 /// Ports and credentials the control plane hands the node.
@@ -76,14 +113,63 @@ pub(crate) struct NodeInputs<'a> {
 }
 
 /// The running node's processes (kube-proxy, kubelet, containerd: stopped in that order, then
-/// the rest is swept).
+/// the rest is swept by its [`HostGuard`]). Dropping it stops it.
 pub(crate) struct Node {
-    pub state: NodeState,
     pub procs: Vec<Proc>,
+    guard: HostGuard,
 }
 
-/// Checks the machine can run the node and that no other node runs; sweeps a dead one's leftovers.
-pub(crate) fn prepare_host() -> Result<(), Error> {
+/// What [`prepare_host`] changed on the machine (the record, the bridge, the isolation rules,
+/// then containerd, kubelet's kernel settings, the cgroups, the mounts…): dropping it runs
+/// [`teardown`], unless the node was stopped or detached. A failed start therefore leaves the
+/// machine as it was, and does so before the run directory (a `TempDir`, the node's mounts under
+/// it) is removed. It holds the machine-wide lock while it lives.
+pub(crate) struct HostGuard {
+    state: NodeState,
+    armed: bool,
+    _lock: File,
+}
+
+impl HostGuard {
+    /// The node's state as recorded.
+    pub(crate) fn state(&self) -> &NodeState {
+        &self.state
+    }
+
+    fn record(&self) -> Result<(), Error> {
+        write(
+            &record_path(),
+            &serde_json::to_string_pretty(&self.state).expect("the node state serializes"),
+        )
+    }
+
+    fn set_containerd(&mut self, pid: u32) -> Result<(), Error> {
+        self.state.containerd_pid = Some(pid);
+        self.record()
+    }
+
+    /// Tears the node down now (once); false when something was left (the record then stays).
+    fn teardown(&mut self) -> bool {
+        if !self.armed {
+            return true;
+        }
+        self.armed = false;
+        teardown_unlocked(&self.state).is_ok()
+    }
+}
+
+impl Drop for HostGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::warn!(dir = %self.state.dir.display(), "the real node did not start: undoing what it changed on this machine");
+            self.teardown();
+        }
+    }
+}
+
+/// Checks what the node needs without changing anything: root, Debian's containerd, runc, the
+/// CNI plugins, iproute2, iptables and gcc (`hack/ensure-node-packages.sh` installs them).
+pub fn check_prerequisites() -> Result<(), Error> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(node_error(
@@ -95,24 +181,69 @@ pub(crate) fn prepare_host() -> Result<(), Error> {
         "/usr/bin/ctr",
         "/usr/sbin/runc",
         "/usr/lib/cni/bridge",
+        "/usr/lib/cni/host-local",
+        "/usr/lib/cni/portmap",
     ] {
         if !Path::new(binary).exists() {
             return Err(node_error(format!(
-                "{binary} is missing: run hack/ensure-node-packages.sh (Debian's containerd, runc, containernetworking-plugins, iptables)"
+                "{binary} is missing: run hack/ensure-node-packages.sh (Debian's containerd, runc, containernetworking-plugins, iptables, iproute2)"
             )));
         }
     }
+    for program in ["ip", "iptables", "gcc"] {
+        if Command::new(program).arg("-V").output().is_err() {
+            return Err(node_error(format!(
+                "{program} is missing: run hack/ensure-node-packages.sh"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the machine can run the node and that no other node runs; sweeps a dead one's
+/// leftovers; records the node (under the lock) and makes its bridge and isolation rules. `dir`
+/// is the control plane's run directory (the node's is `dir/node`).
+pub(crate) fn prepare_host(dir: &Path) -> Result<HostGuard, Error> {
+    check_prerequisites()?;
+    let lock = lock_exclusive()?;
     if let Some(previous) = read_record() {
-        if pid_runs(previous.containerd_pid, "containerd") {
+        if containerd_runs(&previous) {
             return Err(node_error(format!(
                 "a real node already runs on this machine (containerd pid {}, {}); stop it first (testenv down)",
-                previous.containerd_pid,
+                previous.containerd_pid.unwrap_or_default(),
                 previous.dir.display()
             )));
         }
         tracing::warn!(dir = %previous.dir.display(), "sweeping the leftovers of a node whose owner died");
-        teardown(&previous);
+        if let Err(left) = teardown_unlocked(&previous) {
+            return Err(node_error(format!(
+                "the leftovers of an earlier node ({}) could not all be removed: {}; its record {} stays for the next sweep",
+                previous.dir.display(),
+                left.join("; "),
+                record_path().display()
+            )));
+        }
     }
+    let overlaps = overlapping_routes(&run("ip", &["-4", "route", "show", "table", "all"])?);
+    if !overlaps.is_empty() {
+        return Err(node_error(format!(
+            "the node's fixed ranges (pods {POD_SUBNET}, Services {SERVICE_RANGE}) overlap this machine's routes: {}",
+            overlaps.join("; ")
+        )));
+    }
+    let node_dir = dir.join("node");
+    let guard = HostGuard {
+        state: NodeState {
+            socket: node_dir.join("containerd.sock"),
+            dir: node_dir,
+            containerd_pid: None,
+            sysctls_before: read_sysctls(),
+        },
+        armed: true,
+        _lock: lock,
+    };
+    // Recorded before the first change: a start killed from here on is swept by the next one.
+    guard.record()?;
     // The bridge and its address exist before the API server binds to it.
     if run("ip", &["link", "show", BRIDGE]).is_err() {
         run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
@@ -125,27 +256,154 @@ pub(crate) fn prepare_host() -> Result<(), Error> {
         )?;
     }
     run("ip", &["link", "set", BRIDGE, "up"])?;
-    Ok(())
+    for rule in ISOLATION_RULES {
+        run("iptables", &[&["-t", "mangle", "-I"][..], rule].concat())?;
+    }
+    Ok(guard)
+}
+
+/// The rules that keep the pods' traffic on the machine, in the `mangle` table's FORWARD chain
+/// (every forwarded packet passes it before the `filter` table's FORWARD, where kube-proxy's
+/// KUBE-FORWARD, inserted first, accepts established packets and those marked for
+/// masquerading): nothing that enters on the bridge is forwarded to another interface, nothing
+/// from another interface is forwarded onto the bridge. Traffic between pods (on the bridge) and
+/// to and from the node's own addresses (INPUT, OUTPUT) is not forwarded and passes. IPv4 only:
+/// the pods have no IPv6 address but their link-local ones, which are never forwarded.
+const ISOLATION_RULES: [&[&str]; 2] = [
+    &[
+        "FORWARD",
+        "-i",
+        BRIDGE,
+        "!",
+        "-o",
+        BRIDGE,
+        "-m",
+        "comment",
+        "--comment",
+        "mm-testenv",
+        "-j",
+        "DROP",
+    ],
+    &[
+        "FORWARD",
+        "!",
+        "-i",
+        BRIDGE,
+        "-o",
+        BRIDGE,
+        "-m",
+        "comment",
+        "--comment",
+        "mm-testenv",
+        "-j",
+        "DROP",
+    ],
+];
+
+/// Takes the machine-wide lock of the node's record, or fails when another process holds it.
+fn lock_exclusive() -> Result<File, Error> {
+    std::fs::create_dir_all(RUN_DIR).map_err(|e| Error::io(format!("create {RUN_DIR}"), e))?;
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(lock_path())
+        .map_err(|e| Error::io(format!("open {}", lock_path().display()), e))?;
+    // SAFETY: flock on an open file descriptor has no memory effects.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(node_error(format!(
+            "a real node already runs on this machine: another process holds {}; stop it first",
+            lock_path().display()
+        )));
+    }
+    Ok(file)
+}
+
+/// The values of [`SYSCTLS`] now (those this kernel has).
+fn read_sysctls() -> BTreeMap<String, String> {
+    SYSCTLS
+        .iter()
+        .filter_map(|name| {
+            let value = std::fs::read_to_string(Path::new("/proc/sys").join(name)).ok()?;
+            Some(((*name).to_owned(), value.trim().to_owned()))
+        })
+        .collect()
+}
+
+/// The routes of `ip -4 route show table all` that overlap [`POD_SUBNET`] or [`SERVICE_RANGE`]
+/// (the default route aside; the bridge's own are the node's).
+fn overlapping_routes(routes: &str) -> Vec<String> {
+    const TYPES: [&str; 10] = [
+        "unicast",
+        "local",
+        "broadcast",
+        "multicast",
+        "anycast",
+        "unreachable",
+        "blackhole",
+        "prohibit",
+        "throw",
+        "nat",
+    ];
+    let ranges = [POD_SUBNET, SERVICE_RANGE].map(|r| (r, parse_prefix(r).expect("a valid range")));
+    let mut out = Vec::new();
+    for line in routes.lines() {
+        let mut words = line.split_whitespace().peekable();
+        if words.peek().is_some_and(|w| TYPES.contains(w)) {
+            words.next();
+        }
+        let Some(destination) = words.next() else {
+            continue;
+        };
+        if destination == "default" || line.contains(&format!(" dev {BRIDGE}")) {
+            continue;
+        }
+        let Some(route) = parse_prefix(destination) else {
+            continue;
+        };
+        for (name, range) in ranges {
+            if overlap(route, range) {
+                out.push(format!("`{}` overlaps {name}", line.trim()));
+            }
+        }
+    }
+    out
+}
+
+/// `a.b.c.d/len` (or a bare address, /32) as (address, length).
+fn parse_prefix(prefix: &str) -> Option<(u32, u32)> {
+    let (address, length) = prefix.split_once('/').unwrap_or((prefix, "32"));
+    let address: Ipv4Addr = address.parse().ok()?;
+    let length: u32 = length.parse().ok().filter(|l| *l <= 32)?;
+    Some((u32::from(address), length))
+}
+
+fn overlap((a, a_len): (u32, u32), (b, b_len): (u32, u32)) -> bool {
+    let len = a_len.min(b_len);
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    a & mask == b & mask
 }
 
 /// Starts containerd, imports the pause image and `images`, starts kubelet and kube-proxy and
-/// waits until the node is Ready and kube-proxy has synced.
+/// waits until the node is Ready and kube-proxy has synced. On an error, the node is stopped and
+/// `guard` undoes what was changed on the machine.
 pub(crate) async fn start(
     tools: &Tools,
     inputs: NodeInputs<'_>,
     client: &Client,
     images: &[PathBuf],
+    guard: HostGuard,
 ) -> Result<Node, Error> {
-    let dir = inputs.dir.join("node");
+    let dir = guard.state().dir.clone();
+    let socket = guard.state().socket.clone();
+    let mut node = Node {
+        procs: Vec::new(),
+        guard,
+    };
     std::fs::create_dir_all(dir.join("cni"))
         .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-    let socket = dir.join("containerd.sock");
-    let ip_forward_before = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
     write(&dir.join("cni/10-mm-testenv.conflist"), &cni_config(&dir))?;
-    let containerd_config = dir.join("containerd.toml");
+    let containerd_config = containerd_config_path(&dir);
     write(&containerd_config, &containerd_config_toml(&dir, &socket))?;
     let mut containerd = Command::new("/usr/bin/containerd");
     containerd.arg(format!("--config={}", containerd_config.display()));
@@ -155,20 +413,9 @@ pub(crate) async fn start(
         &inputs.dir.join("containerd.log"),
         inputs.lifetime,
     )?;
-    let state = NodeState {
-        dir: dir.clone(),
-        socket: socket.clone(),
-        containerd_pid: containerd.pid(),
-        ip_forward_before,
-    };
-    write(
-        &record_path(),
-        &serde_json::to_string_pretty(&state).expect("the node state serializes"),
-    )?;
-    let mut node = Node {
-        state,
-        procs: vec![containerd],
-    };
+    let pid = containerd.pid();
+    node.procs.push(containerd);
+    node.guard.set_containerd(pid)?;
     wait_containerd(&mut node).await?;
     import_image(&socket, &pause_archive(&dir)?)?;
     for image in images {
@@ -181,7 +428,7 @@ pub(crate) async fn start(
     let kubelet_config = dir.join("kubelet.yaml");
     write(
         &kubelet_config,
-        &kubelet_config_yaml(&inputs, &socket, kubelet_port, kubelet_healthz),
+        &kubelet_config_yaml(&inputs, &dir, &socket, kubelet_port, kubelet_healthz),
     )?;
     let mut kubelet = Command::new(&tools.kubelet);
     kubelet.args([
@@ -222,8 +469,14 @@ pub(crate) async fn start(
 }
 
 impl Node {
-    /// Stops kube-proxy, kubelet and containerd and sweeps the rest ([`teardown`]).
-    pub(crate) fn stop(&mut self, grace: Duration) {
+    /// The node's state as recorded.
+    pub(crate) fn state(&self) -> &NodeState {
+        self.guard.state()
+    }
+
+    /// Stops kube-proxy, kubelet and containerd and sweeps the rest ([`teardown`]); false when
+    /// something was left behind (logged; the record stays for the next start's sweep).
+    pub(crate) fn stop(&mut self, grace: Duration) -> bool {
         // kube-proxy, then kubelet (so that it restarts no container); the teardown then kills
         // the pods' processes before it stops containerd.
         while self.procs.len() > 1 {
@@ -231,31 +484,68 @@ impl Node {
                 p.stop(grace);
             }
         }
-        teardown(&self.state);
+        let clean = self.guard.teardown();
         // Reaps containerd (the teardown stopped it).
         self.procs.clear();
+        clean
+    }
+
+    /// Lets the node run on after this process (`testenv up`; `testenv down` tears it down).
+    pub(crate) fn detach(mut self) {
+        for p in self.procs.drain(..) {
+            p.leak();
+        }
+        self.guard.armed = false;
     }
 }
 
-/// Removes what a node leaves behind, whether it stopped or its owner died: its pods'
-/// processes (everything in the [`CGROUP_ROOT`] cgroups), their network namespaces, containerd
-/// and its shims, the mounts under its directory, its cgroups, kube-proxy's rules, the bridge,
-/// and `ip_forward` as it was. Best effort: each step logs what it could not do.
-pub fn teardown(state: &NodeState) {
-    let namespaces = pod_network_namespaces();
-    kill_pods();
-    for netns in namespaces {
-        umount(&netns);
-        let _ = std::fs::remove_file(&netns);
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(10));
     }
-    if pid_runs(state.containerd_pid, "containerd") {
-        stop_pid(state.containerd_pid, Duration::from_secs(10));
+}
+
+/// Tears down the node of `state` (`testenv down`), under the machine-wide lock (refused while
+/// a live process holds it); [`teardown_unlocked`] says what. The error lists what was left.
+pub fn teardown(state: &NodeState) -> Result<(), Vec<String>> {
+    let _lock = lock_exclusive().map_err(|e| vec![e.to_string()])?;
+    if let Some(recorded) = read_record()
+        && recorded.dir != state.dir
+        && containerd_runs(&recorded)
+    {
+        return Err(vec![format!(
+            "another node runs ({}): left alone",
+            recorded.dir.display()
+        )]);
+    }
+    teardown_unlocked(state)
+}
+
+/// Removes what a node leaves behind, whether it stopped or its owner died: its pods'
+/// processes (everything in the [`CGROUP_ROOT`] cgroups), their network namespaces (those of
+/// their processes and those at the other end of the bridge's veths), containerd and its
+/// shims, kubelet's links to the pods' logs, the mounts under its directory, its cgroups,
+/// kube-proxy's and kubelet's rules, the isolation rules, the bridge, and the kernel settings as
+/// they were. Each step is best effort; then what is left is listed, and the record is removed
+/// only when nothing is.
+fn teardown_unlocked(state: &NodeState) -> Result<(), Vec<String>> {
+    let mut namespaces = pod_network_namespaces();
+    namespaces.extend(bridge_network_namespaces());
+    namespaces.sort();
+    namespaces.dedup();
+    kill_pods();
+    for netns in &namespaces {
+        umount(netns);
+        let _ = std::fs::remove_file(netns);
+    }
+    if let Some(pid) = state.containerd_pid
+        && containerd_runs(state)
+    {
+        stop_pid(pid, Duration::from_secs(10));
     }
     kill_shims(&state.socket);
-    let mut mounts: Vec<PathBuf> = mount_points()
-        .into_iter()
-        .filter(|m| m.starts_with(&state.dir))
-        .collect();
+    remove_container_log_links(&state.dir);
+    let mut mounts = mounts_under(&state.dir);
     mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
     for m in mounts {
         umount(&m);
@@ -267,11 +557,118 @@ pub fn teardown(state: &NodeState) {
         tracing::warn!("kube-proxy --cleanup: {e}");
     }
     remove_kubelet_chains();
-    let _ = run("ip", &["link", "del", BRIDGE]);
-    if !state.ip_forward_before.is_empty() {
-        let _ = std::fs::write("/proc/sys/net/ipv4/ip_forward", &state.ip_forward_before);
+    for rule in ISOLATION_RULES {
+        while run("iptables", &[&["-t", "mangle", "-D"][..], rule].concat()).is_ok() {}
     }
-    let _ = std::fs::remove_file(record_path());
+    let _ = run("ip", &["link", "del", BRIDGE]);
+    for (name, value) in &state.sysctls_before {
+        let path = Path::new("/proc/sys").join(name);
+        if let Err(e) = std::fs::write(&path, value) {
+            tracing::warn!("restore {}: {e}", path.display());
+        }
+    }
+    let left = leftovers(state, &namespaces);
+    if !left.is_empty() {
+        tracing::warn!(dir = %state.dir.display(), "the node left: {}; its record stays for the next start's sweep", left.join("; "));
+        return Err(left);
+    }
+    if read_record().is_none_or(|recorded| recorded.dir == state.dir) {
+        let _ = std::fs::remove_file(record_path());
+    }
+    Ok(())
+}
+
+/// What of the node is still on the machine after a teardown.
+fn leftovers(state: &NodeState, namespaces: &[PathBuf]) -> Vec<String> {
+    let mut left = Vec::new();
+    if containerd_runs(state) {
+        left.push(format!(
+            "containerd (pid {}) still runs",
+            state.containerd_pid.unwrap_or_default()
+        ));
+    }
+    let pids = pod_pids();
+    if !pids.is_empty() {
+        left.push(format!("processes of the pods still run: {pids:?}"));
+    }
+    let mounts = mounts_under(&state.dir);
+    if !mounts.is_empty() {
+        left.push(format!("mounts under {}: {mounts:?}", state.dir.display()));
+    }
+    let netns: Vec<&PathBuf> = namespaces.iter().filter(|n| n.exists()).collect();
+    if !netns.is_empty() {
+        left.push(format!("network namespaces: {netns:?}"));
+    }
+    let cgroups: Vec<PathBuf> = cgroup_mounts(true)
+        .iter()
+        .flat_map(|h| cgroup_tree(h))
+        .collect();
+    if !cgroups.is_empty() {
+        left.push(format!("cgroups: {cgroups:?}"));
+    }
+    if Path::new("/sys/class/net").join(BRIDGE).exists() {
+        left.push(format!("the bridge {BRIDGE}"));
+    }
+    for rule in ISOLATION_RULES {
+        if run("iptables", &[&["-t", "mangle", "-C"][..], rule].concat()).is_ok() {
+            left.push(format!("the rule `iptables -t mangle {}`", rule.join(" ")));
+        }
+    }
+    let now = read_sysctls();
+    for (name, before) in &state.sysctls_before {
+        if now.get(name) != Some(before) {
+            left.push(format!(
+                "{name} is {}, was {before}",
+                now.get(name).map_or("unreadable", String::as_str)
+            ));
+        }
+    }
+    left
+}
+
+/// Whether the node's containerd runs: its recorded pid is a containerd started with the node's
+/// `--config` (a pid reused by another containerd is not it).
+fn containerd_runs(state: &NodeState) -> bool {
+    let Some(pid) = state.containerd_pid else {
+        return false;
+    };
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let config = format!("--config={}", containerd_config_path(&state.dir).display());
+    args.first().is_some_and(|a| a.ends_with("containerd")) && args.contains(&config)
+}
+
+/// The network namespaces (`/run/netns/cni-…`) at the other end of the bridge's veths: the
+/// pods', also those none of whose processes is left.
+fn bridge_network_namespaces() -> Vec<PathBuf> {
+    let Ok(links) = run("ip", &["-o", "link", "show", "master", BRIDGE]) else {
+        return Vec::new();
+    };
+    links
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "link-netns" && w[1].starts_with("cni-"))
+        .map(|w| Path::new("/run/netns").join(w[1]))
+        .collect()
+}
+
+/// Removes kubelet's links in `/var/log/containers` (a directory kubelet does not let one move)
+/// to the pods' logs under `dir` (`podLogsDir`).
+fn remove_container_log_links(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir("/var/log/containers") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if std::fs::read_link(entry.path()).is_ok_and(|target| target.starts_with(dir)) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Removes the chains kubelet makes (kube-proxy's own `--cleanup` leaves them): its canary, the
@@ -381,7 +778,8 @@ fn cni_config(dir: &Path) -> String {
 fn containerd_config_toml(dir: &Path, socket: &Path) -> String {
     // restrict_oom_score_adj: this VM's bounding set lacks CAP_SYS_RESOURCE, so the sandbox's
     // write to its oom_score_adj below the parent's fails; with it, containerd clamps the value.
-    // SystemdCgroup = false: cgroups v1 without systemd as PID 1 (the cgroupfs driver).
+    // SystemdCgroup = false: cgroups v1 without systemd as PID 1 (the cgroupfs driver). runc's
+    // state in the node's directory (Root), not /run/containerd/runc.
     format!(
         r#"version = 2
 root = "{root}"
@@ -401,6 +799,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         BinaryName = "/usr/sbin/runc"
+        Root = "{runc}"
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
@@ -410,16 +809,24 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         state = dir.join("containerd-state").display(),
         socket = socket.display(),
         cni = dir.join("cni").display(),
+        runc = dir.join("runc").display(),
     )
 }
 
-fn kubelet_config_yaml(inputs: &NodeInputs<'_>, socket: &Path, port: u16, healthz: u16) -> String {
+fn kubelet_config_yaml(
+    inputs: &NodeInputs<'_>,
+    dir: &Path,
+    socket: &Path,
+    port: u16,
+    healthz: u16,
+) -> String {
     // cgroupfs and failCgroupV1: false for cgroups v1 without systemd (kubelet 1.35+ refuses v1
     // otherwise; containerd 1.6 cannot tell kubelet its driver). oomScoreAdj 0: kubelet may not
     // lower its own score without CAP_SYS_RESOURCE. Eviction thresholds and image GC at their
     // limits: the disk is shared with everything else on the machine, and the images are
     // imported, not pulled back. Anonymous requests off, the API server's client certificate
-    // (client CA) authenticates, SubjectAccessReviews authorize.
+    // (client CA) authenticates, SubjectAccessReviews authorize. The pods' logs in the node's
+    // directory, not /var/log/pods.
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -447,8 +854,10 @@ resolvConf: /etc/resolv.conf
 serializeImagePulls: false
 rotateCertificates: false
 maxPods: 60
+podLogsDir: {pod_logs}
 "#,
         client_ca = inputs.client_ca.display(),
+        pod_logs = dir.join("pod-logs").display(),
         socket = socket.display(),
     )
 }
@@ -475,7 +884,7 @@ conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeo
 
 async fn wait_containerd(node: &mut Node) -> Result<(), Error> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let address = node.state.socket.to_string_lossy().into_owned();
+    let address = node.state().socket.to_string_lossy().into_owned();
     loop {
         for p in &mut node.procs {
             p.check_running()?;
@@ -555,8 +964,9 @@ fn http_status(port: u16, path: &str) -> Option<u16> {
     std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
 }
 
-/// The v1 cgroup hierarchies mounted on this machine (`/sys/fs/cgroup/memory`, …).
-fn cgroup_mounts() -> Vec<PathBuf> {
+/// The v1 cgroup hierarchies mounted on this machine (`/sys/fs/cgroup/memory`, …), and with
+/// `v2` the unified one too (where kubelet also makes its root: `/sys/fs/cgroup/unified`).
+fn cgroup_mounts(v2: bool) -> Vec<PathBuf> {
     let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
         return Vec::new();
     };
@@ -564,7 +974,9 @@ fn cgroup_mounts() -> Vec<PathBuf> {
         .lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            (fields.get(2) == Some(&"cgroup")).then(|| PathBuf::from(fields[1]))
+            let v1 = fields.get(2) == Some(&"cgroup");
+            let unified = v2 && fields.get(2) == Some(&"cgroup2");
+            (v1 || unified).then(|| PathBuf::from(fields[1]))
         })
         .collect()
 }
@@ -572,7 +984,7 @@ fn cgroup_mounts() -> Vec<PathBuf> {
 /// Creates [`CGROUP_ROOT`] in every hierarchy (kubelet requires its cgroup root to exist); in
 /// cpuset, with the parent's CPUs and memory nodes (a new v1 cpuset starts empty).
 fn make_cgroup_root() -> Result<(), Error> {
-    for hierarchy in cgroup_mounts() {
+    for hierarchy in cgroup_mounts(false) {
         let ours = hierarchy.join(CGROUP_ROOT);
         if !ours.exists() {
             std::fs::create_dir(&ours)
@@ -611,7 +1023,7 @@ fn cgroup_tree(hierarchy: &Path) -> Vec<PathBuf> {
 /// The processes of the node's pods: everything in [`CGROUP_ROOT`]'s `pids` (or `memory`) subtree.
 fn pod_pids() -> Vec<libc::pid_t> {
     let mut pids = Vec::new();
-    for hierarchy in cgroup_mounts()
+    for hierarchy in cgroup_mounts(false)
         .into_iter()
         .filter(|h| h.ends_with("pids") || h.ends_with("memory"))
     {
@@ -697,11 +1109,19 @@ fn kill_shims(socket: &Path) {
 }
 
 fn remove_cgroups() {
-    for hierarchy in cgroup_mounts() {
+    for hierarchy in cgroup_mounts(true) {
         for dir in cgroup_tree(&hierarchy) {
             let _ = std::fs::remove_dir(&dir);
         }
     }
+}
+
+/// The mount points under `dir`.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    mount_points()
+        .into_iter()
+        .filter(|m| m.starts_with(dir))
+        .collect()
 }
 
 fn mount_points() -> Vec<PathBuf> {
@@ -761,4 +1181,34 @@ fn run(program: &str, args: &[&str]) -> Result<String, Error> {
 
 fn node_error(message: impl Into<String>) -> Error {
     Error::Node(message.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_overlapping_the_fixed_ranges_are_named() {
+        let routes = "default via 192.0.2.1 dev eth0\n\
+            192.0.2.0/24 dev eth0 proto kernel scope link src 192.0.2.2\n\
+            10.244.0.0/24 dev mmtest0 proto kernel scope link src 10.244.0.1\n\
+            10.0.0.0/8 via 192.0.2.9 dev eth0\n\
+            10.244.0.128/25 dev docker0\n\
+            local 10.0.3.4 dev eth1 table local proto kernel scope host src 10.0.3.4\n\
+            broadcast 192.0.2.255 dev eth0 table local proto kernel scope link src 192.0.2.2\n\
+            10.1.0.0/16 dev eth2\n";
+        assert_eq!(
+            overlapping_routes(routes),
+            [
+                "`10.0.0.0/8 via 192.0.2.9 dev eth0` overlaps 10.244.0.0/24",
+                "`10.0.0.0/8 via 192.0.2.9 dev eth0` overlaps 10.0.0.0/16",
+                "`10.244.0.128/25 dev docker0` overlaps 10.244.0.0/24",
+                "`local 10.0.3.4 dev eth1 table local proto kernel scope host src 10.0.3.4` overlaps 10.0.0.0/16",
+            ]
+        );
+        assert!(
+            overlapping_routes("default via 192.0.2.1 dev eth0\n192.0.2.0/24 dev eth0\n")
+                .is_empty()
+        );
+    }
 }

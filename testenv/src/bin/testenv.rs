@@ -141,8 +141,14 @@ fn stop_all(state_file: &Path) -> bool {
             any |= stop_pid(*pid, Duration::from_secs(10));
         }
     }
-    if let Some(node) = &endpoints.node {
-        testenv::node::teardown(node);
+    if let Some(node) = &endpoints.node
+        && let Err(left) = testenv::node::teardown(node)
+    {
+        eprintln!(
+            "the real node left: {}; its record {} stays, and the next start sweeps again",
+            left.join("; "),
+            testenv::node::record_path().display()
+        );
     }
     for (name, pid) in endpoints.pids.iter().rev() {
         if pid_runs(*pid, name) {
