@@ -65,6 +65,16 @@ pub struct Options {
     /// kube-apiserver feature gates to turn on (`--feature-gates=<gate>=true,…`), e.g.
     /// [`SHARDED_LIST_AND_WATCH`] for server-side sharded watches.
     pub feature_gates: Vec<String>,
+    /// Also run a real node (containerd, kubelet, kube-proxy: [`crate::node`]): pods run for
+    /// real and reach the API server through the `kubernetes` Service. Needs root and
+    /// `hack/ensure-node-packages.sh`; implies the controller-manager and the scheduler. The
+    /// API server then listens on the node's address ([`crate::node::NODE_IP`]), not on
+    /// 127.0.0.1, and the simulated nodes, if any, are tainted `kwok.x-k8s.io/node=fake:NoSchedule`
+    /// so that only pods tolerating it land there.
+    pub kubelet: bool,
+    /// OCI image archives to import into the real node's containerd before kubelet starts
+    /// (`hack/build-image.sh`); more with [`ControlPlane::import_image`].
+    pub images: Vec<PathBuf>,
 }
 
 /// The alpha feature gate of the API server's sharded list and watch (KEP-5866, Kubernetes
@@ -93,6 +103,9 @@ pub struct Endpoints {
     pub pids: Vec<(String, u32)>,
     /// Time from starting etcd to kube-apiserver's `/readyz` answering `ok`.
     pub apiserver_ready_after_ms: u128,
+    /// The real node, when it runs one (`testenv down` tears it down).
+    #[serde(default)]
+    pub node: Option<crate::node::NodeState>,
 }
 
 /// A running control plane. Dropping it stops its processes (unless detached) and removes its
@@ -103,6 +116,8 @@ pub struct ControlPlane {
     pki: Pki,
     // Behind mutexes so that the shared control plane (a `static`) can be stopped at exit.
     procs: Mutex<Vec<Proc>>,
+    /// The real node's processes ([`Options::kubelet`]), stopped before the control plane's.
+    node: Mutex<Option<crate::node::Node>>,
     tempdir: Mutex<Option<tempfile::TempDir>>,
 }
 
@@ -149,7 +164,31 @@ impl ControlPlane {
         } else {
             Lifetime::TiedToThisProcess
         };
-        let pki = Pki::generate()?;
+        // Dropped on any error below (before `tempdir`, declared earlier): the machine is left
+        // as it was, and the node's mounts are gone before the run directory is removed.
+        let mut host_guard = if options.kubelet {
+            Some(crate::node::prepare_host(&dir)?)
+        } else {
+            None
+        };
+        let host = if options.kubelet {
+            crate::node::NODE_IP.to_string()
+        } else {
+            "127.0.0.1".to_owned()
+        };
+        let pki = if options.kubelet {
+            Pki::generate_with(
+                &[crate::node::NODE_IP, crate::node::KUBERNETES_SERVICE_IP],
+                &[
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                ],
+            )?
+        } else {
+            Pki::generate()?
+        };
         let files = write_pki(&dir, &pki)?;
         let [
             etcd_client,
@@ -184,15 +223,13 @@ impl ControlPlane {
             format!("--tls-private-key-file={}", files.serving_key.display()),
             format!("--client-ca-file={}", files.client_ca.display()),
             format!("--secure-port={apiserver_port}"),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--bind-address={host}"),
+            format!("--advertise-address={host}"),
             // 65,534 Service addresses: the load test creates a Service per Manifest (a /24 is
             // full after 253).
             "--service-cluster-ip-range=10.0.0.0/16".to_owned(),
             "--allow-privileged=true".to_owned(),
-            // No kubelet and (without the controller-manager) no default ServiceAccount.
-            "--disable-admission-plugins=ServiceAccount".to_owned(),
-            "--authorization-mode=RBAC".to_owned(),
+            "--authorization-mode=Node,RBAC".to_owned(),
             format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}/"),
             format!(
                 "--service-account-key-file={}",
@@ -203,6 +240,32 @@ impl ControlPlane {
                 files.service_account_key.display()
             ),
         ]);
+        if options.kubelet {
+            // Pods get their ServiceAccount's token; the node may only touch its own objects;
+            // the API server authenticates to kubelet (logs, exec) with a client certificate.
+            let (cert, key) = pki.client_certificate(
+                "kube-apiserver-kubelet-client",
+                Some("system:masters"),
+                validity(),
+            )?;
+            write(&dir.join("kubelet-client.crt"), &cert)?;
+            write(&dir.join("kubelet-client.key"), &key)?;
+            apiserver.args([
+                "--enable-admission-plugins=NodeRestriction".to_owned(),
+                format!(
+                    "--kubelet-client-certificate={}",
+                    dir.join("kubelet-client.crt").display()
+                ),
+                format!(
+                    "--kubelet-client-key={}",
+                    dir.join("kubelet-client.key").display()
+                ),
+                "--kubelet-preferred-address-types=InternalIP".to_owned(),
+            ]);
+        } else {
+            // No kubelet and (without the controller-manager) no default ServiceAccount.
+            apiserver.arg("--disable-admission-plugins=ServiceAccount");
+        }
         if !options.feature_gates.is_empty() {
             let gates: Vec<String> = options
                 .feature_gates
@@ -234,12 +297,21 @@ impl ControlPlane {
         )?);
 
         let kubeconfig = dir.join("admin.kubeconfig");
-        write(&kubeconfig, &pki.admin_kubeconfig(apiserver_port))?;
+        let server = format!("https://{host}:{apiserver_port}");
+        write(
+            &kubeconfig,
+            &pki.kubeconfig(
+                &server,
+                "testenv-admin",
+                &pki.admin_cert_pem,
+                &pki.admin_key_pem,
+            ),
+        )?;
         let client = client_for(&kubeconfig).await?;
         wait_ready(&client, &mut procs).await?;
         let apiserver_ready_after_ms = started.elapsed().as_millis();
 
-        if options.controller_manager || options.simulated_nodes > 0 {
+        if options.controller_manager || options.simulated_nodes > 0 || options.kubelet {
             let mut kcm = Command::new(&tools.kube_controller_manager);
             kcm.args([
                 format!("--kubeconfig={}", kubeconfig.display()),
@@ -281,7 +353,7 @@ impl ControlPlane {
             wait_controller_manager(&client, &mut procs).await?;
         }
 
-        if options.simulated_nodes > 0 {
+        if options.simulated_nodes > 0 || options.kubelet {
             let mut scheduler = Command::new(&tools.kube_scheduler);
             scheduler.args([
                 format!("--kubeconfig={}", kubeconfig.display()),
@@ -297,9 +369,20 @@ impl ControlPlane {
                 &dir.join("kube-scheduler.log"),
                 lifetime,
             )?);
-            procs.push(start_kwok(tools, &dir, &kubeconfig, kwok_port, lifetime)?);
-            create_simulated_nodes(&client, options.simulated_nodes).await?;
         }
+        if options.simulated_nodes > 0 {
+            procs.push(start_kwok(tools, &dir, &kubeconfig, kwok_port, lifetime)?);
+            create_simulated_nodes(&client, options.simulated_nodes, options.kubelet).await?;
+        }
+        let node = match host_guard.take() {
+            Some(guard) => Some(
+                start_node(
+                    tools, options, &pki, &server, &dir, &files, &client, lifetime, guard,
+                )
+                .await?,
+            ),
+            None => None,
+        };
 
         for file in &options.crd_files {
             install_crds(&client, file).await?;
@@ -307,19 +390,22 @@ impl ControlPlane {
 
         let endpoints = Endpoints {
             kubeconfig,
-            server: format!("https://127.0.0.1:{apiserver_port}"),
+            server,
             dir: dir.clone(),
             pids: procs
                 .iter()
+                .chain(node.iter().flat_map(|n| n.procs.iter()))
                 .map(|p| (p.name().to_owned(), p.pid()))
                 .collect(),
             apiserver_ready_after_ms,
+            node: node.as_ref().map(|n| n.state().clone()),
         };
         tracing::info!(server = %endpoints.server, ready_ms = apiserver_ready_after_ms, "control plane ready");
         Ok(Self {
             endpoints,
             pki,
             procs: Mutex::new(procs),
+            node: Mutex::new(node),
             tempdir: Mutex::new(tempdir),
         })
     }
@@ -396,22 +482,44 @@ impl ControlPlane {
             .expect("the API server names generated namespaces"))
     }
 
-    /// Stops every process (last started first) and removes the temporary directory.
+    /// Imports an OCI image archive into the real node's containerd ([`Options::kubelet`]).
+    pub fn import_image(&self, archive: &Path) -> Result<(), Error> {
+        let node = self.endpoints.node.as_ref().ok_or_else(|| {
+            Error::Node("this control plane runs no real node (Options::kubelet)".to_owned())
+        })?;
+        crate::node::import_image(&node.socket, archive)
+    }
+
+    /// Stops every process (the real node's first, then the control plane's, last started
+    /// first) and removes the temporary directory — unless the node's teardown left something
+    /// (mounts may remain under it: the directory is kept and named in the log).
     pub fn stop(&self) {
+        let mut clean = true;
+        if let Some(mut node) = self.node.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            clean = node.stop(STOP_GRACE);
+        }
         let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(mut p) = procs.pop() {
             p.stop(STOP_GRACE);
         }
-        drop(
-            self.tempdir
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take(),
-        );
+        let tempdir = self
+            .tempdir
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = tempdir
+            && !clean
+        {
+            tracing::warn!(dir = %t.path().display(), "the real node left something behind: its directory is kept");
+            let _ = t.keep();
+        }
     }
 
     /// Lets the processes run on after this value is gone (`testenv up`).
     pub fn detach(self) -> Endpoints {
+        if let Some(node) = self.node.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            node.detach();
+        }
         for p in self
             .procs
             .lock()
@@ -465,8 +573,18 @@ fn start_kwok(
 /// The annotation kwok manages nodes by.
 const SIMULATED_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 
-/// Creates `count` Nodes for kwok to run (`kwok-node-0`, …), roomy enough for a load test.
-async fn create_simulated_nodes(client: &Client, count: usize) -> Result<(), Error> {
+/// The taint of the simulated nodes when a real node runs too: pods land on them only when they
+/// tolerate it.
+pub const SIMULATED_NODE_TAINT: &str = "kwok.x-k8s.io/node";
+
+/// Creates `count` Nodes for kwok to run (`kwok-node-0`, …), roomy enough for a load test;
+/// `tainted` beside a real node.
+async fn create_simulated_nodes(client: &Client, count: usize, tainted: bool) -> Result<(), Error> {
+    let taints = if tainted {
+        serde_json::json!([{"key": SIMULATED_NODE_TAINT, "value": "fake", "effect": "NoSchedule"}])
+    } else {
+        serde_json::json!([])
+    };
     let nodes = Api::<Node>::all(client.clone());
     for i in 0..count {
         let node: Node = serde_json::from_value(serde_json::json!({
@@ -477,6 +595,7 @@ async fn create_simulated_nodes(client: &Client, count: usize) -> Result<(), Err
                 "annotations": {SIMULATED_NODE_ANNOTATION: "fake"},
                 "labels": {"kubernetes.io/hostname": format!("kwok-node-{i}"), "type": "kwok"},
             },
+            "spec": {"taints": taints},
             "status": {
                 "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
                 "capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
@@ -486,6 +605,63 @@ async fn create_simulated_nodes(client: &Client, count: usize) -> Result<(), Err
         nodes.create(&PostParams::default(), &node).await?;
     }
     Ok(())
+}
+
+/// A validity for the node's client certificates: from an hour ago for a year.
+fn validity() -> std::ops::Range<std::time::SystemTime> {
+    let now = std::time::SystemTime::now();
+    now - Duration::from_secs(3600)..now + Duration::from_secs(365 * 24 * 3600)
+}
+
+/// The real node: kubeconfigs for kubelet (`system:node:…`) and kube-proxy, then
+/// [`crate::node::start`].
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the control plane's parts, passed once"
+)]
+async fn start_node(
+    tools: &Tools,
+    options: &Options,
+    pki: &Pki,
+    server: &str,
+    dir: &Path,
+    files: &PkiFiles,
+    client: &Client,
+    lifetime: Lifetime,
+    guard: crate::node::HostGuard,
+) -> Result<crate::node::Node, Error> {
+    let tools = Tools::node_binaries().map(|found| Tools {
+        kubelet: found.kubelet,
+        kube_proxy: found.kube_proxy,
+        ..tools.clone()
+    })?;
+    let node_user = format!("system:node:{}", crate::node::NODE_NAME);
+    let (cert, key) = pki.client_certificate(&node_user, Some("system:nodes"), validity())?;
+    let kubelet_kubeconfig = dir.join("kubelet.kubeconfig");
+    write(
+        &kubelet_kubeconfig,
+        &pki.kubeconfig(server, &node_user, &cert, &key),
+    )?;
+    let (cert, key) = pki.client_certificate("system:kube-proxy", None, validity())?;
+    let proxy_kubeconfig = dir.join("kube-proxy.kubeconfig");
+    write(
+        &proxy_kubeconfig,
+        &pki.kubeconfig(server, "system:kube-proxy", &cert, &key),
+    )?;
+    crate::node::start(
+        &tools,
+        crate::node::NodeInputs {
+            dir,
+            client_ca: &files.client_ca,
+            kubelet_kubeconfig: &kubelet_kubeconfig,
+            proxy_kubeconfig: &proxy_kubeconfig,
+            lifetime,
+        },
+        client,
+        &options.images,
+        guard,
+    )
+    .await
 }
 
 /// Removes the directories of test processes that died without cleaning up (`<pid>-…`).
@@ -550,7 +726,7 @@ fn write(path: &Path, content: &str) -> Result<(), Error> {
     std::fs::write(path, content).map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
-fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
     // Hold all listeners until every port is chosen so the N ports differ.
     let listeners = (0..N)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
