@@ -103,7 +103,45 @@ pub struct ControlPlane {
     pki: Pki,
     // Behind mutexes so that the shared control plane (a `static`) can be stopped at exit.
     procs: Mutex<Vec<Proc>>,
+    /// How to start etcd and kube-apiserver again, on their ports and data
+    /// ([`ControlPlane::stop_process`], [`ControlPlane::start_process`]).
+    restartable: Vec<(&'static str, Spec)>,
     tempdir: Mutex<Option<tempfile::TempDir>>,
+}
+
+/// How [`ControlPlane::stop_process`] stops a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGKILL: a crash (open connections reset, no request finished).
+    Kill,
+    /// SIGTERM and up to a minute for the process's own shutdown (kube-apiserver finishes the
+    /// requests in flight and closes its watches), then SIGKILL.
+    Graceful,
+}
+
+/// How long a graceful stop may take before SIGKILL.
+const GRACEFUL_STOP: Duration = Duration::from_secs(60);
+
+/// A program and its arguments, to start it again as it was started.
+#[derive(Clone, Debug)]
+struct Spec {
+    program: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    lifetime: Lifetime,
+}
+
+impl Spec {
+    /// Starts it, its output to its log (appended to when `again`).
+    fn spawn(&self, name: &'static str, again: bool) -> Result<Proc, Error> {
+        let mut command = Command::new(&self.program);
+        command.args(&self.args);
+        if again {
+            Proc::spawn_appending(name, command, &self.log, self.lifetime)
+        } else {
+            Proc::spawn(name, command, &self.log, self.lifetime)
+        }
+    }
 }
 
 impl ControlPlane {
@@ -162,76 +200,20 @@ impl ControlPlane {
 
         let started = Instant::now();
         let mut procs = Vec::new();
-        let mut etcd = Command::new(&tools.etcd);
-        etcd.args([
-            "--name=testenv".to_owned(),
-            format!("--data-dir={}", dir.join("etcd").display()),
-            format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"),
-            format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"),
-            format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
-            format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
-            format!("--initial-cluster=testenv=http://127.0.0.1:{etcd_peer}"),
-            "--unsafe-no-fsync=true".to_owned(),
-            "--log-level=warn".to_owned(),
-        ]);
-        procs.push(Proc::spawn("etcd", etcd, &dir.join("etcd.log"), lifetime)?);
-
-        let mut apiserver = Command::new(&tools.kube_apiserver);
-        apiserver.args([
-            format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
-            format!("--cert-dir={}", dir.display()),
-            format!("--tls-cert-file={}", files.serving_cert.display()),
-            format!("--tls-private-key-file={}", files.serving_key.display()),
-            format!("--client-ca-file={}", files.client_ca.display()),
-            format!("--secure-port={apiserver_port}"),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--advertise-address=127.0.0.1".to_owned(),
-            // 65,534 Service addresses: the load test creates a Service per Manifest (a /24 is
-            // full after 253).
-            "--service-cluster-ip-range=10.0.0.0/16".to_owned(),
-            "--allow-privileged=true".to_owned(),
-            // No kubelet and (without the controller-manager) no default ServiceAccount.
-            "--disable-admission-plugins=ServiceAccount".to_owned(),
-            "--authorization-mode=RBAC".to_owned(),
-            format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}/"),
-            format!(
-                "--service-account-key-file={}",
-                files.service_account_pub.display()
-            ),
-            format!(
-                "--service-account-signing-key-file={}",
-                files.service_account_key.display()
-            ),
-        ]);
-        if !options.feature_gates.is_empty() {
-            let gates: Vec<String> = options
-                .feature_gates
-                .iter()
-                .map(|gate| format!("{gate}=true"))
-                .collect();
-            apiserver.arg(format!("--feature-gates={}", gates.join(",")));
-        }
-        if options.audit_log {
-            let policy = dir.join("audit-policy.yaml");
-            write(&policy, AUDIT_POLICY)?;
-            apiserver.args([
-                format!("--audit-policy-file={}", policy.display()),
-                format!("--audit-log-path={}", dir.join("audit.log").display()),
-                "--audit-log-format=json".to_owned(),
-                // Batched: the request does not wait for the log write; a batch is written
-                // within a second (a reader waits that long after its window).
-                "--audit-log-mode=batch".to_owned(),
-                "--audit-log-batch-max-size=100".to_owned(),
-                "--audit-log-batch-max-wait=1s".to_owned(),
-                "--audit-log-maxsize=0".to_owned(),
-            ]);
-        }
-        procs.push(Proc::spawn(
-            "kube-apiserver",
-            apiserver,
-            &dir.join("kube-apiserver.log"),
+        let etcd = Spec {
+            program: tools.etcd.clone(),
+            args: etcd_args(&dir, etcd_client, etcd_peer),
+            log: dir.join("etcd.log"),
             lifetime,
-        )?);
+        };
+        procs.push(etcd.spawn("etcd", false)?);
+        let apiserver = Spec {
+            program: tools.kube_apiserver.clone(),
+            args: apiserver_args(options, &dir, &files, (etcd_client, apiserver_port))?,
+            log: dir.join("kube-apiserver.log"),
+            lifetime,
+        };
+        procs.push(apiserver.spawn("kube-apiserver", false)?);
 
         let kubeconfig = dir.join("admin.kubeconfig");
         write(&kubeconfig, &pki.admin_kubeconfig(apiserver_port))?;
@@ -320,6 +302,7 @@ impl ControlPlane {
             endpoints,
             pki,
             procs: Mutex::new(procs),
+            restartable: vec![("etcd", etcd), ("kube-apiserver", apiserver)],
             tempdir: Mutex::new(tempdir),
         })
     }
@@ -340,13 +323,87 @@ impl ControlPlane {
         &self.endpoints
     }
 
-    /// The pid of the running `program` (`"kwok"`, `"kube-controller-manager"`, …).
+    /// The pid of the running `program` (`"kwok"`, `"kube-controller-manager"`, …): none
+    /// while it is stopped ([`ControlPlane::stop_process`]).
     pub fn pid(&self, program: &str) -> Option<u32> {
-        self.endpoints
-            .pids
+        self.procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .find(|(name, _)| name == program)
-            .map(|(_, pid)| *pid)
+            .find(|p| p.name() == program && !p.is_stopped())
+            .map(Proc::pid)
+    }
+
+    /// Stops `program` (`"etcd"` or `"kube-apiserver"`), killed or gracefully, leaving its
+    /// port and data for [`ControlPlane::start_process`]. What else runs (the other of the
+    /// two, kube-controller-manager, kwok, the caller's clients) sees it gone.
+    pub fn stop_process(&self, program: &str, how: Stop) -> Result<(), Error> {
+        let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let proc = procs
+            .iter_mut()
+            .find(|p| p.name() == program && !p.is_stopped())
+            .filter(|_| self.spec(program).is_some())
+            .ok_or_else(|| Error::NoSuchProcess(program.to_owned()))?;
+        match how {
+            Stop::Kill => proc.kill(),
+            Stop::Graceful => proc.stop(GRACEFUL_STOP),
+        }
+        Ok(())
+    }
+
+    /// Starts a stopped `program` again with its arguments (the same port, data directory,
+    /// certificates; its log appended to) and waits until kube-apiserver's `/readyz` answers
+    /// `ok` (which checks etcd too).
+    pub async fn start_process(&self, program: &str) -> Result<(), Error> {
+        let spec = self
+            .spec(program)
+            .ok_or_else(|| Error::NoSuchProcess(program.to_owned()))?;
+        {
+            let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            let slot = procs
+                .iter_mut()
+                .find(|p| p.name() == program && p.is_stopped())
+                .ok_or_else(|| Error::NoSuchProcess(format!("stopped {program}")))?;
+            *slot = spec.spawn(slot.name(), true)?;
+        }
+        self.wait_ready_again().await
+    }
+
+    fn spec(&self, program: &str) -> Option<&Spec> {
+        self.restartable
+            .iter()
+            .find(|(name, _)| *name == program)
+            .map(|(_, spec)| spec)
+    }
+
+    /// [`wait_ready`] without holding the processes' lock across a wait.
+    async fn wait_ready_again(&self) -> Result<(), Error> {
+        let client = self.client().await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            for p in self
+                .procs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter_mut()
+            {
+                p.check_running()?;
+            }
+            if readyz(&client).await {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+                return Err(Error::NotReady {
+                    what: "kube-apiserver /readyz after a restart",
+                    log_tail: procs
+                        .iter()
+                        .map(|p| format!("--- {}\n{}", p.name(), p.log_tail()))
+                        .collect(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Freezes `program` with SIGSTOP until the answer is resumed or dropped: what a hung
@@ -436,6 +493,81 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// etcd's arguments: its data in `dir/etcd`, serving clients on `client` (loopback).
+fn etcd_args(dir: &Path, client: u16, peer: u16) -> Vec<String> {
+    vec![
+        "--name=testenv".to_owned(),
+        format!("--data-dir={}", dir.join("etcd").display()),
+        format!("--listen-client-urls=http://127.0.0.1:{client}"),
+        format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+        format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-cluster=testenv=http://127.0.0.1:{peer}"),
+        "--unsafe-no-fsync=true".to_owned(),
+        "--log-level=warn".to_owned(),
+    ]
+}
+
+/// kube-apiserver's arguments: serving on `port` (loopback) from the etcd on `etcd`, with the
+/// feature gates and the audit log of `options` (its policy written into `dir`).
+fn apiserver_args(
+    options: &Options,
+    dir: &Path,
+    files: &PkiFiles,
+    (etcd, port): (u16, u16),
+) -> Result<Vec<String>, Error> {
+    let mut args = vec![
+        format!("--etcd-servers=http://127.0.0.1:{etcd}"),
+        format!("--cert-dir={}", dir.display()),
+        format!("--tls-cert-file={}", files.serving_cert.display()),
+        format!("--tls-private-key-file={}", files.serving_key.display()),
+        format!("--client-ca-file={}", files.client_ca.display()),
+        format!("--secure-port={port}"),
+        "--bind-address=127.0.0.1".to_owned(),
+        "--advertise-address=127.0.0.1".to_owned(),
+        // 65,534 Service addresses: the load test creates a Service per Manifest (a /24 is
+        // full after 253).
+        "--service-cluster-ip-range=10.0.0.0/16".to_owned(),
+        "--allow-privileged=true".to_owned(),
+        // No kubelet and (without the controller-manager) no default ServiceAccount.
+        "--disable-admission-plugins=ServiceAccount".to_owned(),
+        "--authorization-mode=RBAC".to_owned(),
+        format!("--service-account-issuer=https://127.0.0.1:{port}/"),
+        format!(
+            "--service-account-key-file={}",
+            files.service_account_pub.display()
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            files.service_account_key.display()
+        ),
+    ];
+    if !options.feature_gates.is_empty() {
+        let gates: Vec<String> = options
+            .feature_gates
+            .iter()
+            .map(|gate| format!("{gate}=true"))
+            .collect();
+        args.push(format!("--feature-gates={}", gates.join(",")));
+    }
+    if options.audit_log {
+        let policy = dir.join("audit-policy.yaml");
+        write(&policy, AUDIT_POLICY)?;
+        args.extend([
+            format!("--audit-policy-file={}", policy.display()),
+            format!("--audit-log-path={}", dir.join("audit.log").display()),
+            "--audit-log-format=json".to_owned(),
+            // Batched: the request does not wait for the log write; a batch is written
+            // within a second (a reader waits that long after its window).
+            "--audit-log-mode=batch".to_owned(),
+            "--audit-log-batch-max-size=100".to_owned(),
+            "--audit-log-batch-max-wait=1s".to_owned(),
+            "--audit-log-maxsize=0".to_owned(),
+        ]);
+    }
+    Ok(args)
 }
 
 /// Starts kwok for the nodes annotated [`SIMULATED_NODE_ANNOTATION`], with node Leases and kwok's
@@ -573,12 +705,9 @@ async fn wait_ready(client: &Client, procs: &mut [Proc]) -> Result<(), Error> {
         for p in procs.iter_mut() {
             p.check_running()?;
         }
-        let request = http::Request::get("/readyz")
-            .body(Vec::new())
-            .expect("a static request is valid");
-        match client.request_text(request).await {
-            Ok(body) if body.trim() == "ok" => return Ok(()),
-            _ if Instant::now() > deadline => {
+        match readyz(client).await {
+            true => return Ok(()),
+            false if Instant::now() > deadline => {
                 let log_tail = procs
                     .iter()
                     .map(|p| format!("--- {}\n{}", p.name(), p.log_tail()))
@@ -588,9 +717,17 @@ async fn wait_ready(client: &Client, procs: &mut [Proc]) -> Result<(), Error> {
                     log_tail,
                 });
             }
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            false => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
+}
+
+/// Whether kube-apiserver's `/readyz` answers `ok` now.
+async fn readyz(client: &Client) -> bool {
+    let request = http::Request::get("/readyz")
+        .body(Vec::new())
+        .expect("a static request is valid");
+    matches!(client.request_text(request).await, Ok(body) if body.trim() == "ok")
 }
 
 /// kube-controller-manager is working once its service-account controller has created the

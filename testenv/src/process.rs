@@ -30,15 +30,40 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Starts `command`, sending stdout and stderr to `log`.
+    /// Starts `command`, sending stdout and stderr to `log` (a new file).
     pub fn spawn(
         name: &'static str,
-        mut command: Command,
+        command: Command,
         log: &Path,
         lifetime: Lifetime,
     ) -> Result<Self, Error> {
         let out =
             File::create(log).map_err(|e| Error::io(format!("create {}", log.display()), e))?;
+        Self::spawn_to(name, command, (out, log), lifetime)
+    }
+
+    /// [`Proc::spawn`] appending to `log`: a process started again keeps its predecessor's
+    /// lines.
+    pub fn spawn_appending(
+        name: &'static str,
+        command: Command,
+        log: &Path,
+        lifetime: Lifetime,
+    ) -> Result<Self, Error> {
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| Error::io(format!("open {}", log.display()), e))?;
+        Self::spawn_to(name, command, (out, log), lifetime)
+    }
+
+    fn spawn_to(
+        name: &'static str,
+        mut command: Command,
+        (out, log): (File, &Path),
+        lifetime: Lifetime,
+    ) -> Result<Self, Error> {
         let err = out.try_clone().map_err(|e| Error::io("dup log file", e))?;
         command.stdin(Stdio::null()).stdout(out).stderr(err);
         let child = match lifetime {
@@ -94,6 +119,19 @@ impl Proc {
             stop_pid(self.pid, grace);
             let _ = child.wait();
         }
+    }
+
+    /// SIGKILL at once (no SIGTERM first: a crash, not a shutdown); reaps the child.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Whether the process was stopped by [`Proc::stop`] or [`Proc::kill`].
+    pub fn is_stopped(&self) -> bool {
+        self.child.is_none()
     }
 
     /// Forgets the child without stopping it (it keeps running detached).
