@@ -166,8 +166,10 @@ pub struct ReplicaReading {
     pub samples: Vec<PromSample>,
 }
 
+/// The replicas' API requests (every verb, resource and target).
+pub const API_REQUESTS: &str = "module_manager_api_requests_total";
 /// Counters summed over label sets whose increase is tracked.
-pub const COUNTERS: &[&str] = &["module_manager_reconcile_passes_total"];
+pub const COUNTERS: &[&str] = &["module_manager_reconcile_passes_total", API_REQUESTS];
 /// Histograms whose increase is tracked.
 pub const HISTOGRAMS: &[&str] = &[
     "module_manager_queue_wait_seconds",

@@ -130,6 +130,9 @@ pub struct Phase {
     pub replicas: u32,
     watch: tokio::task::JoinHandle<()>,
     apiserver_before: Vec<PromSample>,
+    /// The replicas' own proxies to the API server, by ordinal (`chaos`'s `partition` and
+    /// `slow`; [`crate::network`]).
+    pub network: Option<crate::proxy::Proxy>,
     /// Moves the progress bar.
     ticker: tokio::task::JoinHandle<()>,
     /// Per replica, when the scenario had it stopped (SIGSTOP): the overlap checker does not
@@ -154,6 +157,7 @@ impl Phase {
         progress.say(format!(
             "starting {replicas} replicas ({name}) in namespace {namespace}"
         ));
+        let mut network = None;
         let fleet = match cluster {
             Cluster::Local(cp) => {
                 let repo = repo(options);
@@ -174,9 +178,18 @@ impl Phase {
                     extra_args: options.replica_args.clone(),
                     log_dir: log_dir(&namespace),
                 };
+                let mut kubeconfigs = BTreeMap::new();
+                if crate::network::wanted(&options.faults) {
+                    let dir = log_dir(&namespace).join("kubeconfigs");
+                    let (proxy, files) =
+                        crate::network::proxies(cp.kubeconfig(), replicas, &dir).await?;
+                    network = Some(proxy);
+                    kubeconfigs = files;
+                }
                 let settings = LocalSettings {
                     replica,
                     cpu_limit: options.cpu_per_replica,
+                    kubeconfigs,
                 };
                 Fleet::local(
                     client.clone(),
@@ -240,6 +253,7 @@ impl Phase {
             replicas,
             watch,
             apiserver_before,
+            network,
             ticker,
             pauses: BTreeMap::new(),
             started: Instant::now(),

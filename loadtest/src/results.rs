@@ -252,6 +252,39 @@ pub struct FleetFigures {
     pub max_unowned_seconds: f64,
     /// One entry per membership change (scale, kill, restart).
     pub moves: Vec<MoveStep>,
+    /// `chaos`: one entry per fault, in order.
+    #[serde(default)]
+    pub faults: Vec<FaultRecord>,
+}
+
+/// One fault of `chaos` and how the fleet came out of it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FaultRecord {
+    /// Its type: `kill`, `pause`, `apiserver`, `apiserver-graceful`, `etcd`.
+    pub fault: String,
+    /// What was hit, e.g. `kill mm-1`, `apiserver`.
+    pub label: String,
+    /// When it began, seconds since the load started.
+    pub at_seconds: f64,
+    /// From its beginning until it was over: the victims started again or resumed, the API
+    /// server answering `/readyz` again.
+    pub outage_seconds: f64,
+    /// From the end of the outage until every operation sent before it had its effect (Ready
+    /// at the generation written, or gone) and a create or update sent after it had too (the
+    /// fleet works again); `None`: not within `--recovery-limit-seconds`.
+    pub recovered_seconds: Option<f64>,
+    /// Operations still without their effect at the limit (when not recovered): those sent
+    /// before the end, else all, e.g. `Create m-12 (130 s ago)`.
+    #[serde(default)]
+    pub stuck: Vec<String>,
+    /// The fleet's API requests per second (`module_manager_api_requests_total`, every
+    /// replica) over the 30 s before the fault.
+    pub steady_requests_per_second: Option<f64>,
+    /// The same over the first 30 s after the outage (control-plane faults only).
+    pub requests_per_second_after: Option<f64>,
+    /// Replicas whose process had exited when the fault was over (not the victims of a kill).
+    #[serde(default)]
+    pub replicas_exited: Vec<String>,
 }
 
 /// Shards and Manifests that changed owner in one membership step, against the ideal.

@@ -132,6 +132,47 @@ async fn chaos_passes_and_the_unowned_checker_catches_a_fleet_paused_for_too_lon
 }
 
 #[tokio::test]
+async fn control_plane_faults_are_recovered_from_and_the_recovery_checker_catches_a_broken_restart()
+{
+    let _serial = SERIAL.lock().await;
+    // Healthy: kube-apiserver killed and etcd killed (one of each, in a random order), each
+    // down 3 s and started again on its port and data. (A graceful restart is the same fault
+    // with SIGTERM: testenv's lifecycle test restarts kube-apiserver both ways.)
+    let mut options = short();
+    options.faults = vec!["apiserver".into(), "etcd".into()];
+    options.control_plane_down_seconds = 3;
+    options.chaos_interval_seconds = 14;
+    options.duration_seconds = 100;
+    let healthy = run(Scenario::Chaos, &options).await;
+    assert!(healthy.passed, "{:#?}", healthy.violations);
+    let mut seen: Vec<&str> = healthy
+        .fleet
+        .faults
+        .iter()
+        .map(|f| f.fault.as_str())
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen, ["apiserver", "etcd"]);
+    for fault in &healthy.fleet.faults {
+        eprintln!("{fault:?}");
+        assert!(fault.recovered_seconds.is_some(), "{fault:?}");
+        assert!(fault.requests_per_second_after.is_some(), "{fault:?}");
+        assert!(fault.replicas_exited.is_empty(), "{fault:?}");
+    }
+    // A restart that leaves the control plane broken: kube-controller-manager frozen with the
+    // fault until the recovery limit (20 s) has passed. No Deployment of the Manifests written
+    // meanwhile rolls out, so they are not Ready in time.
+    options.faults = vec!["etcd".into()];
+    options.fault_freeze_controller_manager = true;
+    options.recovery_limit_seconds = 20;
+    options.duration_seconds = 20;
+    let broken = caught(Scenario::Chaos, &options, "not-recovered").await;
+    assert_eq!(broken.fleet.faults.len(), 1);
+    assert!(!broken.fleet.faults[0].stuck.is_empty());
+}
+
+#[tokio::test]
 async fn rolling_update_passes_and_the_move_checker_catches_replicas_that_hand_over_on_restart() {
     let _serial = SERIAL.lock().await;
     let options = short();

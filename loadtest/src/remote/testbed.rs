@@ -22,9 +22,9 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::proxy::Proxy;
 use crate::load::target_name;
 use crate::phase::harness_client;
+use crate::proxy::Proxy;
 
 /// The ServiceAccount every target's credential belongs to (in the target's namespace).
 pub const SERVICE_ACCOUNT: &str = "module-manager";

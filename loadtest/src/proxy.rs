@@ -31,6 +31,8 @@ pub fn target_address(index: usize) -> anyhow::Result<Ipv4Addr> {
 struct Endpoint {
     upstream: SocketAddr,
     blackholed: AtomicBool,
+    /// The delay of each direction, microseconds (half the round trip).
+    one_way_micros: AtomicU64,
     opened: AtomicU64,
     open: AtomicU64,
 }
@@ -42,6 +44,12 @@ pub struct Proxy {
     listeners: Vec<tokio::task::JoinHandle<()>>,
     /// Where each target listens.
     pub addresses: Vec<SocketAddr>,
+}
+
+impl Endpoint {
+    fn one_way(&self) -> Duration {
+        Duration::from_micros(self.one_way_micros.load(Ordering::SeqCst))
+    }
 }
 
 /// Bytes read at a time from either side.
@@ -59,6 +67,7 @@ impl Proxy {
                 .map(|&upstream| Endpoint {
                     upstream,
                     blackholed: AtomicBool::new(false),
+                    one_way_micros: AtomicU64::new((round_trip / 2).as_micros() as u64),
                     opened: AtomicU64::new(0),
                     open: AtomicU64::new(0),
                 })
@@ -74,7 +83,7 @@ impl Proxy {
             addresses.push(listener.local_addr()?);
             let endpoints = endpoints.clone();
             listeners.push(tokio::spawn(async move {
-                accept(listener, endpoints, index, round_trip / 2).await;
+                accept(listener, endpoints, index).await;
             }));
         }
         Ok(Self {
@@ -89,6 +98,15 @@ impl Proxy {
     pub fn blackhole(&self, index: usize, on: bool) {
         if let Some(endpoint) = self.endpoints.get(index) {
             endpoint.blackholed.store(on, Ordering::SeqCst);
+        }
+    }
+
+    /// Sets target `index`'s added round trip from now on (chunks already delayed keep
+    /// their schedule).
+    pub fn set_round_trip(&self, index: usize, round_trip: Duration) {
+        if let Some(endpoint) = self.endpoints.get(index) {
+            let micros = (round_trip / 2).as_micros() as u64;
+            endpoint.one_way_micros.store(micros, Ordering::SeqCst);
         }
     }
 
@@ -117,12 +135,7 @@ impl Drop for Proxy {
     }
 }
 
-async fn accept(
-    listener: TcpListener,
-    endpoints: Arc<Vec<Endpoint>>,
-    index: usize,
-    one_way: Duration,
-) {
+async fn accept(listener: TcpListener, endpoints: Arc<Vec<Endpoint>>, index: usize) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
             // Out of file descriptors or the like: try again shortly rather than spin.
@@ -134,8 +147,8 @@ async fn accept(
             let endpoint = &endpoints[index];
             endpoint.opened.fetch_add(1, Ordering::Relaxed);
             endpoint.open.fetch_add(1, Ordering::Relaxed);
-            let handshake = Instant::now() + one_way * 2;
-            forward(client, endpoint, one_way, handshake).await;
+            let handshake = Instant::now() + endpoint.one_way() * 2;
+            forward(client, endpoint, handshake).await;
             endpoint.open.fetch_sub(1, Ordering::Relaxed);
         });
     }
@@ -143,7 +156,7 @@ async fn accept(
 
 /// Forwards one connection until both directions ended; nothing goes upstream before
 /// `handshake` (its TCP handshake's round trip after the accept).
-async fn forward(client: TcpStream, endpoint: &Endpoint, one_way: Duration, handshake: Instant) {
+async fn forward(client: TcpStream, endpoint: &Endpoint, handshake: Instant) {
     let _ = client.set_nodelay(true);
     let upstream = if endpoint.blackholed.load(Ordering::SeqCst) {
         None
@@ -158,20 +171,9 @@ async fn forward(client: TcpStream, endpoint: &Endpoint, one_way: Duration, hand
     let _ = upstream.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
     let (upstream_read, upstream_write) = upstream.into_split();
-    let blackholed = &endpoint.blackholed;
     tokio::join!(
-        pipe(
-            client_read,
-            upstream_write,
-            (handshake, one_way),
-            blackholed
-        ),
-        pipe(
-            upstream_read,
-            client_write,
-            (Instant::now(), one_way),
-            blackholed
-        ),
+        pipe(client_read, upstream_write, handshake, endpoint),
+        pipe(upstream_read, client_write, Instant::now(), endpoint),
     );
 }
 
@@ -180,15 +182,16 @@ async fn swallow(mut stream: TcpStream) {
     while matches!(stream.read(&mut buffer).await, Ok(n) if n > 0) {}
 }
 
-/// One direction: what is read is written `delay` after it was read (or after `not_before`,
-/// if later), in order; while `blackholed` it is dropped instead. At the reader's end the
-/// writer is shut down (a half close).
+/// One direction: what is read is written the endpoint's one-way delay after it was read (or
+/// after `not_before`, if later), in order; while the endpoint is blackholed it is dropped
+/// instead. At the reader's end the writer is shut down (a half close).
 async fn pipe(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
-    (not_before, delay): (Instant, Duration),
-    blackholed: &AtomicBool,
+    not_before: Instant,
+    endpoint: &Endpoint,
 ) {
+    let blackholed = &endpoint.blackholed;
     let (send, mut receive) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT_CHUNKS);
     let read = async move {
         let mut buffer = vec![0; CHUNK];
@@ -200,7 +203,7 @@ async fn pipe(
             if blackholed.load(Ordering::SeqCst) {
                 continue;
             }
-            let due = Instant::now().max(not_before) + delay;
+            let due = Instant::now().max(not_before) + endpoint.one_way();
             if send.send((due, buffer[..n].to_vec())).await.is_err() {
                 break;
             }
