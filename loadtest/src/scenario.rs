@@ -165,8 +165,9 @@ async fn chaos(
     phase.progress.expect(options.duration_seconds);
     let mut rng = StdRng::seed_from_u64(options.seed);
     let load = background_load(phase, options);
-    tokio::time::sleep(Duration::from_secs(options.warmup_seconds)).await;
+    // From the start, so that the first fault has its steady rate (with a warmup of 30 s).
     let history = RequestHistory::spawn(phase);
+    tokio::time::sleep(Duration::from_secs(options.warmup_seconds)).await;
     let interval = Duration::from_secs(options.chaos_interval_seconds.max(1));
     let mut takeovers = Vec::new();
     let mut bag = FaultBag::new(kinds);

@@ -173,6 +173,42 @@ async fn control_plane_faults_are_recovered_from_and_the_recovery_checker_catche
 }
 
 #[tokio::test]
+async fn network_faults_are_recovered_from() {
+    let _serial = SERIAL.lock().await;
+    // Each replica through its own proxy to the API server: one cut off for 10 s (past its
+    // renew deadline and lease: the other takes over), then every one's traffic delayed by
+    // 500 ms of round trip for 10 s (or the other way round).
+    let mut options = short();
+    options.faults = vec!["partition".into(), "slow".into()];
+    options.partition_seconds = Some(10);
+    options.slow_seconds = Some(10);
+    options.slow_ms = Some(500);
+    options.chaos_interval_seconds = 14;
+    options.duration_seconds = 80;
+    let healthy = run(Scenario::Chaos, &options).await;
+    assert!(healthy.passed, "{:#?}", healthy.violations);
+    let mut seen: Vec<&str> = healthy
+        .fleet
+        .faults
+        .iter()
+        .map(|f| f.fault.as_str())
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen, ["partition", "slow"]);
+    for fault in &healthy.fleet.faults {
+        eprintln!("{fault:?}");
+        assert!(fault.recovered_seconds.is_some(), "{fault:?}");
+    }
+    // The partitioned replica's shards were taken over while it ran.
+    assert!(
+        healthy.fleet.takeover_seconds.count >= 1,
+        "{:?}",
+        healthy.fleet
+    );
+}
+
+#[tokio::test]
 async fn rolling_update_passes_and_the_move_checker_catches_replicas_that_hand_over_on_restart() {
     let _serial = SERIAL.lock().await;
     let options = short();
