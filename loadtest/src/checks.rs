@@ -8,9 +8,10 @@
 //! - `unowned-shard`: a shard without a live owner for longer than twice the lease duration;
 //! - `moved-during-rolling-update`: a shard that changed holder, or a Manifest reconciled by
 //!   two different replicas, while the replicas were restarted one by one;
-//! - `not-recovered` (`chaos`): after a fault, operations sent before it ended still without
-//!   their effect, or none sent after it with its effect, `--recovery-limit-seconds` after its
-//!   end; or a replica process that exited.
+//! - `not-recovered` (`chaos`): `--recovery-limit-seconds` after a fault's end, operations
+//!   sent before it ended still without their effect, or not one create or update sent after
+//!   it (the load's, else a probe Manifest the harness sends) with its effect; or a replica
+//!   process that exited.
 //!
 //! The dashboards' and alerts' checkers (`empty-panel`, `dashboard`, `alert`) are in
 //! [`crate::prometheus::verdict`].
@@ -126,8 +127,9 @@ pub fn unowned(longest: &BTreeMap<u32, f64>, lease_duration: Duration) -> Vec<Vi
     )]
 }
 
-/// Faults the fleet did not recover from: operations sent before the fault ended still
-/// without their effect `limit` after its end, or replicas whose process exited.
+/// Faults the fleet did not recover from: `limit` after the fault's end, operations sent
+/// before it ended still without their effect or no create or update sent after it with its
+/// effect ([`crate::faults::new_work_done`]); or replicas whose process exited.
 pub fn not_recovered(faults: &[FaultRecord], limit: Duration) -> Vec<Violation> {
     let mut found = Vec::new();
     for fault in faults {

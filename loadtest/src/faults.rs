@@ -2,12 +2,12 @@
 //! or stopped gracefully (SIGTERM), etcd killed, each started again on its port and data after
 //! `--control-plane-down-seconds`; a replica partitioned from the API server and every replica's
 //! API traffic slowed ([`crate::network`]); and, after every fault, how the fleet came out of it: the
-//! time until every operation sent before the fault ended had its effect, and the fleet's API
-//! request rate before the fault and in the first 30 s after it.
+//! time until every operation sent before the fault ended had its effect (and one sent after
+//! it), and the fleet's API request rate before the first fault and in the first 30 s after
+//! each.
 //!
-//! The decisions ([`Fault::parse`], [`rate_between`], [`stuck_before`], [`new_work_done`]) are
-//! pure; the rest
-//! drives the control plane and waits.
+//! The decisions ([`Fault::parse`], [`rate_between`], [`stuck_before`], [`new_work_done`],
+//! [`needs_probe`]) are pure; the rest drives the control plane and waits.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,6 +19,10 @@ use crate::observe::Observed;
 use crate::options::Options;
 use crate::phase::Phase;
 use crate::results::FaultRecord;
+
+/// How long after a fault's end the load has to send a create or update before the harness
+/// sends a probe.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
 
 /// The window of the request rates before and after a fault.
 pub const RATE_WINDOW_SECONDS: f64 = 30.0;
@@ -100,10 +104,12 @@ impl Fault {
 }
 
 /// The order of the faults: every type of `--faults` once in a random order, then again in
-/// another, so that each type comes as often as the others (± 1) whatever the seed.
+/// another, so that each type comes as often as the others (± 1) whatever the seed; or, with
+/// `--fault-count`, in the order given, again and again.
 pub struct FaultBag {
     kinds: Vec<Fault>,
     left: Vec<Fault>,
+    shuffled: bool,
 }
 
 impl FaultBag {
@@ -111,6 +117,15 @@ impl FaultBag {
         Self {
             kinds,
             left: Vec::new(),
+            shuffled: true,
+        }
+    }
+
+    /// The kinds in the order given.
+    pub fn in_order(kinds: Vec<Fault>) -> Self {
+        Self {
+            shuffled: false,
+            ..Self::new(kinds)
         }
     }
 
@@ -118,16 +133,24 @@ impl FaultBag {
     pub fn next(&mut self, rng: &mut impl rand::Rng) -> Option<Fault> {
         if self.left.is_empty() {
             self.left = self.kinds.clone();
-            rand::seq::SliceRandom::shuffle(self.left.as_mut_slice(), rng);
+            if self.shuffled {
+                rand::seq::SliceRandom::shuffle(self.left.as_mut_slice(), rng);
+            } else {
+                self.left.reverse();
+            }
         }
         self.left.pop()
     }
 }
 
 /// The fleet's API requests so far (every replica's `module_manager_api_requests_total`, summed
-/// across restarts), sampled every second as (seconds since the load started, total).
+/// across restarts), looked at every second and kept as (seconds since the load started when
+/// the scrape's readings arrived, total): one sample per scrape.
 pub struct RequestHistory {
     pub samples: Arc<Mutex<Vec<(f64, f64)>>>,
+    /// The end of the steady window every fault's "before" rate is taken over: the first
+    /// fault's start ([`RequestHistory::baseline`]).
+    baseline_until: Mutex<Option<f64>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -135,16 +158,41 @@ impl RequestHistory {
     pub fn spawn(phase: &Phase) -> Self {
         let samples: Arc<Mutex<Vec<(f64, f64)>>> = Arc::default();
         let observed = phase.sampler.observed.clone();
-        let load = phase.load.clone();
         let into = samples.clone();
         let task = tokio::spawn(async move {
             loop {
-                let total = fleet_requests(&observed.lock().unwrap());
-                into.lock().unwrap().push((load.elapsed(), total));
+                let (at, total) = {
+                    let observed = observed.lock().unwrap();
+                    (observed.scraped_at, fleet_requests(&observed))
+                };
+                {
+                    let mut samples = into.lock().unwrap();
+                    if at > 0.0 && samples.last().is_none_or(|(last, _)| *last < at) {
+                        samples.push((at, total));
+                    }
+                }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
-        Self { samples, task }
+        Self {
+            samples,
+            baseline_until: Mutex::new(None),
+            task,
+        }
+    }
+
+    /// Marks the end of the steady window (`at`, seconds since the load started: when the
+    /// first fault began); later calls change nothing.
+    pub fn mark_baseline(&self, at: f64) {
+        self.baseline_until.lock().unwrap().get_or_insert(at);
+    }
+
+    /// The steady request rate: over the 30 s before the first fault (from the load's start if
+    /// that is sooner), one figure for every fault, so that no fault's "before" holds the
+    /// recovery of the previous one.
+    pub fn baseline(&self) -> Option<f64> {
+        let until = (*self.baseline_until.lock().unwrap())?;
+        self.rate((until - RATE_WINDOW_SECONDS).max(self.first()), until)
     }
 
     /// When the first sample was taken (seconds since the load started).
@@ -196,27 +244,55 @@ pub fn stuck_before(
 }
 
 /// Whether a create or update sent at or after `since` (seconds since the load started) had
-/// its effect: the fleet works again (an empty backlog alone does not show it: the load's
-/// requests fail during an outage, so a fleet that never came back could leave none).
+/// its effect: the fleet works again. Required after every fault, however empty the backlog:
+/// the load's requests fail during an outage, so a fleet that never came back could leave
+/// none, and one that never reconnects would pass at once ([`needs_probe`] sends one when the
+/// load sent none).
 pub fn new_work_done(done: &[Done], since: f64) -> bool {
     done.iter().any(|d| d.op != Op::Delete && d.sent >= since)
 }
 
+/// Whether no create or update sent at or after `since` is done or waiting (`outstanding` at
+/// `now`, as [`stuck_before`] takes it): the load sent none that could show the fleet works
+/// again (its requests failed, or it sent only deletes), so the harness sends a probe.
+pub fn needs_probe(done: &[Done], outstanding: &[(String, Op, f64)], now: f64, since: f64) -> bool {
+    let waiting = outstanding
+        .iter()
+        .any(|(_, op, age)| *op != Op::Delete && now - age >= since);
+    !waiting && !new_work_done(done, since)
+}
+
 /// Stops the fault's control-plane process, waits `--control-plane-down-seconds`, starts it
-/// again and waits for `/readyz`. Returns when the outage ended.
+/// again and waits for `/readyz`. Returns when the process was started again and when the
+/// outage ended (ready); records in `record` whether a graceful stop needed SIGKILL after its
+/// grace.
 pub async fn control_plane_outage(
     control_plane: &testenv::ControlPlane,
     fault: Fault,
     options: &Options,
-) -> anyhow::Result<Instant> {
+    record: &mut FaultRecord,
+) -> anyhow::Result<(Instant, Instant)> {
     let (program, how) = fault.process().context("not a control-plane fault")?;
-    control_plane.stop_process(program, how)?;
+    let killed = control_plane.stop_process(program, how).await?;
+    if how == testenv::Stop::Graceful {
+        record.killed_after_grace = Some(killed);
+    }
     tokio::time::sleep(Duration::from_secs(options.control_plane_down_seconds)).await;
+    let spawned = Instant::now();
     control_plane
         .start_process(program)
         .await
         .with_context(|| format!("start {program} again"))?;
-    Ok(Instant::now())
+    Ok((spawned, Instant::now()))
+}
+
+/// The instants of one fault: when it hit, when the rate "after" is counted from (the
+/// process started again; else the end), when it was over.
+#[derive(Clone, Copy, Debug)]
+pub struct Span {
+    pub hit: Instant,
+    pub rate_from: Instant,
+    pub back: Instant,
 }
 
 /// After a fault that ended at `back`: waits (up to `--recovery-limit-seconds`) until every
@@ -226,7 +302,11 @@ pub async fn recovery(
     phase: &Phase,
     options: &Options,
     history: &RequestHistory,
-    (hit, back): (Instant, Instant),
+    Span {
+        hit,
+        rate_from,
+        back,
+    }: Span,
     record: &mut FaultRecord,
 ) {
     let load = &phase.load;
@@ -234,13 +314,29 @@ pub async fn recovery(
     record.at_seconds = back_at - back.duration_since(hit).as_secs_f64();
     record.outage_seconds = back.duration_since(hit).as_secs_f64();
     let limit = Duration::from_secs(options.recovery_limit_seconds);
+    let mut probed: Option<Instant> = None;
     loop {
-        let (outstanding, working) = {
+        let now = load.elapsed();
+        let (outstanding, working, probe) = {
             let tracker = load.tracker.lock().unwrap();
+            let outstanding = tracker.outstanding(Instant::now());
             let working = new_work_done(&tracker.done, back_at);
-            (tracker.outstanding(Instant::now()), working)
+            let probe = needs_probe(&tracker.done, &outstanding, now, back_at);
+            (outstanding, working, probe)
         };
-        let stuck = stuck_before(&outstanding, load.elapsed(), back_at);
+        // A probe Manifest when the load, a second after the end, has sent nothing that could
+        // show the fleet works (and again 5 s after a probe that failed).
+        if probe
+            && back.elapsed() > PROBE_AFTER
+            && probed.is_none_or(|p| p.elapsed() > PROBE_AFTER * 5)
+        {
+            probed = Some(Instant::now());
+            record.probes += 1;
+            // In the background: it may wait for one of the load's slots.
+            let load = load.clone();
+            tokio::spawn(async move { load.create().await });
+        }
+        let stuck = stuck_before(&outstanding, now, back_at);
         if stuck.is_empty() && working {
             record.recovered_seconds = Some(back.elapsed().as_secs_f64());
             break;
@@ -257,12 +353,26 @@ pub async fn recovery(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     record.replicas_exited = exited(phase).await;
-    let steady_from = (record.at_seconds - RATE_WINDOW_SECONDS).max(history.first());
-    record.steady_requests_per_second = history.rate(steady_from, record.at_seconds);
+    record.steady_requests_per_second = history.baseline();
     if Fault::parse(&record.fault).is_ok_and(Fault::rate_after) {
+        // From the process's start (its clients' retries before /readyz count), 30 s, and
+        // the scrape after that (every few seconds).
+        let from = load.elapsed() - rate_from.elapsed().as_secs_f64();
         let window = Duration::from_secs_f64(RATE_WINDOW_SECONDS + 1.0);
-        tokio::time::sleep(window.saturating_sub(back.elapsed())).await;
-        record.requests_per_second_after = history.rate(back_at, back_at + RATE_WINDOW_SECONDS);
+        tokio::time::sleep(window.saturating_sub(rate_from.elapsed())).await;
+        let to = from + RATE_WINDOW_SECONDS;
+        let limit = Instant::now() + Duration::from_secs(15);
+        while history
+            .samples
+            .lock()
+            .unwrap()
+            .last()
+            .is_none_or(|s| s.0 < to)
+            && Instant::now() < limit
+        {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        record.requests_per_second_after = history.rate(from, to);
     }
 }
 
@@ -312,6 +422,12 @@ mod tests {
             assert_eq!(round, want);
         }
         assert_eq!(FaultBag::new(Vec::new()).next(&mut rng), None);
+        let mut bag = FaultBag::in_order(kinds.clone());
+        let order: Vec<Fault> = (0..4).map(|_| bag.next(&mut rng).unwrap()).collect();
+        assert_eq!(
+            order,
+            [Fault::ApiServer, Fault::Etcd, Fault::Kill, Fault::ApiServer]
+        );
     }
 
     #[test]
@@ -335,6 +451,19 @@ mod tests {
         let before = [done(Op::Create, 10.0), done(Op::Delete, 30.0)];
         assert!(!new_work_done(&before, 20.0), "a delete needs no Ready");
         assert!(new_work_done(&[done(Op::Update, 21.0)], 20.0));
+        // Nothing sent after the fault: not working (a fleet that never reconnects must not
+        // pass at once), and a probe is due.
+        assert!(!new_work_done(&[], 20.0));
+        assert!(needs_probe(&before, &[], 40.0, 20.0));
+        // At 40 s, a create sent at 25 s waits: no probe, and not working until it is done.
+        let waiting = [("m".to_owned(), Op::Create, 15.0)];
+        assert!(!needs_probe(&before, &waiting, 40.0, 20.0));
+        // One sent before the fault, or a delete, does not count.
+        let older = [("m".to_owned(), Op::Create, 25.0)];
+        assert!(needs_probe(&before, &older, 40.0, 20.0));
+        let delete = [("m".to_owned(), Op::Delete, 15.0)];
+        assert!(needs_probe(&before, &delete, 40.0, 20.0));
+        assert!(!needs_probe(&[done(Op::Update, 21.0)], &[], 40.0, 20.0));
     }
 
     #[test]

@@ -50,11 +50,19 @@ fn server_address(config: &Kubeconfig) -> anyhow::Result<SocketAddr> {
         .and_then(|c| c.cluster.as_ref())
         .and_then(|c| c.server.as_deref())
         .context("the kubeconfig names no server")?;
-    let address = server.strip_prefix("https://").unwrap_or(server);
+    https_address(server)
+}
+
+/// The address of an API server named `https://<address>:<port>` (a trailing `/` allowed):
+/// what a proxy forwards to (here and [`crate::remote::testbed`]).
+pub fn https_address(server: &str) -> anyhow::Result<SocketAddr> {
+    let address = server
+        .strip_prefix("https://")
+        .with_context(|| format!("the API server {server:?} is not https://address:port"))?;
     address
         .trim_end_matches('/')
         .parse()
-        .with_context(|| format!("the server {server:?} is not an address and port"))
+        .with_context(|| format!("the API server {server:?} is not https://address:port"))
 }
 
 /// `config` with every cluster reached at `address`, its certificate still checked for the
@@ -88,6 +96,7 @@ mod tests {
         let cluster = own.clusters[0].cluster.as_ref().unwrap();
         assert_eq!(cluster.server.as_deref(), Some("https://127.1.0.2:4000"));
         assert_eq!(cluster.tls_server_name.as_deref(), Some("localhost"));
+        assert!(https_address("127.0.0.1:6443").is_err(), "not https://");
         assert!(wanted(&["kill".into(), "slow".into()]));
         assert!(!wanted(&["kill".into(), "apiserver".into()]));
     }

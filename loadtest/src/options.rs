@@ -208,6 +208,11 @@ pub struct Options {
         help_heading = "chaos"
     )]
     pub faults: Vec<String>,
+    /// Exactly this many faults, the types of `--faults` in the order given (again from the
+    /// first after the last), whatever `--duration-seconds` leaves room for (it still sets the
+    /// load's length, if longer); default: a random order, as many as fit in the duration.
+    #[arg(long, help_heading = "chaos")]
+    pub fault_count: Option<u32>,
     /// Default: twice the lease duration (long enough for a takeover).
     #[arg(long, help_heading = "chaos")]
     pub pause_seconds: Option<u64>,

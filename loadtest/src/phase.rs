@@ -138,6 +138,10 @@ pub struct Phase {
     /// Per replica, when the scenario had it stopped (SIGSTOP): the overlap checker does not
     /// count a pass as running then.
     pub pauses: BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
+    /// Per replica, when the scenario had it partitioned from the API server (`partition`):
+    /// the overlap checker excuses only passes already running then, up to the renew deadline
+    /// ([`log_check::check_with_outages`]).
+    pub partitions: BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
     started: Instant,
     pub started_ts: Timestamp,
     pub progress: Progress,
@@ -256,6 +260,7 @@ impl Phase {
             network,
             ticker,
             pauses: BTreeMap::new(),
+            partitions: BTreeMap::new(),
             started: Instant::now(),
             started_ts: now_ts(),
             progress,
@@ -307,7 +312,13 @@ impl Phase {
             }
         }
         let renew_deadline = Duration::from_secs(options.renew_deadline_seconds);
-        let report = log_check::check_with_pauses(&logs, &uids, &self.pauses, renew_deadline);
+        let report = log_check::check_with_outages(
+            &logs,
+            &uids,
+            &self.pauses,
+            &self.partitions,
+            renew_deadline,
+        );
         if !report.overlaps.is_empty() {
             // What the overlapping passes logged, for whoever reads a failed run (CI prints
             // stderr; the logs themselves are gone).

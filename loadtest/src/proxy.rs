@@ -7,7 +7,11 @@
 //! go upstream: the TCP handshake a real remote cluster costs, which the kernel here answers at
 //! once) and blackhole it (connections are accepted, and everything
 //! sent either way is swallowed: no answer, no reset, like a cluster behind a dropped route).
-//! It counts connections per target (opened ever, open now).
+//! When the blackhole ends, every connection of the target still open is reset (RST both
+//! ways): each lived through the partition, open before it or accepted during it, and lost
+//! bytes there, as a real connection across a partition ends (a retransmission or keepalive
+//! timeout on one side, a reset from the other when packets pass again). New connections after
+//! it go through. It counts connections per target (opened ever, open now).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -15,10 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 /// The loopback address of target `index` (up to 65,536 targets): 127.1.x.y.
@@ -31,6 +34,8 @@ pub fn target_address(index: usize) -> anyhow::Result<Ipv4Addr> {
 struct Endpoint {
     upstream: SocketAddr,
     blackholed: AtomicBool,
+    /// Bumped when a blackhole ends: every connection open then is reset.
+    heals: watch::Sender<u64>,
     /// The delay of each direction, microseconds (half the round trip).
     one_way_micros: AtomicU64,
     opened: AtomicU64,
@@ -67,6 +72,7 @@ impl Proxy {
                 .map(|&upstream| Endpoint {
                     upstream,
                     blackholed: AtomicBool::new(false),
+                    heals: watch::Sender::new(0),
                     one_way_micros: AtomicU64::new((round_trip / 2).as_micros() as u64),
                     opened: AtomicU64::new(0),
                     open: AtomicU64::new(0),
@@ -93,11 +99,15 @@ impl Proxy {
         })
     }
 
-    /// Blackholes target `index` (or ends that): its open connections and new ones swallow
-    /// everything from then on.
+    /// Blackholes target `index`: its open connections and new ones swallow everything from
+    /// then on. Ending it resets every connection of the target still open (each lost bytes).
     pub fn blackhole(&self, index: usize, on: bool) {
         if let Some(endpoint) = self.endpoints.get(index) {
-            endpoint.blackholed.store(on, Ordering::SeqCst);
+            let was = endpoint.blackholed.swap(on, Ordering::SeqCst);
+            if was && !on {
+                // After the flag: a connection that subscribes later sees it off.
+                endpoint.heals.send_modify(|n| *n += 1);
+            }
         }
     }
 
@@ -148,46 +158,61 @@ async fn accept(listener: TcpListener, endpoints: Arc<Vec<Endpoint>>, index: usi
             endpoint.opened.fetch_add(1, Ordering::Relaxed);
             endpoint.open.fetch_add(1, Ordering::Relaxed);
             let handshake = Instant::now() + endpoint.one_way() * 2;
-            forward(client, endpoint, handshake).await;
+            // Before the first look at the flag: a heal after it reaches this connection.
+            let mut heals = endpoint.heals.subscribe();
+            let mut client = client;
+            let _ = client.set_nodelay(true);
+            let mut upstream = if endpoint.blackholed.load(Ordering::SeqCst) {
+                None
+            } else {
+                TcpStream::connect(endpoint.upstream).await.ok()
+            };
+            let healed = tokio::select! {
+                () = forward(&mut client, upstream.as_mut(), endpoint, handshake) => false,
+                _ = heals.changed() => true,
+            };
+            if healed {
+                // It lived through a partition: reset (RST) both sides rather than close.
+                let _ = client.set_zero_linger();
+                if let Some(upstream) = &upstream {
+                    let _ = upstream.set_zero_linger();
+                }
+            }
+            drop((client, upstream));
             endpoint.open.fetch_sub(1, Ordering::Relaxed);
         });
     }
 }
 
 /// Forwards one connection until both directions ended; nothing goes upstream before
-/// `handshake` (its TCP handshake's round trip after the accept).
-async fn forward(client: TcpStream, endpoint: &Endpoint, handshake: Instant) {
-    let _ = client.set_nodelay(true);
-    let upstream = if endpoint.blackholed.load(Ordering::SeqCst) {
-        None
-    } else {
-        TcpStream::connect(endpoint.upstream).await.ok()
-    };
+/// `handshake` (its TCP handshake's round trip after the accept). Without an upstream
+/// (blackholed at the accept, or the API server is gone) swallows until the peer leaves.
+async fn forward(
+    client: &mut TcpStream,
+    upstream: Option<&mut TcpStream>,
+    endpoint: &Endpoint,
+    handshake: Instant,
+) {
     let Some(upstream) = upstream else {
-        // Blackholed from the start (or the API server is gone): swallow until the peer leaves.
-        swallow(client).await;
+        let mut buffer = vec![0; CHUNK];
+        while matches!(client.read(&mut buffer).await, Ok(n) if n > 0) {}
         return;
     };
     let _ = upstream.set_nodelay(true);
-    let (client_read, client_write) = client.into_split();
-    let (upstream_read, upstream_write) = upstream.into_split();
+    let (client_read, client_write) = client.split();
+    let (upstream_read, upstream_write) = upstream.split();
     tokio::join!(
         pipe(client_read, upstream_write, handshake, endpoint),
         pipe(upstream_read, client_write, Instant::now(), endpoint),
     );
 }
 
-async fn swallow(mut stream: TcpStream) {
-    let mut buffer = vec![0; CHUNK];
-    while matches!(stream.read(&mut buffer).await, Ok(n) if n > 0) {}
-}
-
 /// One direction: what is read is written the endpoint's one-way delay after it was read (or
 /// after `not_before`, if later), in order; while the endpoint is blackholed it is dropped
 /// instead. At the reader's end the writer is shut down (a half close).
 async fn pipe(
-    mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
     not_before: Instant,
     endpoint: &Endpoint,
 ) {
@@ -240,7 +265,8 @@ mod tests {
     }
 
     /// An echo server behind the proxy: bytes come back through it, a blackholed target
-    /// answers nothing, and connections are counted per target.
+    /// answers nothing, connections that lived through a blackhole are reset at its end, and
+    /// connections are counted per target.
     #[tokio::test]
     async fn forwards_counts_and_blackholes() {
         let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -282,6 +308,26 @@ mod tests {
             silent.await.is_err(),
             "a connection blackholed while open answered"
         );
+
+        // The end of the blackhole resets both: the one open before it (its "pong" was
+        // swallowed) and the one accepted during it; neither hangs.
+        proxy.blackhole(0, false);
+        proxy.blackhole(1, false);
+        for (which, stream) in [
+            ("open before", &mut first),
+            ("accepted during", &mut second),
+        ] {
+            let read = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut answer));
+            match read.await {
+                Ok(Err(e)) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{which}"),
+                other => panic!("the connection {which} the partition was not reset: {other:?}"),
+            }
+        }
+        // New connections go through again.
+        let mut third = TcpStream::connect(proxy.addresses[0]).await.unwrap();
+        third.write_all(b"ping").await.unwrap();
+        third.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"ping");
     }
 
     /// With a round trip set, a request's answer comes two round trips after the connect: one

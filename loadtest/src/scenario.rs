@@ -9,7 +9,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::checks;
-use crate::faults::{self, Fault, FaultBag, RequestHistory};
+use crate::faults::{self, Fault, FaultBag, RequestHistory, Span};
 use crate::load::Rates;
 use crate::measure;
 use crate::observe::{Holders, read_leases};
@@ -170,11 +170,18 @@ async fn chaos(
     tokio::time::sleep(Duration::from_secs(options.warmup_seconds)).await;
     let interval = Duration::from_secs(options.chaos_interval_seconds.max(1));
     let mut takeovers = Vec::new();
-    let mut bag = FaultBag::new(kinds);
+    let mut bag = match options.fault_count {
+        Some(_) => FaultBag::in_order(kinds),
+        None => FaultBag::new(kinds),
+    };
     let mut rounds = 0;
-    while rounds == 0
-        || phase.load.elapsed() + interval.as_secs_f64() <= options.duration_seconds as f64
-    {
+    while match options.fault_count {
+        Some(count) => rounds < count,
+        None => {
+            rounds == 0
+                || phase.load.elapsed() + interval.as_secs_f64() <= options.duration_seconds as f64
+        }
+    } {
         rounds += 1;
         let round = Instant::now();
         let fault = bag.next(&mut rng).context("faults")?;
@@ -188,7 +195,8 @@ async fn chaos(
             }
             _ => None,
         };
-        let (hit, back) = match control_plane.filter(|_| fault.process().is_some()) {
+        history.mark_baseline(phase.load.elapsed());
+        let span = match control_plane.filter(|_| fault.process().is_some()) {
             Some(cp) => control_plane_fault(phase, cp, fault, options, &mut record).await?,
             None if fault == Fault::Slow => slow(phase, options, &mut rng, &mut record).await?,
             None => {
@@ -204,7 +212,7 @@ async fn chaos(
                 .await?
             }
         };
-        faults::recovery(phase, options, &history, (hit, back), &mut record).await;
+        faults::recovery(phase, options, &history, span, &mut record).await;
         drop(frozen);
         phase.progress.say(describe_recovery(&record));
         figures.faults.push(record);
@@ -243,25 +251,31 @@ fn fault_kinds(options: &Options, local: bool, proxied: bool) -> anyhow::Result<
     Ok(kinds)
 }
 
-/// kube-apiserver or etcd stopped and started again; returns (fault, end of the outage).
+/// kube-apiserver or etcd stopped and started again; returns its span (the rate after it
+/// from the process's start).
 async fn control_plane_fault(
     phase: &Phase,
     control_plane: &testenv::ControlPlane,
     fault: Fault,
     options: &Options,
     record: &mut FaultRecord,
-) -> anyhow::Result<(Instant, Instant)> {
+) -> anyhow::Result<Span> {
     record.label = fault.name().to_owned();
     phase.progress.say(format!("chaos: {}", record.label));
     phase.sampler.event(record.label.clone());
     let hit = Instant::now();
-    let back = faults::control_plane_outage(control_plane, fault, options).await?;
+    let (rate_from, back) =
+        faults::control_plane_outage(control_plane, fault, options, record).await?;
     phase.sampler.event(format!("back {}", record.label));
-    Ok((hit, back))
+    Ok(Span {
+        hit,
+        rate_from,
+        back,
+    })
 }
 
 /// Random replicas killed or paused, the takeover timed, the victims started again or
-/// resumed; returns (fault, when the victims were back).
+/// resumed; returns its span (over when the victims were back).
 async fn replica_fault(
     phase: &mut Phase,
     options: &Options,
@@ -269,7 +283,7 @@ async fn replica_fault(
     figures: &mut FleetFigures,
     takeovers: &mut Vec<f64>,
     record: &mut FaultRecord,
-) -> anyhow::Result<(Instant, Instant)> {
+) -> anyhow::Result<Span> {
     let mut ordinals = phase.fleet.ordinals().await?;
     ordinals.shuffle(rng);
     ordinals.truncate(options.victims.max(1) as usize);
@@ -325,7 +339,12 @@ async fn replica_fault(
     tokio::time::sleep(left).await;
     bring_back(phase, fault, &ordinals, stopped).await?;
     phase.sampler.event(format!("back {}", members.join(",")));
-    Ok((hit, Instant::now()))
+    let back = Instant::now();
+    Ok(Span {
+        hit,
+        rate_from: back,
+        back,
+    })
 }
 
 /// The victims of a replica fault started again, resumed or reconnected (`stopped`: when the
@@ -341,29 +360,35 @@ async fn bring_back(
             phase.fleet.revive(*o).await?;
             continue;
         }
-        // The window the overlap checker leaves out: from after SIGSTOP was sent to before
-        // SIGCONT is (the process surely ran nothing in between), or from after the replica's
-        // proxy began to swallow its bytes to before it stops (nothing it sent reached the API
-        // server in between: a swallowed request never arrives, not even late).
+        // The window the overlap checker knows of: from after SIGSTOP was sent to before
+        // SIGCONT is (the process surely ran nothing in between: no pass counts), or from after
+        // the replica's proxy began to swallow its bytes to before it stops (nothing it sent
+        // reached the API server in between, and the heal resets what was open: only a pass
+        // already running at the cut is excused, up to the renew deadline).
         let window = (stopped, now());
         let member = phase.fleet.member(*o);
-        phase.pauses.entry(member).or_default().push(window);
         match phase.network.as_ref().filter(|_| fault == Fault::Partition) {
-            Some(network) => network.blackhole(*o as usize, false),
-            None => phase.fleet.pause(*o, false)?,
+            Some(network) => {
+                phase.partitions.entry(member).or_default().push(window);
+                network.blackhole(*o as usize, false);
+            }
+            None => {
+                phase.pauses.entry(member).or_default().push(window);
+                phase.fleet.pause(*o, false)?;
+            }
         }
     }
     Ok(())
 }
 
 /// Every replica's API traffic delayed by `--slow-ms` (or 200–2000 ms) of round trip for
-/// `--slow-seconds` (or 30–90 s); returns (fault, end of the delay).
+/// `--slow-seconds` (or 30–90 s); returns its span (over at the end of the delay).
 async fn slow(
     phase: &Phase,
     options: &Options,
     rng: &mut StdRng,
     record: &mut FaultRecord,
-) -> anyhow::Result<(Instant, Instant)> {
+) -> anyhow::Result<Span> {
     let network = phase.network.as_ref().context("no proxies")?;
     let delay = options
         .slow_ms
@@ -384,7 +409,12 @@ async fn slow(
         network.set_round_trip(*o as usize, Duration::ZERO);
     }
     phase.sampler.event("back: not slow".to_owned());
-    Ok((hit, Instant::now()))
+    let back = Instant::now();
+    Ok(Span {
+        hit,
+        rate_from: back,
+        back,
+    })
 }
 
 /// One line for the progress output: how the fleet came out of a fault.

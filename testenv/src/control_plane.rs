@@ -89,7 +89,9 @@ pub struct Endpoints {
     pub server: String,
     /// Working directory (certificates, etcd data, logs).
     pub dir: PathBuf,
-    /// Processes by program name, in start order.
+    /// Processes by program name, in start order: those running when the value was taken
+    /// ([`ControlPlane::endpoints`], [`ControlPlane::detach`]: a process started again by
+    /// [`ControlPlane::start_process`] under its new pid, one stopped left out).
     pub pids: Vec<(String, u32)>,
     /// Time from starting etcd to kube-apiserver's `/readyz` answering `ok`.
     pub apiserver_ready_after_ms: u128,
@@ -106,6 +108,8 @@ pub struct ControlPlane {
     /// How to start etcd and kube-apiserver again, on their ports and data
     /// ([`ControlPlane::stop_process`], [`ControlPlane::start_process`]).
     restartable: Vec<(&'static str, Spec)>,
+    /// etcd's client port, for its `/health` after a restart.
+    etcd_port: u16,
     tempdir: Mutex<Option<tempfile::TempDir>>,
 }
 
@@ -221,7 +225,9 @@ impl ControlPlane {
         let kubeconfig = dir.join("admin.kubeconfig");
         write(&kubeconfig, &pki.admin_kubeconfig(apiserver_port))?;
         let client = client_for(&kubeconfig).await?;
-        wait_ready(&client, &mut procs).await?;
+        let procs = Mutex::new(procs);
+        wait_ready(&client, &procs, "kube-apiserver /readyz").await?;
+        let mut procs = procs.into_inner().unwrap_or_else(|e| e.into_inner());
         let apiserver_ready_after_ms = started.elapsed().as_millis();
 
         if options.controller_manager || options.simulated_nodes > 0 {
@@ -306,6 +312,7 @@ impl ControlPlane {
             pki,
             procs: Mutex::new(procs),
             restartable: vec![("etcd", etcd), ("kube-apiserver", apiserver)],
+            etcd_port: etcd_client,
             tempdir: Mutex::new(tempdir),
         })
     }
@@ -321,9 +328,22 @@ impl ControlPlane {
         self.pki.client_certificate(user, group, valid)
     }
 
-    /// Where it runs.
-    pub fn endpoints(&self) -> &Endpoints {
-        &self.endpoints
+    /// Where it runs, with the processes running now.
+    pub fn endpoints(&self) -> Endpoints {
+        Endpoints {
+            pids: self.running_pids(),
+            ..self.endpoints.clone()
+        }
+    }
+
+    fn running_pids(&self) -> Vec<(String, u32)> {
+        self.procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|p| !p.is_stopped())
+            .map(|p| (p.name().to_owned(), p.pid()))
+            .collect()
     }
 
     /// The pid of the running `program` (`"kwok"`, `"kube-controller-manager"`, …): none
@@ -339,24 +359,43 @@ impl ControlPlane {
 
     /// Stops `program` (`"etcd"` or `"kube-apiserver"`), killed or gracefully, leaving its
     /// port and data for [`ControlPlane::start_process`]. What else runs (the other of the
-    /// two, kube-controller-manager, kwok, the caller's clients) sees it gone.
-    pub fn stop_process(&self, program: &str, how: Stop) -> Result<(), Error> {
-        let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
-        let proc = procs
-            .iter_mut()
-            .find(|p| p.name() == program && !p.is_stopped())
-            .filter(|_| self.spec(program).is_some())
-            .ok_or_else(|| Error::NoSuchProcess(program.to_owned()))?;
-        match how {
-            Stop::Kill => proc.kill(),
-            Stop::Graceful => proc.stop(GRACEFUL_STOP),
-        }
-        Ok(())
+    /// two, kube-controller-manager, kwok, the caller's clients) sees it gone. Waits until it
+    /// exited (a graceful stop up to 30 s, on a blocking thread, the processes' lock not
+    /// held); returns whether SIGKILL was needed (a kill: always).
+    pub async fn stop_process(&self, program: &str, how: Stop) -> Result<bool, Error> {
+        let (pid, child) = {
+            let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            let proc = procs
+                .iter_mut()
+                .find(|p| p.name() == program && !p.is_stopped())
+                .filter(|_| self.spec(program).is_some())
+                .ok_or_else(|| Error::NoSuchProcess(program.to_owned()))?;
+            (proc.pid(), proc.take_child())
+        };
+        let Some(mut child) = child else {
+            return Ok(false);
+        };
+        let killed = tokio::task::spawn_blocking(move || {
+            let killed = match how {
+                Stop::Kill => {
+                    let _ = child.kill();
+                    true
+                }
+                Stop::Graceful => {
+                    crate::process::terminate_pid(pid, GRACEFUL_STOP).unwrap_or(false)
+                }
+            };
+            let _ = child.wait();
+            killed
+        })
+        .await
+        .map_err(|e| Error::io(format!("stop {program}"), std::io::Error::other(e)))?;
+        Ok(killed)
     }
 
     /// Starts a stopped `program` again with its arguments (the same port, data directory,
-    /// certificates; its log appended to) and waits until kube-apiserver's `/readyz` answers
-    /// `ok` (which checks etcd too).
+    /// certificates; its log appended to) and waits until it is ready: etcd's own `/health`
+    /// first when it is etcd, then kube-apiserver's `/readyz` (which checks etcd too).
     pub async fn start_process(&self, program: &str) -> Result<(), Error> {
         let spec = self
             .spec(program)
@@ -369,7 +408,16 @@ impl ControlPlane {
                 .ok_or_else(|| Error::NoSuchProcess(format!("stopped {program}")))?;
             *slot = spec.spawn(slot.name(), true)?;
         }
-        self.wait_ready_again().await
+        if program == "etcd" {
+            self.wait_etcd_health().await?;
+        }
+        let client = self.client().await?;
+        wait_ready(
+            &client,
+            &self.procs,
+            "kube-apiserver /readyz after a restart",
+        )
+        .await
     }
 
     fn spec(&self, program: &str) -> Option<&Spec> {
@@ -379,34 +427,24 @@ impl ControlPlane {
             .map(|(_, spec)| spec)
     }
 
-    /// [`wait_ready`] without holding the processes' lock across a wait.
-    async fn wait_ready_again(&self) -> Result<(), Error> {
-        let client = self.client().await?;
+    /// Waits until etcd's `/health` answers `"health":"true"` (its member serves).
+    async fn wait_etcd_health(&self) -> Result<(), Error> {
         let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            for p in self
-                .procs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter_mut()
-            {
-                p.check_running()?;
-            }
-            if readyz(&client).await {
-                return Ok(());
-            }
+        while !etcd_healthy(self.etcd_port).await {
             if Instant::now() > deadline {
                 let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
                 return Err(Error::NotReady {
-                    what: "kube-apiserver /readyz after a restart",
+                    what: "etcd /health after a restart",
                     log_tail: procs
                         .iter()
-                        .map(|p| format!("--- {}\n{}", p.name(), p.log_tail()))
+                        .filter(|p| p.name() == "etcd")
+                        .map(Proc::log_tail)
                         .collect(),
                 });
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        Ok(())
     }
 
     /// Freezes `program` with SIGSTOP until the answer is resumed or dropped: what a hung
@@ -472,6 +510,7 @@ impl ControlPlane {
 
     /// Lets the processes run on after this value is gone (`testenv up`).
     pub fn detach(self) -> Endpoints {
+        let endpoints = self.endpoints();
         for p in self
             .procs
             .lock()
@@ -488,7 +527,7 @@ impl ControlPlane {
         {
             let _ = t.keep();
         }
-        self.endpoints.clone()
+        endpoints
     }
 }
 
@@ -701,27 +740,46 @@ fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
     Ok(ports)
 }
 
-/// Polls `/readyz` until it answers `ok`, failing early when a process exits.
-async fn wait_ready(client: &Client, procs: &mut [Proc]) -> Result<(), Error> {
+/// Waits until kube-apiserver's `/readyz` answers `ok`, failing early when one of `procs`
+/// exited; the lock is held only to look, never across a wait.
+async fn wait_ready(
+    client: &Client,
+    procs: &Mutex<Vec<Proc>>,
+    what: &'static str,
+) -> Result<(), Error> {
     let deadline = Instant::now() + READY_TIMEOUT;
+    let locked = || procs.lock().unwrap_or_else(|e| e.into_inner());
     loop {
-        for p in procs.iter_mut() {
-            p.check_running()?;
+        locked().iter_mut().try_for_each(Proc::check_running)?;
+        if readyz(client).await {
+            return Ok(());
         }
-        match readyz(client).await {
-            true => return Ok(()),
-            false if Instant::now() > deadline => {
-                let log_tail = procs
-                    .iter()
-                    .map(|p| format!("--- {}\n{}", p.name(), p.log_tail()))
-                    .collect();
-                return Err(Error::NotReady {
-                    what: "kube-apiserver /readyz",
-                    log_tail,
-                });
-            }
-            false => tokio::time::sleep(Duration::from_millis(100)).await,
+        if Instant::now() > deadline {
+            let log_tail = locked()
+                .iter()
+                .map(|p| format!("--- {}\n{}", p.name(), p.log_tail()))
+                .collect();
+            return Err(Error::NotReady { what, log_tail });
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Whether etcd on `port` answers `/health` with `"health":"true"` now (plain HTTP/1.0).
+async fn etcd_healthy(port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream
+            .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    match tokio::time::timeout(Duration::from_secs(2), ask).await {
+        Ok(Ok(answer)) => answer.replace(' ', "").contains(r#""health":"true""#),
+        _ => false,
     }
 }
 

@@ -129,6 +129,12 @@ impl Proc {
         }
     }
 
+    /// Takes the child out, the process still running: it counts as stopped from now on, and
+    /// the caller stops and reaps it (outside any lock the `Proc` is behind).
+    pub fn take_child(&mut self) -> Option<std::process::Child> {
+        self.child.take()
+    }
+
     /// Whether the process was stopped by [`Proc::stop`] or [`Proc::kill`].
     pub fn is_stopped(&self) -> bool {
         self.child.is_none()
@@ -149,23 +155,27 @@ impl Drop for Proc {
 
 /// SIGTERM `pid`, wait up to `grace` for it to go, then SIGKILL. Returns whether it was running.
 pub fn stop_pid(pid: u32, grace: Duration) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
+    terminate_pid(pid, grace).is_some()
+}
+
+/// SIGTERM, up to `grace` for the process to exit, then SIGKILL; `None` when it could not be
+/// signalled (gone already), else whether SIGKILL was needed. Blocks up to `grace`.
+pub fn terminate_pid(pid: u32, grace: Duration) -> Option<bool> {
+    let pid = libc::pid_t::try_from(pid).ok()?;
     // SAFETY: kill(2) with a positive pid and a valid signal has no memory effects.
     if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
-        return false;
+        return None;
     }
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         if !pid_alive(pid) {
-            return true;
+            return Some(false);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    true
+    Some(true)
 }
 
 /// Sends `signal` (`libc::SIGSTOP`, `libc::SIGCONT`, …) to `pid`.

@@ -31,7 +31,7 @@ async fn start_serve_and_stop_leaves_no_process() {
     })
     .await
     .expect("start");
-    let endpoints = control_plane.endpoints().clone();
+    let endpoints = control_plane.endpoints();
     let names: Vec<&str> = endpoints.pids.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["etcd", "kube-apiserver", "kube-controller-manager"]);
     for (name, pid) in &endpoints.pids {
@@ -161,7 +161,8 @@ async fn etcd_and_apiserver_restart_on_their_ports_and_data() {
         ("kube-apiserver", Stop::Graceful),
     ] {
         let old = control_plane.pid(program).unwrap();
-        control_plane.stop_process(program, how).unwrap();
+        let killed = control_plane.stop_process(program, how).await.unwrap();
+        eprintln!("{program} {how:?}: SIGKILL needed: {killed}");
         assert!(!pid_runs(old, program), "{program} ({old}) still runs");
         assert_eq!(control_plane.pid(program), None);
         if program == "kube-apiserver" {
@@ -170,6 +171,12 @@ async fn etcd_and_apiserver_restart_on_their_ports_and_data() {
         control_plane.start_process(program).await.unwrap();
         let new = control_plane.pid(program).unwrap();
         assert!(new != old && pid_runs(new, program), "{program} {how:?}");
+        // What `testenv up` writes to state.json for `testenv down`: the new pid.
+        let pids = control_plane.endpoints().pids;
+        assert!(
+            pids.contains(&(program.to_owned(), new)) && !pids.iter().any(|(_, p)| *p == old),
+            "{program} {how:?}: {pids:?}"
+        );
         // The admin kubeconfig still reaches it: the same port.
         let client = control_plane.client().await.unwrap();
         let config_maps = Api::<ConfigMap>::namespaced(client, &ns);
@@ -182,7 +189,9 @@ async fn etcd_and_apiserver_restart_on_their_ports_and_data() {
             .unwrap();
     }
     assert!(matches!(
-        control_plane.stop_process("kube-controller-manager", Stop::Kill),
+        control_plane
+            .stop_process("kube-controller-manager", Stop::Kill)
+            .await,
         Err(testenv::Error::NoSuchProcess(_))
     ));
 }
