@@ -99,7 +99,9 @@ pub struct Endpoints {
     pub server: String,
     /// Working directory (certificates, etcd data, logs).
     pub dir: PathBuf,
-    /// Processes by program name, in start order.
+    /// Processes by program name, in start order: those running when the value was taken
+    /// ([`ControlPlane::endpoints`], [`ControlPlane::detach`]: a process started again by
+    /// [`ControlPlane::start_process`] under its new pid, one stopped left out).
     pub pids: Vec<(String, u32)>,
     /// Time from starting etcd to kube-apiserver's `/readyz` answering `ok`.
     pub apiserver_ready_after_ms: u128,
@@ -118,7 +120,50 @@ pub struct ControlPlane {
     procs: Mutex<Vec<Proc>>,
     /// The real node's processes ([`Options::kubelet`]), stopped before the control plane's.
     node: Mutex<Option<crate::node::Node>>,
+    /// How to start etcd and kube-apiserver again, on their ports and data
+    /// ([`ControlPlane::stop_process`], [`ControlPlane::start_process`]).
+    restartable: Vec<(&'static str, Spec)>,
+    /// etcd's client port, for its `/health` after a restart.
+    etcd_port: u16,
     tempdir: Mutex<Option<tempfile::TempDir>>,
+}
+
+/// How [`ControlPlane::stop_process`] stops a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGKILL: a crash (open connections reset, no request finished).
+    Kill,
+    /// SIGTERM and up to 30 s for the process's own shutdown (kube-apiserver stops listening
+    /// at once, then finishes the requests in flight), then SIGKILL, as a kubelet does with a
+    /// static pod's default grace period.
+    Graceful,
+}
+
+/// How long a graceful stop may take before SIGKILL: a pod's default
+/// `terminationGracePeriodSeconds`. Measured (2026-12-07): with a fleet's watches open,
+/// kube-apiserver 1.36 stopped listening at once and had not exited 60 s after SIGTERM.
+const GRACEFUL_STOP: Duration = Duration::from_secs(30);
+
+/// A program and its arguments, to start it again as it was started.
+#[derive(Clone, Debug)]
+struct Spec {
+    program: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    lifetime: Lifetime,
+}
+
+impl Spec {
+    /// Starts it, its output to its log (appended to when `again`).
+    fn spawn(&self, name: &'static str, again: bool) -> Result<Proc, Error> {
+        let mut command = Command::new(&self.program);
+        command.args(&self.args);
+        if again {
+            Proc::spawn_appending(name, command, &self.log, self.lifetime)
+        } else {
+            Proc::spawn(name, command, &self.log, self.lifetime)
+        }
+    }
 }
 
 impl ControlPlane {
@@ -201,100 +246,25 @@ impl ControlPlane {
 
         let started = Instant::now();
         let mut procs = Vec::new();
-        let mut etcd = Command::new(&tools.etcd);
-        etcd.args([
-            "--name=testenv".to_owned(),
-            format!("--data-dir={}", dir.join("etcd").display()),
-            format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"),
-            format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"),
-            format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
-            format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
-            format!("--initial-cluster=testenv=http://127.0.0.1:{etcd_peer}"),
-            "--unsafe-no-fsync=true".to_owned(),
-            "--log-level=warn".to_owned(),
-        ]);
-        procs.push(Proc::spawn("etcd", etcd, &dir.join("etcd.log"), lifetime)?);
-
-        let mut apiserver = Command::new(&tools.kube_apiserver);
-        apiserver.args([
-            format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
-            format!("--cert-dir={}", dir.display()),
-            format!("--tls-cert-file={}", files.serving_cert.display()),
-            format!("--tls-private-key-file={}", files.serving_key.display()),
-            format!("--client-ca-file={}", files.client_ca.display()),
-            format!("--secure-port={apiserver_port}"),
-            format!("--bind-address={host}"),
-            format!("--advertise-address={host}"),
-            // 65,534 Service addresses: the load test creates a Service per Manifest (a /24 is
-            // full after 253).
-            "--service-cluster-ip-range=10.0.0.0/16".to_owned(),
-            "--allow-privileged=true".to_owned(),
-            "--authorization-mode=Node,RBAC".to_owned(),
-            format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}/"),
-            format!(
-                "--service-account-key-file={}",
-                files.service_account_pub.display()
-            ),
-            format!(
-                "--service-account-signing-key-file={}",
-                files.service_account_key.display()
-            ),
-        ]);
-        if options.kubelet {
-            // Pods get their ServiceAccount's token; the node may only touch its own objects;
-            // the API server authenticates to kubelet (logs, exec) with a client certificate.
-            let (cert, key) = pki.client_certificate(
-                "kube-apiserver-kubelet-client",
-                Some("system:masters"),
-                validity(),
-            )?;
-            write(&dir.join("kubelet-client.crt"), &cert)?;
-            write(&dir.join("kubelet-client.key"), &key)?;
-            apiserver.args([
-                "--enable-admission-plugins=NodeRestriction".to_owned(),
-                format!(
-                    "--kubelet-client-certificate={}",
-                    dir.join("kubelet-client.crt").display()
-                ),
-                format!(
-                    "--kubelet-client-key={}",
-                    dir.join("kubelet-client.key").display()
-                ),
-                "--kubelet-preferred-address-types=InternalIP".to_owned(),
-            ]);
-        } else {
-            // No kubelet and (without the controller-manager) no default ServiceAccount.
-            apiserver.arg("--disable-admission-plugins=ServiceAccount");
-        }
-        if !options.feature_gates.is_empty() {
-            let gates: Vec<String> = options
-                .feature_gates
-                .iter()
-                .map(|gate| format!("{gate}=true"))
-                .collect();
-            apiserver.arg(format!("--feature-gates={}", gates.join(",")));
-        }
-        if options.audit_log {
-            let policy = dir.join("audit-policy.yaml");
-            write(&policy, AUDIT_POLICY)?;
-            apiserver.args([
-                format!("--audit-policy-file={}", policy.display()),
-                format!("--audit-log-path={}", dir.join("audit.log").display()),
-                "--audit-log-format=json".to_owned(),
-                // Batched: the request does not wait for the log write; a batch is written
-                // within a second (a reader waits that long after its window).
-                "--audit-log-mode=batch".to_owned(),
-                "--audit-log-batch-max-size=100".to_owned(),
-                "--audit-log-batch-max-wait=1s".to_owned(),
-                "--audit-log-maxsize=0".to_owned(),
-            ]);
-        }
-        procs.push(Proc::spawn(
-            "kube-apiserver",
-            apiserver,
-            &dir.join("kube-apiserver.log"),
+        let etcd = Spec {
+            program: tools.etcd.clone(),
+            args: etcd_args(&dir, etcd_client, etcd_peer),
+            log: dir.join("etcd.log"),
             lifetime,
-        )?);
+        };
+        procs.push(etcd.spawn("etcd", false)?);
+        let apiserver = Spec {
+            program: tools.kube_apiserver.clone(),
+            args: apiserver_args(
+                options,
+                (&dir, &files, &pki),
+                &host,
+                (etcd_client, apiserver_port),
+            )?,
+            log: dir.join("kube-apiserver.log"),
+            lifetime,
+        };
+        procs.push(apiserver.spawn("kube-apiserver", false)?);
 
         let kubeconfig = dir.join("admin.kubeconfig");
         let server = format!("https://{host}:{apiserver_port}");
@@ -308,7 +278,9 @@ impl ControlPlane {
             ),
         )?;
         let client = client_for(&kubeconfig).await?;
-        wait_ready(&client, &mut procs).await?;
+        let procs = Mutex::new(procs);
+        wait_ready(&client, &procs, "kube-apiserver /readyz").await?;
+        let mut procs = procs.into_inner().unwrap_or_else(|e| e.into_inner());
         let apiserver_ready_after_ms = started.elapsed().as_millis();
 
         if options.controller_manager || options.simulated_nodes > 0 || options.kubelet {
@@ -406,6 +378,8 @@ impl ControlPlane {
             pki,
             procs: Mutex::new(procs),
             node: Mutex::new(node),
+            restartable: vec![("etcd", etcd), ("kube-apiserver", apiserver)],
+            etcd_port: etcd_client,
             tempdir: Mutex::new(tempdir),
         })
     }
@@ -421,18 +395,125 @@ impl ControlPlane {
         self.pki.client_certificate(user, group, valid)
     }
 
-    /// Where it runs.
-    pub fn endpoints(&self) -> &Endpoints {
-        &self.endpoints
+    /// Where it runs, with the processes running now.
+    pub fn endpoints(&self) -> Endpoints {
+        Endpoints {
+            pids: self.running_pids(),
+            ..self.endpoints.clone()
+        }
     }
 
-    /// The pid of the running `program` (`"kwok"`, `"kube-controller-manager"`, …).
-    pub fn pid(&self, program: &str) -> Option<u32> {
-        self.endpoints
-            .pids
+    /// The control plane's running processes, then the real node's.
+    fn running_pids(&self) -> Vec<(String, u32)> {
+        let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let node = self.node.lock().unwrap_or_else(|e| e.into_inner());
+        procs
             .iter()
-            .find(|(name, _)| name == program)
-            .map(|(_, pid)| *pid)
+            .filter(|p| !p.is_stopped())
+            .chain(node.iter().flat_map(|n| n.procs.iter()))
+            .map(|p| (p.name().to_owned(), p.pid()))
+            .collect()
+    }
+
+    /// The pid of the running `program` (`"kwok"`, `"kube-controller-manager"`, …): none
+    /// while it is stopped ([`ControlPlane::stop_process`]).
+    pub fn pid(&self, program: &str) -> Option<u32> {
+        self.procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|p| p.name() == program && !p.is_stopped())
+            .map(Proc::pid)
+    }
+
+    /// Stops `program` (`"etcd"` or `"kube-apiserver"`), killed or gracefully, leaving its
+    /// port and data for [`ControlPlane::start_process`]. What else runs (the other of the
+    /// two, kube-controller-manager, kwok, the caller's clients) sees it gone. Waits until it
+    /// exited (a graceful stop up to 30 s, on a blocking thread, the processes' lock not
+    /// held); returns whether SIGKILL was needed (a kill: always).
+    pub async fn stop_process(&self, program: &str, how: Stop) -> Result<bool, Error> {
+        let (pid, child) = {
+            let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            let proc = procs
+                .iter_mut()
+                .find(|p| p.name() == program && !p.is_stopped())
+                .filter(|_| self.spec(program).is_some())
+                .ok_or_else(|| Error::NoSuchProcess(program.to_owned()))?;
+            (proc.pid(), proc.take_child())
+        };
+        let Some(mut child) = child else {
+            return Ok(false);
+        };
+        let killed = tokio::task::spawn_blocking(move || {
+            let killed = match how {
+                Stop::Kill => {
+                    let _ = child.kill();
+                    true
+                }
+                Stop::Graceful => {
+                    crate::process::terminate_pid(pid, GRACEFUL_STOP).unwrap_or(false)
+                }
+            };
+            let _ = child.wait();
+            killed
+        })
+        .await
+        .map_err(|e| Error::io(format!("stop {program}"), std::io::Error::other(e)))?;
+        Ok(killed)
+    }
+
+    /// Starts a stopped `program` again with its arguments (the same port, data directory,
+    /// certificates; its log appended to) and waits until it is ready: etcd's own `/health`
+    /// first when it is etcd, then kube-apiserver's `/readyz` (which checks etcd too).
+    pub async fn start_process(&self, program: &str) -> Result<(), Error> {
+        let spec = self
+            .spec(program)
+            .ok_or_else(|| Error::NoSuchProcess(program.to_owned()))?;
+        {
+            let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            let slot = procs
+                .iter_mut()
+                .find(|p| p.name() == program && p.is_stopped())
+                .ok_or_else(|| Error::NoSuchProcess(format!("stopped {program}")))?;
+            *slot = spec.spawn(slot.name(), true)?;
+        }
+        if program == "etcd" {
+            self.wait_etcd_health().await?;
+        }
+        let client = self.client().await?;
+        wait_ready(
+            &client,
+            &self.procs,
+            "kube-apiserver /readyz after a restart",
+        )
+        .await
+    }
+
+    fn spec(&self, program: &str) -> Option<&Spec> {
+        self.restartable
+            .iter()
+            .find(|(name, _)| *name == program)
+            .map(|(_, spec)| spec)
+    }
+
+    /// Waits until etcd's `/health` answers `"health":"true"` (its member serves).
+    async fn wait_etcd_health(&self) -> Result<(), Error> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !etcd_healthy(self.etcd_port).await {
+            if Instant::now() > deadline {
+                let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+                return Err(Error::NotReady {
+                    what: "etcd /health after a restart",
+                    log_tail: procs
+                        .iter()
+                        .filter(|p| p.name() == "etcd")
+                        .map(Proc::log_tail)
+                        .collect(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
     }
 
     /// Freezes `program` with SIGSTOP until the answer is resumed or dropped: what a hung
@@ -517,6 +598,7 @@ impl ControlPlane {
 
     /// Lets the processes run on after this value is gone (`testenv up`).
     pub fn detach(self) -> Endpoints {
+        let endpoints = self.endpoints();
         if let Some(node) = self.node.lock().unwrap_or_else(|e| e.into_inner()).take() {
             node.detach();
         }
@@ -536,7 +618,7 @@ impl ControlPlane {
         {
             let _ = t.keep();
         }
-        self.endpoints.clone()
+        endpoints
     }
 }
 
@@ -544,6 +626,105 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// etcd's arguments: its data in `dir/etcd`, serving clients on `client` (loopback).
+fn etcd_args(dir: &Path, client: u16, peer: u16) -> Vec<String> {
+    vec![
+        "--name=testenv".to_owned(),
+        format!("--data-dir={}", dir.join("etcd").display()),
+        format!("--listen-client-urls=http://127.0.0.1:{client}"),
+        format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+        format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-cluster=testenv=http://127.0.0.1:{peer}"),
+        "--unsafe-no-fsync=true".to_owned(),
+        "--log-level=warn".to_owned(),
+    ]
+}
+
+/// kube-apiserver's arguments: serving on `port` (loopback) from the etcd on `etcd`, with the
+/// feature gates and the audit log of `options` (its policy written into `dir`).
+fn apiserver_args(
+    options: &Options,
+    (dir, files, pki): (&Path, &PkiFiles, &Pki),
+    host: &str,
+    (etcd, port): (u16, u16),
+) -> Result<Vec<String>, Error> {
+    let mut args = vec![
+        format!("--etcd-servers=http://127.0.0.1:{etcd}"),
+        format!("--cert-dir={}", dir.display()),
+        format!("--tls-cert-file={}", files.serving_cert.display()),
+        format!("--tls-private-key-file={}", files.serving_key.display()),
+        format!("--client-ca-file={}", files.client_ca.display()),
+        format!("--secure-port={port}"),
+        format!("--bind-address={host}"),
+        format!("--advertise-address={host}"),
+        // 65,534 Service addresses: the load test creates a Service per Manifest (a /24 is
+        // full after 253).
+        "--service-cluster-ip-range=10.0.0.0/16".to_owned(),
+        "--allow-privileged=true".to_owned(),
+        "--authorization-mode=Node,RBAC".to_owned(),
+        format!("--service-account-issuer=https://127.0.0.1:{port}/"),
+        format!(
+            "--service-account-key-file={}",
+            files.service_account_pub.display()
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            files.service_account_key.display()
+        ),
+    ];
+    if options.kubelet {
+        // Pods get their ServiceAccount's token; the node may only touch its own objects;
+        // the API server authenticates to kubelet (logs, exec) with a client certificate.
+        let (cert, key) = pki.client_certificate(
+            "kube-apiserver-kubelet-client",
+            Some("system:masters"),
+            validity(),
+        )?;
+        write(&dir.join("kubelet-client.crt"), &cert)?;
+        write(&dir.join("kubelet-client.key"), &key)?;
+        args.extend([
+            "--enable-admission-plugins=NodeRestriction".to_owned(),
+            format!(
+                "--kubelet-client-certificate={}",
+                dir.join("kubelet-client.crt").display()
+            ),
+            format!(
+                "--kubelet-client-key={}",
+                dir.join("kubelet-client.key").display()
+            ),
+            "--kubelet-preferred-address-types=InternalIP".to_owned(),
+        ]);
+    } else {
+        // No kubelet and (without the controller-manager) no default ServiceAccount.
+        args.push("--disable-admission-plugins=ServiceAccount".to_owned());
+    }
+    if !options.feature_gates.is_empty() {
+        let gates: Vec<String> = options
+            .feature_gates
+            .iter()
+            .map(|gate| format!("{gate}=true"))
+            .collect();
+        args.push(format!("--feature-gates={}", gates.join(",")));
+    }
+    if options.audit_log {
+        let policy = dir.join("audit-policy.yaml");
+        write(&policy, AUDIT_POLICY)?;
+        args.extend([
+            format!("--audit-policy-file={}", policy.display()),
+            format!("--audit-log-path={}", dir.join("audit.log").display()),
+            "--audit-log-format=json".to_owned(),
+            // Batched: the request does not wait for the log write; a batch is written
+            // within a second (a reader waits that long after its window).
+            "--audit-log-mode=batch".to_owned(),
+            "--audit-log-batch-max-size=100".to_owned(),
+            "--audit-log-batch-max-wait=1s".to_owned(),
+            "--audit-log-maxsize=0".to_owned(),
+        ]);
+    }
+    Ok(args)
 }
 
 /// Starts kwok for the nodes annotated [`SIMULATED_NODE_ANNOTATION`], with node Leases and kwok's
@@ -742,31 +923,55 @@ pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
     Ok(ports)
 }
 
-/// Polls `/readyz` until it answers `ok`, failing early when a process exits.
-async fn wait_ready(client: &Client, procs: &mut [Proc]) -> Result<(), Error> {
+/// Waits until kube-apiserver's `/readyz` answers `ok`, failing early when one of `procs`
+/// exited; the lock is held only to look, never across a wait.
+async fn wait_ready(
+    client: &Client,
+    procs: &Mutex<Vec<Proc>>,
+    what: &'static str,
+) -> Result<(), Error> {
     let deadline = Instant::now() + READY_TIMEOUT;
+    let locked = || procs.lock().unwrap_or_else(|e| e.into_inner());
     loop {
-        for p in procs.iter_mut() {
-            p.check_running()?;
+        locked().iter_mut().try_for_each(Proc::check_running)?;
+        if readyz(client).await {
+            return Ok(());
         }
-        let request = http::Request::get("/readyz")
-            .body(Vec::new())
-            .expect("a static request is valid");
-        match client.request_text(request).await {
-            Ok(body) if body.trim() == "ok" => return Ok(()),
-            _ if Instant::now() > deadline => {
-                let log_tail = procs
-                    .iter()
-                    .map(|p| format!("--- {}\n{}", p.name(), p.log_tail()))
-                    .collect();
-                return Err(Error::NotReady {
-                    what: "kube-apiserver /readyz",
-                    log_tail,
-                });
-            }
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        if Instant::now() > deadline {
+            let log_tail = locked()
+                .iter()
+                .map(|p| format!("--- {}\n{}", p.name(), p.log_tail()))
+                .collect();
+            return Err(Error::NotReady { what, log_tail });
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Whether etcd on `port` answers `/health` with `"health":"true"` now (plain HTTP/1.0).
+async fn etcd_healthy(port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream
+            .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    match tokio::time::timeout(Duration::from_secs(2), ask).await {
+        Ok(Ok(answer)) => answer.replace(' ', "").contains(r#""health":"true""#),
+        _ => false,
+    }
+}
+
+/// Whether kube-apiserver's `/readyz` answers `ok` now.
+async fn readyz(client: &Client) -> bool {
+    let request = http::Request::get("/readyz")
+        .body(Vec::new())
+        .expect("a static request is valid");
+    matches!(client.request_text(request).await, Ok(body) if body.trim() == "ok")
 }
 
 /// kube-controller-manager is working once its service-account controller has created the

@@ -17,7 +17,7 @@ pub mod tools;
 use std::path::PathBuf;
 
 pub use control_plane::{
-    ControlPlane, Endpoints, NODE_MONITOR_GRACE_PERIOD, Options, SHARDED_LIST_AND_WATCH,
+    ControlPlane, Endpoints, NODE_MONITOR_GRACE_PERIOD, Options, SHARDED_LIST_AND_WATCH, Stop,
     client_for, config_for, install_crds, parse_crds,
 };
 pub use process::{Lifetime, Paused, Proc, pid_runs, signal_pid, stop_pid};
