@@ -164,6 +164,29 @@ pub fn check_with_pauses(
     pauses: &BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
     renew_deadline: std::time::Duration,
 ) -> Report {
+    check_with_outages(
+        logs,
+        expected_uids,
+        pauses,
+        &BTreeMap::new(),
+        renew_deadline,
+    )
+}
+
+/// [`check_with_pauses`], knowing also when replicas were partitioned from the API server:
+/// `partitions` maps a replica name to the windows `(cut, healed)` during which nothing it
+/// sent reached the API server while its process ran on. A pass already running when a
+/// partition began (its request may hang there, nothing of it arrives) does not count as
+/// running from the cut until the renew deadline after it (by then its replica fenced itself:
+/// a pass still running must not write); a pass the replica starts during the partition counts
+/// as any other (a replica must not start one without its shard).
+pub fn check_with_outages(
+    logs: &[(String, String)],
+    expected_uids: &BTreeSet<String>,
+    pauses: &BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
+    partitions: &BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
+    renew_deadline: std::time::Duration,
+) -> Report {
     let mut intervals: BTreeMap<&str, Vec<Interval<'_>>> = BTreeMap::new();
     let mut parsed = Vec::with_capacity(logs.len());
     for (_name, content) in logs {
@@ -193,7 +216,11 @@ pub fn check_with_pauses(
                 }
             };
             let windows = pauses.get(&pass.replica).map_or(&[][..], Vec::as_slice);
-            let mut pieces = running(pass.start, end, windows);
+            let cut_off = cut_off(pass, partitions, renew_deadline);
+            let mut pieces: Vec<(Timestamp, Timestamp)> = running(pass.start, end, windows)
+                .into_iter()
+                .flat_map(|(a, b)| running(a, b, &cut_off))
+                .collect();
             if let Some(stopped) = frozen_while_moved(pass, end, windows, renew_deadline, others())
             {
                 pieces.retain(|(_, piece_end)| *piece_end <= stopped);
@@ -255,6 +282,25 @@ struct Interval<'a> {
     pass: &'a Pass,
     start: Timestamp,
     end: Timestamp,
+}
+
+/// The windows of `pass`'s replica's partitions that excuse it ([`check_with_outages`]): of
+/// those that began after the pass started, from the cut to the renew deadline after it.
+fn cut_off(
+    pass: &Pass,
+    partitions: &BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
+    renew_deadline: std::time::Duration,
+) -> Vec<(Timestamp, Timestamp)> {
+    partitions
+        .get(&pass.replica)
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .filter(|(cut, _)| pass.start < *cut)
+        .map(|&(cut, healed)| {
+            let fenced = cut.checked_add(renew_deadline).unwrap_or(healed);
+            (cut, healed.min(fenced))
+        })
+        .collect()
 }
 
 /// `[start, end]` without the `paused` windows: the pieces during which a pass could run.
@@ -591,6 +637,36 @@ mod tests {
         assert_eq!(
             running(at(0), at(30), &[(at(2), at(28)), (at(29), at(40))]).len(),
             2
+        );
+    }
+
+    #[test]
+    fn a_partition_excuses_only_passes_running_when_it_began_until_the_renew_deadline() {
+        // r1 partitioned 2..28 (renew deadline 3 s: fenced by 5); r2's pass runs 10..20.
+        let partitioned = BTreeMap::from([("r1".to_owned(), vec![(at(2), at(28))])]);
+        let r2 = log("r2", &[start(10, "u", "r2", 1), end(20, "u", "r2", 1)]);
+        let uids = BTreeSet::from(["u".to_owned()]);
+        let outages = |logs: &[(String, String)]| {
+            check_with_outages(logs, &uids, &BTreeMap::new(), &partitioned, LAPSE)
+        };
+        // A pass running when the cut came, hung until 9: excused from 2 to 5, so r2's pass
+        // 3..4 (after r2 took the shard over) does not overlap it.
+        let hung = log("r1", &[start(0, "u", "r1", 1), end(9, "u", "r1", 1)]);
+        let r2_early = log("r2", &[start(3, "u", "r2", 3), end(4, "u", "r2", 3)]);
+        let report = outages(&[hung.clone(), r2_early.clone()]);
+        assert!(report.is_clean(), "{report}");
+        assert_eq!(check(&[hung, r2_early.clone()], &uids).overlaps.len(), 1);
+        // The same pass still running at 12, past the renew deadline: it overlaps r2's.
+        let late = log("r1", &[start(0, "u", "r1", 1), end(12, "u", "r1", 1)]);
+        assert_eq!(outages(&[late, r2.clone()]).overlaps.len(), 1);
+        // A pass r1 started during the partition (at 3, before its deadline) counts whole:
+        // it overlaps r2's 3..4, which a pause of the same window would excuse.
+        let started = log("r1", &[start(3, "u", "r1", 2), end(4, "u", "r1", 2)]);
+        let report = outages(&[started.clone(), r2_early.clone()]);
+        assert_eq!(report.overlaps.len(), 1, "{report}");
+        assert!(
+            check_with_pauses(&[started, r2_early], &uids, &partitioned, LAPSE).is_clean(),
+            "as a pause, the same window would excuse it"
         );
     }
 
