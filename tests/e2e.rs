@@ -148,6 +148,34 @@ async fn describe_pods(client: &Client) -> String {
     out
 }
 
+/// Why a Manifest is not Ready: its status, the pods, the shard holders and each replica's
+/// last log lines that name it.
+async fn describe_manifest(client: &Client, name: &str) -> String {
+    let manifests = Api::<Manifest>::namespaced(client.clone(), "default");
+    let status = manifests.get(name).await.map(|m| m.status);
+    let mut out = format!(
+        "{name}: {status:?}\n{}{:?}\n",
+        describe_pods(client).await,
+        shard_holders(client).await
+    );
+    for i in 0..3 {
+        let pod = format!("module-manager-{i}");
+        let log = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+            .logs(&pod, &LogParams::default())
+            .await
+            .unwrap_or_else(|e| format!("(pods/log: {e})"));
+        let about: Vec<&str> = log.lines().filter(|l| l.contains(name)).collect();
+        out.push_str(&format!("{pod}, its last lines about {name}:\n"));
+        for line in about.iter().rev().take(15).rev() {
+            out.push_str(&format!(
+                "    {}\n",
+                line.chars().take(600).collect::<String>()
+            ));
+        }
+    }
+    out
+}
+
 /// Whether the pod is Ready (its readiness probe, through kubelet).
 fn pod_ready(pod: &Pod) -> bool {
     pod.status
@@ -233,9 +261,16 @@ async fn fleet_serves_the_examples(
     kubectl(control_plane, &args);
     let manifests = Api::<Manifest>::namespaced(client.clone(), "default");
     for name in EXAMPLES {
-        common::wait_for(&manifests, name, "Ready", LIMIT, |m| {
-            common::condition(m, "Ready").is_some_and(|(status, _, _)| status == "True")
-        })
+        common::wait_until_described(
+            &format!("{name} is Ready ({how})"),
+            LIMIT,
+            async || {
+                manifests.get(name).await.ok().is_some_and(|m| {
+                    common::condition(&m, "Ready").is_some_and(|(status, _, _)| status == "True")
+                })
+            },
+            async || describe_manifest(&client, name).await,
+        )
         .await;
     }
 
