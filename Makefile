@@ -9,14 +9,16 @@ TESTENV := $(CARGO) run --quiet -p testenv --bin testenv --
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-setup: tools ## Everything the tests need: the pinned Rust toolchain, the tools, promtool, docker-registry, gpg, cargo-deny and cargo-cyclonedx
+setup: tools ## Everything the tests need: the pinned Rust toolchain, the tools, promtool, docker-registry, gpg, the real node's containerd/runc/CNI/iproute2, the image's musl-tools and musl target, cargo-deny and cargo-cyclonedx
 	@hack/ensure-rust.sh >/dev/null
+	@hack/ensure-node-packages.sh >/dev/null
+	@hack/ensure-image-tools.sh >/dev/null
 	@hack/ensure-promtool.sh >/dev/null
 	@hack/ensure-docker-registry.sh >/dev/null
 	@hack/ensure-gnupg.sh >/dev/null
 	@hack/ensure-cargo-tools.sh >/dev/null
 
-tools: ## Build the pinned etcd, helm, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, kustomize, cosign and the renderer (cached in ~/.cache/module-manager)
+tools: ## Build the pinned etcd, helm, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy, kwok, kustomize, cosign and the renderer (cached in ~/.cache/module-manager)
 	@hack/build-tools.sh >/dev/null
 
 # Only what `make run` needs (the test-only tools are `setup`'s); each tool is announced on stderr.
@@ -50,6 +52,10 @@ lint: ## Format check, module layers (no cycles), clippy with warnings as errors
 test: setup lint verify-crds ## Everything CI checks: format, clippy, CRD drift, unit and integration tests
 	$(CARGO) test --workspace --no-fail-fast
 
+# The test builds the image itself (tests/e2e.rs holds the one recipe) and prints its time.
+e2e: setup ## End to end on a real node (root): the image without an engine, deploy/ applied, 3 pods Ready, examples Ready, a replica force-deleted (tests/e2e.rs)
+	$(CARGO) test --test e2e -- --nocapture
+
 bench: setup ## Benchmarks on the real control plane and helm (figures in docs/benchmarks.md)
 	$(CARGO) bench --bench reconcile
 	$(CARGO) bench --bench render
@@ -82,4 +88,4 @@ cluster-down: ## Stop the operator started by `make run` and the local control p
 run: cluster-up ## The demo: control plane, CRDs, the operator and the example Manifests
 	@hack/demo.sh
 
-.PHONY: help setup tools demo-setup build crds verify-crds fmt lint test bench measure-fleet loadtest release cluster-up cluster-down run
+.PHONY: help setup tools demo-setup build crds verify-crds fmt lint test e2e bench measure-fleet loadtest release cluster-up cluster-down run

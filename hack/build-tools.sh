@@ -4,7 +4,8 @@
 # version is not rebuilt.
 #
 #   hack/build-tools.sh                 every tool the tests use: etcd, helm, kube-apiserver,
-#                                       kube-controller-manager, kube-scheduler, kubectl, kwok,
+#                                       kube-controller-manager, kube-scheduler, kubectl, kubelet,
+#                                       kube-proxy, kwok,
 #                                       kustomize, cosign, the renderer
 #   hack/build-tools.sh demo            only what `make run` needs: etcd, the three Kubernetes
 #                                       binaries the demo starts, kwok, the renderer, and (cargo)
@@ -112,6 +113,29 @@ build_kubectl() {
   mkdir -p "$dir"
   mv "$w/kubectl" "$dir/kubectl"
   has_version "$dir/kubectl" "v$v" version --client || { log "kubectl does not report v$v"; exit 1; }
+}
+
+# kubelet and kube-proxy: the real node of `testenv up --kubelet` (testenv/src/node.rs), from the
+# same wrapper module and version (in their own build directory, so that the cached control-plane
+# binaries are not rebuilt). `all` builds them, `demo` does not (the demo runs on kwok nodes).
+have_node() {
+  local dir="$tools/kubernetes-v$KUBERNETES_VERSION"
+  has_version "$dir/kubelet" "v$KUBERNETES_VERSION" --version &&
+    has_version "$dir/kube-proxy" "v$KUBERNETES_VERSION" --version
+}
+
+build_node() {
+  local v=$KUBERNETES_VERSION dir="$tools/kubernetes-v$KUBERNETES_VERSION"
+  local w="$work/node-v$v" ldf
+  kubernetes_wrapper "$w" "$v" "v0.${v#1.}"
+  go get "k8s.io/kubernetes/cmd/kubelet@v$v" "k8s.io/kubernetes/cmd/kube-proxy@v$v"
+  ldf=$(kubernetes_ldflags "$v" "$(echo "$v" | cut -d. -f2)")
+  mkdir -p "$w/bin"
+  go build -trimpath -tags selinux,notest -ldflags "$ldf" -o "$w/bin/" \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
+  mkdir -p "$dir"
+  mv "$w/bin/kubelet" "$w/bin/kube-proxy" "$dir/"
+  has_version "$dir/kubelet" "v$v" --version || { log "kubelet does not report v$v"; exit 1; }
 }
 
 have_etcd() { has_version "$tools/etcd-v$ETCD_VERSION/etcd" "$ETCD_VERSION" --version; }
@@ -251,6 +275,8 @@ label[kubernetes]="kube-apiserver, kube-controller-manager, kube-scheduler v$KUB
 what[kubernetes]="the local control plane"
 label[kubectl]="kubectl v$KUBERNETES_VERSION"
 what[kubectl]="the tests' kubectl (the plugin, kubectl wait, the docs' examples)"
+label[node]="kubelet, kube-proxy v$KUBERNETES_VERSION"
+what[node]="a real node for the end-to-end tests (testenv up --kubelet)"
 label[kwok]="kwok v$KWOK_VERSION"
 what[kwok]="simulated nodes and kubelets, so that workloads roll out"
 label[kustomize]="kustomize v$KUSTOMIZE_VERSION"
@@ -282,7 +308,7 @@ step() {
 
 selection=${1:-all}
 case "$selection" in
-  all) steps="etcd helm kubernetes kubectl kwok kustomize cosign renderer" ;;
+  all) steps="etcd helm kubernetes kubectl node kwok kustomize cosign renderer" ;;
   demo) steps="etcd kubernetes kwok renderer operator" ;;
   *) echo "usage: hack/build-tools.sh [all | demo | renderer-path]" >&2; exit 2 ;;
 esac

@@ -7,7 +7,11 @@
 //!   written, or gone after a delete), or that no replica ever reconciled;
 //! - `unowned-shard`: a shard without a live owner for longer than twice the lease duration;
 //! - `moved-during-rolling-update`: a shard that changed holder, or a Manifest reconciled by
-//!   two different replicas, while the replicas were restarted one by one.
+//!   two different replicas, while the replicas were restarted one by one;
+//! - `not-recovered` (`chaos`): `--recovery-limit-seconds` after a fault's end, operations
+//!   sent before it ended still without their effect, or not one create or update sent after
+//!   it (the load's, else a probe Manifest the harness sends) with its effect; or a replica
+//!   process that exited.
 //!
 //! The dashboards' and alerts' checkers (`empty-panel`, `dashboard`, `alert`) are in
 //! [`crate::prometheus::verdict`].
@@ -19,7 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 use test_support::log_check;
 
 use crate::load::Op;
-use crate::results::Violation;
+use crate::results::{FaultRecord, Violation};
 
 /// How many findings of one checker are spelled out before "… and N more".
 const LIST_LIMIT: usize = 10;
@@ -123,6 +127,39 @@ pub fn unowned(longest: &BTreeMap<u32, f64>, lease_duration: Duration) -> Vec<Vi
     )]
 }
 
+/// Faults the fleet did not recover from: `limit` after the fault's end, operations sent
+/// before it ended still without their effect or no create or update sent after it with its
+/// effect ([`crate::faults::new_work_done`]); or replicas whose process exited.
+pub fn not_recovered(faults: &[FaultRecord], limit: Duration) -> Vec<Violation> {
+    let mut found = Vec::new();
+    for fault in faults {
+        if fault.recovered_seconds.is_none() {
+            found.push(violation(
+                "not-recovered",
+                format!(
+                    "{} (at {:.0} s): not recovered {limit:?} after its end; {} operations still without their effect: {}",
+                    fault.label,
+                    fault.at_seconds,
+                    fault.stuck.len(),
+                    listed(&fault.stuck, String::clone)
+                ),
+            ));
+        }
+        if !fault.replicas_exited.is_empty() {
+            found.push(violation(
+                "not-recovered",
+                format!(
+                    "{} (at {:.0} s): replicas exited: {}",
+                    fault.label,
+                    fault.at_seconds,
+                    fault.replicas_exited.join(", ")
+                ),
+            ));
+        }
+    }
+    found
+}
+
 /// Moves during a rolling update: shards with more than one holder (from the Lease
 /// observations) and Manifests reconciled by more than one replica between `from` and `to`
 /// (from the logs).
@@ -221,6 +258,40 @@ mod tests {
         let many: Vec<String> = (0..25).map(|i| format!("m{i}")).collect();
         let v = not_converged(&[], &many, &[], Duration::from_secs(1));
         assert!(v[0].detail.ends_with("… and 15 more"), "{}", v[0].detail);
+    }
+
+    #[test]
+    fn a_fault_not_recovered_from_names_what_is_stuck_and_who_exited() {
+        let limit = Duration::from_secs(120);
+        let recovered = FaultRecord {
+            label: "apiserver".into(),
+            recovered_seconds: Some(3.0),
+            ..Default::default()
+        };
+        assert!(not_recovered(std::slice::from_ref(&recovered), limit).is_empty());
+        let stuck = FaultRecord {
+            label: "etcd".into(),
+            at_seconds: 40.0,
+            stuck: vec!["Create m-3 (150 s ago)".into()],
+            ..Default::default()
+        };
+        let exited = FaultRecord {
+            replicas_exited: vec!["mm-1".into()],
+            ..recovered
+        };
+        let v = not_recovered(&[stuck, exited], limit);
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert!(
+            v[0].detail.starts_with("etcd (at 40 s): not recovered"),
+            "{}",
+            v[0].detail
+        );
+        assert!(v[0].detail.contains("Create m-3"), "{}", v[0].detail);
+        assert!(
+            v[1].detail.contains("replicas exited: mm-1"),
+            "{}",
+            v[1].detail
+        );
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub struct LocalSettings {
     pub replica: ReplicaSettings,
     /// Cores per replica (cgroup CPU quota), if any.
     pub cpu_limit: Option<f64>,
+    /// Per ordinal, a kubeconfig of its own (`chaos`'s network faults: the replica's own proxy
+    /// to the API server); the others use the control plane's.
+    pub kubeconfigs: BTreeMap<u32, std::path::PathBuf>,
 }
 
 /// How to reach a deployed fleet.
@@ -113,8 +116,11 @@ impl Fleet {
         replica.manifest_selector = format!("loadtest-fleet={name}");
         let shards = replica.shards;
         let lease_duration = Duration::from_secs(replica.lease_duration_seconds);
-        let local =
+        let mut local =
             LocalFleet::create(&client, kubeconfig, namespace, name, replicas, replica).await?;
+        for (ordinal, own) in settings.kubeconfigs {
+            local.set_kubeconfig(ordinal, own);
+        }
         let cpu = match settings.cpu_limit {
             Some(cores) => Some(CpuLimit::create(name, cores)?),
             None => None,

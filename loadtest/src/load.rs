@@ -157,6 +157,24 @@ impl Tracker {
         }
     }
 
+    /// The watch listed the Manifests again (after its connection was lost: an API server
+    /// restart) and `listed` are all that exist: a delete sent before the list began
+    /// (`listing_since`) whose Manifest is not among them is done — its delete event fell into
+    /// the gap, and a relist shows no deletions.
+    pub fn relisted(&mut self, listed: &BTreeSet<String>, listing_since: Instant, now: Instant) {
+        let gone: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|(name, p)| {
+                p.op == Op::Delete && p.sent < listing_since && !listed.contains(*name)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            self.seen_gone(&name, now);
+        }
+    }
+
     fn complete(&mut self, name: &str, at: Instant) {
         if let Some(p) = self.pending.remove(name) {
             self.done.push(Done {
@@ -324,6 +342,8 @@ impl Load {
         let config = watcher::Config::default().labels(&self.selector());
         tokio::spawn(async move {
             let mut stream = watcher(api, config).default_backoff().boxed();
+            // The names of the list in progress, and when it began.
+            let mut listing: (BTreeSet<String>, Instant) = (BTreeSet::new(), Instant::now());
             while let Some(event) = stream.next().await {
                 let now = Instant::now();
                 let Ok(event) = event else {
@@ -335,14 +355,16 @@ impl Load {
                         if let Some(generation) = ready_generation(&m) {
                             tracker.seen_ready(&m.name_any(), generation, now);
                         }
+                        listing.0.insert(m.name_any());
                     }
                     watcher::Event::Delete(m) => tracker.seen_gone(&m.name_any(), now),
                     watcher::Event::InitDone => {
+                        tracker.relisted(&std::mem::take(&mut listing.0), listing.1, now);
                         if let Some(listed) = listed.take() {
                             let _ = listed.send(());
                         }
                     }
-                    watcher::Event::Init => {}
+                    watcher::Event::Init => listing = (BTreeSet::new(), now),
                 }
             }
         })
@@ -615,6 +637,28 @@ mod tests {
             }]
         );
         assert!(t.outstanding(at(t0, 4.0)).is_empty());
+    }
+
+    #[test]
+    fn a_delete_missing_from_a_relist_is_done_unless_sent_after_the_list_began() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new(t0);
+        for name in ["gone", "still-there", "late"] {
+            t.sending(name, Op::Delete, at(t0, 1.0));
+            t.delete_answered(name);
+        }
+        t.sending("late", Op::Delete, at(t0, 6.0));
+        let listed = BTreeSet::from(["still-there".to_owned()]);
+        t.relisted(&listed, at(t0, 5.0), at(t0, 7.0));
+        assert_eq!(t.done.len(), 1, "{:?}", t.done);
+        assert_eq!(t.done[0].seconds, 6.0);
+        let left: Vec<String> = t
+            .outstanding(at(t0, 8.0))
+            .into_iter()
+            .map(|o| o.0)
+            .collect();
+        assert_eq!(left.len(), 2);
+        assert!(left.contains(&"still-there".to_owned()) && left.contains(&"late".to_owned()));
     }
 
     #[test]

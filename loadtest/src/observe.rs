@@ -166,8 +166,10 @@ pub struct ReplicaReading {
     pub samples: Vec<PromSample>,
 }
 
+/// The replicas' API requests (every verb, resource and target).
+pub const API_REQUESTS: &str = "module_manager_api_requests_total";
 /// Counters summed over label sets whose increase is tracked.
-pub const COUNTERS: &[&str] = &["module_manager_reconcile_passes_total"];
+pub const COUNTERS: &[&str] = &["module_manager_reconcile_passes_total", API_REQUESTS];
 /// Histograms whose increase is tracked.
 pub const HISTOGRAMS: &[&str] = &[
     "module_manager_queue_wait_seconds",
@@ -272,6 +274,8 @@ pub struct Observed {
     pub accumulated: BTreeMap<String, Accumulated>,
     /// Unix time the window began: a process started after it counts from zero.
     pub window_start_unix: f64,
+    /// When the readings in `accumulated` arrived (seconds since the load started).
+    pub scraped_at: f64,
     /// RSS samples per replica (MiB), for mean and max.
     pub rss_mib: BTreeMap<String, Vec<f64>>,
     /// CPU seconds consumed per replica over the window, summed across process restarts.
@@ -290,6 +294,7 @@ impl Observed {
             latest: BTreeMap::new(),
             accumulated: BTreeMap::new(),
             window_start_unix: unix_now(),
+            scraped_at: 0.0,
             rss_mib: BTreeMap::new(),
             cpu_seconds: BTreeMap::new(),
             last_cpu: BTreeMap::new(),
@@ -404,6 +409,7 @@ impl Sampler {
                         .add(&samples, window_start);
                     observed.latest.insert(member, ReplicaReading { samples });
                 }
+                observed.scraped_at = t;
                 observed.timeline.push(sample);
             }
         });

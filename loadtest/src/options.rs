@@ -195,7 +195,12 @@ pub struct Options {
     #[arg(long, default_value_t = 1, help_heading = "chaos")]
     pub victims: u32,
     /// Faults to pick from: `kill` (SIGKILL, started again after `--revive-after-seconds`),
-    /// `pause` (SIGSTOP for `--pause-seconds`, then SIGCONT).
+    /// `pause` (SIGSTOP for `--pause-seconds`, then SIGCONT); on a local control plane also
+    /// `apiserver` (kube-apiserver SIGKILLed), `apiserver-graceful` (SIGTERM) and `etcd`
+    /// (SIGKILLed), each started again on its port and data after
+    /// `--control-plane-down-seconds`; `partition` (one replica's API traffic blackholed by its
+    /// own proxy, `--partition-seconds`) and `slow` (every replica's delayed, `--slow-ms` for
+    /// `--slow-seconds`).
     #[arg(
         long,
         value_delimiter = ',',
@@ -203,6 +208,11 @@ pub struct Options {
         help_heading = "chaos"
     )]
     pub faults: Vec<String>,
+    /// Exactly this many faults, the types of `--faults` in the order given (again from the
+    /// first after the last), whatever `--duration-seconds` leaves room for (it still sets the
+    /// load's length, if longer); default: a random order, as many as fit in the duration.
+    #[arg(long, help_heading = "chaos")]
+    pub fault_count: Option<u32>,
     /// Default: twice the lease duration (long enough for a takeover).
     #[arg(long, help_heading = "chaos")]
     pub pause_seconds: Option<u64>,
@@ -211,6 +221,28 @@ pub struct Options {
     pub revive_after_seconds: Option<u64>,
     #[arg(long, default_value_t = 1, help_heading = "chaos")]
     pub seed: u64,
+    /// `partition`: how long the victim is cut off (default: 30–90 s, drawn per fault).
+    #[arg(long, help_heading = "chaos")]
+    pub partition_seconds: Option<u64>,
+    /// `slow`: how long every replica's API traffic is delayed (default: 30–90 s, drawn per
+    /// fault).
+    #[arg(long, help_heading = "chaos")]
+    pub slow_seconds: Option<u64>,
+    /// `slow`: the round trip added, milliseconds (default: 200–2000, drawn per fault).
+    #[arg(long, help_heading = "chaos")]
+    pub slow_ms: Option<u64>,
+    /// How long kube-apiserver or etcd stays stopped before it is started again.
+    #[arg(long, default_value_t = 5, help_heading = "chaos")]
+    pub control_plane_down_seconds: u64,
+    /// After each fault, every operation sent before it ended must have its effect within
+    /// this many seconds of its end (checker `not-recovered`).
+    #[arg(long, default_value_t = 120, help_heading = "chaos")]
+    pub recovery_limit_seconds: u64,
+    /// Fault injection: each control-plane fault also freezes kube-controller-manager
+    /// (SIGSTOP) until the recovery wait is over, a control plane that does not come back
+    /// whole (Deployments are not rolled out, so Manifests do not become Ready).
+    #[arg(long, help_heading = "chaos")]
+    pub fault_freeze_controller_manager: bool,
 
     // ---- rebalance ----
     /// Fleet sizes to scale to in turn; default N+2, N−1, N.

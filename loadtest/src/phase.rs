@@ -130,11 +130,18 @@ pub struct Phase {
     pub replicas: u32,
     watch: tokio::task::JoinHandle<()>,
     apiserver_before: Vec<PromSample>,
+    /// The replicas' own proxies to the API server, by ordinal (`chaos`'s `partition` and
+    /// `slow`; [`crate::network`]).
+    pub network: Option<crate::proxy::Proxy>,
     /// Moves the progress bar.
     ticker: tokio::task::JoinHandle<()>,
     /// Per replica, when the scenario had it stopped (SIGSTOP): the overlap checker does not
     /// count a pass as running then.
     pub pauses: BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
+    /// Per replica, when the scenario had it partitioned from the API server (`partition`):
+    /// the overlap checker excuses only passes already running then, up to the renew deadline
+    /// ([`log_check::check_with_outages`]).
+    pub partitions: BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
     started: Instant,
     pub started_ts: Timestamp,
     pub progress: Progress,
@@ -154,6 +161,7 @@ impl Phase {
         progress.say(format!(
             "starting {replicas} replicas ({name}) in namespace {namespace}"
         ));
+        let mut network = None;
         let fleet = match cluster {
             Cluster::Local(cp) => {
                 let repo = repo(options);
@@ -174,9 +182,18 @@ impl Phase {
                     extra_args: options.replica_args.clone(),
                     log_dir: log_dir(&namespace),
                 };
+                let mut kubeconfigs = BTreeMap::new();
+                if crate::network::wanted(&options.faults) {
+                    let dir = log_dir(&namespace).join("kubeconfigs");
+                    let (proxy, files) =
+                        crate::network::proxies(cp.kubeconfig(), replicas, &dir).await?;
+                    network = Some(proxy);
+                    kubeconfigs = files;
+                }
                 let settings = LocalSettings {
                     replica,
                     cpu_limit: options.cpu_per_replica,
+                    kubeconfigs,
                 };
                 Fleet::local(
                     client.clone(),
@@ -240,8 +257,10 @@ impl Phase {
             replicas,
             watch,
             apiserver_before,
+            network,
             ticker,
             pauses: BTreeMap::new(),
+            partitions: BTreeMap::new(),
             started: Instant::now(),
             started_ts: now_ts(),
             progress,
@@ -293,7 +312,13 @@ impl Phase {
             }
         }
         let renew_deadline = Duration::from_secs(options.renew_deadline_seconds);
-        let report = log_check::check_with_pauses(&logs, &uids, &self.pauses, renew_deadline);
+        let report = log_check::check_with_outages(
+            &logs,
+            &uids,
+            &self.pauses,
+            &self.partitions,
+            renew_deadline,
+        );
         if !report.overlaps.is_empty() {
             // What the overlapping passes logged, for whoever reads a failed run (CI prints
             // stderr; the logs themselves are gone).

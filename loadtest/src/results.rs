@@ -252,6 +252,51 @@ pub struct FleetFigures {
     pub max_unowned_seconds: f64,
     /// One entry per membership change (scale, kill, restart).
     pub moves: Vec<MoveStep>,
+    /// `chaos`: one entry per fault, in order.
+    #[serde(default)]
+    pub faults: Vec<FaultRecord>,
+}
+
+/// One fault of `chaos` and how the fleet came out of it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FaultRecord {
+    /// Its type, a `--faults` name: `kill`, `pause`, `apiserver`, `apiserver-graceful`, `etcd`,
+    /// `partition`, `slow`.
+    pub fault: String,
+    /// What was hit, e.g. `kill mm-1`, `apiserver`.
+    pub label: String,
+    /// When it began, seconds since the load started.
+    pub at_seconds: f64,
+    /// From its beginning until it was over: the victims started again or resumed, the API
+    /// server answering `/readyz` again.
+    pub outage_seconds: f64,
+    /// From the end of the outage until every operation sent before it had its effect (Ready
+    /// at the generation written, or gone) and at least one create or update sent after it
+    /// had too, the load's or a probe's (the fleet works again; an empty backlog alone is not
+    /// enough); `None`: not within `--recovery-limit-seconds`.
+    pub recovered_seconds: Option<f64>,
+    /// Probe Manifests the harness created after the outage because the load had sent no
+    /// create or update that could show the fleet works again.
+    #[serde(default)]
+    pub probes: u32,
+    /// Operations still without their effect at the limit (when not recovered): those sent
+    /// before the end, else all, e.g. `Create m-12 (130 s ago)`.
+    #[serde(default)]
+    pub stuck: Vec<String>,
+    /// The fleet's API requests per second (`module_manager_api_requests_total`, every
+    /// replica) over the 30 s before the first fault (the same for every fault: a steady
+    /// baseline, not the previous fault's recovery).
+    pub steady_requests_per_second: Option<f64>,
+    /// The same over the first 30 s after it: from the process's start for control-plane
+    /// faults, from the end for `partition` and `slow` (none for `kill` and `pause`).
+    pub requests_per_second_after: Option<f64>,
+    /// `apiserver-graceful`: whether kube-apiserver had not exited within the 30-s grace after
+    /// SIGTERM and was SIGKILLed.
+    #[serde(default)]
+    pub killed_after_grace: Option<bool>,
+    /// Replicas whose process had exited when the fault was over (not the victims of a kill).
+    #[serde(default)]
+    pub replicas_exited: Vec<String>,
 }
 
 /// Shards and Manifests that changed owner in one membership step, against the ideal.

@@ -104,7 +104,18 @@ pub async fn execute(
         } else {
             None
         };
-        let extra = scenario::play(scenario, &mut phase, options, &mut result.fleet).await?;
+        let control_plane = match &cluster {
+            Cluster::Local(cp) => Some(*cp),
+            Cluster::Deployed { .. } => None,
+        };
+        let extra = scenario::play(
+            scenario,
+            &mut phase,
+            options,
+            &mut result.fleet,
+            control_plane,
+        )
+        .await?;
         let fleet = phase.finish(options, &mut result, extra).await?;
         if let Some(monitor) = monitor {
             progress.say("evaluating the dashboards' panels and the alerts");

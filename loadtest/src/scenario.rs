@@ -4,24 +4,27 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::seq::{IndexedRandom, SliceRandom};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 
 use crate::checks;
+use crate::faults::{self, Fault, FaultBag, RequestHistory, Span};
 use crate::load::Rates;
 use crate::measure;
 use crate::observe::{Holders, read_leases};
 use crate::options::{Options, Scenario};
 use crate::phase::{Phase, move_step, wait_assignment};
-use crate::results::{Capacity, CapacityStep, FleetFigures, Violation};
+use crate::results::{Capacity, CapacityStep, FaultRecord, FleetFigures, Violation};
 
-/// Plays `scenario` (all but scale-out) on the phase's fleet.
+/// Plays `scenario` (all but scale-out) on the phase's fleet (`control_plane`: the local one,
+/// for `chaos`'s control-plane faults).
 pub async fn play(
     scenario: Scenario,
     phase: &mut Phase,
     options: &Options,
     figures: &mut FleetFigures,
+    control_plane: Option<&testenv::ControlPlane>,
 ) -> anyhow::Result<Vec<Violation>> {
     match scenario {
         Scenario::Basic => {
@@ -35,7 +38,7 @@ pub async fn play(
                 .await;
             Ok(Vec::new())
         }
-        Scenario::Chaos => chaos(phase, options, figures).await,
+        Scenario::Chaos => chaos(phase, options, figures, control_plane).await,
         Scenario::RollingUpdate | Scenario::Smoke => rolling_update(phase, options, figures).await,
         Scenario::Rebalance => rebalance(phase, options, figures).await,
         Scenario::ScaleOut => anyhow::bail!("scale-out is played by scale_out"),
@@ -149,100 +152,70 @@ async fn rolling_update(
     Ok(checks::moved_during_rolling_update(&moved, &logs, from, to))
 }
 
-/// Kills (SIGKILL) or pauses (SIGSTOP) random replicas on a schedule; measures each takeover.
+/// Faults on a schedule: random replicas killed (SIGKILL) or paused (SIGSTOP), or the control
+/// plane's kube-apiserver or etcd stopped and started again ([`faults`]); measures each
+/// takeover and each recovery.
 async fn chaos(
     phase: &mut Phase,
     options: &Options,
     figures: &mut FleetFigures,
+    control_plane: Option<&testenv::ControlPlane>,
 ) -> anyhow::Result<Vec<Violation>> {
-    anyhow::ensure!(!options.faults.is_empty(), "--faults is empty");
-    for fault in &options.faults {
-        anyhow::ensure!(
-            fault == "kill" || fault == "pause",
-            "unknown fault {fault:?} (kill, pause)"
-        );
-    }
+    let kinds = fault_kinds(options, control_plane.is_some(), phase.network.is_some())?;
     phase.progress.expect(options.duration_seconds);
     let mut rng = StdRng::seed_from_u64(options.seed);
     let load = background_load(phase, options);
+    // From the start, so that the first fault has its steady rate (with a warmup of 30 s).
+    let history = RequestHistory::spawn(phase);
     tokio::time::sleep(Duration::from_secs(options.warmup_seconds)).await;
     let interval = Duration::from_secs(options.chaos_interval_seconds.max(1));
     let mut takeovers = Vec::new();
+    let mut bag = match options.fault_count {
+        Some(_) => FaultBag::in_order(kinds),
+        None => FaultBag::new(kinds),
+    };
     let mut rounds = 0;
-    while rounds == 0
-        || phase.load.elapsed() + interval.as_secs_f64() <= options.duration_seconds as f64
-    {
+    while match options.fault_count {
+        Some(count) => rounds < count,
+        None => {
+            rounds == 0
+                || phase.load.elapsed() + interval.as_secs_f64() <= options.duration_seconds as f64
+        }
+    } {
         rounds += 1;
         let round = Instant::now();
-        let fault = options.faults.choose(&mut rng).context("faults")?.clone();
-        let mut ordinals = phase.fleet.ordinals().await?;
-        ordinals.shuffle(&mut rng);
-        ordinals.truncate(options.victims.max(1) as usize);
-        ordinals.sort_unstable();
-        let members: Vec<String> = ordinals.iter().map(|o| phase.fleet.member(*o)).collect();
-        let label = format!("{fault} {}", members.join(","));
-        phase.progress.say(format!("chaos: {label}"));
-        let before = holders(phase).await?;
-        let victims_held = before
-            .values()
-            .filter(|h| h.as_ref().is_some_and(|h| members.contains(h)))
-            .count();
-        let hit = Instant::now();
-        let mut stopped = now();
-        phase.sampler.event(label.clone());
-        let hold = match fault.as_str() {
-            "kill" => {
-                for o in &ordinals {
-                    phase.fleet.kill(*o).await?;
-                }
-                Duration::from_secs(options.revive_after())
+        let fault = bag.next(&mut rng).context("faults")?;
+        let mut record = FaultRecord {
+            fault: fault.name().to_owned(),
+            ..Default::default()
+        };
+        let frozen = match control_plane {
+            Some(cp) if fault.process().is_some() && options.fault_freeze_controller_manager => {
+                Some(cp.pause("kube-controller-manager")?)
             }
-            _ => {
-                for o in &ordinals {
-                    phase.fleet.pause(*o, true)?;
-                }
-                stopped = now();
-                Duration::from_secs(options.pause())
+            _ => None,
+        };
+        history.mark_baseline(phase.load.elapsed());
+        let span = match control_plane.filter(|_| fault.process().is_some()) {
+            Some(cp) => control_plane_fault(phase, cp, fault, options, &mut record).await?,
+            None if fault == Fault::Slow => slow(phase, options, &mut rng, &mut record).await?,
+            None => {
+                let taken = &mut takeovers;
+                replica_fault(
+                    phase,
+                    options,
+                    (fault, &mut rng),
+                    figures,
+                    taken,
+                    &mut record,
+                )
+                .await?
             }
         };
-        // Until the victims come back: did the others take their shards over, and when?
-        let takeover = wait_takeover(phase, &members, &before, hit, hit + hold).await;
-        if takeover.is_none() && fault_needs_takeover(hold, phase) {
-            figures.takeovers_unfinished += 1;
-        }
-        if let Some(seconds) = takeover {
-            takeovers.push(seconds);
-            let after = holders(phase).await?;
-            figures.moves.push(
-                crate::phase::move_step(
-                    phase,
-                    label.clone(),
-                    &before,
-                    &after,
-                    victims_held as f64 / phase.fleet.shards as f64,
-                    Duration::from_secs_f64(seconds),
-                )
-                .await?,
-            );
-        }
-        let left = (hit + hold).saturating_duration_since(Instant::now());
-        tokio::time::sleep(left).await;
-        for o in &ordinals {
-            if fault == "kill" {
-                phase.fleet.revive(*o).await?;
-            } else {
-                // The window the overlap checker leaves out: from after SIGSTOP was sent to
-                // before SIGCONT is (the process surely ran nothing in between).
-                let window = (stopped, now());
-                phase
-                    .pauses
-                    .entry(phase.fleet.member(*o))
-                    .or_default()
-                    .push(window);
-                phase.fleet.pause(*o, false)?;
-            }
-        }
-        phase.sampler.event(format!("back {}", members.join(",")));
+        faults::recovery(phase, options, &history, span, &mut record).await;
+        drop(frozen);
+        phase.progress.say(describe_recovery(&record));
+        figures.faults.push(record);
         phase.fleet.wait_ready(Duration::from_secs(180)).await?;
         // The next fault starts from a settled fleet: the victims have their shards back, so
         // each takeover and its moves are measured on their own.
@@ -255,7 +228,210 @@ async fn chaos(
     }
     figures.takeover_seconds = measure::quantiles(&takeovers);
     run_out(phase, options, load).await;
-    Ok(Vec::new())
+    let limit = Duration::from_secs(options.recovery_limit_seconds);
+    Ok(checks::not_recovered(&figures.faults, limit))
+}
+
+/// The faults of `--faults`, each possible where the run is.
+fn fault_kinds(options: &Options, local: bool, proxied: bool) -> anyhow::Result<Vec<Fault>> {
+    let kinds: Vec<Fault> = options
+        .faults
+        .iter()
+        .map(|f| Fault::parse(f))
+        .collect::<anyhow::Result<_>>()?;
+    anyhow::ensure!(!kinds.is_empty(), "--faults is empty");
+    anyhow::ensure!(
+        local || kinds.iter().all(|f| f.process().is_none()),
+        "the faults apiserver, apiserver-graceful and etcd need a local control plane"
+    );
+    anyhow::ensure!(
+        proxied || kinds.iter().all(|f| !f.on_network()),
+        "the faults partition and slow need a local fleet (its replicas' proxies)"
+    );
+    Ok(kinds)
+}
+
+/// kube-apiserver or etcd stopped and started again; returns its span (the rate after it
+/// from the process's start).
+async fn control_plane_fault(
+    phase: &Phase,
+    control_plane: &testenv::ControlPlane,
+    fault: Fault,
+    options: &Options,
+    record: &mut FaultRecord,
+) -> anyhow::Result<Span> {
+    record.label = fault.name().to_owned();
+    phase.progress.say(format!("chaos: {}", record.label));
+    phase.sampler.event(record.label.clone());
+    let hit = Instant::now();
+    let (rate_from, back) =
+        faults::control_plane_outage(control_plane, fault, options, record).await?;
+    phase.sampler.event(format!("back {}", record.label));
+    Ok(Span {
+        hit,
+        rate_from,
+        back,
+    })
+}
+
+/// Random replicas killed or paused, the takeover timed, the victims started again or
+/// resumed; returns its span (over when the victims were back).
+async fn replica_fault(
+    phase: &mut Phase,
+    options: &Options,
+    (fault, rng): (Fault, &mut StdRng),
+    figures: &mut FleetFigures,
+    takeovers: &mut Vec<f64>,
+    record: &mut FaultRecord,
+) -> anyhow::Result<Span> {
+    let mut ordinals = phase.fleet.ordinals().await?;
+    ordinals.shuffle(rng);
+    ordinals.truncate(options.victims.max(1) as usize);
+    ordinals.sort_unstable();
+    let members: Vec<String> = ordinals.iter().map(|o| phase.fleet.member(*o)).collect();
+    let label = format!("{} {}", fault.name(), members.join(","));
+    record.label = label.clone();
+    phase.progress.say(format!("chaos: {label}"));
+    let before = holders(phase).await?;
+    let victims_held = before
+        .values()
+        .filter(|h| h.as_ref().is_some_and(|h| members.contains(h)))
+        .count();
+    let hit = Instant::now();
+    let mut stopped = now();
+    phase.sampler.event(label.clone());
+    let hold = if fault == Fault::Kill {
+        for o in &ordinals {
+            phase.fleet.kill(*o).await?;
+        }
+        Duration::from_secs(options.revive_after())
+    } else if fault == Fault::Partition {
+        let network = phase.network.as_ref().context("no proxies")?;
+        for o in &ordinals {
+            network.blackhole(*o as usize, true);
+        }
+        stopped = now();
+        let seconds = options
+            .partition_seconds
+            .unwrap_or_else(|| rng.random_range(30..=90));
+        Duration::from_secs(seconds)
+    } else {
+        for o in &ordinals {
+            phase.fleet.pause(*o, true)?;
+        }
+        stopped = now();
+        Duration::from_secs(options.pause())
+    };
+    // Until the victims come back: did the others take their shards over, and when?
+    let takeover = wait_takeover(phase, &members, &before, hit, hit + hold).await;
+    if takeover.is_none() && fault_needs_takeover(hold, phase) {
+        figures.takeovers_unfinished += 1;
+    }
+    if let Some(seconds) = takeover {
+        takeovers.push(seconds);
+        let after = holders(phase).await?;
+        let ideal = victims_held as f64 / phase.fleet.shards as f64;
+        let settled = Duration::from_secs_f64(seconds);
+        let step = move_step(phase, label.clone(), &before, &after, ideal, settled).await?;
+        figures.moves.push(step);
+    }
+    let left = (hit + hold).saturating_duration_since(Instant::now());
+    tokio::time::sleep(left).await;
+    bring_back(phase, fault, &ordinals, stopped).await?;
+    phase.sampler.event(format!("back {}", members.join(",")));
+    let back = Instant::now();
+    Ok(Span {
+        hit,
+        rate_from: back,
+        back,
+    })
+}
+
+/// The victims of a replica fault started again, resumed or reconnected (`stopped`: when the
+/// pause or partition began).
+async fn bring_back(
+    phase: &mut Phase,
+    fault: Fault,
+    ordinals: &[u32],
+    stopped: k8s_openapi::jiff::Timestamp,
+) -> anyhow::Result<()> {
+    for o in ordinals {
+        if fault == Fault::Kill {
+            phase.fleet.revive(*o).await?;
+            continue;
+        }
+        // The window the overlap checker knows of: from after SIGSTOP was sent to before
+        // SIGCONT is (the process surely ran nothing in between: no pass counts), or from after
+        // the replica's proxy began to swallow its bytes to before it stops (nothing it sent
+        // reached the API server in between, and the heal resets what was open: only a pass
+        // already running at the cut is excused, up to the renew deadline).
+        let window = (stopped, now());
+        let member = phase.fleet.member(*o);
+        match phase.network.as_ref().filter(|_| fault == Fault::Partition) {
+            Some(network) => {
+                phase.partitions.entry(member).or_default().push(window);
+                network.blackhole(*o as usize, false);
+            }
+            None => {
+                phase.pauses.entry(member).or_default().push(window);
+                phase.fleet.pause(*o, false)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every replica's API traffic delayed by `--slow-ms` (or 200–2000 ms) of round trip for
+/// `--slow-seconds` (or 30–90 s); returns its span (over at the end of the delay).
+async fn slow(
+    phase: &Phase,
+    options: &Options,
+    rng: &mut StdRng,
+    record: &mut FaultRecord,
+) -> anyhow::Result<Span> {
+    let network = phase.network.as_ref().context("no proxies")?;
+    let delay = options
+        .slow_ms
+        .unwrap_or_else(|| rng.random_range(200..=2000));
+    let seconds = options
+        .slow_seconds
+        .unwrap_or_else(|| rng.random_range(30..=90));
+    record.label = format!("slow {delay} ms for {seconds} s");
+    phase.progress.say(format!("chaos: {}", record.label));
+    phase.sampler.event(record.label.clone());
+    let ordinals = phase.fleet.ordinals().await?;
+    let hit = Instant::now();
+    for o in &ordinals {
+        network.set_round_trip(*o as usize, Duration::from_millis(delay));
+    }
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    for o in &ordinals {
+        network.set_round_trip(*o as usize, Duration::ZERO);
+    }
+    phase.sampler.event("back: not slow".to_owned());
+    let back = Instant::now();
+    Ok(Span {
+        hit,
+        rate_from: back,
+        back,
+    })
+}
+
+/// One line for the progress output: how the fleet came out of a fault.
+fn describe_recovery(record: &FaultRecord) -> String {
+    let rate = |r: Option<f64>| r.map_or("–".to_owned(), |r| format!("{r:.1}/s"));
+    format!(
+        "chaos: {} over after {:.1} s; recovered {}; fleet requests {} before, {} in the 30 s after",
+        record.label,
+        record.outage_seconds,
+        record
+            .recovered_seconds
+            .map_or("not within the limit".to_owned(), |s| format!(
+                "{s:.1} s after"
+            )),
+        rate(record.steady_requests_per_second),
+        rate(record.requests_per_second_after),
+    )
 }
 
 /// Whether the victims stay away long enough that the others must take over (a lease duration

@@ -132,6 +132,83 @@ async fn chaos_passes_and_the_unowned_checker_catches_a_fleet_paused_for_too_lon
 }
 
 #[tokio::test]
+async fn control_plane_faults_are_recovered_from_and_the_recovery_checker_catches_a_broken_restart()
+{
+    let _serial = SERIAL.lock().await;
+    // Healthy: kube-apiserver killed, then etcd killed (one of each, however long they take
+    // on a loaded machine), each down 3 s and started again on its port and data. (A graceful
+    // restart is the same fault with SIGTERM: testenv's lifecycle test restarts kube-apiserver
+    // both ways.)
+    let mut options = short();
+    options.faults = vec!["apiserver".into(), "etcd".into()];
+    options.fault_count = Some(2);
+    options.control_plane_down_seconds = 3;
+    options.chaos_interval_seconds = 14;
+    options.duration_seconds = 20;
+    let healthy = run(Scenario::Chaos, &options).await;
+    assert!(healthy.passed, "{:#?}", healthy.violations);
+    let seen: Vec<&str> = healthy
+        .fleet
+        .faults
+        .iter()
+        .map(|f| f.fault.as_str())
+        .collect();
+    assert_eq!(seen, ["apiserver", "etcd"]);
+    for fault in &healthy.fleet.faults {
+        eprintln!("{fault:?}");
+        assert!(fault.recovered_seconds.is_some(), "{fault:?}");
+        assert!(fault.requests_per_second_after.is_some(), "{fault:?}");
+        assert!(fault.replicas_exited.is_empty(), "{fault:?}");
+    }
+    // A restart that leaves the control plane broken: kube-controller-manager frozen with the
+    // fault until the recovery limit (20 s) has passed. No Deployment of the Manifests written
+    // meanwhile rolls out, so they are not Ready in time.
+    options.faults = vec!["etcd".into()];
+    options.fault_count = Some(1);
+    options.fault_freeze_controller_manager = true;
+    options.recovery_limit_seconds = 20;
+    options.duration_seconds = 20;
+    let broken = caught(Scenario::Chaos, &options, "not-recovered").await;
+    assert_eq!(broken.fleet.faults.len(), 1);
+    assert!(!broken.fleet.faults[0].stuck.is_empty());
+}
+
+#[tokio::test]
+async fn network_faults_are_recovered_from() {
+    let _serial = SERIAL.lock().await;
+    // Each replica through its own proxy to the API server: one cut off for 10 s (past its
+    // renew deadline and lease: the other takes over), then every one's traffic delayed by
+    // 500 ms of round trip for 10 s.
+    let mut options = short();
+    options.faults = vec!["partition".into(), "slow".into()];
+    options.fault_count = Some(2);
+    options.partition_seconds = Some(10);
+    options.slow_seconds = Some(10);
+    options.slow_ms = Some(500);
+    options.chaos_interval_seconds = 14;
+    options.duration_seconds = 20;
+    let healthy = run(Scenario::Chaos, &options).await;
+    assert!(healthy.passed, "{:#?}", healthy.violations);
+    let seen: Vec<&str> = healthy
+        .fleet
+        .faults
+        .iter()
+        .map(|f| f.fault.as_str())
+        .collect();
+    assert_eq!(seen, ["partition", "slow"]);
+    for fault in &healthy.fleet.faults {
+        eprintln!("{fault:?}");
+        assert!(fault.recovered_seconds.is_some(), "{fault:?}");
+    }
+    // The partitioned replica's shards were taken over while it ran.
+    assert!(
+        healthy.fleet.takeover_seconds.count >= 1,
+        "{:?}",
+        healthy.fleet
+    );
+}
+
+#[tokio::test]
 async fn rolling_update_passes_and_the_move_checker_catches_replicas_that_hand_over_on_restart() {
     let _serial = SERIAL.lock().await;
     let options = short();

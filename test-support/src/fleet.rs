@@ -90,6 +90,8 @@ pub struct LocalFleet {
     /// Namespace of the StatefulSet object and of the fleet's Leases.
     pub namespace: String,
     kubeconfig: PathBuf,
+    /// Per ordinal, a kubeconfig of its own instead (e.g. through a proxy of the harness).
+    kubeconfigs: BTreeMap<u32, PathBuf>,
     settings: ReplicaSettings,
     replicas: BTreeMap<u32, Replica>,
     starts: u32,
@@ -190,6 +192,7 @@ impl LocalFleet {
             name: name.to_owned(),
             namespace: namespace.to_owned(),
             kubeconfig: kubeconfig.to_owned(),
+            kubeconfigs: BTreeMap::new(),
             settings,
             replicas: BTreeMap::new(),
             starts: 0,
@@ -203,6 +206,12 @@ impl LocalFleet {
 
     pub fn settings(&self) -> &ReplicaSettings {
         &self.settings
+    }
+
+    /// Replica `ordinal` reaches the API server through `kubeconfig` from its next start on
+    /// (the others through the fleet's).
+    pub fn set_kubeconfig(&mut self, ordinal: u32, kubeconfig: PathBuf) {
+        self.kubeconfigs.insert(ordinal, kubeconfig);
     }
 
     /// The running replicas by ordinal.
@@ -221,7 +230,10 @@ impl LocalFleet {
             .settings
             .log_dir
             .join(format!("{member}.{}.log", self.starts));
-        let command = self.command(&member, admin);
+        let mut command = self.command(&member, admin);
+        if let Some(kubeconfig) = self.kubeconfigs.get(&ordinal) {
+            command.env("KUBECONFIG", kubeconfig);
+        }
         let process = testenv::Proc::spawn(
             "module-manager",
             command,
@@ -316,6 +328,9 @@ impl LocalFleet {
         let mut logs = Vec::new();
         for entry in std::fs::read_dir(&self.settings.log_dir)? {
             let path = entry?.path();
+            if !path.is_file() {
+                continue; // e.g. the harness's kubeconfigs of the replicas
+            }
             logs.push((
                 path.file_name()
                     .unwrap_or_default()

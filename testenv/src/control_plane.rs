@@ -65,6 +65,16 @@ pub struct Options {
     /// kube-apiserver feature gates to turn on (`--feature-gates=<gate>=true,…`), e.g.
     /// [`SHARDED_LIST_AND_WATCH`] for server-side sharded watches.
     pub feature_gates: Vec<String>,
+    /// Also run a real node (containerd, kubelet, kube-proxy: [`crate::node`]): pods run for
+    /// real and reach the API server through the `kubernetes` Service. Needs root and
+    /// `hack/ensure-node-packages.sh`; implies the controller-manager and the scheduler. The
+    /// API server then listens on the node's address ([`crate::node::NODE_IP`]), not on
+    /// 127.0.0.1, and the simulated nodes, if any, are tainted `kwok.x-k8s.io/node=fake:NoSchedule`
+    /// so that only pods tolerating it land there.
+    pub kubelet: bool,
+    /// OCI image archives to import into the real node's containerd before kubelet starts
+    /// (`hack/build-image.sh`); more with [`ControlPlane::import_image`].
+    pub images: Vec<PathBuf>,
 }
 
 /// The alpha feature gate of the API server's sharded list and watch (KEP-5866, Kubernetes
@@ -89,10 +99,15 @@ pub struct Endpoints {
     pub server: String,
     /// Working directory (certificates, etcd data, logs).
     pub dir: PathBuf,
-    /// Processes by program name, in start order.
+    /// Processes by program name, in start order: those running when the value was taken
+    /// ([`ControlPlane::endpoints`], [`ControlPlane::detach`]: a process started again by
+    /// [`ControlPlane::start_process`] under its new pid, one stopped left out).
     pub pids: Vec<(String, u32)>,
     /// Time from starting etcd to kube-apiserver's `/readyz` answering `ok`.
     pub apiserver_ready_after_ms: u128,
+    /// The real node, when it runs one (`testenv down` tears it down).
+    #[serde(default)]
+    pub node: Option<crate::node::NodeState>,
 }
 
 /// A running control plane. Dropping it stops its processes (unless detached) and removes its
@@ -103,7 +118,52 @@ pub struct ControlPlane {
     pki: Pki,
     // Behind mutexes so that the shared control plane (a `static`) can be stopped at exit.
     procs: Mutex<Vec<Proc>>,
+    /// The real node's processes ([`Options::kubelet`]), stopped before the control plane's.
+    node: Mutex<Option<crate::node::Node>>,
+    /// How to start etcd and kube-apiserver again, on their ports and data
+    /// ([`ControlPlane::stop_process`], [`ControlPlane::start_process`]).
+    restartable: Vec<(&'static str, Spec)>,
+    /// etcd's client port, for its `/health` after a restart.
+    etcd_port: u16,
     tempdir: Mutex<Option<tempfile::TempDir>>,
+}
+
+/// How [`ControlPlane::stop_process`] stops a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGKILL: a crash (open connections reset, no request finished).
+    Kill,
+    /// SIGTERM and up to 30 s for the process's own shutdown (kube-apiserver stops listening
+    /// at once, then finishes the requests in flight), then SIGKILL, as a kubelet does with a
+    /// static pod's default grace period.
+    Graceful,
+}
+
+/// How long a graceful stop may take before SIGKILL: a pod's default
+/// `terminationGracePeriodSeconds`. Measured (2026-12-07): with a fleet's watches open,
+/// kube-apiserver 1.36 stopped listening at once and had not exited 60 s after SIGTERM.
+const GRACEFUL_STOP: Duration = Duration::from_secs(30);
+
+/// A program and its arguments, to start it again as it was started.
+#[derive(Clone, Debug)]
+struct Spec {
+    program: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    lifetime: Lifetime,
+}
+
+impl Spec {
+    /// Starts it, its output to its log (appended to when `again`).
+    fn spawn(&self, name: &'static str, again: bool) -> Result<Proc, Error> {
+        let mut command = Command::new(&self.program);
+        command.args(&self.args);
+        if again {
+            Proc::spawn_appending(name, command, &self.log, self.lifetime)
+        } else {
+            Proc::spawn(name, command, &self.log, self.lifetime)
+        }
+    }
 }
 
 impl ControlPlane {
@@ -149,7 +209,31 @@ impl ControlPlane {
         } else {
             Lifetime::TiedToThisProcess
         };
-        let pki = Pki::generate()?;
+        // Dropped on any error below (before `tempdir`, declared earlier): the machine is left
+        // as it was, and the node's mounts are gone before the run directory is removed.
+        let mut host_guard = if options.kubelet {
+            Some(crate::node::prepare_host(&dir)?)
+        } else {
+            None
+        };
+        let host = if options.kubelet {
+            crate::node::NODE_IP.to_string()
+        } else {
+            "127.0.0.1".to_owned()
+        };
+        let pki = if options.kubelet {
+            Pki::generate_with(
+                &[crate::node::NODE_IP, crate::node::KUBERNETES_SERVICE_IP],
+                &[
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                ],
+            )?
+        } else {
+            Pki::generate()?
+        };
         let files = write_pki(&dir, &pki)?;
         let [
             etcd_client,
@@ -162,84 +246,44 @@ impl ControlPlane {
 
         let started = Instant::now();
         let mut procs = Vec::new();
-        let mut etcd = Command::new(&tools.etcd);
-        etcd.args([
-            "--name=testenv".to_owned(),
-            format!("--data-dir={}", dir.join("etcd").display()),
-            format!("--listen-client-urls=http://127.0.0.1:{etcd_client}"),
-            format!("--advertise-client-urls=http://127.0.0.1:{etcd_client}"),
-            format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
-            format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
-            format!("--initial-cluster=testenv=http://127.0.0.1:{etcd_peer}"),
-            "--unsafe-no-fsync=true".to_owned(),
-            "--log-level=warn".to_owned(),
-        ]);
-        procs.push(Proc::spawn("etcd", etcd, &dir.join("etcd.log"), lifetime)?);
-
-        let mut apiserver = Command::new(&tools.kube_apiserver);
-        apiserver.args([
-            format!("--etcd-servers=http://127.0.0.1:{etcd_client}"),
-            format!("--cert-dir={}", dir.display()),
-            format!("--tls-cert-file={}", files.serving_cert.display()),
-            format!("--tls-private-key-file={}", files.serving_key.display()),
-            format!("--client-ca-file={}", files.client_ca.display()),
-            format!("--secure-port={apiserver_port}"),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--advertise-address=127.0.0.1".to_owned(),
-            // 65,534 Service addresses: the load test creates a Service per Manifest (a /24 is
-            // full after 253).
-            "--service-cluster-ip-range=10.0.0.0/16".to_owned(),
-            "--allow-privileged=true".to_owned(),
-            // No kubelet and (without the controller-manager) no default ServiceAccount.
-            "--disable-admission-plugins=ServiceAccount".to_owned(),
-            "--authorization-mode=RBAC".to_owned(),
-            format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}/"),
-            format!(
-                "--service-account-key-file={}",
-                files.service_account_pub.display()
-            ),
-            format!(
-                "--service-account-signing-key-file={}",
-                files.service_account_key.display()
-            ),
-        ]);
-        if !options.feature_gates.is_empty() {
-            let gates: Vec<String> = options
-                .feature_gates
-                .iter()
-                .map(|gate| format!("{gate}=true"))
-                .collect();
-            apiserver.arg(format!("--feature-gates={}", gates.join(",")));
-        }
-        if options.audit_log {
-            let policy = dir.join("audit-policy.yaml");
-            write(&policy, AUDIT_POLICY)?;
-            apiserver.args([
-                format!("--audit-policy-file={}", policy.display()),
-                format!("--audit-log-path={}", dir.join("audit.log").display()),
-                "--audit-log-format=json".to_owned(),
-                // Batched: the request does not wait for the log write; a batch is written
-                // within a second (a reader waits that long after its window).
-                "--audit-log-mode=batch".to_owned(),
-                "--audit-log-batch-max-size=100".to_owned(),
-                "--audit-log-batch-max-wait=1s".to_owned(),
-                "--audit-log-maxsize=0".to_owned(),
-            ]);
-        }
-        procs.push(Proc::spawn(
-            "kube-apiserver",
-            apiserver,
-            &dir.join("kube-apiserver.log"),
+        let etcd = Spec {
+            program: tools.etcd.clone(),
+            args: etcd_args(&dir, etcd_client, etcd_peer),
+            log: dir.join("etcd.log"),
             lifetime,
-        )?);
+        };
+        procs.push(etcd.spawn("etcd", false)?);
+        let apiserver = Spec {
+            program: tools.kube_apiserver.clone(),
+            args: apiserver_args(
+                options,
+                (&dir, &files, &pki),
+                &host,
+                (etcd_client, apiserver_port),
+            )?,
+            log: dir.join("kube-apiserver.log"),
+            lifetime,
+        };
+        procs.push(apiserver.spawn("kube-apiserver", false)?);
 
         let kubeconfig = dir.join("admin.kubeconfig");
-        write(&kubeconfig, &pki.admin_kubeconfig(apiserver_port))?;
+        let server = format!("https://{host}:{apiserver_port}");
+        write(
+            &kubeconfig,
+            &pki.kubeconfig(
+                &server,
+                "testenv-admin",
+                &pki.admin_cert_pem,
+                &pki.admin_key_pem,
+            ),
+        )?;
         let client = client_for(&kubeconfig).await?;
-        wait_ready(&client, &mut procs).await?;
+        let procs = Mutex::new(procs);
+        wait_ready(&client, &procs, "kube-apiserver /readyz").await?;
+        let mut procs = procs.into_inner().unwrap_or_else(|e| e.into_inner());
         let apiserver_ready_after_ms = started.elapsed().as_millis();
 
-        if options.controller_manager || options.simulated_nodes > 0 {
+        if options.controller_manager || options.simulated_nodes > 0 || options.kubelet {
             let mut kcm = Command::new(&tools.kube_controller_manager);
             kcm.args([
                 format!("--kubeconfig={}", kubeconfig.display()),
@@ -281,7 +325,7 @@ impl ControlPlane {
             wait_controller_manager(&client, &mut procs).await?;
         }
 
-        if options.simulated_nodes > 0 {
+        if options.simulated_nodes > 0 || options.kubelet {
             let mut scheduler = Command::new(&tools.kube_scheduler);
             scheduler.args([
                 format!("--kubeconfig={}", kubeconfig.display()),
@@ -297,9 +341,20 @@ impl ControlPlane {
                 &dir.join("kube-scheduler.log"),
                 lifetime,
             )?);
-            procs.push(start_kwok(tools, &dir, &kubeconfig, kwok_port, lifetime)?);
-            create_simulated_nodes(&client, options.simulated_nodes).await?;
         }
+        if options.simulated_nodes > 0 {
+            procs.push(start_kwok(tools, &dir, &kubeconfig, kwok_port, lifetime)?);
+            create_simulated_nodes(&client, options.simulated_nodes, options.kubelet).await?;
+        }
+        let node = match host_guard.take() {
+            Some(guard) => Some(
+                start_node(
+                    tools, options, &pki, &server, &dir, &files, &client, lifetime, guard,
+                )
+                .await?,
+            ),
+            None => None,
+        };
 
         for file in &options.crd_files {
             install_crds(&client, file).await?;
@@ -307,19 +362,24 @@ impl ControlPlane {
 
         let endpoints = Endpoints {
             kubeconfig,
-            server: format!("https://127.0.0.1:{apiserver_port}"),
+            server,
             dir: dir.clone(),
             pids: procs
                 .iter()
+                .chain(node.iter().flat_map(|n| n.procs.iter()))
                 .map(|p| (p.name().to_owned(), p.pid()))
                 .collect(),
             apiserver_ready_after_ms,
+            node: node.as_ref().map(|n| n.state().clone()),
         };
         tracing::info!(server = %endpoints.server, ready_ms = apiserver_ready_after_ms, "control plane ready");
         Ok(Self {
             endpoints,
             pki,
             procs: Mutex::new(procs),
+            node: Mutex::new(node),
+            restartable: vec![("etcd", etcd), ("kube-apiserver", apiserver)],
+            etcd_port: etcd_client,
             tempdir: Mutex::new(tempdir),
         })
     }
@@ -335,18 +395,125 @@ impl ControlPlane {
         self.pki.client_certificate(user, group, valid)
     }
 
-    /// Where it runs.
-    pub fn endpoints(&self) -> &Endpoints {
-        &self.endpoints
+    /// Where it runs, with the processes running now.
+    pub fn endpoints(&self) -> Endpoints {
+        Endpoints {
+            pids: self.running_pids(),
+            ..self.endpoints.clone()
+        }
     }
 
-    /// The pid of the running `program` (`"kwok"`, `"kube-controller-manager"`, …).
-    pub fn pid(&self, program: &str) -> Option<u32> {
-        self.endpoints
-            .pids
+    /// The control plane's running processes, then the real node's.
+    fn running_pids(&self) -> Vec<(String, u32)> {
+        let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let node = self.node.lock().unwrap_or_else(|e| e.into_inner());
+        procs
             .iter()
-            .find(|(name, _)| name == program)
-            .map(|(_, pid)| *pid)
+            .filter(|p| !p.is_stopped())
+            .chain(node.iter().flat_map(|n| n.procs.iter()))
+            .map(|p| (p.name().to_owned(), p.pid()))
+            .collect()
+    }
+
+    /// The pid of the running `program` (`"kwok"`, `"kube-controller-manager"`, …): none
+    /// while it is stopped ([`ControlPlane::stop_process`]).
+    pub fn pid(&self, program: &str) -> Option<u32> {
+        self.procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|p| p.name() == program && !p.is_stopped())
+            .map(Proc::pid)
+    }
+
+    /// Stops `program` (`"etcd"` or `"kube-apiserver"`), killed or gracefully, leaving its
+    /// port and data for [`ControlPlane::start_process`]. What else runs (the other of the
+    /// two, kube-controller-manager, kwok, the caller's clients) sees it gone. Waits until it
+    /// exited (a graceful stop up to 30 s, on a blocking thread, the processes' lock not
+    /// held); returns whether SIGKILL was needed (a kill: always).
+    pub async fn stop_process(&self, program: &str, how: Stop) -> Result<bool, Error> {
+        let (pid, child) = {
+            let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            let proc = procs
+                .iter_mut()
+                .find(|p| p.name() == program && !p.is_stopped())
+                .filter(|_| self.spec(program).is_some())
+                .ok_or_else(|| Error::NoSuchProcess(program.to_owned()))?;
+            (proc.pid(), proc.take_child())
+        };
+        let Some(mut child) = child else {
+            return Ok(false);
+        };
+        let killed = tokio::task::spawn_blocking(move || {
+            let killed = match how {
+                Stop::Kill => {
+                    let _ = child.kill();
+                    true
+                }
+                Stop::Graceful => {
+                    crate::process::terminate_pid(pid, GRACEFUL_STOP).unwrap_or(false)
+                }
+            };
+            let _ = child.wait();
+            killed
+        })
+        .await
+        .map_err(|e| Error::io(format!("stop {program}"), std::io::Error::other(e)))?;
+        Ok(killed)
+    }
+
+    /// Starts a stopped `program` again with its arguments (the same port, data directory,
+    /// certificates; its log appended to) and waits until it is ready: etcd's own `/health`
+    /// first when it is etcd, then kube-apiserver's `/readyz` (which checks etcd too).
+    pub async fn start_process(&self, program: &str) -> Result<(), Error> {
+        let spec = self
+            .spec(program)
+            .ok_or_else(|| Error::NoSuchProcess(program.to_owned()))?;
+        {
+            let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            let slot = procs
+                .iter_mut()
+                .find(|p| p.name() == program && p.is_stopped())
+                .ok_or_else(|| Error::NoSuchProcess(format!("stopped {program}")))?;
+            *slot = spec.spawn(slot.name(), true)?;
+        }
+        if program == "etcd" {
+            self.wait_etcd_health().await?;
+        }
+        let client = self.client().await?;
+        wait_ready(
+            &client,
+            &self.procs,
+            "kube-apiserver /readyz after a restart",
+        )
+        .await
+    }
+
+    fn spec(&self, program: &str) -> Option<&Spec> {
+        self.restartable
+            .iter()
+            .find(|(name, _)| *name == program)
+            .map(|(_, spec)| spec)
+    }
+
+    /// Waits until etcd's `/health` answers `"health":"true"` (its member serves).
+    async fn wait_etcd_health(&self) -> Result<(), Error> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !etcd_healthy(self.etcd_port).await {
+            if Instant::now() > deadline {
+                let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+                return Err(Error::NotReady {
+                    what: "etcd /health after a restart",
+                    log_tail: procs
+                        .iter()
+                        .filter(|p| p.name() == "etcd")
+                        .map(Proc::log_tail)
+                        .collect(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
     }
 
     /// Freezes `program` with SIGSTOP until the answer is resumed or dropped: what a hung
@@ -396,22 +563,45 @@ impl ControlPlane {
             .expect("the API server names generated namespaces"))
     }
 
-    /// Stops every process (last started first) and removes the temporary directory.
+    /// Imports an OCI image archive into the real node's containerd ([`Options::kubelet`]).
+    pub fn import_image(&self, archive: &Path) -> Result<(), Error> {
+        let node = self.endpoints.node.as_ref().ok_or_else(|| {
+            Error::Node("this control plane runs no real node (Options::kubelet)".to_owned())
+        })?;
+        crate::node::import_image(&node.socket, archive)
+    }
+
+    /// Stops every process (the real node's first, then the control plane's, last started
+    /// first) and removes the temporary directory — unless the node's teardown left something
+    /// (mounts may remain under it: the directory is kept and named in the log).
     pub fn stop(&self) {
+        let mut clean = true;
+        if let Some(mut node) = self.node.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            clean = node.stop(STOP_GRACE);
+        }
         let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(mut p) = procs.pop() {
             p.stop(STOP_GRACE);
         }
-        drop(
-            self.tempdir
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take(),
-        );
+        let tempdir = self
+            .tempdir
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = tempdir
+            && !clean
+        {
+            tracing::warn!(dir = %t.path().display(), "the real node left something behind: its directory is kept");
+            let _ = t.keep();
+        }
     }
 
     /// Lets the processes run on after this value is gone (`testenv up`).
     pub fn detach(self) -> Endpoints {
+        let endpoints = self.endpoints();
+        if let Some(node) = self.node.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            node.detach();
+        }
         for p in self
             .procs
             .lock()
@@ -428,7 +618,7 @@ impl ControlPlane {
         {
             let _ = t.keep();
         }
-        self.endpoints.clone()
+        endpoints
     }
 }
 
@@ -436,6 +626,105 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// etcd's arguments: its data in `dir/etcd`, serving clients on `client` (loopback).
+fn etcd_args(dir: &Path, client: u16, peer: u16) -> Vec<String> {
+    vec![
+        "--name=testenv".to_owned(),
+        format!("--data-dir={}", dir.join("etcd").display()),
+        format!("--listen-client-urls=http://127.0.0.1:{client}"),
+        format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+        format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-cluster=testenv=http://127.0.0.1:{peer}"),
+        "--unsafe-no-fsync=true".to_owned(),
+        "--log-level=warn".to_owned(),
+    ]
+}
+
+/// kube-apiserver's arguments: serving on `port` (loopback) from the etcd on `etcd`, with the
+/// feature gates and the audit log of `options` (its policy written into `dir`).
+fn apiserver_args(
+    options: &Options,
+    (dir, files, pki): (&Path, &PkiFiles, &Pki),
+    host: &str,
+    (etcd, port): (u16, u16),
+) -> Result<Vec<String>, Error> {
+    let mut args = vec![
+        format!("--etcd-servers=http://127.0.0.1:{etcd}"),
+        format!("--cert-dir={}", dir.display()),
+        format!("--tls-cert-file={}", files.serving_cert.display()),
+        format!("--tls-private-key-file={}", files.serving_key.display()),
+        format!("--client-ca-file={}", files.client_ca.display()),
+        format!("--secure-port={port}"),
+        format!("--bind-address={host}"),
+        format!("--advertise-address={host}"),
+        // 65,534 Service addresses: the load test creates a Service per Manifest (a /24 is
+        // full after 253).
+        "--service-cluster-ip-range=10.0.0.0/16".to_owned(),
+        "--allow-privileged=true".to_owned(),
+        "--authorization-mode=Node,RBAC".to_owned(),
+        format!("--service-account-issuer=https://127.0.0.1:{port}/"),
+        format!(
+            "--service-account-key-file={}",
+            files.service_account_pub.display()
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            files.service_account_key.display()
+        ),
+    ];
+    if options.kubelet {
+        // Pods get their ServiceAccount's token; the node may only touch its own objects;
+        // the API server authenticates to kubelet (logs, exec) with a client certificate.
+        let (cert, key) = pki.client_certificate(
+            "kube-apiserver-kubelet-client",
+            Some("system:masters"),
+            validity(),
+        )?;
+        write(&dir.join("kubelet-client.crt"), &cert)?;
+        write(&dir.join("kubelet-client.key"), &key)?;
+        args.extend([
+            "--enable-admission-plugins=NodeRestriction".to_owned(),
+            format!(
+                "--kubelet-client-certificate={}",
+                dir.join("kubelet-client.crt").display()
+            ),
+            format!(
+                "--kubelet-client-key={}",
+                dir.join("kubelet-client.key").display()
+            ),
+            "--kubelet-preferred-address-types=InternalIP".to_owned(),
+        ]);
+    } else {
+        // No kubelet and (without the controller-manager) no default ServiceAccount.
+        args.push("--disable-admission-plugins=ServiceAccount".to_owned());
+    }
+    if !options.feature_gates.is_empty() {
+        let gates: Vec<String> = options
+            .feature_gates
+            .iter()
+            .map(|gate| format!("{gate}=true"))
+            .collect();
+        args.push(format!("--feature-gates={}", gates.join(",")));
+    }
+    if options.audit_log {
+        let policy = dir.join("audit-policy.yaml");
+        write(&policy, AUDIT_POLICY)?;
+        args.extend([
+            format!("--audit-policy-file={}", policy.display()),
+            format!("--audit-log-path={}", dir.join("audit.log").display()),
+            "--audit-log-format=json".to_owned(),
+            // Batched: the request does not wait for the log write; a batch is written
+            // within a second (a reader waits that long after its window).
+            "--audit-log-mode=batch".to_owned(),
+            "--audit-log-batch-max-size=100".to_owned(),
+            "--audit-log-batch-max-wait=1s".to_owned(),
+            "--audit-log-maxsize=0".to_owned(),
+        ]);
+    }
+    Ok(args)
 }
 
 /// Starts kwok for the nodes annotated [`SIMULATED_NODE_ANNOTATION`], with node Leases and kwok's
@@ -465,8 +754,18 @@ fn start_kwok(
 /// The annotation kwok manages nodes by.
 const SIMULATED_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 
-/// Creates `count` Nodes for kwok to run (`kwok-node-0`, …), roomy enough for a load test.
-async fn create_simulated_nodes(client: &Client, count: usize) -> Result<(), Error> {
+/// The taint of the simulated nodes when a real node runs too: pods land on them only when they
+/// tolerate it.
+pub const SIMULATED_NODE_TAINT: &str = "kwok.x-k8s.io/node";
+
+/// Creates `count` Nodes for kwok to run (`kwok-node-0`, …), roomy enough for a load test;
+/// `tainted` beside a real node.
+async fn create_simulated_nodes(client: &Client, count: usize, tainted: bool) -> Result<(), Error> {
+    let taints = if tainted {
+        serde_json::json!([{"key": SIMULATED_NODE_TAINT, "value": "fake", "effect": "NoSchedule"}])
+    } else {
+        serde_json::json!([])
+    };
     let nodes = Api::<Node>::all(client.clone());
     for i in 0..count {
         let node: Node = serde_json::from_value(serde_json::json!({
@@ -477,6 +776,7 @@ async fn create_simulated_nodes(client: &Client, count: usize) -> Result<(), Err
                 "annotations": {SIMULATED_NODE_ANNOTATION: "fake"},
                 "labels": {"kubernetes.io/hostname": format!("kwok-node-{i}"), "type": "kwok"},
             },
+            "spec": {"taints": taints},
             "status": {
                 "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
                 "capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
@@ -486,6 +786,63 @@ async fn create_simulated_nodes(client: &Client, count: usize) -> Result<(), Err
         nodes.create(&PostParams::default(), &node).await?;
     }
     Ok(())
+}
+
+/// A validity for the node's client certificates: from an hour ago for a year.
+fn validity() -> std::ops::Range<std::time::SystemTime> {
+    let now = std::time::SystemTime::now();
+    now - Duration::from_secs(3600)..now + Duration::from_secs(365 * 24 * 3600)
+}
+
+/// The real node: kubeconfigs for kubelet (`system:node:…`) and kube-proxy, then
+/// [`crate::node::start`].
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the control plane's parts, passed once"
+)]
+async fn start_node(
+    tools: &Tools,
+    options: &Options,
+    pki: &Pki,
+    server: &str,
+    dir: &Path,
+    files: &PkiFiles,
+    client: &Client,
+    lifetime: Lifetime,
+    guard: crate::node::HostGuard,
+) -> Result<crate::node::Node, Error> {
+    let tools = Tools::node_binaries().map(|found| Tools {
+        kubelet: found.kubelet,
+        kube_proxy: found.kube_proxy,
+        ..tools.clone()
+    })?;
+    let node_user = format!("system:node:{}", crate::node::NODE_NAME);
+    let (cert, key) = pki.client_certificate(&node_user, Some("system:nodes"), validity())?;
+    let kubelet_kubeconfig = dir.join("kubelet.kubeconfig");
+    write(
+        &kubelet_kubeconfig,
+        &pki.kubeconfig(server, &node_user, &cert, &key),
+    )?;
+    let (cert, key) = pki.client_certificate("system:kube-proxy", None, validity())?;
+    let proxy_kubeconfig = dir.join("kube-proxy.kubeconfig");
+    write(
+        &proxy_kubeconfig,
+        &pki.kubeconfig(server, "system:kube-proxy", &cert, &key),
+    )?;
+    crate::node::start(
+        &tools,
+        crate::node::NodeInputs {
+            dir,
+            client_ca: &files.client_ca,
+            kubelet_kubeconfig: &kubelet_kubeconfig,
+            proxy_kubeconfig: &proxy_kubeconfig,
+            lifetime,
+        },
+        client,
+        &options.images,
+        guard,
+    )
+    .await
 }
 
 /// Removes the directories of test processes that died without cleaning up (`<pid>-…`).
@@ -550,7 +907,7 @@ fn write(path: &Path, content: &str) -> Result<(), Error> {
     std::fs::write(path, content).map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
-fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
     // Hold all listeners until every port is chosen so the N ports differ.
     let listeners = (0..N)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
@@ -566,31 +923,55 @@ fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
     Ok(ports)
 }
 
-/// Polls `/readyz` until it answers `ok`, failing early when a process exits.
-async fn wait_ready(client: &Client, procs: &mut [Proc]) -> Result<(), Error> {
+/// Waits until kube-apiserver's `/readyz` answers `ok`, failing early when one of `procs`
+/// exited; the lock is held only to look, never across a wait.
+async fn wait_ready(
+    client: &Client,
+    procs: &Mutex<Vec<Proc>>,
+    what: &'static str,
+) -> Result<(), Error> {
     let deadline = Instant::now() + READY_TIMEOUT;
+    let locked = || procs.lock().unwrap_or_else(|e| e.into_inner());
     loop {
-        for p in procs.iter_mut() {
-            p.check_running()?;
+        locked().iter_mut().try_for_each(Proc::check_running)?;
+        if readyz(client).await {
+            return Ok(());
         }
-        let request = http::Request::get("/readyz")
-            .body(Vec::new())
-            .expect("a static request is valid");
-        match client.request_text(request).await {
-            Ok(body) if body.trim() == "ok" => return Ok(()),
-            _ if Instant::now() > deadline => {
-                let log_tail = procs
-                    .iter()
-                    .map(|p| format!("--- {}\n{}", p.name(), p.log_tail()))
-                    .collect();
-                return Err(Error::NotReady {
-                    what: "kube-apiserver /readyz",
-                    log_tail,
-                });
-            }
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        if Instant::now() > deadline {
+            let log_tail = locked()
+                .iter()
+                .map(|p| format!("--- {}\n{}", p.name(), p.log_tail()))
+                .collect();
+            return Err(Error::NotReady { what, log_tail });
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Whether etcd on `port` answers `/health` with `"health":"true"` now (plain HTTP/1.0).
+async fn etcd_healthy(port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream
+            .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    match tokio::time::timeout(Duration::from_secs(2), ask).await {
+        Ok(Ok(answer)) => answer.replace(' ', "").contains(r#""health":"true""#),
+        _ => false,
+    }
+}
+
+/// Whether kube-apiserver's `/readyz` answers `ok` now.
+async fn readyz(client: &Client) -> bool {
+    let request = http::Request::get("/readyz")
+        .body(Vec::new())
+        .expect("a static request is valid");
+    matches!(client.request_text(request).await, Ok(body) if body.trim() == "ok")
 }
 
 /// kube-controller-manager is working once its service-account controller has created the

@@ -8,6 +8,7 @@
 //! is killed.
 
 mod control_plane;
+pub mod node;
 mod pki;
 mod process;
 pub mod renderer_key;
@@ -16,7 +17,7 @@ pub mod tools;
 use std::path::PathBuf;
 
 pub use control_plane::{
-    ControlPlane, Endpoints, NODE_MONITOR_GRACE_PERIOD, Options, SHARDED_LIST_AND_WATCH,
+    ControlPlane, Endpoints, NODE_MONITOR_GRACE_PERIOD, Options, SHARDED_LIST_AND_WATCH, Stop,
     client_for, config_for, install_crds, parse_crds,
 };
 pub use process::{Lifetime, Paused, Proc, pid_runs, signal_pid, stop_pid};
@@ -66,6 +67,9 @@ pub enum Error {
     /// the control plane runs no process of that name.
     #[error("the control plane runs no {0}")]
     NoSuchProcess(String),
+    /// the real node cannot start or is in use.
+    #[error("real node: {0}")]
+    Node(String),
     /// a request to the API server failed.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),

@@ -58,12 +58,25 @@ fn name(common_name: &str, organization: Option<&str>) -> DistinguishedName {
 impl Pki {
     /// Generates a fresh set (ECDSA P-256 keys).
     pub fn generate() -> Result<Self, Error> {
+        Self::generate_with(&[], &[])
+    }
+
+    /// Like [`Pki::generate`], with more addresses and names in the serving certificate (the
+    /// real node's: its address, the `kubernetes` Service's address and names).
+    pub fn generate_with(ips: &[Ipv4Addr], names: &[&str]) -> Result<Self, Error> {
         let serving_ca = ca("module-manager-testenv-serving-ca")?;
         let serving_key = KeyPair::generate()?;
-        let mut serving = CertificateParams::new(vec!["localhost".to_owned()])?;
+        let mut dns = vec!["localhost".to_owned()];
+        dns.extend(names.iter().map(|n| (*n).to_owned()));
+        let mut serving = CertificateParams::new(dns)?;
         serving
             .subject_alt_names
             .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        for ip in ips {
+            serving
+                .subject_alt_names
+                .push(SanType::IpAddress(IpAddr::V4(*ip)));
+        }
         serving.distinguished_name = name("localhost", None);
         serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let serving_cert = serving.signed_by(&serving_key, &serving_ca)?;
@@ -107,14 +120,14 @@ impl Pki {
         Ok((certificate.pem(), key.serialize_pem()))
     }
 
-    /// An admin kubeconfig for `https://127.0.0.1:<port>` with the credentials embedded.
-    pub fn admin_kubeconfig(&self, port: u16) -> String {
+    /// A kubeconfig for `server` with `user`'s client certificate and key embedded.
+    pub fn kubeconfig(&self, server: &str, user: &str, cert_pem: &str, key_pem: &str) -> String {
         let b64 = |pem: &str| STANDARD.encode(pem);
         format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: testenv\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority-data: {ca}\nusers:\n- name: testenv-admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: testenv\n  context:\n    cluster: testenv\n    user: testenv-admin\ncurrent-context: testenv\n",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: testenv\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: testenv\n  context:\n    cluster: testenv\n    user: {user}\ncurrent-context: testenv\n",
             ca = b64(&self.serving_ca_pem),
-            cert = b64(&self.admin_cert_pem),
-            key = b64(&self.admin_key_pem),
+            cert = b64(cert_pem),
+            key = b64(key_pem),
         )
     }
 }
@@ -126,7 +139,12 @@ mod tests {
     #[test]
     fn kubeconfig_embeds_the_credentials() {
         let pki = Pki::generate().unwrap();
-        let kubeconfig = pki.admin_kubeconfig(6443);
+        let kubeconfig = pki.kubeconfig(
+            "https://127.0.0.1:6443",
+            "testenv-admin",
+            &pki.admin_cert_pem,
+            &pki.admin_key_pem,
+        );
         assert!(kubeconfig.contains("server: https://127.0.0.1:6443"));
         assert!(kubeconfig.contains(&STANDARD.encode(&pki.admin_cert_pem)));
     }

@@ -30,15 +30,40 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Starts `command`, sending stdout and stderr to `log`.
+    /// Starts `command`, sending stdout and stderr to `log` (a new file).
     pub fn spawn(
         name: &'static str,
-        mut command: Command,
+        command: Command,
         log: &Path,
         lifetime: Lifetime,
     ) -> Result<Self, Error> {
         let out =
             File::create(log).map_err(|e| Error::io(format!("create {}", log.display()), e))?;
+        Self::spawn_to(name, command, (out, log), lifetime)
+    }
+
+    /// [`Proc::spawn`] appending to `log`: a process started again keeps its predecessor's
+    /// lines.
+    pub fn spawn_appending(
+        name: &'static str,
+        command: Command,
+        log: &Path,
+        lifetime: Lifetime,
+    ) -> Result<Self, Error> {
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| Error::io(format!("open {}", log.display()), e))?;
+        Self::spawn_to(name, command, (out, log), lifetime)
+    }
+
+    fn spawn_to(
+        name: &'static str,
+        mut command: Command,
+        (out, log): (File, &Path),
+        lifetime: Lifetime,
+    ) -> Result<Self, Error> {
         let err = out.try_clone().map_err(|e| Error::io("dup log file", e))?;
         command.stdin(Stdio::null()).stdout(out).stderr(err);
         let child = match lifetime {
@@ -96,6 +121,25 @@ impl Proc {
         }
     }
 
+    /// SIGKILL at once (no SIGTERM first: a crash, not a shutdown); reaps the child.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Takes the child out, the process still running: it counts as stopped from now on, and
+    /// the caller stops and reaps it (outside any lock the `Proc` is behind).
+    pub fn take_child(&mut self) -> Option<std::process::Child> {
+        self.child.take()
+    }
+
+    /// Whether the process was stopped by [`Proc::stop`] or [`Proc::kill`].
+    pub fn is_stopped(&self) -> bool {
+        self.child.is_none()
+    }
+
     /// Forgets the child without stopping it (it keeps running detached).
     pub fn leak(mut self) -> u32 {
         self.child.take();
@@ -111,23 +155,27 @@ impl Drop for Proc {
 
 /// SIGTERM `pid`, wait up to `grace` for it to go, then SIGKILL. Returns whether it was running.
 pub fn stop_pid(pid: u32, grace: Duration) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
+    terminate_pid(pid, grace).is_some()
+}
+
+/// SIGTERM, up to `grace` for the process to exit, then SIGKILL; `None` when it could not be
+/// signalled (gone already), else whether SIGKILL was needed. Blocks up to `grace`.
+pub fn terminate_pid(pid: u32, grace: Duration) -> Option<bool> {
+    let pid = libc::pid_t::try_from(pid).ok()?;
     // SAFETY: kill(2) with a positive pid and a valid signal has no memory effects.
     if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
-        return false;
+        return None;
     }
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         if !pid_alive(pid) {
-            return true;
+            return Some(false);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    true
+    Some(true)
 }
 
 /// Sends `signal` (`libc::SIGSTOP`, `libc::SIGCONT`, …) to `pid`.

@@ -31,6 +31,10 @@ pub struct Tools {
     pub kube_controller_manager: PathBuf,
     /// `kube-scheduler`.
     pub kube_scheduler: PathBuf,
+    /// `kubelet` (the real node, [`crate::Options::kubelet`]; not required by [`Tools::locate`]).
+    pub kubelet: PathBuf,
+    /// `kube-proxy` (the real node's Service rules).
+    pub kube_proxy: PathBuf,
     /// `kwok`: simulated nodes and kubelets.
     pub kwok: PathBuf,
     /// kwok's stage definitions (written by `hack/build-tools.sh` from kwok's module).
@@ -78,6 +82,14 @@ impl Tools {
         Ok(found)
     }
 
+    /// Like [`Tools::locate_control_plane`], and also kubelet and kube-proxy (the real node's,
+    /// `hack/build-tools.sh` without an argument builds them).
+    pub fn node_binaries() -> Result<Self, Error> {
+        let found = Self::locate_control_plane()?;
+        require(&[&found.kubelet, &found.kube_proxy])?;
+        Ok(found)
+    }
+
     /// Where each pinned binary is in the cache, present or not.
     fn paths() -> Result<Self, Error> {
         let tools = cache_root().join("tools");
@@ -90,6 +102,8 @@ impl Tools {
             kube_apiserver: k8s.join("kube-apiserver"),
             kube_controller_manager: k8s.join("kube-controller-manager"),
             kube_scheduler: k8s.join("kube-scheduler"),
+            kubelet: k8s.join("kubelet"),
+            kube_proxy: k8s.join("kube-proxy"),
             kwok: kwok.join("kwok"),
             kwok_stages: kwok.join("stages.yaml"),
             etcd: tools

@@ -5,9 +5,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams};
-use testenv::{ControlPlane, Options, pid_runs};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, DeleteParams, PostParams};
+use testenv::{ControlPlane, Options, Stop, pid_runs};
 
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -31,7 +31,7 @@ async fn start_serve_and_stop_leaves_no_process() {
     })
     .await
     .expect("start");
-    let endpoints = control_plane.endpoints().clone();
+    let endpoints = control_plane.endpoints();
     let names: Vec<&str> = endpoints.pids.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["etcd", "kube-apiserver", "kube-controller-manager"]);
     for (name, pid) in &endpoints.pids {
@@ -138,5 +138,70 @@ fn sigkill_of_the_test_process_leaves_no_orphans() {
     child.wait().unwrap();
     for (name, pid) in &pids {
         wait_until(&format!("{name} ({pid}) is gone"), || !pid_runs(*pid, name));
+    }
+}
+
+/// etcd killed, kube-apiserver killed and stopped gracefully: each starts again on its port
+/// and data, and what was written before is still there (the same object, the same uid).
+#[tokio::test]
+async fn etcd_and_apiserver_restart_on_their_ports_and_data() {
+    let control_plane = ControlPlane::start(Options::default())
+        .await
+        .expect("start");
+    let client = control_plane.client().await.unwrap();
+    let ns = control_plane.namespace(&client, "restart").await.unwrap();
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    let before = config_maps
+        .create(&PostParams::default(), &config_map("before"))
+        .await
+        .unwrap();
+    for (program, how) in [
+        ("etcd", Stop::Kill),
+        ("kube-apiserver", Stop::Kill),
+        ("kube-apiserver", Stop::Graceful),
+    ] {
+        let old = control_plane.pid(program).unwrap();
+        let killed = control_plane.stop_process(program, how).await.unwrap();
+        eprintln!("{program} {how:?}: SIGKILL needed: {killed}");
+        assert!(!pid_runs(old, program), "{program} ({old}) still runs");
+        assert_eq!(control_plane.pid(program), None);
+        if program == "kube-apiserver" {
+            assert!(config_maps.get("before").await.is_err(), "nobody answers");
+        }
+        control_plane.start_process(program).await.unwrap();
+        let new = control_plane.pid(program).unwrap();
+        assert!(new != old && pid_runs(new, program), "{program} {how:?}");
+        // What `testenv up` writes to state.json for `testenv down`: the new pid.
+        let pids = control_plane.endpoints().pids;
+        assert!(
+            pids.contains(&(program.to_owned(), new)) && !pids.iter().any(|(_, p)| *p == old),
+            "{program} {how:?}: {pids:?}"
+        );
+        // The admin kubeconfig still reaches it: the same port.
+        let client = control_plane.client().await.unwrap();
+        let config_maps = Api::<ConfigMap>::namespaced(client, &ns);
+        let after = config_maps.get("before").await.unwrap();
+        assert_eq!(after.metadata.uid, before.metadata.uid, "{program} {how:?}");
+        let name = format!("after-{program}-{how:?}").to_lowercase();
+        config_maps
+            .create(&PostParams::default(), &config_map(&name))
+            .await
+            .unwrap();
+    }
+    assert!(matches!(
+        control_plane
+            .stop_process("kube-controller-manager", Stop::Kill)
+            .await,
+        Err(testenv::Error::NoSuchProcess(_))
+    ));
+}
+
+fn config_map(name: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
     }
 }

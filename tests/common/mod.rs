@@ -367,10 +367,26 @@ impl Operator {
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Polls `done` every 200 ms until it holds; fails after `limit`.
-pub async fn wait_until(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+pub async fn wait_until(what: &str, limit: Duration, done: impl AsyncFnMut() -> bool) {
+    wait_until_described(what, limit, done, async || String::new()).await;
+}
+
+/// [`wait_until`], failing with what `describe` says of the state at that moment.
+pub async fn wait_until_described(
+    what: &str,
+    limit: Duration,
+    mut done: impl AsyncFnMut() -> bool,
+    describe: impl AsyncFn() -> String,
+) {
     let deadline = Instant::now() + limit;
     while !done().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        if Instant::now() >= deadline {
+            let now = describe().await;
+            if now.is_empty() {
+                panic!("timed out waiting until {what}");
+            }
+            panic!("timed out waiting until {what}; now:\n{now}");
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -1,6 +1,6 @@
 //! `remote`: the workload the product exists for — many Manifests on many remote clusters
 //! (Kyma: 25,000 Manifests on 5,000 clusters). [`testbed`] makes `--targets` clusters out of a
-//! few real API servers ([`proxy`] gives each its own endpoint, each has its own credential);
+//! few real API servers ([`crate::proxy`] gives each its own endpoint, each has its own credential);
 //! the fleet gets `--modules-per-target` Manifests per target at once and is timed until all
 //! are Ready, with its cost per target (requests from the targets' audit logs, connections
 //! from the proxy, sockets, CPU and memory per replica); optionally it then idles for
@@ -10,7 +10,6 @@
 
 pub mod bare;
 pub mod drift;
-pub mod proxy;
 pub mod steady;
 pub mod testbed;
 

@@ -22,9 +22,9 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::proxy::Proxy;
 use crate::load::target_name;
 use crate::phase::harness_client;
+use crate::proxy::Proxy;
 
 /// The ServiceAccount every target's credential belongs to (in the target's namespace).
 pub const SERVICE_ACCOUNT: &str = "module-manager";
@@ -121,7 +121,9 @@ impl TestBed {
             let admin = harness_client(control_plane.kubeconfig()).await?;
             install_roles(&admin).await?;
             admins.push(admin);
-            upstreams.push(upstream(&control_plane.endpoints().server)?);
+            upstreams.push(crate::network::https_address(
+                &control_plane.endpoints().server,
+            )?);
             cas.push(certificate_authority(control_plane.kubeconfig())?);
         }
         let of_target: Vec<usize> = (0..shape.targets).map(|i| i % shape.apiservers).collect();
@@ -261,16 +263,6 @@ async fn start_apiserver() -> anyhow::Result<testenv::ControlPlane> {
         ..Default::default()
     })
     .await?)
-}
-
-/// The address of `https://127.0.0.1:<port>`.
-fn upstream(server: &str) -> anyhow::Result<SocketAddr> {
-    let address = server
-        .strip_prefix("https://")
-        .with_context(|| format!("the API server {server} is not https://host:port"))?;
-    address
-        .parse()
-        .with_context(|| format!("the API server address {address}"))
 }
 
 /// The API server's CA (base64 PEM, as kubeconfigs carry it) from its admin kubeconfig.

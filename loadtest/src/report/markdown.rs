@@ -8,6 +8,7 @@ use crate::results::{
 
 use super::charts;
 
+mod faults;
 mod format;
 mod hostile;
 mod monitoring;
@@ -273,12 +274,15 @@ fn fleet(f: &FleetFigures, lease_duration_seconds: f64) -> Option<String> {
         ("takeover after a fault", &f.takeover_seconds),
     ];
     let has_quantiles = quantiles.iter().any(|(_, q)| !is_empty(q));
-    if !has_quantiles && f.max_unowned_seconds <= 0.0 && f.moves.is_empty() {
+    if !has_quantiles && f.max_unowned_seconds <= 0.0 && f.moves.is_empty() && f.faults.is_empty() {
         return None;
     }
     let mut parts = vec!["## Fleet".to_owned()];
     if has_quantiles {
         parts.push(quantile_table("", &quantiles));
+    }
+    if !f.faults.is_empty() {
+        parts.push(faults::faults(&f.faults));
     }
     parts.push(format!(
         "Longest a shard was unowned: {:.1} s (the checker allows {:.1} s, twice the lease).",

@@ -154,6 +154,26 @@ fn full() -> RunResult {
             takeover_seconds: quantiles(1, 11.0),
             max_unowned_seconds: 12.5,
             takeovers_unfinished: 1,
+            faults: vec![
+                FaultRecord {
+                    fault: "apiserver".to_owned(),
+                    label: "apiserver".to_owned(),
+                    at_seconds: 40.0,
+                    outage_seconds: 9.5,
+                    recovered_seconds: Some(4.25),
+                    steady_requests_per_second: Some(20.0),
+                    requests_per_second_after: Some(50.0),
+                    ..Default::default()
+                },
+                FaultRecord {
+                    fault: "etcd".to_owned(),
+                    label: "etcd".to_owned(),
+                    at_seconds: 80.0,
+                    outage_seconds: 7.0,
+                    stuck: vec!["Create m-1 (130 s ago)".to_owned()],
+                    ..Default::default()
+                },
+            ],
             moves: vec![
                 MoveStep {
                     step: "3→5".to_owned(),
@@ -540,6 +560,11 @@ fn markdown_has_fleet_figures_and_moves() {
             takeover.p50.unwrap()
         ),
     );
+    // Each fault with its recovery and its request rates; the summary per fault type.
+    assert_contains(&md, "| apiserver | 40 | 9.5 | 4.2 | 20.0 | 50.0 | 2.50× |");
+    assert_contains(&md, "| etcd | 80 | 7.0 | not recovered | – | – | – |");
+    assert_contains(&md, "| apiserver | 1 | 4.2 | 0 | 2.50× |");
+    assert_contains(&md, "| etcd | 1 | – | 1 | – |");
     assert_contains(
         &md,
         &format!(

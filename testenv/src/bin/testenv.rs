@@ -35,6 +35,13 @@ enum Command {
         /// kube-apiserver feature gates to enable, e.g. `ShardedListAndWatch` (repeatable).
         #[arg(long = "feature-gate")]
         feature_gates: Vec<String>,
+        /// Also run a real node: containerd, kubelet and kube-proxy (root; docs/development.md
+        /// § A real node). The simulated nodes are then tainted `kwok.x-k8s.io/node=fake:NoSchedule`.
+        #[arg(long)]
+        kubelet: bool,
+        /// OCI image archives to import into the real node (`hack/build-image.sh`; repeatable).
+        #[arg(long = "image", requires = "kubelet")]
+        images: Vec<PathBuf>,
     },
     /// Stop the control plane and remove its state.
     Down,
@@ -52,7 +59,14 @@ async fn main() -> anyhow::Result<()> {
             no_controller_manager,
             nodes,
             feature_gates,
+            kubelet,
+            images,
         } => {
+            if kubelet && no_controller_manager {
+                anyhow::bail!(
+                    "--kubelet needs the controller-manager: drop --no-controller-manager"
+                );
+            }
             if let Some(running) = running(&state_file) {
                 eprintln!("control plane already running at {}", running.server);
                 for file in &crd_files {
@@ -74,6 +88,8 @@ async fn main() -> anyhow::Result<()> {
                 node_monitor_grace_period: None,
                 audit_log: false,
                 feature_gates,
+                kubelet,
+                images,
             };
             let endpoints = ControlPlane::start(options).await?.detach();
             std::fs::write(&state_file, serde_json::to_vec_pretty(&endpoints)?)?;
@@ -119,6 +135,21 @@ fn stop_all(state_file: &Path) -> bool {
         return false;
     };
     let mut any = false;
+    // The real node first: kube-proxy, kubelet, then its pods, containerd and the rest.
+    for (name, pid) in endpoints.pids.iter().rev() {
+        if ["kube-proxy", "kubelet"].contains(&name.as_str()) && pid_runs(*pid, name) {
+            any |= stop_pid(*pid, Duration::from_secs(10));
+        }
+    }
+    if let Some(node) = &endpoints.node
+        && let Err(left) = testenv::node::teardown(node)
+    {
+        eprintln!(
+            "the real node left: {}; its record {} stays, and the next start sweeps again",
+            left.join("; "),
+            testenv::node::record_path().display()
+        );
+    }
     for (name, pid) in endpoints.pids.iter().rev() {
         if pid_runs(*pid, name) {
             any |= stop_pid(*pid, Duration::from_secs(10));

@@ -7,7 +7,11 @@
 //! go upstream: the TCP handshake a real remote cluster costs, which the kernel here answers at
 //! once) and blackhole it (connections are accepted, and everything
 //! sent either way is swallowed: no answer, no reset, like a cluster behind a dropped route).
-//! It counts connections per target (opened ever, open now).
+//! When the blackhole ends, every connection of the target still open is reset (RST both
+//! ways): each lived through the partition, open before it or accepted during it, and lost
+//! bytes there, as a real connection across a partition ends (a retransmission or keepalive
+//! timeout on one side, a reset from the other when packets pass again). New connections after
+//! it go through. It counts connections per target (opened ever, open now).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -15,10 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 /// The loopback address of target `index` (up to 65,536 targets): 127.1.x.y.
@@ -31,6 +34,10 @@ pub fn target_address(index: usize) -> anyhow::Result<Ipv4Addr> {
 struct Endpoint {
     upstream: SocketAddr,
     blackholed: AtomicBool,
+    /// Bumped when a blackhole ends: every connection open then is reset.
+    heals: watch::Sender<u64>,
+    /// The delay of each direction, microseconds (half the round trip).
+    one_way_micros: AtomicU64,
     opened: AtomicU64,
     open: AtomicU64,
 }
@@ -42,6 +49,12 @@ pub struct Proxy {
     listeners: Vec<tokio::task::JoinHandle<()>>,
     /// Where each target listens.
     pub addresses: Vec<SocketAddr>,
+}
+
+impl Endpoint {
+    fn one_way(&self) -> Duration {
+        Duration::from_micros(self.one_way_micros.load(Ordering::SeqCst))
+    }
 }
 
 /// Bytes read at a time from either side.
@@ -59,6 +72,8 @@ impl Proxy {
                 .map(|&upstream| Endpoint {
                     upstream,
                     blackholed: AtomicBool::new(false),
+                    heals: watch::Sender::new(0),
+                    one_way_micros: AtomicU64::new((round_trip / 2).as_micros() as u64),
                     opened: AtomicU64::new(0),
                     open: AtomicU64::new(0),
                 })
@@ -74,7 +89,7 @@ impl Proxy {
             addresses.push(listener.local_addr()?);
             let endpoints = endpoints.clone();
             listeners.push(tokio::spawn(async move {
-                accept(listener, endpoints, index, round_trip / 2).await;
+                accept(listener, endpoints, index).await;
             }));
         }
         Ok(Self {
@@ -84,11 +99,24 @@ impl Proxy {
         })
     }
 
-    /// Blackholes target `index` (or ends that): its open connections and new ones swallow
-    /// everything from then on.
+    /// Blackholes target `index`: its open connections and new ones swallow everything from
+    /// then on. Ending it resets every connection of the target still open (each lost bytes).
     pub fn blackhole(&self, index: usize, on: bool) {
         if let Some(endpoint) = self.endpoints.get(index) {
-            endpoint.blackholed.store(on, Ordering::SeqCst);
+            let was = endpoint.blackholed.swap(on, Ordering::SeqCst);
+            if was && !on {
+                // After the flag: a connection that subscribes later sees it off.
+                endpoint.heals.send_modify(|n| *n += 1);
+            }
+        }
+    }
+
+    /// Sets target `index`'s added round trip from now on (chunks already delayed keep
+    /// their schedule).
+    pub fn set_round_trip(&self, index: usize, round_trip: Duration) {
+        if let Some(endpoint) = self.endpoints.get(index) {
+            let micros = (round_trip / 2).as_micros() as u64;
+            endpoint.one_way_micros.store(micros, Ordering::SeqCst);
         }
     }
 
@@ -117,12 +145,7 @@ impl Drop for Proxy {
     }
 }
 
-async fn accept(
-    listener: TcpListener,
-    endpoints: Arc<Vec<Endpoint>>,
-    index: usize,
-    one_way: Duration,
-) {
+async fn accept(listener: TcpListener, endpoints: Arc<Vec<Endpoint>>, index: usize) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
             // Out of file descriptors or the like: try again shortly rather than spin.
@@ -134,61 +157,66 @@ async fn accept(
             let endpoint = &endpoints[index];
             endpoint.opened.fetch_add(1, Ordering::Relaxed);
             endpoint.open.fetch_add(1, Ordering::Relaxed);
-            let handshake = Instant::now() + one_way * 2;
-            forward(client, endpoint, one_way, handshake).await;
+            let handshake = Instant::now() + endpoint.one_way() * 2;
+            // Before the first look at the flag: a heal after it reaches this connection.
+            let mut heals = endpoint.heals.subscribe();
+            let mut client = client;
+            let _ = client.set_nodelay(true);
+            let mut upstream = if endpoint.blackholed.load(Ordering::SeqCst) {
+                None
+            } else {
+                TcpStream::connect(endpoint.upstream).await.ok()
+            };
+            let healed = tokio::select! {
+                () = forward(&mut client, upstream.as_mut(), endpoint, handshake) => false,
+                _ = heals.changed() => true,
+            };
+            if healed {
+                // It lived through a partition: reset (RST) both sides rather than close.
+                let _ = client.set_zero_linger();
+                if let Some(upstream) = &upstream {
+                    let _ = upstream.set_zero_linger();
+                }
+            }
+            drop((client, upstream));
             endpoint.open.fetch_sub(1, Ordering::Relaxed);
         });
     }
 }
 
 /// Forwards one connection until both directions ended; nothing goes upstream before
-/// `handshake` (its TCP handshake's round trip after the accept).
-async fn forward(client: TcpStream, endpoint: &Endpoint, one_way: Duration, handshake: Instant) {
-    let _ = client.set_nodelay(true);
-    let upstream = if endpoint.blackholed.load(Ordering::SeqCst) {
-        None
-    } else {
-        TcpStream::connect(endpoint.upstream).await.ok()
-    };
+/// `handshake` (its TCP handshake's round trip after the accept). Without an upstream
+/// (blackholed at the accept, or the API server is gone) swallows until the peer leaves.
+async fn forward(
+    client: &mut TcpStream,
+    upstream: Option<&mut TcpStream>,
+    endpoint: &Endpoint,
+    handshake: Instant,
+) {
     let Some(upstream) = upstream else {
-        // Blackholed from the start (or the API server is gone): swallow until the peer leaves.
-        swallow(client).await;
+        let mut buffer = vec![0; CHUNK];
+        while matches!(client.read(&mut buffer).await, Ok(n) if n > 0) {}
         return;
     };
     let _ = upstream.set_nodelay(true);
-    let (client_read, client_write) = client.into_split();
-    let (upstream_read, upstream_write) = upstream.into_split();
-    let blackholed = &endpoint.blackholed;
+    let (client_read, client_write) = client.split();
+    let (upstream_read, upstream_write) = upstream.split();
     tokio::join!(
-        pipe(
-            client_read,
-            upstream_write,
-            (handshake, one_way),
-            blackholed
-        ),
-        pipe(
-            upstream_read,
-            client_write,
-            (Instant::now(), one_way),
-            blackholed
-        ),
+        pipe(client_read, upstream_write, handshake, endpoint),
+        pipe(upstream_read, client_write, Instant::now(), endpoint),
     );
 }
 
-async fn swallow(mut stream: TcpStream) {
-    let mut buffer = vec![0; CHUNK];
-    while matches!(stream.read(&mut buffer).await, Ok(n) if n > 0) {}
-}
-
-/// One direction: what is read is written `delay` after it was read (or after `not_before`,
-/// if later), in order; while `blackholed` it is dropped instead. At the reader's end the
-/// writer is shut down (a half close).
+/// One direction: what is read is written the endpoint's one-way delay after it was read (or
+/// after `not_before`, if later), in order; while the endpoint is blackholed it is dropped
+/// instead. At the reader's end the writer is shut down (a half close).
 async fn pipe(
-    mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
-    (not_before, delay): (Instant, Duration),
-    blackholed: &AtomicBool,
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    not_before: Instant,
+    endpoint: &Endpoint,
 ) {
+    let blackholed = &endpoint.blackholed;
     let (send, mut receive) = mpsc::channel::<(Instant, Vec<u8>)>(IN_FLIGHT_CHUNKS);
     let read = async move {
         let mut buffer = vec![0; CHUNK];
@@ -200,7 +228,7 @@ async fn pipe(
             if blackholed.load(Ordering::SeqCst) {
                 continue;
             }
-            let due = Instant::now().max(not_before) + delay;
+            let due = Instant::now().max(not_before) + endpoint.one_way();
             if send.send((due, buffer[..n].to_vec())).await.is_err() {
                 break;
             }
@@ -237,7 +265,8 @@ mod tests {
     }
 
     /// An echo server behind the proxy: bytes come back through it, a blackholed target
-    /// answers nothing, and connections are counted per target.
+    /// answers nothing, connections that lived through a blackhole are reset at its end, and
+    /// connections are counted per target.
     #[tokio::test]
     async fn forwards_counts_and_blackholes() {
         let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -279,6 +308,26 @@ mod tests {
             silent.await.is_err(),
             "a connection blackholed while open answered"
         );
+
+        // The end of the blackhole resets both: the one open before it (its "pong" was
+        // swallowed) and the one accepted during it; neither hangs.
+        proxy.blackhole(0, false);
+        proxy.blackhole(1, false);
+        for (which, stream) in [
+            ("open before", &mut first),
+            ("accepted during", &mut second),
+        ] {
+            let read = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut answer));
+            match read.await {
+                Ok(Err(e)) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{which}"),
+                other => panic!("the connection {which} the partition was not reset: {other:?}"),
+            }
+        }
+        // New connections go through again.
+        let mut third = TcpStream::connect(proxy.addresses[0]).await.unwrap();
+        third.write_all(b"ping").await.unwrap();
+        third.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"ping");
     }
 
     /// With a round trip set, a request's answer comes two round trips after the connect: one
