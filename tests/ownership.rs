@@ -606,3 +606,61 @@ async fn adoption_as_the_operator_is_refused_without_the_flag() {
         "nothing applied"
     );
 }
+
+/// The owner is looked up in every namespace: an object labelled as a Manifest of another
+/// namespace (which no replica here reconciles) is refused while that Manifest exists, and
+/// taken over once it is gone.
+#[tokio::test]
+async fn an_object_of_a_manifest_in_another_namespace_is_adopted_only_once_it_is_gone() {
+    let op = start_adopting("adopt-elsewhere").await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(op.client.clone(), &op.ns);
+    let limit = Duration::from_secs(60);
+    let control_plane = common::control_plane().await;
+    let other_ns = control_plane
+        .namespace(&op.client, "adopt-owner")
+        .await
+        .unwrap();
+    let others: Api<Manifest> = Api::namespaced(op.client.clone(), &other_ns);
+    let owner = others
+        .create(
+            &PostParams::default(),
+            &manifest(&other_ns, "owner", "catalog", "hi"),
+        )
+        .await
+        .unwrap();
+    let owner_uid = owner.uid().unwrap();
+    let theirs = objects::create_json(
+        &config_maps,
+        json!({"metadata": {"name": "catalog-settings", "labels": {MANIFEST_UID_LABEL: owner_uid}},
+               "data": {"owner": "the other namespace's"}}),
+    )
+    .await;
+
+    let taker = manifest_with(&op.ns, "taker", "taken", json!({"adopt": true}));
+    op.manifests
+        .create(&PostParams::default(), &taker)
+        .await
+        .unwrap();
+    let refused = common::wait_for(&op.manifests, "taker", "refused", limit, |m| {
+        ready_message(m).contains(&owner_uid)
+    })
+    .await;
+    assert!(
+        ready_message(&refused).contains("which exists"),
+        "{}",
+        ready_message(&refused)
+    );
+    let kept = config_maps.get("catalog-settings").await.unwrap();
+    assert_eq!(
+        kept.resource_version(),
+        theirs.resource_version(),
+        "not written"
+    );
+
+    objects::delete(&others, "owner").await;
+    common::wait_for_gone(&others, "owner").await;
+    let ready = common::wait_state(&op.manifests, "taker", State::Ready, limit).await;
+    let taken = config_maps.get("catalog-settings").await.unwrap();
+    assert_eq!(taken.uid(), theirs.uid(), "taken over, not created again");
+    assert_eq!(taken.labels().get(MANIFEST_UID_LABEL), ready.uid().as_ref());
+}

@@ -572,9 +572,10 @@ async fn measure_the_request_cost_of_the_pre_check() {
 }
 
 /// `spec.adopt` as a ServiceAccount takes over only what that account may write: an unlabelled
-/// ConfigMap of its own namespace is taken (UID kept), one in a namespace where it may only
-/// read is refused for lack of `patch` and left as it was (docs/api.md § Adopting existing
-/// objects).
+/// ConfigMap of its own namespace is taken as the account (UID kept); one in a namespace where
+/// it may only read is refused for lack of `patch` — by the dry-run permission check every
+/// impersonated pass makes before applying anything, so nothing of that render is written —
+/// and left as it was (docs/api.md § Adopting existing objects).
 #[tokio::test]
 async fn a_tenant_adopts_only_what_its_account_may_write() {
     let t = start("tenancy-adopt", ServiceAccountPolicy::default()).await;

@@ -113,8 +113,9 @@ pub struct ManifestSpec {
 
     /// Take over objects the chart renders that exist already without being this Manifest's:
     /// objects no Manifest labelled (created by hand or by `helm install`), and objects
-    /// labelled by a Manifest that no longer exists (deleted with `deletionPolicy: Orphan`).
-    /// Never an object of a Manifest that exists. Off by default.
+    /// labelled by a Manifest that no longer exists on this cluster (deleted with
+    /// `deletionPolicy: Orphan`). Never an object of a Manifest that exists here; Manifests of
+    /// another management cluster are not seen. Never a hook object. Off by default.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub adopt: bool,
 

@@ -108,6 +108,11 @@ pub enum ApplyError {
         "{0} already exists and is not managed by this Manifest; refusing to take it over (spec.adopt takes over objects no Manifest manages)"
     )]
     NotOwned(String),
+    /// a hook object of the chart exists and is not this Manifest's.
+    #[error(
+        "{0} (a hook) already exists and is not managed by this Manifest; refusing to run the hook over it (spec.adopt takes over a module's objects, never a hook's: delete a hook object left behind, e.g. by helm install, to let the hook run)"
+    )]
+    HookNotOwned(String),
     /// the object exists and is labelled as another Manifest's (which created or took it over
     /// first).
     #[error(
@@ -185,6 +190,7 @@ impl ApplyError {
             self,
             Self::Rejected { .. }
                 | Self::NotOwned(_)
+                | Self::HookNotOwned(_)
                 | Self::OwnedByAnother { .. }
                 | Self::Replaced { .. }
         )

@@ -54,21 +54,20 @@ pub async fn apply_owned(
     let previous_owner = seen.and_then(|live| live.owner);
     match decision {
         Decision::Apply(guard) => {
-            if matches!(guard, Guard::Read { .. }) && previous_owner != Some(manifest_uid) {
+            let adopting =
+                matches!(guard, Guard::Read { .. }) && previous_owner != Some(manifest_uid);
+            let answer = match cluster.apply_guarded(object, manifest_uid, &guard).await {
+                Err(ApplyError::PreconditionFailed(_)) => Err(ApplyError::Changed(name.clone())),
+                answer => answer,
+            };
+            if adopting && answer.is_ok() {
                 let from = previous_owner.map_or_else(
                     || "labelled by no Manifest".to_owned(),
-                    |owner| {
-                        format!(
-                            "labelled as the Manifest with UID {owner}'s, which no longer exists"
-                        )
-                    },
+                    |owner| format!("labelled as the Manifest with UID {owner}'s, which is gone"),
                 );
-                tracing::info!(object = %name, %from, "adopting (spec.adopt)");
+                tracing::info!(object = %name, %from, "adopted (spec.adopt)");
             }
-            match cluster.apply_guarded(object, manifest_uid, &guard).await {
-                Err(ApplyError::PreconditionFailed(_)) => Err(ApplyError::Changed(name)),
-                answer => answer,
-            }
+            answer
         }
         Decision::NotOwned { owner: None } => Err(ApplyError::NotOwned(name)),
         Decision::NotOwned { owner: Some(owner) } if adopt.is_some() => {

@@ -163,7 +163,7 @@ impl HookScope<'_> {
         let stamp = hooks::stamp(state.run, event);
         if let Some(existing) = self.cluster.get(id).await? {
             if existing.labels().get(MANIFEST_UID_LABEL) != Some(&self.uid) {
-                return Err(ApplyError::NotOwned(plan::describe(id)).into());
+                return Err(ApplyError::HookNotOwned(plan::describe(id)).into());
             }
             let this_run = existing.annotations().get(hooks::RUN_ANNOTATION) == Some(&stamp)
                 && existing.metadata.deletion_timestamp.is_none();

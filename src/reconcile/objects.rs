@@ -13,7 +13,7 @@ use crate::apply::adoption::Owners;
 use crate::apply::listed::Listing;
 use crate::apply::namespace::ensure_namespace;
 use crate::apply::ownership::apply_owned;
-use crate::apply::{Cluster, Deletion, FIELD_MANAGER};
+use crate::apply::{Cluster, Deletion, FIELD_MANAGER, MANIFEST_UID_LABEL};
 use crate::plan::drift::{self, IgnoreRules};
 use crate::plan::ownership;
 use crate::plan::unchanged::Since;
@@ -47,6 +47,17 @@ pub(super) struct DriftPass<'a> {
     pub adopt: Option<&'a Owners>,
 }
 
+/// Whether the live object is this Manifest's, for a hand-over before an apply: its recorded UID,
+/// or — none recorded — this Manifest's label. Not another object under the name, nor one refused
+/// before (recorded without a UID, labelled as another Manifest's or nobody's): the guarded apply
+/// decides those.
+fn is_this_manifests(live: &DynamicObject, recorded_uid: Option<&String>, uid: &str) -> bool {
+    match recorded_uid {
+        Some(recorded) => live.metadata.uid.as_ref() == Some(recorded),
+        None => live.labels().get(MANIFEST_UID_LABEL).map(String::as_str) == Some(uid),
+    }
+}
+
 /// Applies `objects` in order, after recording them all in the inventory (nothing applied can be
 /// forgotten); the fence is checked before each write. Each apply is conditional on the object
 /// being this Manifest's ([`apply_owned`]: its recorded UID, or — new — that it does not exist
@@ -78,10 +89,9 @@ pub(super) async fn apply_all(
         let key = ownership::uid_key(&object.id);
         let recorded_uid = learned.get(&key).or(previous.inventory_uids.get(&key));
         if exists && pass.changed && prepared.may_release() {
-            // One read, only when a field may be released: is it module-manager's? Not when it
-            // is another object under the name (the guarded apply below refuses it).
+            // One read, only when a field may be released.
             if let Some(live) = cluster.get(&object.id).await?
-                && (recorded_uid.is_none() || live.metadata.uid.as_ref() == recorded_uid)
+                && is_this_manifests(&live, recorded_uid, &uid)
             {
                 hand_over(cluster, fence, &object.id, &prepared, &live).await?;
             }

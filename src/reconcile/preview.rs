@@ -14,6 +14,7 @@ use crate::apply::target::{self, ResolveError};
 use crate::apply::{Cluster, FIELD_MANAGER, MANIFEST_SHARD_LABEL, MANIFEST_UID_LABEL};
 use crate::plan::diff::{Diff, ObjectChange, ObjectDiff, hooks_to_run, object_change};
 use crate::plan::drift::{self, IgnoreRules};
+use crate::plan::ownership;
 use crate::plan::trigger::{self, Requests};
 use crate::plan::{self, PruneDecision, RenderedObject, Scope};
 
@@ -66,9 +67,11 @@ pub async fn preview(manifest: &Manifest, ctx: &Context) -> Result<Diff, Reconci
     let rules = IgnoreRules::parse(&manifest.spec.drift_ignore)?;
     let owners = manifest.spec.adopt.then(|| Owners::new(ctx.client.clone()));
     for object in &applied {
+        let recorded = previous.inventory_uids.get(&ownership::uid_key(&object.id));
         let drift = ObjectDrift {
             rules: &rules,
             exists: plan::holds(&previous.inventory, &object.id),
+            recorded_uid: recorded.map(String::as_str),
             adopt: owners.as_ref(),
         };
         diff.objects
@@ -135,6 +138,8 @@ fn pruned(
 struct ObjectDrift<'a> {
     rules: &'a IgnoreRules,
     exists: bool,
+    /// Its UID as the inventory recorded it.
+    recorded_uid: Option<&'a str>,
     /// `spec.adopt`: the owners' look-up (as the caller).
     adopt: Option<&'a Owners>,
 }
@@ -168,8 +173,14 @@ async fn object_diff(
     let Some(live) = cluster.get(&object.id).await? else {
         return done(ObjectChange::Create);
     };
+    // Whose it is, as the pass decides (`plan::ownership::decide`): the recorded object, else
+    // one labelled as this Manifest's or one it may adopt.
     let owner = live.labels().get(MANIFEST_UID_LABEL).map(String::as_str);
-    if owner != Some(uid) && !adoptable(drift.adopt, owner).await {
+    let ours = match drift.recorded_uid {
+        Some(recorded) => live.metadata.uid.as_deref() == Some(recorded),
+        None => owner == Some(uid) || adoptable(drift.adopt, owner).await,
+    };
+    if !ours {
         return done(ObjectChange::NotOwned);
     }
     // What the pass sends: less the ignored fields once the object exists; and what it leaves
