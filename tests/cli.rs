@@ -1,4 +1,4 @@
-//! The Manifest commands of the `module-manager` binary (`get`, `describe`, `reconcile`,
+//! The Manifest commands of the `module-manager` binary (`get`, `describe`, `history`, `reconcile`,
 //! `suspend`, `resume`, `retry`, `diff`) and the kubectl plugin name, run as processes against the
 //! real kube-apiserver, with the pipeline reconciling in-process.
 #![allow(clippy::too_many_lines, reason = "scenario tests read top to bottom")]
@@ -205,6 +205,20 @@ async fn get_describe_and_the_requests_change_exactly_their_field() {
             .any(|l| l.split_whitespace().take(3).eq(["Ready", "True", "Ready"])),
         "no Ready condition in:\n{described}"
     );
+    // history: the install, one release.
+    let history = h.mm_ok(&["history", "catalog"], 0).await;
+    let lines: Vec<&str> = history.lines().collect();
+    assert_eq!(lines.len(), 2, "{history}");
+    assert!(lines[0].starts_with("REVISION"), "{history}");
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(
+        [row[0], row[1], row[2], row[row.len() - 1]],
+        ["1", "Install", "examples/charts/catalog-v1", "Succeeded"],
+        "{history}"
+    );
+    let stored: Value =
+        serde_json::from_str(&h.mm_ok(&["history", "catalog", "-o", "json"], 0).await).unwrap();
+    assert_eq!(stored[0]["outcome"], "Succeeded", "{stored}");
     let events = common::events_once(&h.client, &h.ns, "catalog", |e| !e.is_empty()).await;
     let described = h.mm_ok(&["describe", "catalog"], 0).await;
     let (_, reason, _) = &events[0];

@@ -20,7 +20,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, VersionMatch};
-use module_manager::api::{HookOperation, HookRun, HookRunPhase, Manifest, State};
+use module_manager::api::{HookOperation, HookRun, HookRunPhase, Manifest, ReleaseOutcome, State};
 use serde_json::{Value, json};
 use test_support::objects;
 
@@ -374,6 +374,16 @@ async fn install_and_upgrade_run_their_hooks_in_order_around_the_objects() {
     h.assert_no_pods().await;
 }
 
+/// The releases of `status.history`, newest first: revision and outcome.
+fn releases(manifest: &Manifest) -> Vec<(u32, ReleaseOutcome)> {
+    let status = manifest.status.clone().unwrap_or_default();
+    status
+        .history
+        .iter()
+        .map(|r| (r.revision, r.outcome))
+        .collect()
+}
+
 #[tokio::test]
 async fn a_failed_or_timed_out_pre_upgrade_hook_stops_the_upgrade() {
     let h = start("hook-failure").await;
@@ -385,6 +395,14 @@ async fn a_failed_or_timed_out_pre_upgrade_hook_stops_the_upgrade() {
     assert_eq!(hook_run(&installed).operation, HookOperation::Install);
     assert!(h.job_names().await.is_empty());
     let inventory = installed.status.clone().unwrap().inventory;
+    // The release history: each run of new inputs is a release, and how it ended.
+    let first = &installed.status.clone().unwrap().history[0];
+    assert_eq!(first.operation, HookOperation::Install);
+    assert_eq!(
+        first.chart_digest,
+        installed.status.clone().unwrap().chart_digest
+    );
+    assert_eq!(releases(&installed), [(1, ReleaseOutcome::Succeeded)]);
 
     // The migration fails: nothing of version 2 is applied, the Job is deleted (hook-failed).
     h.patch_spec("db", json!({"values": {"hooks": migrate, "version": "2"}}))
@@ -406,6 +424,16 @@ async fn a_failed_or_timed_out_pre_upgrade_hook_stops_the_upgrade() {
         "recorded: the next pass does not run it again"
     );
     assert_eq!(h.config_map_version("db-app").await.as_deref(), Some("1"));
+    assert_eq!(
+        releases(&failed),
+        [(2, ReleaseOutcome::Failed), (1, ReleaseOutcome::Succeeded)]
+    );
+    let failure = status.history[0].message.clone().unwrap_or_default();
+    assert!(failure.contains("db-migrate"), "{failure}");
+    assert_ne!(
+        status.history[0].values_digest, status.history[1].values_digest,
+        "a release never shows another's values"
+    );
     h.wait_until("the failed Job is deleted", async || {
         h.job_names().await.is_empty()
     })
@@ -420,8 +448,18 @@ async fn a_failed_or_timed_out_pre_upgrade_hook_stops_the_upgrade() {
     h.patch_spec("db", json!({"interval": "3s"})).await;
     assert_eq!(h.unfinished_jobs().await, ["db-migrate"]);
     h.finish_job("db-migrate", true).await;
-    h.wait_state("db", State::Ready, "Ready").await;
+    let retried = h.wait_state("db", State::Ready, "Ready").await;
     assert_eq!(h.config_map_version("db-app").await.as_deref(), Some("2"));
+    let three = [
+        (3, ReleaseOutcome::Succeeded),
+        (2, ReleaseOutcome::Failed),
+        (1, ReleaseOutcome::Succeeded),
+    ];
+    assert_eq!(
+        releases(&retried),
+        three,
+        "the retry is a release of its own"
+    );
     assert_eq!(
         h.job_names().await,
         ["db-migrate"],
@@ -441,14 +479,23 @@ async fn a_failed_or_timed_out_pre_upgrade_hook_stops_the_upgrade() {
     let broken = h.wait_state("db", State::Error, "RenderError").await;
     assert_eq!(hook_run(&broken), done);
     h.patch_spec("db", json!({"chart": {"path": CHART}})).await;
-    h.wait_state("db", State::Ready, "Ready").await;
+    let back = h.wait_state("db", State::Ready, "Ready").await;
     assert_eq!(h.job_uid("db-migrate").await, migrated, "not run again");
+    assert_eq!(
+        releases(&back),
+        three,
+        "a failed render and the same inputs again: no release"
+    );
 
     // A hook that does not finish within its timeout fails the same way.
     let slow = json!([{"name": "slow", "events": "pre-upgrade", "timeout": "2s"}]);
     h.patch_spec("db", json!({"values": {"hooks": slow, "version": "3"}}))
         .await;
     let timed_out = h.wait_state("db", State::Error, "HookFailed").await;
+    assert_eq!(
+        releases(&timed_out)[..2],
+        [(4, ReleaseOutcome::Failed), three[0]]
+    );
     let (_, message) = ready_condition(&timed_out).unwrap();
     assert!(
         message.contains("pre-upgrade hook Job/") && message.contains("did not finish within 2s"),

@@ -50,6 +50,7 @@ fn manifest(name: &str, chart: ChartSource) -> Manifest {
             adopt: false,
             suspend: false,
             interval: "10m".into(),
+            max_history: None,
             timeout: "5m".into(),
             drift_ignore: vec![],
             drift: Default::default(),

@@ -128,6 +128,12 @@ pub struct ManifestSpec {
     #[serde(default = "default_interval")]
     #[schemars(length(max = 32), regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
     pub interval: String,
+    /// How many releases (installs and upgrades) `status.history` keeps, newest first: 1 to 20,
+    /// 5 when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 20))]
+    pub max_history: Option<u32>,
+
     /// How long the applied objects may take to become ready, e.g. `5m`, counted from the
     /// first apply of this generation's render; past it the Manifest is `Stalled` (reason
     /// `ReadinessTimeout`) naming the objects that are not ready. Kept between 1s and 24h.
@@ -520,6 +526,11 @@ pub struct ManifestStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_operation: Option<LastOperation>,
 
+    /// The last releases — installs and upgrades, each one run of new inputs (chart, values,
+    /// release name, target namespace) — newest first, at most `spec.maxHistory` (5).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Release>,
+
     /// Progress of the current (or last) install, upgrade or deletion through its Helm hooks:
     /// which inputs it belongs to, which phase it is in, which hooks of that phase completed
     /// and which one is running.
@@ -561,6 +572,55 @@ impl ManifestStatus {
                 }
         })
     }
+}
+
+/// One release of the module: an install or upgrade run of one set of inputs, and how it
+/// ended.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Release {
+    /// Counts the Manifest's releases from 1.
+    pub revision: u32,
+    /// `Install` or `Upgrade`.
+    pub operation: HookOperation,
+    /// The chart as the spec named it then (`oci://…:tag`, `name version` of a repository,
+    /// `path`).
+    pub chart: String,
+    /// The chart archive's digest; absent until a pass rendered these inputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chart_digest: Option<String>,
+    /// The merged values' digest; absent until a pass rendered these inputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values_digest: Option<String>,
+    /// The `metadata.generation` the release started at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// The hook run that is this release (`status.hookRun.id`).
+    pub run_id: String,
+    /// When the first pass of these inputs started it.
+    pub started: Time,
+    /// When it ended: Ready, failed, or replaced by a newer release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<Time>,
+    /// How it ended, so far.
+    pub outcome: ReleaseOutcome,
+    /// Why it failed (shortened).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// How a release ended.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ReleaseOutcome {
+    /// Not ended yet: hooks or objects in progress.
+    Pending,
+    /// The module was Ready on it.
+    Succeeded,
+    /// A hook failed, or the pass stalled (a permanent error, the readiness timeout); a later
+    /// Ready on the same release makes it `Succeeded`.
+    Failed,
+    /// A newer release started before it ended.
+    Superseded,
 }
 
 /// What a hook run does.

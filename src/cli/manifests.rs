@@ -12,7 +12,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::connect::{Connection, KubeArgs, api_error, connect};
-use super::views::{Output, describe_manifest, encoded, event_time, manifests_table};
+use super::views::{
+    Output, describe_manifest, encoded, event_time, history_table, manifests_table,
+};
 use super::watch::follow;
 use crate::api::{Manifest, ManifestStatus, RECONCILE_REQUESTED_AT, RESET_REQUESTED_AT, State};
 use crate::source::local_chart_version;
@@ -57,6 +59,18 @@ pub struct DescribeArgs {
     /// version from its `Chart.yaml` (as the operator's `--chart-root`).
     #[arg(long, default_value = ".")]
     pub chart_root: PathBuf,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+}
+
+/// `history NAME [-o json|yaml]`.
+#[derive(clap::Args)]
+pub struct HistoryArgs {
+    /// The Manifest.
+    pub name: String,
+    /// Output format (`json`/`yaml`: `status.history` as stored).
+    #[arg(short = 'o', long, value_enum, default_value_t)]
+    pub output: Output,
     #[command(flatten)]
     pub kube: KubeArgs,
 }
@@ -218,6 +232,20 @@ pub async fn describe(args: DescribeArgs) -> anyhow::Result<String> {
         Timestamp::now(),
         &version,
     ))
+}
+
+/// `history`: the Manifest's releases, newest first, as the caller reads them.
+pub async fn history(args: HistoryArgs) -> anyhow::Result<String> {
+    let Connection { client, namespace } = connect(&args.kube).await?;
+    let manifest = Api::<Manifest>::namespaced(client, &namespace)
+        .get(&args.name)
+        .await
+        .map_err(|e| api_error("get", &what(&namespace, &args.name), e))?;
+    let history = manifest.status.map(|s| s.history).unwrap_or_default();
+    if let Some(text) = encoded(&history, args.output)? {
+        return Ok(text);
+    }
+    Ok(history_table(&history, Timestamp::now()))
 }
 
 /// Merge-patches one Manifest; its error names the step.

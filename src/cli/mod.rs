@@ -52,6 +52,9 @@ pub enum ManifestCommand {
     Get(manifests::GetArgs),
     /// Show one Manifest: spec, conditions, inventory, hook run, last operation, Events.
     Describe(manifests::DescribeArgs),
+    /// Show a Manifest's releases (`status.history`), newest first: REVISION, OPERATION, CHART,
+    /// GENERATION, STARTED, ENDED, OUTCOME, MESSAGE.
+    History(manifests::HistoryArgs),
     /// Ask for a pass now (annotation `reconcile.modulemanager.io/requestedAt`).
     Reconcile(manifests::RequestArgs),
     /// Stop reconciling a Manifest (`spec.suspend: true`).
@@ -71,6 +74,7 @@ pub async fn manifest_command(command: ManifestCommand) -> ExitCode {
     let result = match command {
         ManifestCommand::Get(args) => manifests::get(args).await.map(|t| (t, false)),
         ManifestCommand::Describe(args) => manifests::describe(args).await.map(|t| (t, false)),
+        ManifestCommand::History(args) => manifests::history(args).await.map(|t| (t, false)),
         ManifestCommand::Reconcile(args) => manifests::request(args, Request::Reconcile).await,
         ManifestCommand::Retry(args) => manifests::request(args, Request::Reset).await,
         ManifestCommand::Suspend(args) => {

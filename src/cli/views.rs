@@ -11,7 +11,7 @@ use super::tables::{age, columns, or_dash, shortened};
 /// The `version` of a path chart's `Chart.yaml` (`spec.chart.path` → version), where this
 /// process can read it.
 pub type PathVersion<'a> = &'a dyn Fn(&str) -> Option<String>;
-use crate::api::{InventoryEntry, Manifest, ManifestStatus};
+use crate::api::{InventoryEntry, Manifest, ManifestStatus, Release};
 use crate::plan::describe;
 use crate::plan::diff::{Diff, FieldChange, ObjectChange};
 
@@ -324,6 +324,40 @@ fn field_line(field: &FieldChange) -> String {
     }
 }
 
+/// `history`: one row per release, newest first (times as ages, as `kubectl get` shows them).
+pub fn history_table(history: &[Release], now: Timestamp) -> String {
+    if history.is_empty() {
+        return "no releases recorded yet\n".into();
+    }
+    let header = [
+        "REVISION",
+        "OPERATION",
+        "CHART",
+        "GENERATION",
+        "STARTED",
+        "ENDED",
+        "OUTCOME",
+        "MESSAGE",
+    ];
+    let mut rows = vec![header.map(String::from).to_vec()];
+    for release in history {
+        rows.push(vec![
+            release.revision.to_string(),
+            format!("{:?}", release.operation),
+            release.chart.clone(),
+            or_dash(release.generation),
+            age(Some(release.started.0), now),
+            release
+                .ended
+                .as_ref()
+                .map_or_else(|| "-".into(), |ended| age(Some(ended.0), now)),
+            format!("{:?}", release.outcome),
+            shortened(release.message.as_deref().unwrap_or_default(), 60),
+        ]);
+    }
+    columns(&rows)
+}
+
 /// `diff`: objects to create, to change (field by field), to refuse, to prune, hooks to run.
 pub fn diff_text(diff: &Diff) -> String {
     let mut out = String::new();
@@ -362,6 +396,38 @@ mod tests {
     use crate::plan::diff::{HookToRun, ObjectDiff};
     use k8s_openapi::jiff::SignedDuration;
     use serde_json::json;
+
+    #[test]
+    fn history_rows_are_newest_first_with_ages_and_the_failure() {
+        let history: Vec<Release> = serde_json::from_value(json!([
+            {"revision": 2, "operation": "Upgrade", "chart": "charts/web", "generation": 3,
+             "runId": "b", "started": "2026-12-02T01:00:00Z", "ended": "2026-12-02T01:01:00Z",
+             "outcome": "Failed", "message": "pre-upgrade hook Job db-migrate failed"},
+            {"revision": 1, "operation": "Install", "chart": "charts/web", "generation": 1,
+             "runId": "a", "started": "2026-12-02T00:00:00Z", "outcome": "Succeeded"},
+        ]))
+        .unwrap();
+        let now: Timestamp = "2026-12-02T02:00:00Z".parse().unwrap();
+        let text = history_table(&history, now);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].starts_with("REVISION") && lines[0].contains("OUTCOME"),
+            "{text}"
+        );
+        assert!(
+            lines[1].starts_with("2 ") && lines[1].contains("Upgrade") && lines[1].contains("59m"),
+            "{text}"
+        );
+        assert!(
+            lines[1].contains("Failed") && lines[1].contains("db-migrate"),
+            "{text}"
+        );
+        assert!(
+            lines[2].starts_with("1 ") && lines[2].contains("Succeeded"),
+            "{text}"
+        );
+        assert_eq!(history_table(&[], now), "no releases recorded yet\n");
+    }
 
     fn manifest(name: &str, status: Value) -> Manifest {
         serde_json::from_value(json!({

@@ -6,6 +6,7 @@ pub mod dependencies;
 pub mod diff;
 pub mod drift;
 pub mod drift_report;
+pub mod history;
 pub mod hooks;
 pub mod ownership;
 pub mod readiness;

@@ -284,6 +284,7 @@ pub fn next_status(
         shard: shard.or(previous.shard),
         owner: Some(owner.to_owned()),
         last_operation,
+        history: previous.history,
         hook_run: facts.hook_run.or(previous.hook_run),
         hook_objects: facts.hook_objects.unwrap_or(previous.hook_objects),
         readiness_started: facts

@@ -11,13 +11,13 @@ use serde_json::{Value, json};
 
 use super::context::Context;
 use super::error::ReconcileError;
-use crate::api::{HookRun, InventoryEntry, Manifest, ManifestStatus, State};
+use crate::api::{HookRun, InventoryEntry, Manifest, ManifestStatus, Release, State};
 use crate::plan::RenderedObject;
 use crate::plan::status::{
     Facts, Operation, Outcome, next_status, operation_of, publishes_event, ready_message,
     status_patch,
 };
-use crate::plan::{applied_stamps, trigger};
+use crate::plan::{applied_stamps, history, trigger};
 use crate::shard::fence::Fence;
 use crate::telemetry::events::Publisher;
 
@@ -77,6 +77,36 @@ impl Stored {
 /// (`lastHandledReconcileAt`, `lastHandledResetAt`): no write of their own.
 /// `manifest.status` is the status the pass decided from, `stored` what the API server holds
 /// (the patch is made against it).
+/// `status.history` after a pass leaving `next` ([`history::next`]), with the release inputs
+/// the Manifest names.
+fn release_history(
+    manifest: &Manifest,
+    next: &ManifestStatus,
+    outcome: &Outcome,
+    now: &Time,
+) -> Vec<Release> {
+    let spec = &manifest.spec;
+    let chart = history::chart_reference(&spec.chart);
+    let release = spec
+        .release_name
+        .clone()
+        .unwrap_or_else(|| manifest.name_any());
+    let namespace = spec
+        .target_namespace
+        .clone()
+        .unwrap_or_else(|| manifest.namespace().unwrap_or_default());
+    let max = spec
+        .max_history
+        .map_or(history::DEFAULT_MAX_HISTORY, |max| max as usize);
+    let inputs = history::Inputs {
+        chart: &chart,
+        release: &release,
+        namespace: &namespace,
+        max,
+    };
+    history::next(next, outcome, &inputs, now)
+}
+
 pub(super) async fn write_status(
     manifest: &Manifest,
     stored: &Stored,
@@ -87,6 +117,7 @@ pub(super) async fn write_status(
 ) -> Result<(), ReconcileError> {
     let previous = manifest.status.as_ref();
     let shard = manifest.uid().map(|uid| ctx.shards.shard_of(&uid));
+    let now = Time(Timestamp::now());
     let mut next = next_status(
         previous,
         manifest.meta().generation,
@@ -94,8 +125,9 @@ pub(super) async fn write_status(
         facts,
         shard,
         &ctx.replica,
-        &Time(Timestamp::now()),
+        &now,
     );
+    next.history = release_history(manifest, &next, outcome, &now);
     trigger::echo(&mut next, manifest);
     let stored_status = stored.status.as_ref();
     if stored_status.is_some_and(|s| *s == next || applied_stamps::only_moved(s, &next)) {
