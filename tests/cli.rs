@@ -212,8 +212,20 @@ async fn get_describe_and_the_requests_change_exactly_their_field() {
     assert!(lines[0].starts_with("REVISION"), "{history}");
     let row: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(
-        [row[0], row[1], row[2], row[row.len() - 1]],
-        ["1", "Install", "examples/charts/catalog-v1", "Succeeded"],
+        [
+            row[0],
+            row[1],
+            row[2],
+            row[row.len() - 2],
+            row[row.len() - 1]
+        ],
+        [
+            "1",
+            "Install",
+            "examples/charts/catalog-v1",
+            "Succeeded",
+            "-"
+        ],
         "{history}"
     );
     let stored: Value =

@@ -478,6 +478,11 @@ async fn a_failed_or_timed_out_pre_upgrade_hook_stops_the_upgrade() {
     .await;
     let broken = h.wait_state("db", State::Error, "RenderError").await;
     assert_eq!(hook_run(&broken), done);
+    assert_eq!(
+        releases(&broken),
+        three,
+        "a render error fails no release: the succeeded one stays"
+    );
     h.patch_spec("db", json!({"chart": {"path": CHART}})).await;
     let back = h.wait_state("db", State::Ready, "Ready").await;
     assert_eq!(h.job_uid("db-migrate").await, migrated, "not run again");

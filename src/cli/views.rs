@@ -352,7 +352,10 @@ pub fn history_table(history: &[Release], now: Timestamp) -> String {
                 .as_ref()
                 .map_or_else(|| "-".into(), |ended| age(Some(ended.0), now)),
             format!("{:?}", release.outcome),
-            shortened(release.message.as_deref().unwrap_or_default(), 60),
+            release
+                .message
+                .as_deref()
+                .map_or_else(|| "-".into(), |message| shortened(message, 60)),
         ]);
     }
     columns(&rows)

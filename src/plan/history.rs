@@ -44,23 +44,24 @@ pub fn chart_reference(chart: &ChartSource) -> String {
     chart.path.clone().unwrap_or_default()
 }
 
-/// The history after a pass that leaves `next` (its status, whose `history` is still the
-/// previous one) with `outcome`, at `now`. A hook run of install or upgrade not in the history
-/// starts a release (`Pending`; a pending one before it is `Superseded`); the newest release
-/// then follows its run: `Failed` when the run failed or the pass stalled, `Succeeded` when
-/// the module is Ready. The chart and values digests are set once the status holds those of
-/// the release's own inputs. Unchanged facts give an unchanged history (no status write).
+/// The history after a pass that worked on `pass_run` (the hook run it recorded; `None` when
+/// it ended before one, e.g. at a render error) and leaves `next` (its status, whose `history`
+/// is still the previous one) with `outcome`, at `now`. Only a pass that worked on an install
+/// or upgrade run changes the history. A run not in it starts a release (`Pending`; a pending
+/// one before it is `Superseded`); the newest release then follows its run: `Failed` when the
+/// run failed, or when the pass stalled before the release succeeded; `Succeeded` when the
+/// module is Ready (a later drift pass that stalls does not fail a release that succeeded).
+/// The chart and values digests are set once the status holds those of the release's own
+/// inputs. Unchanged facts give an unchanged history (no status write).
 pub fn next(
     next: &ManifestStatus,
+    pass_run: Option<&HookRun>,
     outcome: &Outcome,
     inputs: &Inputs<'_>,
     now: &Time,
 ) -> Vec<Release> {
     let mut history = next.history.clone();
-    let run = next
-        .hook_run
-        .as_ref()
-        .filter(|run| run.operation != HookOperation::Delete && !run.id.is_empty());
+    let run = pass_run.filter(|run| run.operation != HookOperation::Delete && !run.id.is_empty());
     if let Some(run) = run {
         if history.first().is_none_or(|newest| newest.run_id != run.id) {
             start(&mut history, run, inputs.chart, now);
@@ -121,7 +122,7 @@ fn follow(release: &mut Release, run: &HookRun, outcome: &Outcome, now: &Time) {
         )
     } else if outcome.state == State::Ready {
         (ReleaseOutcome::Succeeded, None)
-    } else if outcome.stalled {
+    } else if outcome.stalled && release.outcome != ReleaseOutcome::Succeeded {
         (
             ReleaseOutcome::Failed,
             Some(shorten(&outcome.message, MESSAGE_LIMIT).into_owned()),
@@ -144,6 +145,16 @@ mod tests {
 
     fn at(second: i64) -> Time {
         Time(Timestamp::from_second(second).unwrap())
+    }
+
+    /// A pass that worked on the run its status holds.
+    fn pass(
+        status: &ManifestStatus,
+        outcome: &Outcome,
+        inputs: &Inputs<'_>,
+        now: &Time,
+    ) -> Vec<Release> {
+        next(status, status.hook_run.as_ref(), outcome, inputs, now)
     }
 
     const INPUTS: Inputs<'static> = Inputs {
@@ -196,7 +207,7 @@ mod tests {
 
     #[test]
     fn an_install_starts_pending_and_succeeds_when_ready_with_its_own_digests() {
-        let pending = next(
+        let pending = pass(
             &status(
                 run("a", HookOperation::Install, HookRunPhase::PreHooks),
                 Some("old"),
@@ -218,7 +229,7 @@ mod tests {
             "another run's digests are not this one's"
         );
         assert_eq!((first.started.clone(), first.ended.clone()), (at(10), None));
-        let ready = next(
+        let ready = pass(
             &status(
                 run("a", HookOperation::Install, HookRunPhase::Done),
                 Some("a"),
@@ -236,7 +247,7 @@ mod tests {
             (at(10), Some(at(20)))
         );
         // A drift pass later changes nothing: no status write.
-        let again = next(
+        let again = pass(
             &status(
                 run("a", HookOperation::Install, HookRunPhase::Done),
                 Some("a"),
@@ -259,7 +270,7 @@ mod tests {
             } else {
                 HookOperation::Upgrade
             };
-            history = next(
+            history = pass(
                 &status(run(id, operation, HookRunPhase::Done), Some(id), history),
                 &outcome(State::Ready, false),
                 &INPUTS,
@@ -270,7 +281,7 @@ mod tests {
             history.iter().map(|r| r.revision).collect::<Vec<_>>(),
             [3, 2, 1]
         );
-        let failed = next(
+        let failed = pass(
             &status(
                 run("d", HookOperation::Upgrade, HookRunPhase::Failed),
                 None,
@@ -297,7 +308,7 @@ mod tests {
 
     #[test]
     fn a_pending_release_replaced_by_newer_inputs_is_superseded_and_a_stall_fails_it() {
-        let pending = next(
+        let pending = pass(
             &status(
                 run("a", HookOperation::Upgrade, HookRunPhase::Objects),
                 Some("a"),
@@ -307,7 +318,7 @@ mod tests {
             &INPUTS,
             &at(10),
         );
-        let replaced = next(
+        let replaced = pass(
             &status(
                 run("b", HookOperation::Upgrade, HookRunPhase::Objects),
                 Some("a"),
@@ -321,7 +332,7 @@ mod tests {
         assert_eq!(replaced[1].ended, Some(at(20)));
         assert_eq!(replaced[0].outcome, ReleaseOutcome::Pending);
         // A stall (the readiness timeout) fails it; Ready later on the same run succeeds it.
-        let stalled = next(
+        let stalled = pass(
             &status(
                 run("b", HookOperation::Upgrade, HookRunPhase::Objects),
                 Some("b"),
@@ -334,7 +345,7 @@ mod tests {
         assert_eq!(stalled[0].outcome, ReleaseOutcome::Failed);
         assert_eq!(stalled[0].message.as_deref(), Some("the message"));
         // A transient error changes nothing.
-        let retrying = next(
+        let retrying = pass(
             &status(
                 run("b", HookOperation::Upgrade, HookRunPhase::Objects),
                 Some("b"),
@@ -345,7 +356,7 @@ mod tests {
             &at(35),
         );
         assert_eq!(retrying, stalled);
-        let ready = next(
+        let ready = pass(
             &status(
                 run("b", HookOperation::Upgrade, HookRunPhase::Done),
                 Some("b"),
@@ -365,7 +376,7 @@ mod tests {
     #[test]
     fn a_deletion_run_adds_nothing_and_chart_references_name_the_source() {
         let kept = vec![];
-        let deleting = next(
+        let deleting = pass(
             &status(
                 run("x", HookOperation::Delete, HookRunPhase::PreHooks),
                 None,
@@ -394,5 +405,52 @@ mod tests {
             chart_reference(&oci),
             "oci://registry.example.com/charts/web:1.2.3"
         );
+    }
+
+    #[test]
+    fn a_pass_without_a_run_and_a_later_stall_leave_a_succeeded_release_alone() {
+        let done = || run("a", HookOperation::Install, HookRunPhase::Done);
+        let ready = pass(
+            &status(done(), Some("a"), vec![]),
+            &outcome(State::Ready, false),
+            &INPUTS,
+            &at(10),
+        );
+        // A render error of a new chart version: the pass ends before it has a run; the
+        // status keeps the last one.
+        let unrendered = next(
+            &status(done(), Some("a"), ready.clone()),
+            None,
+            &outcome(State::Error, true),
+            &INPUTS,
+            &at(20),
+        );
+        assert_eq!(unrendered, ready, "not the succeeded release's failure");
+        // A drift pass on the same run stalls days later (a broken pod): still succeeded.
+        let drifted = pass(
+            &status(done(), Some("a"), ready.clone()),
+            &outcome(State::Error, true),
+            &INPUTS,
+            &at(30),
+        );
+        assert_eq!(drifted, ready);
+        // A release still rolling out when a render error of newer inputs stops the passes:
+        // the error is not its failure (it is superseded once the next inputs render).
+        let waiting = run("b", HookOperation::Upgrade, HookRunPhase::Done);
+        let pending = pass(
+            &status(waiting.clone(), Some("b"), ready),
+            &outcome(State::Processing, false),
+            &INPUTS,
+            &at(40),
+        );
+        let stopped = next(
+            &status(waiting, Some("b"), pending.clone()),
+            None,
+            &outcome(State::Error, true),
+            &INPUTS,
+            &at(50),
+        );
+        assert_eq!(stopped, pending);
+        assert_eq!(stopped[0].outcome, ReleaseOutcome::Pending);
     }
 }

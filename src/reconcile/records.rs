@@ -71,17 +71,12 @@ impl Stored {
     }
 }
 
-/// Writes the status when it differs from the stored one; publishes an Event when
-/// [`publishes_event`] says so (the state changed, but not into the rollout wait, or an error's
-/// message did). The status echoes the requests the pass read
-/// (`lastHandledReconcileAt`, `lastHandledResetAt`): no write of their own.
-/// `manifest.status` is the status the pass decided from, `stored` what the API server holds
-/// (the patch is made against it).
-/// `status.history` after a pass leaving `next` ([`history::next`]), with the release inputs
-/// the Manifest names.
+/// `status.history` after a pass that worked on `pass_run` and leaves `next`
+/// ([`history::next`]), with the release inputs the Manifest names.
 fn release_history(
     manifest: &Manifest,
     next: &ManifestStatus,
+    pass_run: Option<&HookRun>,
     outcome: &Outcome,
     now: &Time,
 ) -> Vec<Release> {
@@ -104,9 +99,15 @@ fn release_history(
         namespace: &namespace,
         max,
     };
-    history::next(next, outcome, &inputs, now)
+    history::next(next, pass_run, outcome, &inputs, now)
 }
 
+/// Writes the status when it differs from the stored one; publishes an Event when
+/// [`publishes_event`] says so (the state changed, but not into the rollout wait, or an error's
+/// message did). The status echoes the requests the pass read
+/// (`lastHandledReconcileAt`, `lastHandledResetAt`): no write of their own.
+/// `manifest.status` is the status the pass decided from, `stored` what the API server holds
+/// (the patch is made against it).
 pub(super) async fn write_status(
     manifest: &Manifest,
     stored: &Stored,
@@ -118,6 +119,7 @@ pub(super) async fn write_status(
     let previous = manifest.status.as_ref();
     let shard = manifest.uid().map(|uid| ctx.shards.shard_of(&uid));
     let now = Time(Timestamp::now());
+    let pass_run = facts.hook_run.clone();
     let mut next = next_status(
         previous,
         manifest.meta().generation,
@@ -127,7 +129,7 @@ pub(super) async fn write_status(
         &ctx.replica,
         &now,
     );
-    next.history = release_history(manifest, &next, outcome, &now);
+    next.history = release_history(manifest, &next, pass_run.as_ref(), outcome, &now);
     trigger::echo(&mut next, manifest);
     let stored_status = stored.status.as_ref();
     if stored_status.is_some_and(|s| *s == next || applied_stamps::only_moved(s, &next)) {
