@@ -11,11 +11,14 @@ use std::time::Duration;
 use anyhow::Context;
 use kube::config::Kubeconfig;
 
+use crate::faults::Fault;
 use crate::proxy::Proxy;
 
 /// Whether `faults` (the `--faults` names) needs the proxies.
 pub fn wanted(faults: &[String]) -> bool {
-    faults.iter().any(|f| f == "partition" || f == "slow")
+    faults
+        .iter()
+        .any(|f| Fault::parse(f).is_ok_and(Fault::on_network))
 }
 
 /// A proxy endpoint per ordinal `0..replicas` to the API server of `kubeconfig`, and a

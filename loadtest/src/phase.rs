@@ -139,8 +139,8 @@ pub struct Phase {
     /// count a pass as running then.
     pub pauses: BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
     /// Per replica, when the scenario had it partitioned from the API server (`partition`):
-    /// the overlap checker excuses only passes already running then, up to the renew deadline
-    /// ([`log_check::check_with_outages`]).
+    /// the overlap checker leaves out its passes from the cut to the heal, whenever they
+    /// started, and those the heal's reset ends within a second ([`log_check::check_with_outages`]).
     pub partitions: BTreeMap<String, Vec<(Timestamp, Timestamp)>>,
     started: Instant,
     pub started_ts: Timestamp,

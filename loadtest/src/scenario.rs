@@ -363,8 +363,8 @@ async fn bring_back(
         // The window the overlap checker knows of: from after SIGSTOP was sent to before
         // SIGCONT is (the process surely ran nothing in between: no pass counts), or from after
         // the replica's proxy began to swallow its bytes to before it stops (nothing it sent
-        // reached the API server in between, and the heal resets what was open: only a pass
-        // already running at the cut is excused, up to the renew deadline).
+        // reached the API server in between, and the heal resets what was open: its passes
+        // count only after the heal, or after the reset ended them).
         let window = (stopped, now());
         let member = phase.fleet.member(*o);
         match phase.network.as_ref().filter(|_| fault == Fault::Partition) {

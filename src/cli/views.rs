@@ -347,10 +347,7 @@ pub fn history_table(history: &[Release], now: Timestamp) -> String {
             release.chart.clone(),
             or_dash(release.generation),
             age(Some(release.started.0), now),
-            release
-                .ended
-                .as_ref()
-                .map_or_else(|| "-".into(), |ended| age(Some(ended.0), now)),
+            age(release.ended.as_ref().map(|ended| ended.0), now),
             format!("{:?}", release.outcome),
             release
                 .message

@@ -662,7 +662,7 @@ fn apiserver_args(
         format!("--advertise-address={host}"),
         // 65,534 Service addresses: the load test creates a Service per Manifest (a /24 is
         // full after 253).
-        "--service-cluster-ip-range=10.0.0.0/16".to_owned(),
+        format!("--service-cluster-ip-range={}", crate::node::SERVICE_RANGE),
         "--allow-privileged=true".to_owned(),
         "--authorization-mode=Node,RBAC".to_owned(),
         format!("--service-account-issuer=https://127.0.0.1:{port}/"),

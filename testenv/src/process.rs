@@ -121,21 +121,13 @@ impl Proc {
         }
     }
 
-    /// SIGKILL at once (no SIGTERM first: a crash, not a shutdown); reaps the child.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
     /// Takes the child out, the process still running: it counts as stopped from now on, and
     /// the caller stops and reaps it (outside any lock the `Proc` is behind).
     pub fn take_child(&mut self) -> Option<std::process::Child> {
         self.child.take()
     }
 
-    /// Whether the process was stopped by [`Proc::stop`] or [`Proc::kill`].
+    /// Whether the process was stopped by [`Proc::stop`] or taken out ([`Proc::take_child`]).
     pub fn is_stopped(&self) -> bool {
         self.child.is_none()
     }
