@@ -678,6 +678,130 @@ async fn wait_manifest(
     }
 }
 
+/// A mass deletion proceeds at the fleet's cap (`--max-module-deletions-per-minute`), which the
+/// replicas share by their shards: 500 Manifests deleted at once on 2 replicas with a cap of 300
+/// a minute (5 a second for the fleet) vanish no faster than that in any 20 s window (a 3 s
+/// allowance for how long a deletion takes once started, and one more start per replica); the
+/// waiting ones say so in their status and an Event, both replicas count their delayed
+/// deletions, and every Manifest is gone at the end. With each replica taking the whole cap (the
+/// fleet at twice it) or no cap, the window check fails.
+#[tokio::test]
+async fn a_mass_deletion_proceeds_at_the_fleet_cap() {
+    use futures::StreamExt;
+    use kube::api::DeleteParams;
+    use kube::runtime::watcher;
+    const MANIFESTS: usize = 500;
+    const PER_SECOND: f64 = 5.0;
+    const WINDOW: Duration = Duration::from_secs(20);
+    let _serial = SERIAL.lock().await;
+    let fleet = Fleet::new("capped", 2, &["--max-module-deletions-per-minute", "300"]).await;
+    fleet.wait_assignment(2, "start").await;
+    fleet.create_manifests(MANIFESTS).await;
+    fleet
+        .wait_ready_within("500 Manifests on 2 replicas", Duration::from_secs(600))
+        .await;
+
+    // When each Manifest vanishes, from a watch started before the deletion.
+    let api = fleet.manifests();
+    let (gone_tx, mut gone) = tokio::sync::mpsc::unbounded_channel();
+    let config = watcher::Config::default().labels(&format!("fleet-test={}", fleet.name));
+    let watch = tokio::spawn(watcher(api.clone(), config).for_each(move |event| {
+        if let Ok(watcher::Event::Delete(m)) = event {
+            let _ = gone_tx.send((Instant::now(), m.name_any()));
+        }
+        futures::future::ready(())
+    }));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let selector = ListParams::default().labels(&format!("fleet-test={}", fleet.name));
+    api.delete_collection(&DeleteParams::default(), &selector)
+        .await
+        .unwrap();
+
+    // A Manifest waiting for its turn says so.
+    let waiting_reason = |m: &Manifest| {
+        let status = m.status.clone().unwrap_or_default();
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+        (ready.reason == "DeletionRateLimited")
+            .then(|| (m.name_any(), status.state, ready.message.clone()))
+    };
+    let mut told = None;
+    for _ in 0..120 {
+        told = objects::list(&api).await.iter().find_map(waiting_reason);
+        if told.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (name, state, message) =
+        told.expect("a Manifest waiting for its turn, reason DeletionRateLimited");
+    assert_eq!(state, Some(State::Deleting), "{name}");
+    assert!(
+        message.contains("cap of 300 module deletions a minute"),
+        "{name}: {message}"
+    );
+
+    let mut times = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while times.len() < MANIFESTS {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, gone.recv()).await {
+            Ok(Some((at, _))) => times.push(at),
+            _ => panic!(
+                "{} of {MANIFESTS} Manifests gone\n{}",
+                times.len(),
+                fleet.tails()
+            ),
+        }
+    }
+    watch.abort();
+    assert!(
+        objects::list(&api).await.is_empty(),
+        "every Manifest is gone"
+    );
+
+    // No window holds more than the cap allows.
+    let allowed = PER_SECOND * (WINDOW + Duration::from_secs(3)).as_secs_f64() + 2.0;
+    let busiest = (0..times.len())
+        .map(|i| {
+            times[i..]
+                .iter()
+                .take_while(|t| t.duration_since(times[i]) < WINDOW)
+                .count()
+        })
+        .max()
+        .unwrap();
+    let took = times[MANIFESTS - 1].duration_since(times[0]);
+    eprintln!(
+        "FLEET capped: {MANIFESTS} deletions in {took:?} at a cap of 300/min; at most {busiest} in a {WINDOW:?} window (allowed {allowed})"
+    );
+    assert!(
+        busiest as f64 <= allowed,
+        "{busiest} deletions within {WINDOW:?}, allowed {allowed}"
+    );
+
+    let events = objects::list(&Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+        fleet.client.clone(),
+        &fleet.namespace,
+    ))
+    .await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("DeletionRateLimited")),
+        "an Event says a deletion waits"
+    );
+    for ordinal in 0..2 {
+        let delayed = fleet
+            .metric(ordinal, "module_manager_reconcile_deletions_delayed_total")
+            .await;
+        assert!(
+            delayed > 0.0,
+            "replica {ordinal} paced its share: {delayed}"
+        );
+    }
+    fleet.assert_clean("mass deletion at the cap").await;
+}
+
 /// The checker is only worth something if it fails when ownership is broken: two replicas that
 /// ignore ownership reconcile the same Manifests at once, and the checker must say so.
 #[tokio::test]

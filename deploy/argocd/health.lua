@@ -42,7 +42,7 @@ local ready = condition("Ready")
 if obj.metadata ~= nil and obj.metadata.deletionTimestamp ~= nil then
   hs.status = "Progressing"
   hs.message = "Pending deletion"
-  if ready ~= nil and (ready.reason == "Deleting" or ready.reason == "DependentsExist") then
+  if ready ~= nil and (ready.reason == "Deleting" or ready.reason == "DependentsExist" or ready.reason == "DeletionRateLimited") then
     hs.message = "Pending deletion: " .. says(ready)
   end
   return hs

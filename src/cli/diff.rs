@@ -101,6 +101,7 @@ async fn context(args: &DiffArgs, client: kube::Client, home: PathBuf) -> anyhow
         drift_override_managers: Vec::new(),
         dependencies: Default::default(),
         queue: Default::default(),
+        deletions: Default::default(),
     })
 }
 

@@ -2,6 +2,7 @@
 //! installs them, give namespaced objects their namespace, and decide what to prune.
 
 pub mod applied_stamps;
+pub mod deletion_pace;
 pub mod dependencies;
 pub mod diff;
 pub mod drift;

@@ -73,6 +73,9 @@ pub enum Reason {
     DependencyNotReady,
     /// Deleting waits until no dependent that installed something exists.
     DependentsExist,
+    /// Deleting waits for its turn under the fleet's cap on module deletions
+    /// (`--max-module-deletions-per-minute`).
+    DeletionRateLimited,
     /// A pass failed: the error's category (`RenderError` …).
     Failed(&'static str),
 }
@@ -96,6 +99,7 @@ impl Reason {
             Self::ObjectFailed => "ObjectFailed",
             Self::DependencyNotReady => "DependencyNotReady",
             Self::DependentsExist => "DependentsExist",
+            Self::DeletionRateLimited => "DeletionRateLimited",
             Self::Failed(category) => category,
         }
     }
@@ -810,6 +814,7 @@ mod tests {
             (Reason::Orphaned, "Orphaned"),
             (Reason::DependencyNotReady, "DependencyNotReady"),
             (Reason::DependentsExist, "DependentsExist"),
+            (Reason::DeletionRateLimited, "DeletionRateLimited"),
             (Reason::Failed("ApplyError"), "ApplyError"),
         ];
         for (reason, text) in reasons {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use kube::Client;
 use kube::runtime::events::Reporter;
 
+use super::deletion_cap::DeletionCap;
 use super::written::LastWrites;
 use crate::apply::Cluster;
 use crate::apply::identity::Tenancy;
@@ -69,6 +70,9 @@ pub struct Context {
     /// the keys waiting for their remote target's pass to end): a pass does not wait for its
     /// workloads while other keys are due.
     pub queue: QueueCounts,
+    /// `--max-module-deletions-per-minute`: the fleet's cap on module deletions and this
+    /// replica's pace under it (no cap by default).
+    pub deletions: DeletionCap,
 }
 
 /// Bounds on one pass.

@@ -19,7 +19,9 @@ use super::pass::{HOOK_REQUEUE, Pass, Progress, progress_requeue};
 use super::records::publish;
 use super::{dependencies, finalizer, target};
 use crate::api::State;
-use crate::api::{DeletionPolicy, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
+use crate::api::{
+    DeletionPolicy, HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus,
+};
 use crate::apply::Cluster;
 use crate::apply::target::TargetError;
 use crate::plan::hooks::{self, HookState};
@@ -60,6 +62,9 @@ pub(super) async fn delete(
         if let Some(held) = dependencies::held_by_dependents(manifest, ctx).await? {
             return Ok(Some(held));
         }
+        if let Some(turn) = waits_for_its_turn(manifest, ctx, &previous) {
+            return Ok(Some(turn));
+        }
         let (cluster, _) = match target::resolve(manifest, ctx).await {
             // The target cannot be named any more (or is another cluster than the module's):
             // release rather than wait forever, touching nothing there.
@@ -99,6 +104,30 @@ pub(super) async fn delete(
     publish(manifest, ctx, EventType::Normal, reason.as_str(), &note).await;
     finalizer::release(manifest, ctx, fence).await?;
     Ok(None)
+}
+
+/// The fleet's cap on module deletions ([`DeletionCap`](super::DeletionCap)): `Some(pass)`
+/// while this deletion waits for its turn. Asked only before the deletion's first step: one
+/// that started (its status records the deletion's hook run) goes on to its end.
+fn waits_for_its_turn(
+    manifest: &Manifest,
+    ctx: &Context,
+    previous: &ManifestStatus,
+) -> Option<Pass> {
+    let started = previous
+        .hook_run
+        .as_ref()
+        .is_some_and(|run| run.operation == HookOperation::Delete);
+    if started {
+        return None;
+    }
+    let turn = ctx.deletions.admit(&manifest.uid()?)?;
+    Some(Pass {
+        outcome: Outcome::waiting(State::Deleting, Reason::DeletionRateLimited, turn.message),
+        facts: Default::default(),
+        // A little after the turn, so that the pass finds it come.
+        requeue: turn.wait + Duration::from_millis(10),
+    })
 }
 
 /// Releases a Manifest being deleted whose target can no longer be named (its kubeconfig Secret or

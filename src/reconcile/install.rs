@@ -1151,6 +1151,16 @@ pub(super) mod tests {
                 ),
                 Kstatus::InProgress,
             ),
+            (
+                "a deletion waiting for its turn under the fleet's cap",
+                Outcome::waiting(
+                    State::Deleting,
+                    Reason::DeletionRateLimited,
+                    "waiting for its turn under the fleet's cap of 60 module deletions a minute"
+                        .into(),
+                ),
+                Kstatus::InProgress,
+            ),
         ]
     }
 

@@ -111,6 +111,12 @@ pub struct RunArgs {
     /// during an incident must be a choice.
     #[arg(long, value_delimiter = ',', value_name = "MANAGERS")]
     pub drift_override_managers: Vec<String>,
+    /// Most module deletions the whole fleet starts a minute (0: no cap, the default). A
+    /// Manifest deleted beyond it (with `deletionPolicy: Delete`, something installed) waits
+    /// for its turn in state `Deleting`, reason `DeletionRateLimited`, its module untouched;
+    /// each replica starts its share (by shards) evenly spaced. The same in every replica.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub max_module_deletions_per_minute: u32,
     /// Most reconciles at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
@@ -311,6 +317,8 @@ pub struct RuntimeConfig {
     pub cross_namespace_dependencies: bool,
     /// `--drift-override-managers`.
     pub drift_override_managers: Vec<String>,
+    /// `--max-module-deletions-per-minute` (`None`: no cap).
+    pub max_module_deletions_per_minute: Option<std::num::NonZeroU32>,
 }
 
 /// `--render-backend`.
@@ -339,6 +347,18 @@ impl RunArgs {
         )
     }
 
+    /// `--pass-deadline-seconds`, `--max-objects-per-render`, `--max-inventory-bytes`.
+    fn pass_limits(&self) -> PassLimits {
+        PassLimits {
+            deadline: Duration::from_secs(self.pass_deadline_seconds),
+            plan: PlanLimits {
+                max_objects: usize::try_from(self.max_objects_per_render).unwrap_or(usize::MAX),
+                max_inventory_bytes: usize::try_from(self.max_inventory_bytes)
+                    .unwrap_or(usize::MAX),
+            },
+        }
+    }
+
     /// Checks the flags against each other and turns them into the runtime configuration.
     pub fn validate(self) -> Result<RuntimeConfig, ConfigError> {
         check_lease_timing(
@@ -349,6 +369,7 @@ impl RunArgs {
         let shards = ShardCount::new(self.shards).ok_or(ConfigError::Shards)?;
         let cross_namespace_dependencies = self.cross_namespace_dependencies();
         let service_accounts = self.identity_policy()?;
+        let pass_limits = self.pass_limits();
         let chart_cache = self
             .chart_cache_dir
             .unwrap_or_else(|| std::env::temp_dir().join("module-manager-charts"));
@@ -375,17 +396,13 @@ impl RunArgs {
                 cache_bytes: self.render_cache_max_bytes,
                 ..Default::default()
             },
-            pass_limits: PassLimits {
-                deadline: Duration::from_secs(self.pass_deadline_seconds),
-                plan: PlanLimits {
-                    max_objects: usize::try_from(self.max_objects_per_render).unwrap_or(usize::MAX),
-                    max_inventory_bytes: usize::try_from(self.max_inventory_bytes)
-                        .unwrap_or(usize::MAX),
-                },
-            },
+            pass_limits,
             concurrency: self.concurrency,
             cross_namespace_dependencies,
             drift_override_managers: drift_override_managers(&self.drift_override_managers)?,
+            max_module_deletions_per_minute: std::num::NonZeroU32::new(
+                self.max_module_deletions_per_minute,
+            ),
             drain_timeout: Duration::from_secs(self.drain_timeout_seconds),
             manifest_selector: self.manifest_selector,
             server_side_sharding: self.server_side_sharding,
@@ -743,6 +760,19 @@ mod tests {
         ];
         let base = ["run", "--replica", "mm-0", "--chart-root", "/charts"];
         assert!(Flags::try_parse_from(base.iter().chain(&both)).is_err());
+    }
+
+    #[test]
+    fn module_deletions_are_not_capped_unless_asked() {
+        let cap = |flags: &[&str]| {
+            validate(flags)
+                .unwrap()
+                .max_module_deletions_per_minute
+                .map(|n| n.get())
+        };
+        assert_eq!(cap(&[]), None);
+        assert_eq!(cap(&["--max-module-deletions-per-minute", "0"]), None);
+        assert_eq!(cap(&["--max-module-deletions-per-minute", "60"]), Some(60));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::apply::catalog::CrdCatalog;
 use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
 use crate::apply::watched::{Followed, Selection};
-use crate::reconcile::{Context, DependencyRules};
+use crate::reconcile::{Context, DeletionCap, DependencyRules};
 use crate::render::HelmRenderer;
 use crate::shard::ShardCount;
 use crate::shard::fence::{Ownership, Watched};
@@ -195,12 +195,21 @@ async fn context(
     };
     let catalog = crds(&client).await;
     let followed = Followed::new(client.clone(), selection);
+    let targets = TargetClients::new(config.targets, metrics.target.clone());
     Ok(Arc::new(Context {
         cluster: Cluster::connect(client.clone())
             .await?
             .with_catalog(Some(catalog.clone()))
             .with_followed(Some(followed.clone())),
-        targets: TargetClients::new(config.targets, metrics.target.clone()),
+        deletions: DeletionCap::new(
+            config.max_module_deletions_per_minute,
+            targets.share().clone(),
+            (
+                metrics.reconcile.deletions_delayed.clone(),
+                metrics.reconcile.deletions_waiting.clone(),
+            ),
+        ),
+        targets,
         reporter,
         client,
         renderer: charts.renderer,

@@ -48,6 +48,11 @@ pub struct ReconcileMetrics {
     pub deleted: Counter,
     /// Objects a drift pass found drifted, by `spec.drift.mode`.
     pub drifted: Family<DriftLabels, Counter>,
+    /// Module deletions that had to wait for their turn under the fleet's cap
+    /// (`--max-module-deletions-per-minute`).
+    pub deletions_delayed: Counter,
+    /// Module deletions waiting for their turn under that cap now.
+    pub deletions_waiting: Gauge,
 }
 
 impl Default for ReconcileMetrics {
@@ -59,6 +64,8 @@ impl Default for ReconcileMetrics {
             unchanged: Counter::default(),
             deleted: Counter::default(),
             drifted: Family::default(),
+            deletions_delayed: Counter::default(),
+            deletions_waiting: Gauge::default(),
         }
     }
 }
@@ -97,6 +104,16 @@ impl ReconcileMetrics {
             "objects_drifted",
             "Objects a drift pass found different from the chart, by spec.drift.mode: enabled (repaired) or warn (reported only)",
             metrics.drifted.clone(),
+        );
+        sub.register(
+            "deletions_delayed",
+            "Module deletions that waited for their turn under the fleet's cap (--max-module-deletions-per-minute)",
+            metrics.deletions_delayed.clone(),
+        );
+        sub.register(
+            "deletions_waiting",
+            "Module deletions waiting for their turn under the fleet's cap now",
+            metrics.deletions_waiting.clone(),
         );
         metrics
     }

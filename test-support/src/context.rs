@@ -176,6 +176,7 @@ impl ContextBuilder {
             },
             drift_override_managers: self.drift_override_managers,
             queue: Default::default(),
+            deletions: Default::default(),
         })
     }
 }
