@@ -683,8 +683,8 @@ async fn wait_manifest(
 /// a minute (5 a second for the fleet) vanish no faster than that in any 20 s window (a 3 s
 /// allowance for how long a deletion takes once started, and one more start per replica); the
 /// waiting ones say so in their status and an Event, both replicas count their delayed
-/// deletions, and every Manifest is gone at the end. With each replica taking the whole cap (the
-/// fleet at twice it) or no cap, the window check fails.
+/// deletions, a waiting one's module is untouched, and every Manifest is gone at the end. With
+/// each replica taking the whole cap (the fleet at twice it) or no cap, the window check fails.
 #[tokio::test]
 async fn a_mass_deletion_proceeds_at_the_fleet_cap() {
     use futures::StreamExt;
@@ -704,14 +704,24 @@ async fn a_mass_deletion_proceeds_at_the_fleet_cap() {
     // When each Manifest vanishes, from a watch started before the deletion.
     let api = fleet.manifests();
     let (gone_tx, mut gone) = tokio::sync::mpsc::unbounded_channel();
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
+    let mut listed_tx = Some(listed_tx);
     let config = watcher::Config::default().labels(&format!("fleet-test={}", fleet.name));
     let watch = tokio::spawn(watcher(api.clone(), config).for_each(move |event| {
-        if let Ok(watcher::Event::Delete(m)) = event {
-            let _ = gone_tx.send((Instant::now(), m.name_any()));
+        match event {
+            Ok(watcher::Event::Delete(m)) => {
+                let _ = gone_tx.send((Instant::now(), m.name_any()));
+            }
+            Ok(watcher::Event::InitDone) => {
+                if let Some(tx) = listed_tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+            _ => {}
         }
         futures::future::ready(())
     }));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    listed.await.expect("the watch listed the Manifests");
     let selector = ListParams::default().labels(&format!("fleet-test={}", fleet.name));
     api.delete_collection(&DeleteParams::default(), &selector)
         .await
@@ -735,6 +745,21 @@ async fn a_mass_deletion_proceeds_at_the_fleet_cap() {
     let (name, state, message) =
         told.expect("a Manifest waiting for its turn, reason DeletionRateLimited");
     assert_eq!(state, Some(State::Deleting), "{name}");
+    // Its module is untouched while it waits (the tiny chart's ConfigMap is named after it).
+    let configmaps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+        fleet.client.clone(),
+        &fleet.namespace,
+    );
+    let module = configmaps.get_opt(&name).await.unwrap();
+    let waits = api
+        .get_opt(&name)
+        .await
+        .unwrap()
+        .and_then(|m| waiting_reason(&m));
+    assert!(
+        module.is_some() || waits.is_none(),
+        "{name} waits for its turn, yet its module's ConfigMap is gone"
+    );
     assert!(
         message.contains("cap of 300 module deletions a minute"),
         "{name}: {message}"

@@ -356,6 +356,7 @@ fn facts(
         hook_objects: Some(Vec::new()),
         readiness_started: Some(Some(Time(Timestamp::now()))),
         drift: None,
+        upgrade_after: None,
     }
 }
 

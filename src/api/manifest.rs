@@ -531,6 +531,12 @@ pub struct ManifestStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<Release>,
 
+    /// With `--upgrade-spread-seconds`, the last upgrade to a new chart that was spread: the
+    /// chart it moves to and the time it may start (written by the first pass that saw the
+    /// move; a pass before it waits, `Processing`, reason `RolloutWaiting`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_after: Option<ScheduledUpgrade>,
+
     /// Progress of the current (or last) install, upgrade or deletion through its Helm hooks:
     /// which inputs it belongs to, which phase it is in, which hooks of that phase completed
     /// and which one is running.
@@ -729,6 +735,16 @@ pub struct InventoryEntry {
     pub namespace: String,
     /// Name.
     pub name: String,
+}
+
+/// An upgrade to a new chart spread over `--upgrade-spread-seconds`.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduledUpgrade {
+    /// The chart it moves to, as `status.history` names charts.
+    pub chart: String,
+    /// When it may start.
+    pub at: Time,
 }
 
 /// The last operation performed on a module.

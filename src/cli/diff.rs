@@ -102,6 +102,7 @@ async fn context(args: &DiffArgs, client: kube::Client, home: PathBuf) -> anyhow
         dependencies: Default::default(),
         queue: Default::default(),
         deletions: Default::default(),
+        rollouts: Default::default(),
     })
 }
 

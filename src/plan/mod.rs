@@ -11,6 +11,7 @@ pub mod history;
 pub mod hooks;
 pub mod ownership;
 pub mod readiness;
+pub mod rollout;
 pub mod status;
 pub mod tenancy;
 pub mod trigger;

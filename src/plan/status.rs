@@ -7,7 +7,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::ownership;
 use crate::api::{
-    HookOperation, HookRun, HookRunPhase, InventoryEntry, LastOperation, ManifestStatus, State,
+    HookOperation, HookRun, HookRunPhase, InventoryEntry, LastOperation, ManifestStatus,
+    ScheduledUpgrade, State,
 };
 use crate::telemetry::events::{MESSAGE_LIMIT, shorten};
 
@@ -76,6 +77,12 @@ pub enum Reason {
     /// Deleting waits for its turn under the fleet's cap on module deletions
     /// (`--max-module-deletions-per-minute`).
     DeletionRateLimited,
+    /// An upgrade to a new chart waits for its rollout group's batch
+    /// (`modulemanager.io/rollout-group`).
+    RolloutWaiting,
+    /// An upgrade to a new chart waits: its rollout is paused (by a person, or halted by a
+    /// failed batch).
+    RolloutPaused,
     /// A pass failed: the error's category (`RenderError` …).
     Failed(&'static str),
 }
@@ -100,6 +107,8 @@ impl Reason {
             Self::DependencyNotReady => "DependencyNotReady",
             Self::DependentsExist => "DependentsExist",
             Self::DeletionRateLimited => "DeletionRateLimited",
+            Self::RolloutWaiting => "RolloutWaiting",
+            Self::RolloutPaused => "RolloutPaused",
             Self::Failed(category) => category,
         }
     }
@@ -185,6 +194,8 @@ pub struct Facts {
     pub readiness_started: Option<Option<Time>>,
     /// The `Drifted` condition this pass leaves (`spec.drift`); `None` keeps the previous one.
     pub drift: Option<DriftCondition>,
+    /// A spread upgrade's start, scheduled by this pass; `None` keeps the previous one.
+    pub upgrade_after: Option<ScheduledUpgrade>,
 }
 
 /// The `Drifted` condition: whether a drift pass found drift, why, and which objects and
@@ -296,6 +307,7 @@ pub fn next_status(
             .unwrap_or(previous.readiness_started),
         last_handled_reconcile_at: previous.last_handled_reconcile_at,
         last_handled_reset_at: previous.last_handled_reset_at,
+        upgrade_after: facts.upgrade_after.or(previous.upgrade_after),
     }
 }
 
@@ -815,6 +827,8 @@ mod tests {
             (Reason::DependencyNotReady, "DependencyNotReady"),
             (Reason::DependentsExist, "DependentsExist"),
             (Reason::DeletionRateLimited, "DeletionRateLimited"),
+            (Reason::RolloutWaiting, "RolloutWaiting"),
+            (Reason::RolloutPaused, "RolloutPaused"),
             (Reason::Failed("ApplyError"), "ApplyError"),
         ];
         for (reason, text) in reasons {

@@ -13,6 +13,7 @@ use crate::apply::Cluster;
 use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
 use crate::plan::PlanLimits;
+use crate::plan::rollout::RolloutSettings;
 use crate::render::HelmRenderer;
 use crate::shard::ShardCount;
 use crate::shard::server::ShardFilter;
@@ -73,6 +74,8 @@ pub struct Context {
     /// `--max-module-deletions-per-minute`: the fleet's cap on module deletions and this
     /// replica's pace under it (no cap by default).
     pub deletions: DeletionCap,
+    /// Where rollout groups keep their rollout objects, and how their batches go.
+    pub rollouts: Rollouts,
 }
 
 /// Bounds on one pass.
@@ -108,6 +111,35 @@ impl Default for DependencyRules {
     fn default() -> Self {
         Self {
             cross_namespace: true,
+        }
+    }
+}
+
+/// Where the fleet keeps its rollout objects, and how rollouts go.
+#[derive(Clone, Debug)]
+pub struct Rollouts {
+    /// The fleet's namespace (that of its Leases).
+    pub namespace: String,
+    /// The fleet's name (the objects are named after it).
+    pub fleet: String,
+    /// Batch sizes and the failures a batch may have.
+    pub settings: RolloutSettings,
+    /// How often a waiting Manifest looks again (`--rollout-check-seconds`); the group's
+    /// Manifests are listed at most once in this time per rollout.
+    pub check_every: Duration,
+    /// The window upgrades to a new chart of Manifests without a rollout group are spread over
+    /// (`--upgrade-spread-seconds`; zero: none).
+    pub spread: Duration,
+}
+
+impl Default for Rollouts {
+    fn default() -> Self {
+        Self {
+            namespace: "default".into(),
+            fleet: "module-manager".into(),
+            settings: RolloutSettings::default(),
+            check_every: Duration::from_secs(30),
+            spread: Duration::ZERO,
         }
     }
 }

@@ -103,12 +103,14 @@ pub(super) async fn delete(
     fence.check()?;
     publish(manifest, ctx, EventType::Normal, reason.as_str(), &note).await;
     finalizer::release(manifest, ctx, fence).await?;
+    ctx.deletions.forget(&manifest.uid().unwrap_or_default());
     Ok(None)
 }
 
 /// The fleet's cap on module deletions ([`DeletionCap`](super::DeletionCap)): `Some(pass)`
 /// while this deletion waits for its turn. Asked only before the deletion's first step: one
-/// that started (its status records the deletion's hook run) goes on to its end.
+/// whose status records the deletion's hook run goes on to its end, and so does one this
+/// replica let start lately (its pass failed before the status recorded the start).
 fn waits_for_its_turn(
     manifest: &Manifest,
     ctx: &Context,
@@ -149,6 +151,7 @@ async fn release_target_gone(
     fence.check()?;
     publish(manifest, ctx, EventType::Warning, "TargetGone", &note).await;
     finalizer::release(manifest, ctx, fence).await?;
+    ctx.deletions.forget(&manifest.uid().unwrap_or_default());
     Ok(None)
 }
 

@@ -1,7 +1,7 @@
 //! The fleet's cap on module deletions (`--max-module-deletions-per-minute`): a Manifest whose
-//! deletion would uninstall its module waits for its turn ([`plan::deletion_pace`]) before the
-//! first step of the deletion, so a mistaken mass deletion (a namespace, `kubectl delete
-//! manifests --all`) uninstalls at a known pace and leaves time to set `deletionPolicy: Orphan`
+//! deletion would uninstall its module waits for its turn ([`crate::plan::deletion_pace`]) before the
+//! first step of the deletion, so a mistaken mass deletion (`kubectl delete manifests --all`)
+//! uninstalls at a known pace and leaves time to set `deletionPolicy: Orphan`
 //! on the Manifests still waiting. Off (no cap) unless the flag is set.
 
 use std::num::NonZeroU32;
@@ -23,9 +23,11 @@ pub struct DeletionCap {
     /// This replica's share of the fleet's shards (its share of the cap).
     share: Share,
     pace: Mutex<DeletionPace>,
-    /// Deletions that had to wait for a turn (`module_manager_deletions_delayed_total`).
+    /// Deletions that had to wait for a turn
+    /// (`module_manager_reconcile_deletions_delayed_total`).
     delayed: Counter,
-    /// Deletions waiting for their turn now (`module_manager_deletions_waiting`).
+    /// Deletions waiting for their turn (`module_manager_reconcile_deletions_waiting`), as of
+    /// the last deletion pass.
     waiting: Gauge,
 }
 
@@ -60,16 +62,15 @@ impl DeletionCap {
         let per_minute = self.per_minute?.get();
         let now = Instant::now();
         let spacing = spacing(per_minute, self.share.get());
-        let mut pace = self.pace.lock().unwrap_or_else(|e| e.into_inner());
-        let before = pace.waiting();
-        let admission = pace.admit(uid, now, spacing);
-        let waiting = pace.waiting();
+        let mut pace = self.lock();
+        let admitted = pace.admit(uid, now, spacing);
+        self.waiting
+            .set(i64::try_from(pace.waiting()).unwrap_or(i64::MAX));
         drop(pace);
-        self.waiting.set(i64::try_from(waiting).unwrap_or(i64::MAX));
-        if waiting > before {
+        if admitted.queued && admitted.admission != Admission::Start {
             self.delayed.inc();
         }
-        let Admission::Wait(at) = admission else {
+        let Admission::Wait(at) = admitted.admission else {
             return None;
         };
         let wait = at.saturating_duration_since(now);
@@ -77,6 +78,23 @@ impl DeletionCap {
             wait,
             message: turn_message(per_minute, wait),
         })
+    }
+}
+
+impl DeletionCap {
+    /// Forgets the Manifest `uid` (released): those queued behind it move up.
+    pub fn forget(&self, uid: &str) {
+        if self.per_minute.is_none() {
+            return;
+        }
+        let mut pace = self.lock();
+        pace.forget(uid);
+        self.waiting
+            .set(i64::try_from(pace.waiting()).unwrap_or(i64::MAX));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DeletionPace> {
+        self.pace.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -132,5 +150,10 @@ mod tests {
         // Asked again, b waits for the same turn and is not counted twice.
         assert!(capped.admit("b").is_some());
         assert_eq!((capped.delayed.get(), capped.waiting.get()), (2, 2));
+        // Released (Orphan), b leaves the queue: c moves up.
+        capped.forget("b");
+        assert_eq!(capped.waiting.get(), 1);
+        let moved = capped.admit("c").expect("c still waits for the spacing");
+        assert!(moved.wait <= Duration::from_secs(1), "{moved:?}");
     }
 }

@@ -113,6 +113,16 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    /// the rollout object of the Manifest's rollout group could not be read or written, or the
+    /// group's Manifests listed.
+    #[error("rollout: {what}: kubernetes API: {source}")]
+    Rollout {
+        /// What was asked (`read ConfigMap ns/name`, `list the group's Manifests`, …).
+        what: String,
+        /// The API's answer.
+        #[source]
+        source: kube::Error,
+    },
     /// the pass ran past `--pass-deadline-seconds` and was stopped (retried with backoff).
     #[error(
         "the pass did not finish within {} s (--pass-deadline-seconds) and was stopped; it is retried",
@@ -160,7 +170,8 @@ impl ReconcileError {
             | Self::WriteStatus(_)
             | Self::WriteMetadata(_)
             | Self::ReadDependency { .. }
-            | Self::LabelDependency { .. } => "KubeError",
+            | Self::LabelDependency { .. }
+            | Self::Rollout { .. } => "KubeError",
             Self::Dependency(e) => e.category(),
             Self::Fenced(_) => "Fenced",
             Self::PassDeadline(_) => "PassDeadline",
@@ -194,6 +205,7 @@ impl ReconcileError {
             | Self::WriteMetadata(_)
             | Self::ReadDependency { .. }
             | Self::LabelDependency { .. }
+            | Self::Rollout { .. }
             | Self::PassDeadline(_)
             | Self::Fenced(_) => false,
         }

@@ -21,7 +21,7 @@ use super::pass::{
     rolling_out_for,
 };
 use super::records::Records;
-use super::{dependencies, finalizer, target};
+use super::{dependencies, finalizer, rollout, target};
 use crate::api::{DriftMode, State};
 use crate::api::{HookOperation, HookRun, HookRunPhase, InventoryEntry, Manifest, ManifestStatus};
 use crate::apply::adoption::Owners;
@@ -51,6 +51,10 @@ pub(super) async fn install(
     }
     // Nothing is installed or upgraded before every dependency is Ready.
     if let Some(waiting) = dependencies::wait(manifest, ctx, fence, interval).await? {
+        return Ok(Some(waiting));
+    }
+    // Nor is an upgrade to a new chart before its rollout group's batch admits it.
+    if let Some(waiting) = rollout::wait(manifest, ctx).await? {
         return Ok(Some(waiting));
     }
     // The cluster the module goes to: the local one, or the remote target of `spec.target`.
@@ -1148,6 +1152,15 @@ pub(super) mod tests {
                     Reason::DependentsExist,
                     "waiting for the Manifests that depend on this one to be deleted first: a/b"
                         .into(),
+                ),
+                Kstatus::InProgress,
+            ),
+            (
+                "an upgrade held by its rollout group's halted rollout",
+                Outcome::waiting(
+                    State::Processing,
+                    Reason::RolloutPaused,
+                    "the rollout is paused: batch 1: 10 of 10 failed (m1, m2)".into(),
                 ),
                 Kstatus::InProgress,
             ),

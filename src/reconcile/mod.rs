@@ -32,6 +32,7 @@ mod pass;
 pub mod preview;
 mod records;
 mod relabel;
+mod rollout;
 mod target;
 mod written;
 
@@ -45,7 +46,7 @@ use crate::plan::status::{Operation, Outcome, Reason};
 use crate::plan::trigger::{self, Requests};
 use crate::shard::fence::Fence;
 
-pub use context::{Context, DependencyRules, PASS_DEADLINE, PassLimits};
+pub use context::{Context, DependencyRules, PASS_DEADLINE, PassLimits, Rollouts};
 pub use deletion_cap::DeletionCap;
 pub use error::ReconcileError;
 pub use finalizer::FINALIZER;
@@ -186,13 +187,18 @@ async fn pass(manifest: Arc<Manifest>, ctx: &Context, fence: &Fence) -> (Next, P
 
 /// When to look again after a successful pass: its work goes on while it is in progress (a
 /// rollout, a hook, a deletion waiting for its objects) — but a wait for other Manifests
-/// (dependencies, dependents, the turn of a deletion under the fleet's cap) is a poll, not work
+/// (dependencies, dependents, the turn of a deletion under the fleet's cap, a rollout's
+/// batches) is a poll, not work
 /// of its own: fresh work, which its
 /// dependencies' first passes must not wait behind (they are woken when those change).
 fn next_after(pass: &Pass) -> Next {
     let waits_for_others = matches!(
         pass.outcome.reason,
-        Reason::DependencyNotReady | Reason::DependentsExist | Reason::DeletionRateLimited
+        Reason::DependencyNotReady
+            | Reason::DependentsExist
+            | Reason::DeletionRateLimited
+            | Reason::RolloutWaiting
+            | Reason::RolloutPaused
     );
     let in_progress = matches!(pass.outcome.state, State::Processing | State::Deleting);
     if in_progress && !waits_for_others {

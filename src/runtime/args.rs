@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::apply::budget::BudgetSettings;
 use crate::apply::target::TargetSettings;
 use crate::plan::PlanLimits;
+use crate::plan::rollout::RolloutSettings;
 use crate::plan::tenancy::ServiceAccountPolicy;
 use crate::reconcile::PassLimits;
 use crate::render::{Backend, RenderLimits};
@@ -117,6 +118,26 @@ pub struct RunArgs {
     /// each replica starts its share (by shards) evenly spaced. The same in every replica.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub max_module_deletions_per_minute: u32,
+    /// Rollout groups (`modulemanager.io/rollout-group`): Manifests in the first batch of an
+    /// upgrade to a new chart; each later batch is twice the one before.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub rollout_first_batch: u64,
+    /// Rollout groups: failed upgrades a batch may have; one more halts the rollout (the
+    /// rollout object's `modulemanager.io/rollout-paused` annotation says why; removing it
+    /// resumes).
+    #[arg(long, default_value_t = 0)]
+    pub rollout_max_failures: u64,
+    /// Rollout groups: how often a Manifest waiting for its batch looks again, in seconds; the
+    /// group's Manifests are listed at most once in this time per rollout.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub rollout_check_seconds: u64,
+    /// Spreads the upgrades to a new chart of Manifests without a rollout group over this many
+    /// seconds (Kyma's `module-upgrade-rollout-max-delay`): each starts at an offset of its
+    /// own within the window after its first pass saw the new chart (`status.upgradeAfter`),
+    /// so one version moved for thousands of Manifests does not reach every cluster at once.
+    /// 0 (the default): at once.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=86400))]
+    pub upgrade_spread_seconds: u64,
     /// Most reconciles at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
@@ -319,6 +340,12 @@ pub struct RuntimeConfig {
     pub drift_override_managers: Vec<String>,
     /// `--max-module-deletions-per-minute` (`None`: no cap).
     pub max_module_deletions_per_minute: Option<std::num::NonZeroU32>,
+    /// `--rollout-first-batch`, `--rollout-max-failures`.
+    pub rollouts: RolloutSettings,
+    /// `--rollout-check-seconds`.
+    pub rollout_check: Duration,
+    /// `--upgrade-spread-seconds`.
+    pub upgrade_spread: Duration,
 }
 
 /// `--render-backend`.
@@ -359,6 +386,24 @@ impl RunArgs {
         }
     }
 
+    /// `--render-timeout-seconds`, `--render-memory-limit-mib`, `--render-cache-max-bytes`.
+    fn render_limits(&self) -> RenderLimits {
+        RenderLimits {
+            timeout: Duration::from_secs(self.render_timeout_seconds),
+            memory_limit: self.render_memory_limit_mib.saturating_mul(1024 * 1024),
+            cache_bytes: self.render_cache_max_bytes,
+            ..Default::default()
+        }
+    }
+
+    /// `--rollout-first-batch`, `--rollout-max-failures`.
+    fn rollout_settings(&self) -> RolloutSettings {
+        RolloutSettings {
+            first_batch: usize::try_from(self.rollout_first_batch).unwrap_or(usize::MAX),
+            max_failures: usize::try_from(self.rollout_max_failures).unwrap_or(usize::MAX),
+        }
+    }
+
     /// Checks the flags against each other and turns them into the runtime configuration.
     pub fn validate(self) -> Result<RuntimeConfig, ConfigError> {
         check_lease_timing(
@@ -370,6 +415,7 @@ impl RunArgs {
         let cross_namespace_dependencies = self.cross_namespace_dependencies();
         let service_accounts = self.identity_policy()?;
         let pass_limits = self.pass_limits();
+        let (rollouts, render_limits) = (self.rollout_settings(), self.render_limits());
         let chart_cache = self
             .chart_cache_dir
             .unwrap_or_else(|| std::env::temp_dir().join("module-manager-charts"));
@@ -390,12 +436,7 @@ impl RunArgs {
             },
             helm: self.helm,
             helm_home: self.helm_home,
-            render_limits: RenderLimits {
-                timeout: Duration::from_secs(self.render_timeout_seconds),
-                memory_limit: self.render_memory_limit_mib.saturating_mul(1024 * 1024),
-                cache_bytes: self.render_cache_max_bytes,
-                ..Default::default()
-            },
+            render_limits,
             pass_limits,
             concurrency: self.concurrency,
             cross_namespace_dependencies,
@@ -403,6 +444,9 @@ impl RunArgs {
             max_module_deletions_per_minute: std::num::NonZeroU32::new(
                 self.max_module_deletions_per_minute,
             ),
+            rollouts,
+            rollout_check: Duration::from_secs(self.rollout_check_seconds),
+            upgrade_spread: Duration::from_secs(self.upgrade_spread_seconds),
             drain_timeout: Duration::from_secs(self.drain_timeout_seconds),
             manifest_selector: self.manifest_selector,
             server_side_sharding: self.server_side_sharding,

@@ -98,6 +98,7 @@ const fn permission(
 
 const MANIFESTS: &str = "modulemanager.io";
 const LEASE_WHY: &str = "membership and shard Leases";
+const ROLLOUT_WHY: &str = "the rollout objects of rollout groups (modulemanager.io/rollout-group)";
 
 /// Every permission the operator's own code uses (exactly the verbs it sends), in the order the
 /// report lists them. Keep in step with `deploy/base/rbac/operator.yaml` and the chart's
@@ -280,6 +281,27 @@ pub const PERMISSIONS: &[Permission] = &[
         "leases",
         Scope::FleetNamespace,
         LEASE_WHY,
+    ),
+    permission(
+        "create",
+        "",
+        "configmaps",
+        Scope::FleetNamespace,
+        ROLLOUT_WHY,
+    ),
+    permission(
+        "update",
+        "",
+        "configmaps",
+        Scope::FleetNamespace,
+        ROLLOUT_WHY,
+    ),
+    permission(
+        "delete",
+        "",
+        "configmaps",
+        Scope::FleetNamespace,
+        ROLLOUT_WHY,
     ),
     statefulset("get"),
     statefulset("list"),
@@ -580,9 +602,10 @@ mod tests {
             .collect();
         let text = report(Some("system:serviceaccount:ops:mm"), &missing, all.len());
         let expected = format!(
-            "preflight: \"system:serviceaccount:ops:mm\" lacks 2 of the {} permissions module-manager needs:\n\
+            "preflight: \"system:serviceaccount:ops:mm\" lacks 3 of the {} permissions module-manager needs:\n\
              \x20 - patch modulemanager.io/manifests/status (all namespaces) (the status)\n\
              \x20 - delete coordination.k8s.io/leases (namespace ops) (membership and shard Leases)\n\
+             \x20 - delete configmaps (namespace ops) (the rollout objects of rollout groups (modulemanager.io/rollout-group))\n\
              Grant them with the operator's RBAC: deploy/base/rbac/operator.yaml (kustomize) or the \
              chart helm/module-manager (rbac.create=true); docs/deploy.md explains each permission.",
             all.len()
@@ -590,7 +613,7 @@ mod tests {
         assert_eq!(text, expected);
         assert!(
             report(None, &missing, all.len())
-                .starts_with("preflight: this operator's identity lacks 2 of")
+                .starts_with("preflight: this operator's identity lacks 3 of")
         );
     }
 

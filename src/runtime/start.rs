@@ -17,7 +17,7 @@ use crate::apply::catalog::CrdCatalog;
 use crate::apply::identity::Tenancy;
 use crate::apply::target::TargetClients;
 use crate::apply::watched::{Followed, Selection};
-use crate::reconcile::{Context, DeletionCap, DependencyRules};
+use crate::reconcile::{Context, DeletionCap, DependencyRules, Rollouts};
 use crate::render::HelmRenderer;
 use crate::shard::ShardCount;
 use crate::shard::fence::{Ownership, Watched};
@@ -210,6 +210,13 @@ async fn context(
             ),
         ),
         targets,
+        rollouts: Rollouts {
+            namespace: config.fleet.membership.namespace.clone(),
+            fleet: config.fleet.membership.fleet.clone(),
+            settings: config.rollouts,
+            check_every: config.rollout_check,
+            spread: config.upgrade_spread,
+        },
         reporter,
         client,
         renderer: charts.renderer,

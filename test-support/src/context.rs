@@ -177,6 +177,7 @@ impl ContextBuilder {
             drift_override_managers: self.drift_override_managers,
             queue: Default::default(),
             deletions: Default::default(),
+            rollouts: Default::default(),
         })
     }
 }
