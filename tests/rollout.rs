@@ -90,6 +90,38 @@ async fn rollout_of(fleet: &ShortFleet, path: &str) -> Option<(ConfigMap, Rollou
     Some((object, state))
 }
 
+/// Waits (at most `limit`) until the bad version's rollout is halted with exactly `batches`
+/// batches (a batch opened after a halt makes this time out),
+/// every Manifest it admitted failed and the others are held; answers the counts by reason, the
+/// rollout object and its state.
+async fn wait_halted(
+    fleet: &ShortFleet,
+    batches: usize,
+    limit: Duration,
+) -> (BTreeMap<String, usize>, ConfigMap, RolloutState) {
+    let api = Api::<Manifest>::namespaced(fleet.client.clone(), &fleet.namespace);
+    let deadline = Instant::now() + limit;
+    loop {
+        let counts = by_reason(&api).await;
+        if let Some((object, state)) = rollout_of(fleet, BAD).await {
+            let admitted: usize = state.batches.iter().map(Vec::len).sum();
+            let failed = counts.get("RenderError").copied().unwrap_or(0);
+            let held = counts.get("RolloutPaused").copied().unwrap_or(0);
+            let paused = object.annotations().contains_key(PAUSED_ANNOTATION);
+            let settled = failed == admitted && failed + held == MANIFESTS;
+            if paused && state.batches.len() == batches && settled {
+                return (counts, object, state);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never halted with {batches} batches: {counts:?}\n{}",
+            fleet.local.tails()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// Moves the Manifests `m0`… `m<count - 1>` to the chart `path`.
 async fn move_all(api: &Api<Manifest>, path: &str, count: usize) {
     for i in 0..count {
@@ -172,7 +204,9 @@ async fn upgrades_to_a_new_chart_are_spread_over_the_window() {
         assert_eq!(scheduled.chart, GOOD, "{name}");
         let after_move = scheduled.at.0.duration_since(moved).as_secs_f64();
         assert!(
-            (-1.0..21.0).contains(&after_move),
+            // Within the window after the pass that saw the move (the patches take a moment,
+            // and the status keeps whole seconds).
+            (-1.0..23.0).contains(&after_move),
             "{name}: at {after_move} s after the move"
         );
         let release = &status.history[0];
@@ -218,34 +252,20 @@ async fn a_bad_version_halts_after_the_first_batch_and_a_good_one_goes_everywher
     // A bad version for all at once: the first batch tries it and fails; the rest wait, then
     // see the rollout halted.
     move_all(&api, BAD, MANIFESTS).await;
-    let halted = wait_reasons(
-        &fleet,
-        "the first batch failed, the rest held",
-        limit,
-        |c| {
-            c.get("RenderError") == Some(&FIRST_BATCH)
-                && c.get("RolloutPaused") == Some(&(MANIFESTS - FIRST_BATCH))
-        },
-    )
-    .await;
+    let (halted, object, state) = wait_halted(&fleet, 1, limit).await;
     eprintln!("ROLLOUT halted: {halted:?}");
-    let (object, state) = rollout_of(&fleet, BAD)
-        .await
-        .expect("the bad version's rollout");
-    assert_eq!(
-        state.batches.len(),
-        1,
-        "no batch after the failed one: {state:?}"
-    );
-    assert_eq!(state.batches[0].len(), FIRST_BATCH);
+    // Halted by the first failures seen: the batch may not have filled (failures known while
+    // it fills halt it), and every Manifest it admitted failed.
+    let first = state.batches[0].len();
+    assert!((1..=FIRST_BATCH).contains(&first), "{state:?}");
+    assert_eq!(halted.get("RenderError"), Some(&first));
     let why = object
         .annotations()
         .get(PAUSED_ANNOTATION)
         .cloned()
         .unwrap_or_default();
-    // Halted by the first failures seen (the batch's last members may still have been running).
     assert!(
-        why.starts_with("batch 1: ") && why.contains(" of 10 failed ("),
+        why.starts_with("batch 1: ") && why.contains(" failed ("),
         "{why}"
     );
     // The held Manifests' modules are untouched: still the first version's ConfigMap.
@@ -261,22 +281,16 @@ async fn a_bad_version_halts_after_the_first_batch_and_a_good_one_goes_everywher
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(by_reason(&api).await, halted, "still halted");
 
-    // Resumed by removing the annotation: one more batch (twice the first) tries and fails.
+    // Resumed by removing the annotation: one more batch (at most twice the first) tries and
+    // fails.
     let rollout_name = object.name_any();
     let patch = json!({"metadata": {"annotations": {PAUSED_ANNOTATION: null}}});
     objects::merge(&configmaps, &rollout_name, patch).await;
-    let second = 3 * FIRST_BATCH;
-    let again = wait_reasons(&fleet, "the second batch failed", limit, |c| {
-        c.get("RenderError") == Some(&second)
-            && c.get("RolloutPaused") == Some(&(MANIFESTS - second))
-    })
-    .await;
+    let (again, _, state) = wait_halted(&fleet, 2, limit).await;
     eprintln!("ROLLOUT resumed and halted again: {again:?}");
-    let (_, state) = rollout_of(&fleet, BAD).await.unwrap();
-    assert_eq!(
-        state.batches.iter().map(Vec::len).collect::<Vec<_>>(),
-        [10, 20]
-    );
+    let second = state.batches[1].len();
+    assert!((1..=2 * FIRST_BATCH).contains(&second), "{state:?}");
+    assert_eq!(again.get("RenderError"), Some(&(first + second)));
 
     // A good version: batch by batch (10, 20, 40, 80, 50) to every Manifest.
     move_all(&api, GOOD, MANIFESTS).await;
@@ -291,7 +305,31 @@ async fn a_bad_version_halts_after_the_first_batch_and_a_good_one_goes_everywher
     eprintln!("ROLLOUT good version: batches {sizes:?}");
     assert_eq!(sizes, [10, 20, 40, 80, 50]);
     assert!(!object.annotations().contains_key(PAUSED_ANNOTATION));
-    for manifest in objects::list(&api).await {
+    // Each batch started only once the one before had succeeded (times in whole seconds).
+    let listed = objects::list(&api).await;
+    let release = |name: &str| {
+        let manifest = listed.iter().find(|m| m.name_any() == name).unwrap();
+        let status = manifest.status.as_ref().unwrap();
+        status
+            .history
+            .iter()
+            .find(|r| r.chart == GOOD)
+            .cloned()
+            .unwrap()
+    };
+    for pair in state.batches.windows(2) {
+        let done = pair[0]
+            .iter()
+            .map(|n| release(n).ended.expect("ended").0)
+            .max()
+            .unwrap();
+        let started = pair[1].iter().map(|n| release(n).started.0).min().unwrap();
+        assert!(
+            started >= done,
+            "a batch started at {started} before the one before ended at {done}"
+        );
+    }
+    for manifest in listed {
         let module = configmaps.get(&manifest.name_any()).await.unwrap();
         assert_eq!(
             module.data.unwrap().get("version").map(String::as_str),

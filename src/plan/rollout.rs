@@ -87,15 +87,22 @@ pub fn spread_start(
     scheduled: Option<&ScheduledUpgrade>,
     now: Timestamp,
 ) -> ScheduledUpgrade {
-    if let Some(scheduled) = scheduled.filter(|s| s.chart == to) {
+    // A schedule of this chart is kept, unless it is older than a window: the move was undone
+    // and is made again (or the module waited that long for another reason): schedule anew.
+    let recent = |s: &&ScheduledUpgrade| {
+        let age = s.at.0.duration_until(now);
+        Duration::try_from(age).map_or(true, |age| age <= window)
+    };
+    if let Some(scheduled) = scheduled.filter(|s| s.chart == to).filter(recent) {
         return scheduled.clone();
     }
     let digest = Sha256::digest(format!("{uid}\n{to}"));
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
     let millis = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
-    let offset =
-        SignedDuration::from_millis(i64::try_from(u64::from_be_bytes(first) % millis).unwrap_or(0));
+    // At least 1 ms, so that every spread upgrade is scheduled (and shows in the status).
+    let offset = u64::from_be_bytes(first) % millis + 1;
+    let offset = SignedDuration::from_millis(i64::try_from(offset).unwrap_or(1));
     let at = now.checked_add(offset).unwrap_or(now);
     ScheduledUpgrade {
         chart: to.to_owned(),
@@ -118,6 +125,38 @@ pub struct RolloutState {
     /// without looking at it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halted: Option<usize>,
+    /// When a pass last wrote the state, in seconds since the Unix epoch.
+    #[serde(default)]
+    pub updated: i64,
+}
+
+/// A rollout not written for this long (seconds) is over: its state is not used again (a later
+/// move to the same chart starts a new rollout with a first batch), unless it is paused.
+pub const IDLE_SECONDS: i64 = 3600;
+
+/// The state a pass works from at `now` (seconds since the epoch): `state`, or an empty one if
+/// the rollout is over ([`IDLE_SECONDS`]) and not `paused`.
+pub fn current(state: RolloutState, paused: bool, now: i64) -> RolloutState {
+    if !paused && now.saturating_sub(state.updated) > IDLE_SECONDS {
+        return RolloutState::default();
+    }
+    state
+}
+
+/// `state` after a look at its newest batch at `now`: the look stands for the check period.
+pub fn looked(state: RolloutState, check: &BatchCheck, now: i64) -> RolloutState {
+    let message = format!(
+        "batch {}: {} upgraded, {} running, {} failed, {} left the rollout",
+        state.batches.len(),
+        check.succeeded,
+        check.running,
+        check.failed.len(),
+        check.left
+    );
+    RolloutState {
+        checked: Some(Checked { at: now, message }),
+        ..state
+    }
 }
 
 /// One look at the newest batch.
@@ -152,7 +191,9 @@ pub fn member_progress(manifest: Option<&Manifest>, group: &str, to: &str) -> Me
     let labels = manifest.metadata.labels.as_ref();
     let in_group = labels.and_then(|l| l.get(GROUP_LABEL)).map(String::as_str) == Some(group);
     let deleting = manifest.metadata.deletion_timestamp.is_some();
-    if !in_group || deleting || chart_reference(&manifest.spec.chart) != to {
+    // A suspended Manifest runs no pass: it cannot hold the batch.
+    let suspended = manifest.spec.suspend;
+    if !in_group || deleting || suspended || chart_reference(&manifest.spec.chart) != to {
         return MemberProgress::Left;
     }
     let status = manifest.status.clone().unwrap_or_default();
@@ -244,8 +285,19 @@ pub fn decide(
     let Some(newest) = state.batches.last() else {
         return Decision::Admit(0);
     };
+    let batch = index + 1;
     if newest.len() < batch_size(settings, index) {
-        return Decision::Admit(index);
+        // A batch still filling is looked at once a check period too: failures known while it
+        // fills halt it before more are admitted.
+        return match check {
+            None if !newest.is_empty() && !fresh_check && state.halted != Some(index) => {
+                Decision::Check
+            }
+            Some(check) if check.failed.len() > settings.max_failures => {
+                Decision::Halt(halt_message(batch, newest.len(), check, settings))
+            }
+            _ => Decision::Admit(index),
+        };
     }
     if state.halted == Some(index) {
         // Resumed after this batch halted the rollout.
@@ -257,16 +309,8 @@ pub fn decide(
             _ => Decision::Check,
         };
     };
-    let batch = index + 1;
     if check.failed.len() > settings.max_failures {
-        let named = check.failed.iter().take(5).cloned().collect::<Vec<_>>();
-        return Decision::Halt(format!(
-            "batch {batch}: {} of {} failed ({}); more than the {} allowed (--rollout-max-failures)",
-            check.failed.len(),
-            newest.len(),
-            named.join(", "),
-            settings.max_failures
-        ));
+        return Decision::Halt(halt_message(batch, newest.len(), check, settings));
     }
     if check.running > 0 {
         return Decision::Wait(format!(
@@ -279,6 +323,22 @@ pub fn decide(
         ));
     }
     Decision::Admit(index + 1)
+}
+
+/// Why batch `batch` (of `admitted` Manifests) halts the rollout.
+fn halt_message(
+    batch: usize,
+    admitted: usize,
+    check: &BatchCheck,
+    settings: RolloutSettings,
+) -> String {
+    let named = check.failed.iter().take(5).cloned().collect::<Vec<_>>();
+    format!(
+        "batch {batch}: {} of {admitted} failed ({}); more than the {} allowed (--rollout-max-failures)",
+        check.failed.len(),
+        named.join(", "),
+        settings.max_failures
+    )
 }
 
 /// `state` once the newest batch halted the rollout.
@@ -340,7 +400,7 @@ mod tests {
             .map(|i| spread_start(&format!("uid-{i}"), "web 2.0.0", window, None, now))
             .collect();
         let offsets: Vec<i64> = starts.iter().map(|s| s.at.0.as_second()).collect();
-        assert!(offsets.iter().all(|s| (0..300).contains(s)), "{offsets:?}");
+        assert!(offsets.iter().all(|s| (0..=300).contains(s)), "{offsets:?}");
         // Spread: each fifth of the window holds some of the 200 starts.
         for fifth in 0..5 {
             let within = offsets.iter().filter(|s| **s / 60 == fifth).count();
@@ -468,6 +528,7 @@ mod tests {
                 .collect(),
             checked: None,
             halted: None,
+            updated: 0,
         }
     }
 
@@ -475,7 +536,37 @@ mod tests {
     fn batches_fill_then_wait_for_a_look() {
         let decide = |s: &RolloutState, name| decide(s, None, name, SETTINGS, (None, false));
         assert_eq!(decide(&RolloutState::default(), "a"), Decision::Admit(0));
-        assert_eq!(decide(&state(&[&["a"]]), "b"), Decision::Admit(0));
+        // A batch still filling is looked at once a check period, then admits.
+        assert_eq!(decide(&state(&[&["a"]]), "b"), Decision::Check);
+        let fresh = |s: &RolloutState, check| super::decide(s, None, "b", SETTINGS, (check, true));
+        assert_eq!(fresh(&state(&[&["a"]]), None), Decision::Admit(0));
+        let clean = BatchCheck {
+            running: 1,
+            ..Default::default()
+        };
+        let filling = super::decide(
+            &state(&[&["a"]]),
+            None,
+            "b",
+            SETTINGS,
+            (Some(&clean), false),
+        );
+        assert_eq!(filling, Decision::Admit(0));
+        // Failures known while it fills halt it before more are admitted.
+        let failing = BatchCheck {
+            failed: vec!["a".into()],
+            ..Default::default()
+        };
+        let halted = super::decide(
+            &state(&[&["a"]]),
+            None,
+            "b",
+            SETTINGS,
+            (Some(&failing), false),
+        );
+        assert!(
+            matches!(halted, Decision::Halt(why) if why.starts_with("batch 1: 1 of 1 failed (a)"))
+        );
         assert_eq!(decide(&state(&[&["a", "b"]]), "a"), Decision::Proceed);
         assert_eq!(decide(&state(&[&["a", "b"]]), "c"), Decision::Check);
         let mut looked = state(&[&["a", "b"]]);
@@ -538,6 +629,45 @@ mod tests {
         assert_eq!(
             super::decide(&next, None, "g", SETTINGS, (None, false)),
             Decision::Check
+        );
+    }
+
+    #[test]
+    fn a_rollout_left_idle_is_over_unless_paused() {
+        let mut old = state(&[&["a", "b"]]);
+        old.updated = 100;
+        let now = 100 + IDLE_SECONDS + 1;
+        assert_eq!(current(old.clone(), false, now), RolloutState::default());
+        assert_eq!(
+            current(old.clone(), true, now),
+            old,
+            "a halt stays until resumed"
+        );
+        assert_eq!(current(old.clone(), false, 100 + IDLE_SECONDS), old);
+    }
+
+    #[test]
+    fn a_suspended_member_cannot_hold_its_batch() {
+        let old = release("v1", ReleaseOutcome::Succeeded);
+        let mut asleep = member("a", "g", "v2", std::slice::from_ref(&old), false);
+        asleep.spec.suspend = true;
+        assert_eq!(
+            member_progress(Some(&asleep), "g", "v2"),
+            MemberProgress::Left
+        );
+    }
+
+    #[test]
+    fn a_schedule_older_than_a_window_is_made_anew() {
+        let window = Duration::from_secs(300);
+        let start = spread_start("u", "web 2", window, None, Timestamp::UNIX_EPOCH);
+        let day = Timestamp::UNIX_EPOCH
+            .checked_add(SignedDuration::from_hours(24))
+            .unwrap();
+        let again = spread_start("u", "web 2", window, Some(&start), day);
+        assert!(
+            again.at.0 > day,
+            "the move made again a day later waits again"
         );
     }
 

@@ -127,10 +127,14 @@ fn waits_for_its_turn(
     Some(Pass {
         outcome: Outcome::waiting(State::Deleting, Reason::DeletionRateLimited, turn.message),
         facts: Default::default(),
-        // A little after the turn, so that the pass finds it come.
-        requeue: turn.wait + Duration::from_millis(10),
+        // A little after the turn, so that the pass finds it come — or sooner: the turn moves
+        // forward when those before it leave the queue, and nothing else wakes this pass.
+        requeue: (turn.wait + Duration::from_millis(10)).min(TURN_RECHECK),
     })
 }
+
+/// The longest a deletion waiting for its turn sleeps before it asks again.
+const TURN_RECHECK: Duration = Duration::from_secs(15);
 
 /// Releases a Manifest being deleted whose target can no longer be named (its kubeconfig Secret or
 /// key is gone, or the kubeconfig is refused): the module's objects on the target are left, with a

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::{Timestamp, Unit};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::{Resource, ResourceExt};
 
 use super::context::Context;
 use super::error::ReconcileError;
@@ -26,8 +26,8 @@ use crate::plan::status::{Outcome, Reason};
 
 /// The rollout object's labels: the Manifests' namespace and group.
 const NAMESPACE_LABEL: &str = "modulemanager.io/rollout-namespace";
-/// Rollout objects kept per (namespace, group): making a new one deletes the oldest beyond.
-const KEPT_PER_GROUP: usize = 3;
+/// The rollout object's label naming its fleet.
+const FLEET_LABEL: &str = "modulemanager.io/rollout-fleet";
 /// Tries of one pass against concurrent writers of the rollout object.
 const ATTEMPTS: usize = 3;
 
@@ -130,8 +130,8 @@ impl<'a> RolloutObject<'a> {
             let first = rollout::admitted(RolloutState::default(), name, 0);
             return Ok(self.create(&first).await?.then_some(None));
         };
-        let state = state_of(&object);
         let paused = object.annotations().get(PAUSED_ANNOTATION).cloned();
+        let state = rollout::current(state_of(&object), paused.is_some(), now());
         let settings = self.ctx.rollouts.settings;
         let fresh = state.checked.as_ref().is_some_and(|c| self.recent(c.at));
         let decision = rollout::decide(&state, paused.as_deref(), name, settings, (None, fresh));
@@ -147,7 +147,7 @@ impl<'a> RolloutObject<'a> {
         // a pass that read it before writes nothing and reads again), then lists the group.
         let claim = RolloutState {
             checked: Some(Checked {
-                at: Timestamp::now().as_second(),
+                at: now(),
                 message: "the newest batch is being looked at".into(),
             }),
             ..state.clone()
@@ -155,19 +155,12 @@ impl<'a> RolloutObject<'a> {
         let Some(claimed) = self.replace(object, &claim, None).await? else {
             return Ok(None);
         };
-        let looked = self.check(&state).await?;
-        let decision = rollout::decide(&state, None, name, settings, (Some(&looked), false));
+        let check = self.check(&state).await?;
+        let decision = rollout::decide(&state, None, name, settings, (Some(&check), false));
+        // What the look found stands for the check period, whatever this pass does next.
+        let state = rollout::looked(state, &check, now());
         if let Decision::Wait(message) = &decision {
-            // What the look found stands for the check period.
-            let checked = Checked {
-                at: Timestamp::now().as_second(),
-                message: message.clone(),
-            };
-            let next = RolloutState {
-                checked: Some(checked),
-                ..state
-            };
-            let written = self.replace(claimed, &next, None).await?;
+            let written = self.replace(claimed, &state, None).await?;
             return Ok(written.map(|_| Some((Reason::RolloutWaiting, message.clone()))));
         }
         self.act(claimed, state, name, decision, Reason::RolloutWaiting)
@@ -211,7 +204,7 @@ impl<'a> RolloutObject<'a> {
 
     /// Whether a look at `at` (seconds since the epoch) is within the check period.
     fn recent(&self, at: i64) -> bool {
-        let age = Timestamp::now().as_second().saturating_sub(at);
+        let age = now().saturating_sub(at);
         u64::try_from(age).is_ok_and(|age| age < self.ctx.rollouts.check_every.as_secs())
     }
 
@@ -243,11 +236,12 @@ impl<'a> RolloutObject<'a> {
     async fn create(&self, state: &RolloutState) -> Result<bool, ReconcileError> {
         let mut object = ConfigMap::default();
         object.metadata.name = Some(self.name.clone());
-        object.metadata.labels = Some(BTreeMap::from([
-            (GROUP_LABEL.to_owned(), self.group.to_owned()),
-            (NAMESPACE_LABEL.to_owned(), self.namespace.clone()),
-        ]));
-        object.data = Some(data(&self.namespace, self.group, self.to, state));
+        object.metadata.labels = Some(self.labels());
+        let state = RolloutState {
+            updated: now(),
+            ..state.clone()
+        };
+        object.data = Some(data(&self.namespace, self.group, self.to, &state));
         match self.api.create(&PostParams::default(), &object).await {
             Ok(_) => {
                 self.forget_old().await;
@@ -266,7 +260,11 @@ impl<'a> RolloutObject<'a> {
         state: &RolloutState,
         pause: Option<&str>,
     ) -> Result<Option<ConfigMap>, ReconcileError> {
-        object.data = Some(data(&self.namespace, self.group, self.to, state));
+        let state = RolloutState {
+            updated: now(),
+            ..state.clone()
+        };
+        object.data = Some(data(&self.namespace, self.group, self.to, &state));
         if let Some(why) = pause {
             object
                 .annotations_mut()
@@ -278,18 +276,31 @@ impl<'a> RolloutObject<'a> {
             .await
         {
             Ok(written) => Ok(Some(written)),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+            // Changed, or deleted (by a person, or as over), since it was read: read again.
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(None),
             Err(source) => Err(self.failed("write", source)),
         }
     }
 
-    /// Deletes the oldest rollout objects of the group beyond [`KEPT_PER_GROUP`] (best effort:
-    /// a failure is logged, the next new rollout tries again).
+    /// The rollout object's labels: the fleet, the Manifests' namespace and group.
+    fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (FLEET_LABEL.to_owned(), self.ctx.rollouts.fleet.clone()),
+            (GROUP_LABEL.to_owned(), self.group.to_owned()),
+            (NAMESPACE_LABEL.to_owned(), self.namespace.clone()),
+        ])
+    }
+
+    /// Deletes the group's other rollout objects that are over (not written for
+    /// [`IDLE_SECONDS`](rollout::IDLE_SECONDS), not paused), best effort: a failure is logged,
+    /// the next new rollout of the group tries again. A paused one stays until resumed.
     async fn forget_old(&self) {
-        let selector = format!(
-            "{GROUP_LABEL}={},{NAMESPACE_LABEL}={}",
-            self.group, self.namespace
-        );
+        let selector = self
+            .labels()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
         let listed = match self
             .api
             .list(&ListParams::default().labels(&selector))
@@ -301,16 +312,23 @@ impl<'a> RolloutObject<'a> {
                 return;
             }
         };
-        let mut objects: Vec<&ConfigMap> = listed.iter().collect();
-        objects.sort_by_key(|o| o.meta().creation_timestamp.as_ref().map(|t| t.0));
-        let beyond = objects.len().saturating_sub(KEPT_PER_GROUP);
-        for old in objects.into_iter().take(beyond) {
+        for old in &listed {
+            let paused = old.annotations().contains_key(PAUSED_ANNOTATION);
+            let over = rollout::current(state_of(old), paused, now()) == RolloutState::default();
+            if old.name_any() == self.name || !over {
+                continue;
+            }
             let name = old.name_any();
             if let Err(e) = self.api.delete(&name, &DeleteParams::default()).await {
-                tracing::warn!("delete the old rollout object {name}: {e}");
+                tracing::warn!("delete the rollout object {name}, which is over: {e}");
             }
         }
     }
+}
+
+/// Now, in seconds since the Unix epoch.
+fn now() -> i64 {
+    Timestamp::now().as_second()
 }
 
 /// The rollout state an object holds (an unreadable one counts as empty: the rollout starts
