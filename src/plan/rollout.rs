@@ -8,6 +8,7 @@
 //! Only an upgrade that moves a module off the chart it runs waits ([`chart_move`]): an install,
 //! a values change and a retry of a release already started go on at once.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -76,6 +77,11 @@ pub fn object_name(fleet: &str, namespace: &str, group: &str, to: &str) -> Strin
     format!("{fleet}-rollout-{hash}")
 }
 
+/// How long past its start a spread upgrade's schedule still holds: a pass that comes this much
+/// later (the operator was down, the queue was long) still starts it; later, the move is taken
+/// for one made again, and scheduled anew.
+const SCHEDULE_KEPT: Duration = Duration::from_secs(3600);
+
 /// When the upgrade of the Manifest `uid` to the chart `to` may start, spread over `window`
 /// (`--upgrade-spread-seconds`): as the status scheduled it if it did for `to`, else `now` plus
 /// an offset within the window that every replica works out alike (a digest of the UID and
@@ -87,11 +93,11 @@ pub fn spread_start(
     scheduled: Option<&ScheduledUpgrade>,
     now: Timestamp,
 ) -> ScheduledUpgrade {
-    // A schedule of this chart is kept, unless it is older than a window: the move was undone
-    // and is made again (or the module waited that long for another reason): schedule anew.
+    // A schedule of this chart is kept, unless its start is more than a window and an hour
+    // past: the move was undone and is made again: schedule anew.
     let recent = |s: &&ScheduledUpgrade| {
         let age = s.at.0.duration_until(now);
-        Duration::try_from(age).map_or(true, |age| age <= window)
+        Duration::try_from(age).map_or(true, |age| age <= window + SCHEDULE_KEPT)
     };
     if let Some(scheduled) = scheduled.filter(|s| s.chart == to).filter(recent) {
         return scheduled.clone();
@@ -128,16 +134,48 @@ pub struct RolloutState {
     /// When a pass last wrote the state, in seconds since the Unix epoch.
     #[serde(default)]
     pub updated: i64,
+    /// The revision of the release each admitted Manifest ran when it was admitted: an
+    /// admission holds only while that release still runs (a Manifest moved back and then to
+    /// this chart again is admitted anew).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub running: BTreeMap<String, u32>,
 }
 
-/// A rollout not written for this long (seconds) is over: its state is not used again (a later
-/// move to the same chart starts a new rollout with a first batch), unless it is paused.
+/// A Manifest asking the rollout: its name, and the revision of the release that runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Asking<'a> {
+    pub name: &'a str,
+    pub running: Option<u32>,
+}
+
+/// The revision of the release that runs (the newest that succeeded), if any.
+pub fn running_revision(history: &[Release]) -> Option<u32> {
+    history
+        .iter()
+        .find(|r| r.outcome == ReleaseOutcome::Succeeded)
+        .map(|r| r.revision)
+}
+
+/// Whether `asking` is admitted by `state`: listed, with the release that ran then still running.
+fn is_admitted(state: &RolloutState, asking: Asking<'_>) -> bool {
+    let listed = state.batches.iter().flatten().any(|n| n == asking.name);
+    listed && state.running.get(asking.name).copied() == asking.running
+}
+
+/// A rollout not written for this long (seconds), nor for four check periods, is over: its
+/// state is not used again (a later move to the same chart starts a new rollout with a first
+/// batch), unless it is paused (its waiters keep a paused one written).
 pub const IDLE_SECONDS: i64 = 3600;
 
+/// How long a rollout looked at every `check_every` seconds may go unwritten before it is over.
+pub fn idle_after(check_every: u64) -> i64 {
+    IDLE_SECONDS.max(i64::try_from(check_every.saturating_mul(4)).unwrap_or(i64::MAX))
+}
+
 /// The state a pass works from at `now` (seconds since the epoch): `state`, or an empty one if
-/// the rollout is over ([`IDLE_SECONDS`]) and not `paused`.
-pub fn current(state: RolloutState, paused: bool, now: i64) -> RolloutState {
-    if !paused && now.saturating_sub(state.updated) > IDLE_SECONDS {
+/// the rollout is over (not written for `idle` seconds) and not `paused`.
+pub fn current(state: RolloutState, paused: bool, now: i64, idle: i64) -> RolloutState {
+    if !paused && now.saturating_sub(state.updated) > idle {
         return RolloutState::default();
     }
     state
@@ -265,17 +303,17 @@ pub enum Decision {
     Halt(String),
 }
 
-/// The decision for the Manifest `name` from the rollout object's `state` and paused
+/// The decision for the Manifest `asking` from the rollout object's `state` and paused
 /// annotation, the look at the newest batch if one was taken (`check`) and whether the last
 /// look is recent enough to stand for one (`fresh_check`).
 pub fn decide(
     state: &RolloutState,
     paused: Option<&str>,
-    name: &str,
+    asking: Asking<'_>,
     settings: RolloutSettings,
     (check, fresh_check): (Option<&BatchCheck>, bool),
 ) -> Decision {
-    if state.batches.iter().flatten().any(|n| n == name) {
+    if is_admitted(state, asking) {
         return Decision::Proceed;
     }
     if let Some(why) = paused {
@@ -286,22 +324,20 @@ pub fn decide(
         return Decision::Admit(0);
     };
     let batch = index + 1;
+    if state.halted == Some(index) {
+        // Resumed after this batch halted the rollout (full or not): the next one opens.
+        return Decision::Admit(index + 1);
+    }
     if newest.len() < batch_size(settings, index) {
         // A batch still filling is looked at once a check period too: failures known while it
         // fills halt it before more are admitted.
         return match check {
-            None if !newest.is_empty() && !fresh_check && state.halted != Some(index) => {
-                Decision::Check
-            }
+            None if !newest.is_empty() && !fresh_check => Decision::Check,
             Some(check) if check.failed.len() > settings.max_failures => {
                 Decision::Halt(halt_message(batch, newest.len(), check, settings))
             }
             _ => Decision::Admit(index),
         };
-    }
-    if state.halted == Some(index) {
-        // Resumed after this batch halted the rollout.
-        return Decision::Admit(index + 1);
     }
     let Some(check) = check else {
         return match (&state.checked, fresh_check) {
@@ -351,15 +387,23 @@ pub fn halted(state: RolloutState) -> RolloutState {
     }
 }
 
-/// `state` with `name` admitted into batch `index`.
-pub fn admitted(mut state: RolloutState, name: &str, index: usize) -> RolloutState {
+/// `state` with `asking` admitted into batch `index` (an earlier admission of the same name,
+/// from a run of the rollout it moved away from since, is dropped).
+pub fn admitted(mut state: RolloutState, asking: Asking<'_>, index: usize) -> RolloutState {
+    for batch in &mut state.batches {
+        batch.retain(|n| n != asking.name);
+    }
     if index >= state.batches.len() {
         state.batches.push(Vec::new());
         state.checked = None;
     }
     if let Some(batch) = state.batches.last_mut() {
-        batch.push(name.to_owned());
+        batch.push(asking.name.to_owned());
     }
+    match asking.running {
+        Some(revision) => state.running.insert(asking.name.to_owned(), revision),
+        None => state.running.remove(asking.name),
+    };
     state
 }
 
@@ -529,16 +573,29 @@ mod tests {
             checked: None,
             halted: None,
             updated: 0,
+            running: batches
+                .iter()
+                .flat_map(|b| b.iter().map(|n| (n.to_string(), 1)))
+                .collect(),
+        }
+    }
+
+    /// A Manifest asking, running revision 1.
+    fn ask(name: &str) -> Asking<'_> {
+        Asking {
+            name,
+            running: Some(1),
         }
     }
 
     #[test]
     fn batches_fill_then_wait_for_a_look() {
-        let decide = |s: &RolloutState, name| decide(s, None, name, SETTINGS, (None, false));
+        let decide = |s: &RolloutState, name| decide(s, None, ask(name), SETTINGS, (None, false));
         assert_eq!(decide(&RolloutState::default(), "a"), Decision::Admit(0));
         // A batch still filling is looked at once a check period, then admits.
         assert_eq!(decide(&state(&[&["a"]]), "b"), Decision::Check);
-        let fresh = |s: &RolloutState, check| super::decide(s, None, "b", SETTINGS, (check, true));
+        let fresh =
+            |s: &RolloutState, check| super::decide(s, None, ask("b"), SETTINGS, (check, true));
         assert_eq!(fresh(&state(&[&["a"]]), None), Decision::Admit(0));
         let clean = BatchCheck {
             running: 1,
@@ -547,7 +604,7 @@ mod tests {
         let filling = super::decide(
             &state(&[&["a"]]),
             None,
-            "b",
+            ask("b"),
             SETTINGS,
             (Some(&clean), false),
         );
@@ -560,7 +617,7 @@ mod tests {
         let halted = super::decide(
             &state(&[&["a"]]),
             None,
-            "b",
+            ask("b"),
             SETTINGS,
             (Some(&failing), false),
         );
@@ -574,7 +631,7 @@ mod tests {
             at: 0,
             message: "batch 1 goes on".into(),
         });
-        let fresh = super::decide(&looked, None, "c", SETTINGS, (None, true));
+        let fresh = super::decide(&looked, None, ask("c"), SETTINGS, (None, true));
         assert_eq!(fresh, Decision::Wait("batch 1 goes on".into()));
         assert_eq!(
             decide(&looked, "c"),
@@ -586,7 +643,8 @@ mod tests {
     #[test]
     fn a_look_opens_the_next_batch_waits_or_halts() {
         let full = state(&[&["a", "b"]]);
-        let decide = |check: &BatchCheck| decide(&full, None, "c", SETTINGS, (Some(check), false));
+        let decide =
+            |check: &BatchCheck| decide(&full, None, ask("c"), SETTINGS, (Some(check), false));
         let done = BatchCheck {
             succeeded: 1,
             left: 1,
@@ -613,23 +671,64 @@ mod tests {
             max_failures: 1,
             ..SETTINGS
         };
-        let opened = super::decide(&full, None, "c", lenient, (Some(&failed), false));
+        let opened = super::decide(&full, None, ask("c"), lenient, (Some(&failed), false));
         assert_eq!(opened, Decision::Admit(1));
         // Halted, then resumed (the annotation removed): the next batch opens without a look.
         let stopped = halted(full.clone());
         assert_eq!(stopped.halted, Some(0));
-        let resumed = super::decide(&stopped, None, "c", SETTINGS, (None, false));
+        let resumed = super::decide(&stopped, None, ask("c"), SETTINGS, (None, false));
         assert_eq!(resumed, Decision::Admit(1));
         // The next batch is looked at as any other.
-        let next = admitted(
-            admitted(admitted(admitted(stopped, "c", 1), "d", 1), "e", 1),
-            "f",
-            1,
-        );
+        let next = ["c", "d", "e", "f"]
+            .into_iter()
+            .fold(stopped, |s, name| admitted(s, ask(name), 1));
         assert_eq!(
-            super::decide(&next, None, "g", SETTINGS, (None, false)),
+            super::decide(&next, None, ask("g"), SETTINGS, (None, false)),
             Decision::Check
         );
+    }
+
+    #[test]
+    fn a_batch_that_halted_before_it_filled_is_closed_on_resume() {
+        let one_failed = halted(state(&[&["a"]]));
+        let resumed = decide(&one_failed, None, ask("b"), SETTINGS, (None, false));
+        assert_eq!(
+            resumed,
+            Decision::Admit(1),
+            "the next batch, not the halted one"
+        );
+    }
+
+    #[test]
+    fn an_admission_holds_only_while_the_release_that_ran_then_runs() {
+        let s = state(&[&["a"]]);
+        assert_eq!(
+            decide(&s, None, ask("a"), SETTINGS, (None, false)),
+            Decision::Proceed
+        );
+        // a moved back to the old chart (a new release runs) and to this one again.
+        let again = Asking {
+            name: "a",
+            running: Some(3),
+        };
+        assert_ne!(
+            decide(&s, None, again, SETTINGS, (None, false)),
+            Decision::Proceed
+        );
+        // Admitted anew, it is listed once, with the release that runs now.
+        let readmitted = admitted(s, again, 0);
+        assert_eq!(readmitted.batches, [vec!["a".to_owned()]]);
+        assert_eq!(readmitted.running.get("a"), Some(&3));
+        assert_eq!(
+            decide(&readmitted, None, again, SETTINGS, (None, false)),
+            Decision::Proceed
+        );
+    }
+
+    #[test]
+    fn the_idle_limit_follows_a_long_check_period() {
+        assert_eq!(idle_after(30), IDLE_SECONDS);
+        assert_eq!(idle_after(3600), 4 * 3600);
     }
 
     #[test]
@@ -637,13 +736,19 @@ mod tests {
         let mut old = state(&[&["a", "b"]]);
         old.updated = 100;
         let now = 100 + IDLE_SECONDS + 1;
-        assert_eq!(current(old.clone(), false, now), RolloutState::default());
         assert_eq!(
-            current(old.clone(), true, now),
+            current(old.clone(), false, now, IDLE_SECONDS),
+            RolloutState::default()
+        );
+        assert_eq!(
+            current(old.clone(), true, now, IDLE_SECONDS),
             old,
             "a halt stays until resumed"
         );
-        assert_eq!(current(old.clone(), false, 100 + IDLE_SECONDS), old);
+        assert_eq!(
+            current(old.clone(), false, 100 + IDLE_SECONDS, IDLE_SECONDS),
+            old
+        );
     }
 
     #[test]
@@ -674,7 +779,7 @@ mod tests {
     #[test]
     fn a_paused_rollout_admits_no_one_but_lets_the_admitted_go_on() {
         let s = state(&[&["a"]]);
-        let paused = |name| decide(&s, Some("by hand"), name, SETTINGS, (None, false));
+        let paused = |name| decide(&s, Some("by hand"), ask(name), SETTINGS, (None, false));
         assert_eq!(paused("a"), Decision::Proceed);
         assert_eq!(
             paused("b"),
@@ -689,8 +794,11 @@ mod tests {
             at: 1,
             message: "m".into(),
         });
-        let next = admitted(s, "c", 1);
+        let next = admitted(s, ask("c"), 1);
         assert_eq!(next, state(&[&["a", "b"], &["c"]]));
-        assert_eq!(admitted(next, "d", 1), state(&[&["a", "b"], &["c", "d"]]));
+        assert_eq!(
+            admitted(next, ask("d"), 1),
+            state(&[&["a", "b"], &["c", "d"]])
+        );
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::{Timestamp, Unit};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 
 use super::context::Context;
 use super::error::ReconcileError;
@@ -20,7 +20,7 @@ use super::pass::Pass;
 use crate::api::{Manifest, State};
 use crate::plan::history::chart_reference;
 use crate::plan::rollout::{
-    self, BatchCheck, Checked, Decision, GROUP_LABEL, PAUSED_ANNOTATION, RolloutState,
+    self, Asking, BatchCheck, Checked, Decision, GROUP_LABEL, PAUSED_ANNOTATION, RolloutState,
 };
 use crate::plan::status::{Outcome, Reason};
 
@@ -46,8 +46,13 @@ pub(super) async fn wait(
         return Ok(spread(manifest, ctx, &to));
     };
     let object = RolloutObject::new(ctx, manifest, group, &to);
+    let name = manifest.name_any();
+    let asking = Asking {
+        name: &name,
+        running: rollout::running_revision(history.unwrap_or_default()),
+    };
     for _ in 0..ATTEMPTS {
-        if let Some(done) = object.step(&manifest.name_any()).await? {
+        if let Some(done) = object.step(asking).await? {
             return Ok(done.map(|(reason, message)| waiting(ctx, reason, message)));
         }
     }
@@ -123,25 +128,29 @@ impl<'a> RolloutObject<'a> {
         }
     }
 
-    /// Reads the object (creating it with `name` admitted if there is none) and acts on the
+    /// Reads the object (creating it with `asking` admitted if there is none) and acts on the
     /// decision.
-    async fn step(&self, name: &str) -> Result<Step, ReconcileError> {
+    async fn step(&self, asking: Asking<'_>) -> Result<Step, ReconcileError> {
         let Some(object) = self.read().await? else {
-            let first = rollout::admitted(RolloutState::default(), name, 0);
+            let first = rollout::admitted(RolloutState::default(), asking, 0);
             return Ok(self.create(&first).await?.then_some(None));
         };
         let paused = object.annotations().get(PAUSED_ANNOTATION).cloned();
-        let state = rollout::current(state_of(&object), paused.is_some(), now());
+        let state = rollout::current(state_of(&object), paused.is_some(), now(), self.idle());
         let settings = self.ctx.rollouts.settings;
         let fresh = state.checked.as_ref().is_some_and(|c| self.recent(c.at));
-        let decision = rollout::decide(&state, paused.as_deref(), name, settings, (None, fresh));
+        let decision = rollout::decide(&state, paused.as_deref(), asking, settings, (None, fresh));
         if decision != Decision::Check {
+            if paused.is_some() && now().saturating_sub(state.updated) > self.idle() / 2 {
+                // A paused rollout that Manifests wait for is not over: written now and then.
+                self.replace(object.clone(), &state, None).await?;
+            }
             let reason = if paused.is_some() {
                 Reason::RolloutPaused
             } else {
                 Reason::RolloutWaiting
             };
-            return self.act(object, state, name, decision, reason).await;
+            return self.act(object, state, asking, decision, reason).await;
         }
         // One look a check period: this pass claims it (the object's resourceVersion moves, so
         // a pass that read it before writes nothing and reads again), then lists the group.
@@ -156,15 +165,49 @@ impl<'a> RolloutObject<'a> {
             return Ok(None);
         };
         let check = self.check(&state).await?;
-        let decision = rollout::decide(&state, None, name, settings, (Some(&check), false));
-        // What the look found stands for the check period, whatever this pass does next.
-        let state = rollout::looked(state, &check, now());
-        if let Decision::Wait(message) = &decision {
-            let written = self.replace(claimed, &state, None).await?;
-            return Ok(written.map(|_| Some((Reason::RolloutWaiting, message.clone()))));
+        self.after_look(claimed, state, asking, &check).await
+    }
+
+    /// Acts on a look at the newest batch of `state` (as read before `object`, the claim): if
+    /// the object changed meanwhile (another pass admitted one more), decides again with the
+    /// same look while the same batch is the newest — a halt is not lost to an admission.
+    async fn after_look(
+        &self,
+        mut object: ConfigMap,
+        mut state: RolloutState,
+        asking: Asking<'_>,
+        check: &BatchCheck,
+    ) -> Result<Step, ReconcileError> {
+        let settings = self.ctx.rollouts.settings;
+        let batches = state.batches.len();
+        for _ in 0..ATTEMPTS {
+            let decision = rollout::decide(&state, None, asking, settings, (Some(check), false));
+            // What the look found stands for the check period, whatever this pass does next.
+            let next = rollout::looked(state, check, now());
+            let done = match decision {
+                Decision::Wait(message) => self
+                    .replace(object, &next, None)
+                    .await?
+                    .map(|_| Some((Reason::RolloutWaiting, message))),
+                decision => {
+                    self.act(object, next, asking, decision, Reason::RolloutWaiting)
+                        .await?
+                }
+            };
+            if done.is_some() {
+                return Ok(done);
+            }
+            let Some(again) = self.read().await? else {
+                return Ok(None);
+            };
+            state = state_of(&again);
+            let paused = again.annotations().contains_key(PAUSED_ANNOTATION);
+            if paused || state.batches.len() != batches {
+                return Ok(None);
+            }
+            object = again;
         }
-        self.act(claimed, state, name, decision, Reason::RolloutWaiting)
-            .await
+        Ok(None)
     }
 
     /// Acts on a decision taken on `object` as read (`reason`: that of a wait).
@@ -172,14 +215,14 @@ impl<'a> RolloutObject<'a> {
         &self,
         object: ConfigMap,
         state: RolloutState,
-        name: &str,
+        asking: Asking<'_>,
         decision: Decision,
         reason: Reason,
     ) -> Result<Step, ReconcileError> {
         match decision {
             Decision::Proceed => Ok(Some(None)),
             Decision::Admit(index) => {
-                let next = rollout::admitted(state, name, index);
+                let next = rollout::admitted(state, asking, index);
                 Ok(self.replace(object, &next, None).await?.map(|_| None))
             }
             Decision::Wait(message) => Ok(Some(Some((reason, message)))),
@@ -193,6 +236,11 @@ impl<'a> RolloutObject<'a> {
             // A look is taken by `step` before it acts.
             Decision::Check => Ok(None),
         }
+    }
+
+    /// How long the rollout may go unwritten before it is over.
+    fn idle(&self) -> i64 {
+        rollout::idle_after(self.ctx.rollouts.check_every.as_secs())
     }
 
     /// The error of `verb` on the rollout object.
@@ -314,12 +362,22 @@ impl<'a> RolloutObject<'a> {
         };
         for old in &listed {
             let paused = old.annotations().contains_key(PAUSED_ANNOTATION);
-            let over = rollout::current(state_of(old), paused, now()) == RolloutState::default();
+            let over = rollout::current(state_of(old), paused, now(), self.idle())
+                == RolloutState::default();
             if old.name_any() == self.name || !over {
                 continue;
             }
             let name = old.name_any();
-            if let Err(e) = self.api.delete(&name, &DeleteParams::default()).await {
+            // Only as listed: one written since (a pass that found it over and started anew)
+            // stays.
+            let unchanged = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: old.resource_version(),
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            if let Err(e) = self.api.delete(&name, &unchanged).await {
                 tracing::warn!("delete the rollout object {name}, which is over: {e}");
             }
         }
