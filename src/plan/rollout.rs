@@ -62,10 +62,14 @@ pub fn chart_move(to: &str, history: &[Release]) -> bool {
     let Some(newest) = history.first() else {
         return false;
     };
-    let running = history
+    newest.chart != to && running_release(history).is_some_and(|r| r.chart != to)
+}
+
+/// The release that runs: the newest that succeeded.
+fn running_release(history: &[Release]) -> Option<&Release> {
+    history
         .iter()
-        .find(|r| r.outcome == ReleaseOutcome::Succeeded);
-    newest.chart != to && running.is_some_and(|r| r.chart != to)
+        .find(|r| r.outcome == ReleaseOutcome::Succeeded)
 }
 
 /// The name of the rollout object of the Manifests of `group` in `namespace` moving to the chart
@@ -150,10 +154,7 @@ pub struct Asking<'a> {
 
 /// The revision of the release that runs (the newest that succeeded), if any.
 pub fn running_revision(history: &[Release]) -> Option<u32> {
-    history
-        .iter()
-        .find(|r| r.outcome == ReleaseOutcome::Succeeded)
-        .map(|r| r.revision)
+    running_release(history).map(|r| r.revision)
 }
 
 /// Whether `asking` is admitted by `state`: listed, with the release that ran then still running.
@@ -183,14 +184,8 @@ pub fn current(state: RolloutState, paused: bool, now: i64, idle: i64) -> Rollou
 
 /// `state` after a look at its newest batch at `now`: the look stands for the check period.
 pub fn looked(state: RolloutState, check: &BatchCheck, now: i64) -> RolloutState {
-    let message = format!(
-        "batch {}: {} upgraded, {} running, {} failed, {} left the rollout",
-        state.batches.len(),
-        check.succeeded,
-        check.running,
-        check.failed.len(),
-        check.left
-    );
+    let admitted = state.batches.last().map_or(0, Vec::len);
+    let message = progress_message(state.batches.len(), admitted, check);
     RolloutState {
         checked: Some(Checked { at: now, message }),
         ..state
@@ -349,16 +344,20 @@ pub fn decide(
         return Decision::Halt(halt_message(batch, newest.len(), check, settings));
     }
     if check.running > 0 {
-        return Decision::Wait(format!(
-            "batch {batch} goes on: {} of {} upgraded, {} running, {} failed, {} left the rollout",
-            check.succeeded,
-            newest.len(),
-            check.running,
-            check.failed.len(),
-            check.left
-        ));
+        return Decision::Wait(progress_message(batch, newest.len(), check));
     }
     Decision::Admit(index + 1)
+}
+
+/// What a look found of batch `batch` (of `admitted` Manifests) while it goes on.
+fn progress_message(batch: usize, admitted: usize, check: &BatchCheck) -> String {
+    format!(
+        "batch {batch} goes on: {} of {admitted} upgraded, {} running, {} failed, {} left the rollout",
+        check.succeeded,
+        check.running,
+        check.failed.len(),
+        check.left
+    )
 }
 
 /// Why batch `batch` (of `admitted` Manifests) halts the rollout.
